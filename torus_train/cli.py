@@ -1,0 +1,57 @@
+"""The `torus-train` command line: one click group, commands added from torus_train.commands.
+
+Errors a user can cause print one line (``torus-train: error: ...``) and exit 2; a failed run exits 1.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from torus_train import __version__
+from torus_train.errors import RunFailed, UserError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="torus-train")
+def cli() -> None:
+    """Data-parallel image-classification training on a 2D torus of GPUs, with staged batch-size growth."""
+
+
+def _register() -> None:
+    # One line per command module; each module keeps torch out of its top level.
+    from torus_train.commands.bench import bench
+    cli.add_command(bench)
+
+
+_register()
+
+
+def error(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
+    """Print a one-line error and exit."""
+    click.echo(f"torus-train: error: {message}", err=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the group, turning every user error into one line and an exit code."""
+    try:
+        rv = cli.main(args=argv, prog_name="torus-train", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("torus-train: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        hint = ""
+        if isinstance(e, click.UsageError) and e.ctx is not None:
+            hint = f" (see '{e.ctx.command_path} --help')"
+        error(e.format_message().replace("\n", " ") + hint, e.exit_code)
+    except UserError as e:
+        error(str(e), e.exit_code)
+    except RunFailed as e:
+        error(str(e), e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("torus-train: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)

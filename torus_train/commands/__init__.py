@@ -1,0 +1,1 @@
+"""Click commands, one module each. Keep module tops free of torch imports: `--help` must stay fast."""
