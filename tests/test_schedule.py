@@ -1,0 +1,112 @@
+"""Batch-size control: stage lookup, per-rank split, accumulation, LR policies and the errors users see."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from torus_train.errors import UserError
+from torus_train.schedule import BatchSchedule, Stage
+
+
+def two_stage(**kw):
+    args = dict(stages=[Stage(2, 128), Stage(5, 512)], world_size=4, epochs=5, base_lr=0.1,
+                lr_reference_batch=256, warmup_epochs=1, lr_policy="linear", decay="poly")
+    args.update(kw)
+    return BatchSchedule(**args)
+
+
+def test_stage_lookup_and_per_rank_split():
+    s = two_stage()
+    assert [s.stage_at(e).index for e in range(5)] == [0, 0, 1, 1, 1]
+    assert s.stage_at(1.99).global_batch == 128 and s.stage_at(2.0).global_batch == 512
+    assert s.stage_at(0).per_rank_batch == 32 and s.stage_at(3).per_rank_batch == 128
+    assert s.stage_at(3).accumulation == 1 and s.stage_at(3).micro_batch == 128
+    assert s.switch_epochs() == [2]
+    assert s.steps_per_epoch(0, 10_000) == math.ceil(10_000 / 128)
+    assert s.steps_per_epoch(4, 10_000) == math.ceil(10_000 / 512)
+
+
+def test_accumulation_picks_smallest_split_under_limit():
+    s = two_stage(max_per_rank_batch=48)
+    info = s.stage_at(3)  # 128 per rank, limit 48 -> 4 x 32 (3 does not divide 128)
+    assert (info.accumulation, info.micro_batch) == (4, 32)
+    assert info.micro_batch * info.accumulation == info.per_rank_batch
+    assert s.stage_at(0).accumulation == 1  # 32 <= 48
+    s = two_stage(stages=[Stage(5, 4 * 96)], max_per_rank_batch=40)
+    assert (s.stage_at(0).accumulation, s.stage_at(0).micro_batch) == (3, 32)
+
+
+def test_linear_policy_scales_peak_with_batch_and_warms_up():
+    s = two_stage(decay="none")
+    assert s.peak_lr(0) == pytest.approx(0.1 * 128 / 256)
+    assert s.peak_lr(1) == pytest.approx(0.1 * 512 / 256)
+    assert s.lr_at(0.0) == pytest.approx(0.1 * s.peak_lr(0))   # warm-up starts at 10% of the peak
+    assert s.lr_at(0.5) == pytest.approx(0.55 * s.peak_lr(0))
+    assert s.lr_at(1.0) == pytest.approx(s.peak_lr(0))
+    assert s.lr_at(2.0) == pytest.approx(s.peak_lr(1))         # the switch quadruples the LR with the batch
+    lrs = [s.lr_at(i / 10) for i in range(10)]
+    assert lrs == sorted(lrs)
+
+
+def test_constant_policy_holds_first_peak():
+    s = two_stage(lr_policy="constant", decay="none")
+    assert s.lr_at(1.5) == s.lr_at(4.9) == pytest.approx(0.05)
+
+
+def test_poly_cosine_step_decays():
+    poly = two_stage(decay="poly", lr_policy="constant", end_lr=0.001)
+    assert poly.lr_at(1.0) == pytest.approx(0.05)
+    t = (3.0 - 1) / 4
+    assert poly.lr_at(3.0) == pytest.approx(0.001 + (0.05 - 0.001) * (1 - t) ** 2)
+    assert poly.lr_at(5.0) == pytest.approx(0.001)
+    cos = two_stage(decay="cosine", lr_policy="constant")
+    assert cos.lr_at(3.0) == pytest.approx(0.05 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    step = two_stage(decay="step", lr_policy="constant", step_epochs=(3, 4), step_gamma=0.1)
+    assert [round(step.lr_at(e), 6) for e in (2.5, 3.0, 4.2)] == [0.05, 0.005, 0.0005]
+    default_steps = two_stage(decay="step", epochs=8, stages=[Stage(8, 128)])
+    assert default_steps.step_epochs == (4.0, 6.0)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(stages=[Stage(2, 128), Stage(5, 102)]),
+     r"schedule\.stages\[1\]\.global_batch: 102 does not divide by world size 4"),
+    (dict(stages=[Stage(3, 128), Stage(2, 512), Stage(5, 512)]),
+     r"schedule\.stages\[1\]\.until_epoch: 2 is not after the previous stage's end \(3\)"),
+    (dict(stages=[Stage(2, 128), Stage(4, 512)]), r"schedule\.stages\[1\]\.until_epoch: 4 ends before"),
+    (dict(stages=[Stage(5, 128), Stage(6, 512)]), r"schedule\.stages\[1\]: starts at epoch 5"),
+    (dict(stages=[]), r"schedule\.stages: at least one stage"),
+    (dict(stages=[{"until_epoch": 5, "global_batch": 64, "lr": 1}]), r"schedule\.stages\[0\]\.lr: unknown key"),
+    (dict(stages=[{"until_epoch": 5}]), r"schedule\.stages\[0\]\.global_batch: missing"),
+    (dict(stages=[Stage(5, 0)]), r"schedule\.stages\[0\]\.global_batch: 0 must be a positive"),
+    (dict(lr_policy="sqrt"), r"schedule\.lr_policy: 'sqrt' is not one of linear, constant"),
+    (dict(decay="exp"), r"schedule\.decay: 'exp'"),
+    (dict(warmup_epochs=5), r"schedule\.warmup_epochs: 5"),
+    (dict(base_lr=-1.0), r"schedule\.base_lr: -1.0"),
+    (dict(max_per_rank_batch=-2), r"schedule\.max_per_rank_batch: -2"),
+])
+def test_bad_schedules_name_the_field(kw, match):
+    with pytest.raises(UserError, match=match):
+        two_stage(**kw)
+
+
+def test_plain_dict_stages_from_toml():
+    s = two_stage(stages=[{"until_epoch": 2, "global_batch": 64}, {"until_epoch": 5, "global_batch": 256}])
+    assert s.stage_at(4).global_batch == 256
+
+
+def test_table_lists_every_stage():
+    s = two_stage(max_per_rank_batch=64)
+    lines = s.table().splitlines()
+    assert lines[0].split()[:2] == ["stage", "epochs"]
+    assert lines[1].split()[:4] == ["0", "0-2", "128", "32"]
+    assert lines[2].split()[:4] == ["1", "2-5", "512", "128"]
+    assert "64 x 2" in lines[2]
+    assert "warm-up 1 epoch(s)" in lines[-1]
+
+
+def test_module_is_pure():
+    code = "import sys, torus_train.schedule; sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
