@@ -1,0 +1,87 @@
+"""Optimizers: parameter groups, LARS's trust ratio against a hand computation, and a model that learns."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torus_train.errors import UserError
+from torus_train.optim import LARS, build_optimizer, param_groups
+
+
+def small_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+
+
+def test_bn_and_bias_have_no_weight_decay():
+    net = small_net()
+    groups = param_groups(net, 1e-4)
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert decayed == {id(net[0].weight), id(net[5].weight)}
+    assert {id(p) for p in groups[1]["params"]} == {id(net[1].weight), id(net[1].bias), id(net[5].bias)}
+    assert groups[1]["weight_decay"] == 0.0 and groups[1]["lars"] is False
+    opt = build_optimizer(net, "sgd", lr=0.1, momentum=0.9, weight_decay=1e-4)
+    assert isinstance(opt, torch.optim.SGD)
+    assert [g["weight_decay"] for g in opt.param_groups] == [1e-4, 0.0]
+
+
+def test_lars_step_matches_formula():
+    w = torch.nn.Parameter(torch.tensor([3.0, 4.0]))      # ||w|| = 5
+    b = torch.nn.Parameter(torch.tensor([1.0]))
+    opt = LARS([{"params": [w], "weight_decay": 0.1, "lars": True},
+                {"params": [b], "weight_decay": 0.0, "lars": False}], lr=0.5, momentum=0.9, trust_coefficient=0.01)
+    w.grad = torch.tensor([0.0, 2.0])                     # ||g|| = 2
+    b.grad = torch.tensor([0.2])
+    opt.step()
+    trust = 0.01 * 5 / (2 + 0.1 * 5)
+    step = 0.5 * trust * (torch.tensor([0.0, 2.0]) + 0.1 * torch.tensor([3.0, 4.0]))
+    torch.testing.assert_close(w.detach(), torch.tensor([3.0, 4.0]) - step)
+    torch.testing.assert_close(b.detach(), torch.tensor([1.0 - 0.5 * 0.2]))   # plain step, no trust ratio
+    # second step uses momentum
+    w.grad = torch.tensor([0.0, 2.0])
+    before = w.detach().clone()
+    opt.step()
+    wn, gn = before.norm(), 2.0
+    trust2 = 0.01 * wn / (gn + 0.1 * wn)
+    step2 = 0.9 * step + 0.5 * trust2 * (torch.tensor([0.0, 2.0]) + 0.1 * before)
+    torch.testing.assert_close(w.detach(), before - step2)
+
+
+def test_lars_zero_weight_falls_back_to_trust_one():
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = LARS([{"params": [w], "weight_decay": 0.0, "lars": True}], lr=0.1, momentum=0.0)
+    w.grad = torch.ones(3)
+    opt.step()
+    torch.testing.assert_close(w.detach(), torch.full((3,), -0.1))
+
+
+@pytest.mark.parametrize("name", ["sgd", "lars"])
+def test_optimizer_reduces_loss(name):
+    net = small_net()
+    torch.manual_seed(1)
+    x = torch.randn(64, 3, 8, 8)
+    y = (x[:, 0].mean((1, 2)) > 0).long() + 2 * (x[:, 1].mean((1, 2)) > 0).long()
+    lr = 0.1 if name == "sgd" else 2.0
+    opt = build_optimizer(net, name, lr=lr, momentum=0.9, weight_decay=1e-4, trust_coefficient=0.02)
+    losses = []
+    for _ in range(60):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.6 * losses[0]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(name="adam"), r"optimizer\.name: 'adam'"),
+    (dict(momentum=1.5), r"optimizer\.momentum: 1\.5"),
+    (dict(momentum=0.0, nesterov=True), r"optimizer\.nesterov"),
+    (dict(trust_coefficient=0.0), r"optimizer\.trust_coefficient"),
+])
+def test_bad_settings(kw, match):
+    args = dict(name="sgd", lr=0.1, momentum=0.9, weight_decay=1e-4)
+    args.update(kw)
+    with pytest.raises(UserError, match=match):
+        build_optimizer(small_net(), **args)

@@ -1,0 +1,105 @@
+"""Optimizers: momentum SGD and LARS, with BatchNorm parameters and biases exempt from weight decay.
+
+``build_optimizer`` puts every parameter with more than one dimension (conv and linear weights) into a group
+with weight decay, and every 1-D parameter (BatchNorm scale and shift, biases) into a group without it; for
+LARS the 1-D group also skips the trust ratio and takes a plain momentum step (as in MLPerf's reference).
+The training loop sets ``group["lr"]`` on every group each step.
+"""
+from __future__ import annotations
+
+import torch
+
+from torus_train.errors import UserError
+
+OPTIMIZERS = ("sgd", "lars")
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: weights (decayed, LARS-adapted) and BatchNorm parameters + biases (neither)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim > 1 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay, "lars": True}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0, "lars": False})
+    return groups
+
+
+class LARS(torch.optim.Optimizer):
+    """Layer-wise adaptive rate scaling (You et al. 2017) with momentum, in MLPerf's form.
+
+    For each parameter tensor w of a group with ``lars=True``:
+
+    1. trust = eta * ||w|| / (||g|| + wd * ||w||), or 1 where either norm is 0;
+    2. v = momentum * v + lr * trust * (g + wd * w);
+    3. w = w - v (nesterov: w = w - (momentum * v + lr * trust * (g + wd * w))).
+
+    Groups with ``lars=False`` (BatchNorm, biases) take the same step with trust = 1 and no weight decay.
+    """
+
+    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
+                 trust_coefficient: float = 0.001, nesterov: bool = False, eps: float = 0.0):
+        if lr < 0 or momentum < 0 or weight_decay < 0 or trust_coefficient <= 0:
+            raise ValueError("LARS: lr, momentum, weight_decay must be >= 0 and trust_coefficient > 0")
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                        trust_coefficient=trust_coefficient, nesterov=nesterov, eps=eps, lars=True)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if group["lars"]:
+                    w_norm = torch.linalg.vector_norm(p)
+                    g_norm = torch.linalg.vector_norm(g)
+                    trust = torch.where(
+                        (w_norm > 0) & (g_norm > 0),
+                        group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm + group["eps"]),
+                        torch.ones_like(w_norm))
+                    if wd:
+                        g = g.add(p, alpha=wd)
+                    scaled = g.mul(trust * lr)
+                else:
+                    scaled = g.mul(lr)
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = state["momentum_buffer"] = scaled.clone()
+                else:
+                    buf.mul_(mom).add_(scaled)
+                p.sub_(buf.mul(mom).add(scaled) if group["nesterov"] else buf)
+        return loss
+
+
+def build_optimizer(model: torch.nn.Module, name: str, lr: float, momentum: float = 0.9,
+                    weight_decay: float = 5e-5, nesterov: bool = False,
+                    trust_coefficient: float = 0.001) -> torch.optim.Optimizer:
+    """The optimizer named ``sgd`` or ``lars`` over ``param_groups(model, weight_decay)``."""
+    if name not in OPTIMIZERS:
+        raise UserError(f"optimizer.name: {name!r} is not one of {', '.join(OPTIMIZERS)}")
+    if not lr > 0:
+        raise UserError(f"optimizer lr: {lr!r} must be positive")
+    if not 0 <= momentum < 1:
+        raise UserError(f"optimizer.momentum: {momentum!r} must be in [0, 1)")
+    if weight_decay < 0:
+        raise UserError(f"optimizer.weight_decay: {weight_decay!r} must be >= 0")
+    if nesterov and momentum == 0:
+        raise UserError("optimizer.nesterov: true needs optimizer.momentum > 0")
+    if trust_coefficient <= 0:
+        raise UserError(f"optimizer.trust_coefficient: {trust_coefficient!r} must be positive")
+    groups = param_groups(model, weight_decay)
+    if name == "sgd":
+        for g in groups:
+            g.pop("lars")
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
+    return LARS(groups, lr=lr, momentum=momentum, nesterov=nesterov, trust_coefficient=trust_coefficient)
