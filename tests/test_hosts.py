@@ -1,0 +1,63 @@
+"""Host lists: OpenMPI hostfiles, PBS node files, Slurm compressed node lists."""
+from __future__ import annotations
+
+import pytest
+
+from torus_train.hosts import (Host, HostsError, expand_nodelist, expand_tasks_per_node, format_hostfile,
+                               parse_hostfile, read_hostfile, slurm_hosts, total_slots)
+
+
+def test_openmpi_hostfile():
+    hosts = parse_hostfile("# rack 1\nnode01 slots=4\nnode02 slots=4 max_slots=8\n\nnode03\n")
+    assert hosts == [Host("node01", 4), Host("node02", 4), Host("node03", 1)]
+    assert total_slots(hosts) == 9
+    assert parse_hostfile(format_hostfile(hosts)) == hosts
+
+
+def test_pbs_nodefile_one_line_per_slot():
+    text = "g0001\ng0001\ng0001\ng0001\ng0002\ng0002\ng0002\ng0002\n"
+    assert parse_hostfile(text) == [Host("g0001", 4), Host("g0002", 4)]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("node01 slots=four\n", "hostfile:1: 'slots=four' needs a positive integer"),
+    ("node01 cpus=4\n", "unknown option 'cpus=4'"),
+    ("node01:4\n", "is not a host line"),
+    ("\n# nothing\n", "lists no hosts"),
+])
+def test_bad_hostfiles_show_the_format(text, message):
+    with pytest.raises(HostsError) as e:
+        parse_hostfile(text)
+    assert message in str(e.value) and ("slots=K" in str(e.value) or "slots=" in str(e.value))
+
+
+def test_missing_hostfile_is_named(tmp_path):
+    with pytest.raises(HostsError, match=r"--hostfile .*nope: no such file"):
+        read_hostfile(tmp_path / "nope", "--hostfile")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("node[001-004,010]", ["node001", "node002", "node003", "node004", "node010"]),
+    ("a1,b[8-10]", ["a1", "b8", "b9", "b10"]),
+    ("gpu[1-2]-ib,login", ["gpu1-ib", "gpu2-ib", "login"]),
+    ("r[1-2]n[01-02]", ["r1n01", "r1n02", "r2n01", "r2n02"]),
+    ("single", ["single"]),
+])
+def test_slurm_nodelists(text, expected):
+    assert expand_nodelist(text) == expected
+
+
+@pytest.mark.parametrize("text", ["node[1-", "node]1[", "node[a-b]", "node[5-3]"])
+def test_bad_slurm_nodelists(text):
+    with pytest.raises(HostsError):
+        expand_nodelist(text)
+
+
+def test_slurm_tasks_per_node_and_allocation():
+    assert expand_tasks_per_node("4(x2),3") == [4, 4, 3]
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "4(x2),3"}
+    assert slurm_hosts(env) == [Host("n1", 4), Host("n2", 4), Host("n3", 3)]
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS_PER_NODE": "8"}
+    assert slurm_hosts(env) == [Host("n1", 8), Host("n2", 8)]
+    with pytest.raises(HostsError, match="SLURM_JOB_NODELIST"):
+        slurm_hosts({"SLURM_JOB_ID": "7"})

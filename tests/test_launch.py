@@ -1,0 +1,175 @@
+"""The launch plan: exact argv and environment for local, mpirun and srun (like Horovod's runner tests)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from torus_train.errors import UserError
+from torus_train.hosts import Host, HostsError
+from torus_train.launch import (LaunchError, build_plan, check_capacity, choose_launcher, inside_launched_rank,
+                                plan_launch, resolve_grid, srun_port, threads_per_rank)
+from torus_train.spec import load_spec
+from torus_train.topology import Grid
+
+JOB = "/shared/run/job.json"
+PY = "/usr/bin/python3"
+
+
+def spec(**fields):
+    return load_spec(None, list(fields.items()))
+
+
+def hosts(n, k=4):
+    return [Host(f"node{i:03d}", k) for i in range(1, n + 1)]
+
+
+def test_mpirun_argv_exact():
+    s = spec(**{"launch.env": ["NCCL_DEBUG", "A=1"], "launch.launcher_args": ["--mca", "btl", "^openib"]})
+    plan = build_plan(s, Grid(4, 2, 4), "mpirun", "why", hosts(2), hostfile="hosts.txt", job_file=JOB,
+                      python=PY, environ={"NCCL_DEBUG": "INFO"}, as_root=False, cpu_count=32)
+    assert plan.argv == [
+        "mpirun", "-np", "8", "--map-by", "ppr:4:node", "--bind-to", "none", "--hostfile", "hosts.txt",
+        "-x", "OMP_NUM_THREADS=4", "-x", "NCCL_DEBUG=INFO", "-x", "A=1",
+        "--mca", "btl", "^openib",
+        PY, "-m", "torus_train.worker", "--job", JOB]
+    assert plan.world_size == 8 and plan.hosts == hosts(2)
+
+
+def test_mpirun_with_container_as_root():
+    s = spec(**{"launch.container": "/images/torus.sif"})
+    plan = build_plan(s, Grid(2, 2, 2), "mpirun", "why", hosts(2, 2), hostfile="/var/pbs/nodes", job_file=JOB,
+                      python=PY, environ={}, as_root=True, cpu_count=8)
+    assert plan.argv == [
+        "mpirun", "--allow-run-as-root", "-np", "4", "--map-by", "ppr:2:node", "--bind-to", "none",
+        "--hostfile", "/var/pbs/nodes", "-x", "OMP_NUM_THREADS=4",
+        "singularity", "exec", "--nv", "/images/torus.sif", "python3", "-m", "torus_train.worker", "--job", JOB]
+
+
+def test_srun_argv_exact():
+    s = spec(**{"launch.env": ["X=2"], "launch.container": "img.sif", "launch.container_runtime": "apptainer"})
+    plan = build_plan(s, Grid(8, 4, 4), "srun", "why", hosts(8), hostfile="", job_file=JOB, python=PY,
+                      environ={"SLURM_JOB_ID": "4242"}, cpu_count=16)
+    assert plan.argv == [
+        "srun", "--nodes=8", "--ntasks=32", "--ntasks-per-node=4", "--kill-on-bad-exit=1",
+        f"--export=ALL,OMP_NUM_THREADS=4,X=2,MASTER_ADDR=node001,MASTER_PORT={29500 + 4242}",
+        "apptainer", "exec", "--nv", "img.sif", "python3", "-m", "torus_train.worker", "--job", JOB]
+    assert srun_port({"SLURM_JOB_ID": "4242"}) == 29500 + 4242
+
+
+def test_local_plan_env_per_rank():
+    plan = build_plan(spec(), Grid(2, 2, 4), "local", "why", [], hostfile="", job_file=JOB, python=PY,
+                      environ={}, master_port=12345, cpu_count=2, local_gpus=0)
+    assert plan.argv == [PY, "-m", "torus_train.worker", "--job", JOB]
+    assert plan.env == {"OMP_NUM_THREADS": "1"}
+    assert plan.rank_env[3] == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4",
+                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "12345"}
+    assert any("CPU ranks on gloo" in n for n in plan.notes)
+    assert threads_per_rank(4, 2) == 1 and threads_per_rank(4, 16) == 4
+
+
+@pytest.mark.parametrize("environ, hostfile, expected", [
+    ({"SLURM_JOB_ID": "1"}, "", "srun"),
+    ({"PBS_NODEFILE": "/var/spool/pbs/aux/1"}, "", "mpirun"),
+    ({}, "hosts.txt", "mpirun"),
+    ({}, "", "local"),
+])
+def test_auto_launcher(environ, hostfile, expected):
+    assert choose_launcher("auto", environ, hostfile)[0] == expected
+    assert choose_launcher("srun", environ, hostfile)[0] == "srun"
+
+
+def test_inside_a_launched_rank():
+    assert inside_launched_rank({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0"})
+    assert inside_launched_rank({"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "4"})
+    assert not inside_launched_rank({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "4"})  # sbatch script, not a step
+    assert not inside_launched_rank({})
+
+
+def test_grid_from_hosts_and_flags():
+    assert resolve_grid(spec(**{"grid.gpus": 0, "grid.grid": ""}), "mpirun", hosts(4), 0) == Grid(4, 4, 4)
+    g = resolve_grid(spec(**{"grid.gpus": 2176, "grid.grid": "32x68", "grid.gpus_per_node": 4}), "mpirun",
+                     hosts(544), 0)
+    assert (g.x, g.y, g.nodes) == (32, 68, 544)
+    with pytest.raises(UserError, match="grid 3x3 = 9 ranks but --gpus is 8"):
+        resolve_grid(spec(**{"grid.gpus": 8, "grid.grid": "3x3"}), "mpirun", hosts(2), 0)
+
+
+def test_capacity_errors():
+    with pytest.raises(HostsError, match="hosts.txt offers 8 slots on 2 hosts but the job needs 16 ranks"):
+        check_capacity("mpirun", Grid(4, 4, 4), hosts(2), "hosts.txt", 0, 2)
+    with pytest.raises(HostsError, match="host node002 offers 2 slots but gpus_per_node is 4"):
+        check_capacity("mpirun", Grid(4, 2, 4), [Host("node001", 4), Host("node002", 2), Host("n3", 4)],
+                       "hosts.txt", 0, 2)
+    with pytest.raises(LaunchError, match="2176 ranks do not fit on this machine.*--hostfile.*--dry-run"):
+        check_capacity("local", Grid(32, 68, 2176), [], "", 0, 2)
+    check_capacity("local", Grid(2, 2, 4), [], "", 0, 2)  # 4 CPU ranks fit
+
+
+def test_plan_launch_reads_the_hostfile(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("".join(f"host{i:03d} slots=4\n" for i in range(1, 545)))
+    s = spec(**{"grid.gpus": 2176, "grid.grid": "32x68", "grid.gpus_per_node": 4, "launch.launcher": "mpirun",
+                "launch.hostfile": str(f), "schedule.stages": [{"until_epoch": 4, "global_batch": 69632}]})
+    plan = plan_launch(s, {}, job_file=JOB, python=PY, as_root=False, master_port=1, cpu_count=2, local_gpus=0)
+    assert plan.argv[:9] == ["mpirun", "-np", "2176", "--map-by", "ppr:4:node", "--bind-to", "none",
+                             "--hostfile", str(f)]
+    with pytest.raises(LaunchError, match="needs a hostfile"):
+        plan_launch(spec(**{"launch.launcher": "mpirun"}), {}, job_file=JOB, python=PY, as_root=False,
+                    master_port=1, cpu_count=2, local_gpus=0)
+
+
+def _cli(*args, timeout=30):
+    return subprocess.run([sys.executable, "-m", "torus_train", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_dry_run_at_2176_gpus_is_fast_and_complete(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("".join(f"host{i:03d} slots=4\n" for i in range(1, 545)))
+    t = time.time()
+    r = _cli("run", "--dry-run", "--gpus", "2176", "--grid", "32x68", "--gpus-per-node", "4", "--launcher",
+             "mpirun", "--hostfile", str(f), "--set",
+             "schedule.stages=[{until_epoch=2,global_batch=34816},{until_epoch=4,global_batch=69632}]")
+    took = time.time() - t
+    assert r.returncode == 0, r.stderr
+    assert took < 2.0, f"dry run took {took:.2f} s"
+    out = r.stdout
+    assert "grid 32x68: 2176 ranks" in out and "544 node(s)" in out
+    assert "row 0: ranks 0-31 on node(s) 0-7 (host001 .. host008)" in out
+    assert "column 0: ranks 0, 32, ..., 2144" in out
+    assert f"mpirun -np 2176 --map-by ppr:4:node --bind-to none --hostfile {f}" in out.replace(
+        "--allow-run-as-root ", "")
+    assert "34816" in out and "69632" in out and "peak LR" in out  # the batch table
+    assert "torus 2(32-1) + 2(68-1) = 196" in out
+
+
+def test_dry_run_imports_no_torch():
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "torus_train", "run", "--dry-run"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert not [ln for ln in r.stderr.splitlines() if ln.split("|")[-1].strip().split(".")[0] == "torch"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", "2176", "--grid", "32x68"], "2176 ranks do not fit on this machine"),
+    (["--gpus", "8", "--grid", "3x3"], "grid 3x3 = 9 ranks but --gpus is 8"),
+    (["--set", "comm.algos=flat"], "comm.algos: unknown key"),
+    (["--set", "grid.gpus=four"], "grid.gpus: expected an integer"),
+    (["--launcher", "mpirun", "--hostfile", "/nonexistent/hosts"], "--hostfile /nonexistent/hosts: no such file"),
+    (["--gpus", "6", "--grid", "3x2"], "global_batch: 64 does not divide by world size 6"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    r = _cli("run", *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("torus-train: error:")
+
+
+def test_fewer_slots_than_gpus(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("localhost slots=2\n")
+    r = _cli("run", "--launcher", "mpirun", "--hostfile", str(f), "--gpus", "4", "--grid", "2x2")
+    assert r.returncode == 2 and f"{f} offers 2 slots on 1 hosts but the job needs 4 ranks" in r.stderr

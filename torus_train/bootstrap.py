@@ -1,0 +1,126 @@
+"""Inside a rank: who am I, where is rank 0, and the process groups (torch is imported inside the functions).
+
+Rank, world size and local rank come from torchrun / our local launcher (RANK, WORLD_SIZE, LOCAL_RANK),
+OpenMPI (OMPI_COMM_WORLD_*), Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or PMI (PMI_RANK, PMI_SIZE).
+The rendezvous address is MASTER_ADDR/MASTER_PORT when set; under mpirun without them, rank 0 picks a free
+port on its host and broadcasts (host, port) with mpi4py.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Mapping
+
+from torus_train.errors import RunFailed
+from torus_train.topology import Grid
+
+_SOURCES = (
+    # (name, rank, world size, local rank, local world size)
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+    ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """This process's place in the job."""
+
+    rank: int
+    """Global rank."""
+    world_size: int
+    """Number of ranks."""
+    local_rank: int
+    """Index on this node (selects the GPU)."""
+    local_world_size: int
+    """Ranks on this node."""
+    source: str
+    """Which environment said so: torchrun | openmpi | slurm | pmi | single."""
+
+
+def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
+    """Read rank / world size / local rank from the first launcher environment that is present."""
+    env = os.environ if environ is None else environ
+    for name, r, n, lr, ln in _SOURCES:
+        if r in env and n in env:
+            rank, size = int(env[r]), int(env[n])
+            local = int(env.get(lr, rank))
+            lsize = env.get(ln, "")
+            lsize_i = int(lsize) if lsize.isdigit() else size
+            if not 0 <= rank < size:
+                raise RunFailed(f"{name} environment says rank {rank} of {size}")
+            return RankInfo(rank, size, local, lsize_i, name)
+    return RankInfo(0, 1, 0, 1, "single")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def rendezvous(info: RankInfo, environ: Mapping[str, str] | None = None) -> tuple[str, int]:
+    """(MASTER_ADDR, MASTER_PORT): from the environment, else rank 0's host and a free port via mpi4py."""
+    env = os.environ if environ is None else environ
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    if info.world_size == 1:
+        return "127.0.0.1", free_port()
+    if info.source in ("openmpi", "pmi"):
+        from mpi4py import MPI  # only ranks started by an MPI launcher get here
+
+        comm = MPI.COMM_WORLD
+        addr = (env.get("TORUS_TRAIN_MASTER_ADDR") or socket.gethostname(), free_port()) if comm.rank == 0 else None
+        return comm.bcast(addr, root=0)
+    raise RunFailed(f"rank {info.rank}: no MASTER_ADDR/MASTER_PORT in the environment and no MPI to broadcast "
+                    "them; set both or start the job with `torus-train run`")
+
+
+@dataclass
+class Bootstrap:
+    """What a rank holds after start-up."""
+
+    info: RankInfo
+    grid: Grid
+    device: Any
+    """torch.device: cuda:local_rank, or cpu."""
+    backend: str
+    """nccl or gloo."""
+    groups: Any
+    """torus_train.comm.groups.GridGroups (row and column groups of the grid)."""
+
+
+def init_distributed(grid: Grid, timeout_s: float, environ: Mapping[str, str] | None = None) -> Bootstrap:
+    """Rank info -> device -> process group (NCCL with CUDA, else gloo) with the timeout -> row/column groups."""
+    import torch
+    import torch.distributed as dist
+
+    info = rank_info(environ)
+    if info.world_size != grid.size:
+        raise RunFailed(f"rank {info.rank}: the launcher started {info.world_size} ranks but grid {grid} needs "
+                        f"{grid.size}")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    addr, port = rendezvous(info, environ)
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
+                            world_size=info.world_size, timeout=timedelta(seconds=timeout_s),
+                            **({"device_id": device} if backend == "nccl" else {}))
+    from torus_train.comm.groups import build_grid_groups
+
+    groups = build_grid_groups(grid)
+    return Bootstrap(info, grid, device, backend, groups)
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

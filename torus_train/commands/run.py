@@ -1,0 +1,248 @@
+"""`torus-train run`: job spec + flags -> launch plan -> ranks -> training (torch only inside the ranks)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from torus_train.errors import RunFailed, UserError
+from torus_train.spec import JobSpec, load_spec, parse_override
+
+# CLI flag -> dotted spec field.
+FLAG_FIELDS = {
+    "gpus": "grid.gpus", "grid": "grid.grid", "gpus_per_node": "grid.gpus_per_node",
+    "launcher": "launch.launcher", "hostfile": "launch.hostfile", "container": "launch.container",
+    "data": "data.source", "model": "model.arch", "image_size": "data.image_size",
+    "steps": "schedule.steps", "epochs": "schedule.epochs", "out": "job.out",
+}
+RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "logs")
+
+
+@click.command("run")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), default=None,
+              help="Job spec (TOML). Default: the embedded demo job (4 ranks on 2x2, demo data).")
+@click.option("--gpus", type=int, default=None, help="World size N (grid.gpus).")
+@click.option("--grid", default=None, help="XxY: X ranks per row (horizontal ring), Y per column.")
+@click.option("--gpus-per-node", type=int, default=None, help="Ranks per node (grid.gpus_per_node).")
+@click.option("--launcher", type=click.Choice(["auto", "local", "mpirun", "srun"]), default=None,
+              help="How ranks start (launch.launcher).")
+@click.option("--hostfile", default=None, help="OpenMPI hostfile ('host slots=K') or PBS node file.")
+@click.option("--container", default=None, help="Singularity/Apptainer image every rank runs in.")
+@click.option("--data", default=None, help="synthetic | demo | an ImageNet-layout folder (data.source).")
+@click.option("--model", default=None, help="torchvision architecture (model.arch), e.g. resnet50.")
+@click.option("--image-size", type=int, default=None, help="Training crop side (data.image_size).")
+@click.option("--steps", type=int, default=None, help="Stop after this many optimizer steps (schedule.steps).")
+@click.option("--epochs", type=int, default=None, help="Epochs to train (schedule.epochs).")
+@click.option("--out", default=None, help="Output folder (job.out). Default: runs/<job.name>.")
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
+              help="Set any spec field, e.g. --set comm.algo=flat (repeatable).")
+@click.option("--resume", is_flag=True, help="Continue from the latest complete checkpoint in the output folder.")
+@click.option("--overwrite", is_flag=True, help="Delete earlier results in the output folder first.")
+@click.option("--dry-run", is_flag=True, help="Print the resolved spec, grid, command and batch table; start nothing.")
+def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
+    """Train on N ranks laid out as an XxY grid, exchanging gradients with the 2D-torus all-reduce.
+
+    \b
+    torus-train run                                   # the demo job: 4 local ranks on 2x2
+    torus-train run --gpus 4 --grid 2x2 --data synthetic --model resnet18 --image-size 64 --steps 30
+    torus-train run --spec job.toml --hostfile hosts.txt --dry-run
+    """
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other")
+    overrides = [(FLAG_FIELDS[k], v) for k, v in flags.items() if v is not None]
+    overrides += [parse_override(s) for s in sets]
+    spec = load_spec(spec_path, overrides)
+
+    from torus_train.launch import inside_launched_rank, plan_launch
+    from torus_train.supervisor import echo_err
+
+    environ = dict(os.environ)
+    if not dry_run and spec.launch.launcher == "auto" and inside_launched_rank(environ):
+        return _run_as_rank(spec, resume, overwrite)
+
+    out = spec.out_dir.resolve()
+    job_file = out / "job.json"
+    from torus_train.bootstrap import free_port
+
+    plan = plan_launch(spec, environ, job_file=str(job_file), python=sys.executable,
+                       as_root=hasattr(os, "geteuid") and os.geteuid() == 0, master_port=free_port(),
+                       cpu_count=os.cpu_count() or 1, local_gpus=local_gpu_count())
+    schedule = batch_schedule(spec, plan.world_size)
+    if dry_run:
+        click.echo(dry_run_text(spec, plan, schedule))
+        return
+
+    prepare_out(out, resume, overwrite)
+    if spec.data.source == "demo":
+        from torus_train.data.demo import ensure_demo_dataset  # once here, not in N ranks at the same time
+
+        ensure_demo_dataset(seed=0, log=echo_err)
+    elif spec.data.source != "synthetic" and not Path(spec.data.source).is_dir():
+        raise UserError(f"data.source: {spec.data.source}: no such folder (expected train/ and val/ inside)")
+    write_job(job_file, spec, plan.grid, resume)
+    g = plan.grid
+    click.echo(f"torus-train run: {g.size} ranks on grid {g} ({g.x} per row, {g.y} per column), "
+               f"{plan.launcher} launcher ({plan.why}); comm {spec.comm.algo}; output {out}")
+    for note in plan.notes:
+        click.echo(note)
+    click.echo(schedule.table())
+    from torus_train.supervisor import run_command, run_local
+
+    if plan.launcher == "local":
+        run_local(plan, out, echo_err)
+    else:
+        click.echo(f"$ {plan.command_text()}")
+        run_command(plan.argv, plan.env, plan.launcher)
+    check_outcome(out)
+
+
+def local_gpu_count() -> int:
+    """GPUs on this machine, without importing torch (CUDA_VISIBLE_DEVICES, else the NVIDIA driver's list)."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return len([d for d in vis.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def batch_schedule(spec: JobSpec, world_size: int):
+    """The BatchSchedule of the spec (pure); raises UserError on stages that do not fit the world size."""
+    from torus_train.schedule import BatchSchedule, Stage
+
+    s = spec.schedule
+    return BatchSchedule(stages=[Stage(st.until_epoch, st.global_batch) for st in spec.stages_for_epochs()],
+                         world_size=world_size, epochs=s.epochs, base_lr=s.base_lr,
+                         lr_reference_batch=s.lr_reference_batch, warmup_epochs=s.warmup_epochs,
+                         lr_policy=s.lr_policy, decay=s.decay, max_per_rank_batch=s.max_per_rank_batch)
+
+
+def prepare_out(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to mix a new run into an output folder that holds results, unless --resume or --overwrite."""
+    present = [name for name in RESULT_FILES if (out / name).exists()]
+    if present and not resume:
+        if not overwrite:
+            raise UserError(f"{out} already holds results ({', '.join(present)}); pass --resume to continue, "
+                            "--overwrite to replace them, or --out for another folder")
+        for name in present:
+            p = out / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    if resume and not (out / "checkpoints").is_dir():
+        raise UserError(f"--resume: {out / 'checkpoints'} does not exist; nothing to resume")
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+
+
+def write_job(path: Path, spec: JobSpec, grid, resume: bool) -> None:
+    job = {"spec": spec.to_dict(), "grid": {"x": grid.x, "y": grid.y, "gpus_per_node": grid.gpus_per_node},
+           "resume": resume}
+    job["spec"]["job"]["out"] = str(path.parent)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(job, indent=1))
+    os.replace(tmp, path)
+
+
+def check_outcome(out: Path) -> None:
+    summary = out / "summary.json"
+    if not summary.is_file():
+        raise RunFailed(f"the ranks exited but {summary} was not written")
+    s = json.loads(summary.read_text())
+    if not s.get("param_digests_agree"):
+        raise RunFailed(f"replicas differ: see {summary}")
+    click.echo(f"wrote {out / 'metrics.jsonl'} and {summary}")
+
+
+def _run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
+    """`mpirun -n 4 torus-train run ...`: this process is one rank; rank 0 prepares the output folder."""
+    from torus_train.bootstrap import rank_info
+    from torus_train.launch import resolve_grid
+    from torus_train.worker import execute
+
+    info = rank_info()
+    spec.grid.gpus = spec.grid.gpus or info.world_size
+    if spec.grid.gpus != info.world_size:
+        raise UserError(f"grid.gpus: {spec.grid.gpus} but the launcher started {info.world_size} ranks")
+    if not spec.grid.gpus_per_node:
+        spec.grid.gpus_per_node = info.local_world_size
+    grid = resolve_grid(spec, "local", [], 0)
+    batch_schedule(spec, info.world_size)
+    out = spec.out_dir.resolve()
+    spec.job.out = str(out)
+    if info.rank == 0:
+        prepare_out(out, resume, overwrite)
+        if spec.data.source == "demo":
+            from torus_train.data.demo import ensure_demo_dataset
+
+            ensure_demo_dataset(seed=0, log=None)
+    execute(spec, grid, resume)
+
+
+# --------------------------------------------------------------------------------------------------------
+# --dry-run
+# --------------------------------------------------------------------------------------------------------
+def _span(nodes: list[int]) -> str:
+    """Node indices compactly: 0-7, or 0, 8, ..., 536 (every 8th), or a short list."""
+    if len(nodes) == 1:
+        return str(nodes[0])
+    steps = {b - a for a, b in zip(nodes, nodes[1:])}
+    if steps == {1}:
+        return f"{nodes[0]}-{nodes[-1]}"
+    if len(steps) == 1 and len(nodes) > 3:
+        return f"{nodes[0]}, {nodes[1]}, ..., {nodes[-1]} (stride {steps.pop()})"
+    return ", ".join(map(str, nodes[:8])) + (", ..." if len(nodes) > 8 else "")
+
+
+def _names(plan, nodes: list[int]) -> str:
+    if plan.launcher == "local":
+        return "this machine"
+    hs = [plan.hosts[i].name for i in (nodes if len(nodes) <= 3 else [nodes[0], nodes[-1]])]
+    return ", ".join(hs) if len(nodes) <= 3 else f"{hs[0]} .. {hs[1]}"
+
+
+def grid_text(plan) -> str:
+    g = plan.grid
+    lines = [f"grid {g}: {g.size} ranks = X {g.x} per row (horizontal ring) x Y {g.y} per column (vertical ring); "
+             f"{g.gpus_per_node} per node, {g.nodes} node(s)",
+             f"sequential steps: torus 2({g.x}-1) + 2({g.y}-1) = {g.torus_steps}, flat ring 2({g.size}-1) = "
+             f"{g.ring_steps}"]
+    show = lambda n: list(range(n)) if n <= 4 else [0, 1, n - 1]  # noqa: E731
+    lines.append(f"rows ({g.y}), each spans {len(g.row_nodes(0))} node(s):")
+    for i, r in enumerate(show(g.y)):
+        if i and r != show(g.y)[i - 1] + 1:
+            lines.append("  ...")
+        nodes = g.row_nodes(r)
+        lines.append(f"  row {r}: ranks {g.row_ranks(r)[0]}-{g.row_ranks(r)[-1]} on node(s) {_span(nodes)} "
+                     f"({_names(plan, nodes)})")
+    lines.append(f"columns ({g.x}), each spans {len(g.col_nodes(0))} node(s):")
+    for i, c in enumerate(show(g.x)):
+        if i and c != show(g.x)[i - 1] + 1:
+            lines.append("  ...")
+        nodes = g.col_nodes(c)
+        ranks = g.col_ranks(c)
+        lines.append(f"  column {c}: ranks {_span(ranks)} on node(s) {_span(nodes)} ({_names(plan, nodes)})")
+    if not g.rows_inside_nodes:
+        lines.append(f"  note: rows of {g.x} do not line up with nodes of {g.gpus_per_node}; some rows cross nodes")
+    return "\n".join(lines)
+
+
+def dry_run_text(spec: JobSpec, plan, schedule) -> str:
+    from torus_train.hosts import total_slots
+
+    launch = [f"launcher: {plan.launcher} ({plan.why})"]
+    if plan.hostfile:
+        launch.append(f"hosts: {plan.hostfile}: {len(plan.hosts)} used of the listed hosts, "
+                      f"{total_slots(plan.hosts)} slots used for {plan.world_size} ranks")
+    launch += plan.notes
+    launch.append("command:")
+    launch.append("  " + plan.command_text())
+    return "\n".join([
+        "# resolved spec", spec.to_toml().rstrip(), "",
+        "# grid", grid_text(plan), "",
+        "# launch", *launch, "",
+        "# batch schedule", schedule.table(),
+        f"(dry run: nothing started; output would go to {spec.out_dir.resolve()})",
+    ])

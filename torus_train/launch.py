@@ -1,0 +1,236 @@
+"""The launch plan: (spec, grid, hosts, environment) -> the exact argv and environment (pure; no torch import).
+
+Three launchers:
+
+- ``local``: N worker processes on this machine, each with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR /
+  MASTER_PORT (the run command spawns and supervises them);
+- ``mpirun``: one OpenMPI command, ``-np N --map-by ppr:K:node --hostfile F -x VAR ... [singularity exec --nv
+  IMAGE] python -m torus_train.worker --job OUT/job.json``; rank 0 broadcasts the rendezvous address with mpi4py;
+- ``srun``: one Slurm step, ``--nodes --ntasks --ntasks-per-node --kill-on-bad-exit=1 --export=ALL,...``; the
+  rendezvous is the first node of the allocation and a port derived from the job id.
+
+``auto`` picks srun inside a Slurm job, mpirun inside a PBS job (``$PBS_NODEFILE``) or with a hostfile, and
+local otherwise. Reading a hostfile is the only I/O here (``resolve_hosts``); ``build_plan`` is a pure function
+that the tests check argv for argv.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from torus_train.errors import UserError
+from torus_train.hosts import Host, HostsError, read_hostfile, slurm_hosts, total_slots
+from torus_train.spec import JobSpec
+from torus_train.topology import Grid, check_grid_size, choose_grid, parse_grid
+
+WORKER = ["-m", "torus_train.worker"]
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+MAX_LOCAL_CPU_RANKS = 8
+
+
+class LaunchError(UserError):
+    """A launch that cannot work as asked (too few slots, no way to reach that many GPUs)."""
+
+
+@dataclass
+class LaunchPlan:
+    """Everything needed to start the ranks; printed by --dry-run and executed by `run`."""
+
+    launcher: str
+    """local | mpirun | srun."""
+    why: str
+    """How the launcher was chosen."""
+    grid: Grid
+    """The grid the ranks form."""
+    hosts: list[Host]
+    """Nodes used (one 'localhost' entry for the local launcher)."""
+    argv: list[str]
+    """mpirun/srun: the one command; local: the worker command every rank runs."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Added to the environment of the command (local: of every rank)."""
+    rank_env: list[dict[str, str]] = field(default_factory=list)
+    """local only: the per-rank variables (RANK, LOCAL_RANK, ...)."""
+    hostfile: str = ""
+    """The hostfile or node file the plan reads, if any."""
+    notes: list[str] = field(default_factory=list)
+    """Things the user should know (said once)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.grid.size
+
+    def command_text(self) -> str:
+        """The exact command as a shell line (local: the first rank's, with its variables)."""
+        if self.launcher == "local":
+            first = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**self.rank_env[0], **self.env}.items())
+            return (f"{first} {shlex.join(self.argv)}\n  (x{self.world_size} ranks, RANK/LOCAL_RANK 0.."
+                    f"{self.world_size - 1})")
+        return shlex.join(self.argv)
+
+
+# --------------------------------------------------------------------------------------------------------
+def choose_launcher(requested: str, environ: Mapping[str, str], hostfile: str) -> tuple[str, str]:
+    """(launcher, why) for launch.launcher; 'auto' looks at the scheduler environment and the hostfile."""
+    if requested != "auto":
+        return requested, f"launch.launcher = {requested}"
+    if environ.get("SLURM_JOB_ID"):
+        return "srun", f"auto: inside Slurm job {environ['SLURM_JOB_ID']}"
+    if environ.get("PBS_NODEFILE"):
+        return "mpirun", f"auto: inside a PBS job (PBS_NODEFILE={environ['PBS_NODEFILE']})"
+    if hostfile:
+        return "mpirun", "auto: a hostfile was given"
+    return "local", "auto: no hostfile and no scheduler, so ranks start on this machine"
+
+
+def inside_launched_rank(environ: Mapping[str, str]) -> bool:
+    """True when this process is already one rank of an mpirun/srun/torchrun job (`mpirun -n 4 torus-train run`)."""
+    if "OMPI_COMM_WORLD_SIZE" in environ or "PMI_SIZE" in environ or "PMIX_RANK" in environ:
+        return True
+    if "SLURM_STEP_ID" in environ and "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
+        return True
+    return "TORCHELASTIC_RUN_ID" in environ or ("RANK" in environ and "WORLD_SIZE" in environ)
+
+
+def resolve_hosts(launcher: str, spec: JobSpec, environ: Mapping[str, str]) -> tuple[list[Host], str]:
+    """(hosts, hostfile path) for the launcher; reads the hostfile or PBS node file."""
+    if launcher == "local":
+        return [Host("localhost", 0)], ""
+    if launcher == "srun":
+        if spec.launch.hostfile:
+            return read_hostfile(spec.launch.hostfile, "--hostfile"), spec.launch.hostfile
+        if not environ.get("SLURM_JOB_ID"):
+            raise LaunchError("launcher srun needs a Slurm allocation: submit with sbatch (see scripts/slurm/) or "
+                              "run inside salloc")
+        return slurm_hosts(environ), ""
+    path = spec.launch.hostfile or environ.get("PBS_NODEFILE", "")
+    if not path:
+        raise LaunchError("launcher mpirun needs a hostfile: pass --hostfile FILE ('host slots=K' per line) or run "
+                          "inside a PBS job (PBS_NODEFILE)")
+    what = "--hostfile" if spec.launch.hostfile else "PBS_NODEFILE"
+    return read_hostfile(path, what), path
+
+
+def resolve_grid(spec: JobSpec, launcher: str, hosts: list[Host], local_gpus: int) -> Grid:
+    """World size and grid from the spec, filling what it leaves open from the hosts (or local GPUs)."""
+    want = parse_grid(spec.grid.grid) if spec.grid.grid else None
+    n = spec.grid.gpus or (want.size if want else 0)
+    if not n:
+        n = total_slots(hosts) if launcher != "local" else max(local_gpus, 1)
+    k = spec.grid.gpus_per_node
+    if not k:
+        k = n if launcher == "local" else hosts[0].slots
+    if want is not None:
+        grid = Grid(want.x, want.y, k)
+        check_grid_size(grid, n, "--gpus" if spec.grid.gpus else "the world size")
+        return grid
+    return choose_grid(n, k)[0]
+
+
+def check_capacity(launcher: str, grid: Grid, hosts: list[Host], hostfile: str, local_gpus: int,
+                   cpu_count: int) -> None:
+    """Refuse a plan whose ranks cannot all get a slot; say how to launch it instead."""
+    n = grid.size
+    if launcher == "local":
+        limit = local_gpus if local_gpus else max(MAX_LOCAL_CPU_RANKS, cpu_count)
+        if n > limit:
+            kind = f"{local_gpus} GPUs" if local_gpus else f"no GPU (CPU ranks: at most {limit})"
+            raise LaunchError(
+                f"{n} ranks do not fit on this machine ({kind}); to launch grid {grid} pass --hostfile FILE "
+                f"('host slots=K' per node, e.g. K=4 for {math.ceil(n / 4)} nodes; mpirun), submit from inside a "
+                f"Slurm or PBS job (scripts/slurm/, scripts/pbs/), or add --dry-run to only print the plan")
+        return
+    have = total_slots(hosts)
+    where = hostfile or "the Slurm allocation"
+    if have < n:
+        raise HostsError(f"{where} offers {have} slots on {len(hosts)} hosts but the job needs {n} ranks "
+                         f"(grid {grid}); add hosts or lower --gpus")
+    small = [h for h in hosts[: grid.nodes] if h.slots < grid.gpus_per_node]
+    if small:
+        raise HostsError(f"{where}: host {small[0].name} offers {small[0].slots} slots but gpus_per_node is "
+                         f"{grid.gpus_per_node}; ranks are placed {grid.gpus_per_node} per node")
+
+
+def threads_per_rank(ranks_on_node: int, cpu_count: int) -> int:
+    """CPU threads per rank so that the ranks of one node share its cores: max(1, cores // ranks)."""
+    return max(1, cpu_count // max(1, ranks_on_node))
+
+
+def _passed_env(spec: JobSpec, environ: Mapping[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in spec.launch.env:
+        name, eq, value = item.partition("=")
+        if eq:
+            out[name] = value
+        elif name in environ:
+            out[name] = environ[name]
+    return out
+
+
+def _container(spec: JobSpec) -> list[str]:
+    if not spec.launch.container:
+        return []
+    return [spec.launch.container_runtime, "exec", "--nv", spec.launch.container]
+
+
+def srun_port(environ: Mapping[str, str]) -> int:
+    """Rendezvous port under srun, derived from the job id so that every rank computes the same one."""
+    job = environ.get("SLURM_JOB_ID", "0")
+    return 29500 + (int(job) % 20000 if job.isdigit() else 0)
+
+
+def build_plan(spec: JobSpec, grid: Grid, launcher: str, why: str, hosts: list[Host], *, hostfile: str,
+               job_file: str, python: str, environ: Mapping[str, str], as_root: bool = False,
+               master_port: int = 29500, cpu_count: int = 1, local_gpus: int = 0) -> LaunchPlan:
+    """The exact command(s) and environment for the chosen launcher (pure)."""
+    n, k = grid.size, grid.gpus_per_node
+    python = spec.launch.python or ("python3" if spec.launch.container else python)
+    worker = [*_container(spec), python, *WORKER, "--job", job_file]
+    passed = _passed_env(spec, environ)
+    notes: list[str] = []
+
+    if launcher == "local":
+        threads = threads_per_rank(n, cpu_count)
+        if not local_gpus:
+            notes.append(f"no GPU here: {n} CPU ranks on gloo, {threads} thread(s) each")
+        env = {"OMP_NUM_THREADS": str(threads), **passed}
+        rank_env = [{"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n),
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)} for r in range(n)]
+        return LaunchPlan("local", why, grid, [Host("localhost", n)], worker, env, rank_env, "", notes)
+
+    used = hosts[: grid.nodes]
+    threads = threads_per_rank(k, cpu_count) if all(h.name in LOCAL_NAMES for h in used) else 4
+    env = {"OMP_NUM_THREADS": str(threads), **passed}
+    if launcher == "mpirun":
+        argv = ["mpirun"] + (["--allow-run-as-root"] if as_root else [])
+        argv += ["-np", str(n), "--map-by", f"ppr:{k}:node", "--bind-to", "none"]
+        argv += ["--hostfile", hostfile]
+        for name, value in env.items():
+            argv += ["-x", f"{name}={value}"]
+        argv += [*spec.launch.launcher_args, *worker]
+        return LaunchPlan("mpirun", why, grid, used, argv, {}, [], hostfile, notes)
+
+    if launcher == "srun":
+        rdv = {"MASTER_ADDR": used[0].name, "MASTER_PORT": str(srun_port(environ))}
+        export = ",".join(["ALL", *(f"{a}={b}" for a, b in {**env, **rdv}.items())])
+        argv = ["srun", f"--nodes={grid.nodes}", f"--ntasks={n}", f"--ntasks-per-node={k}",
+                "--kill-on-bad-exit=1", f"--export={export}"]
+        if hostfile:
+            argv.append(f"--nodelist={','.join(h.name for h in used)}")
+        argv += [*spec.launch.launcher_args, *worker]
+        return LaunchPlan("srun", why, grid, used, argv, {}, [], hostfile, notes)
+
+    raise LaunchError(f"launch.launcher: {launcher!r} is not one of local, mpirun, srun, auto")
+
+
+def plan_launch(spec: JobSpec, environ: Mapping[str, str], *, job_file: str, python: str, as_root: bool,
+                master_port: int, cpu_count: int, local_gpus: int) -> LaunchPlan:
+    """Choose the launcher, read the hosts, fix the grid, check capacity and build the plan."""
+    launcher, why = choose_launcher(spec.launch.launcher, environ, spec.launch.hostfile)
+    hosts, hostfile = resolve_hosts(launcher, spec, environ)
+    grid = resolve_grid(spec, launcher, hosts, local_gpus)
+    check_capacity(launcher, grid, hosts, hostfile, local_gpus, cpu_count)
+    return build_plan(spec, grid, launcher, why, hosts, hostfile=hostfile, job_file=job_file, python=python,
+                      environ=environ, as_root=as_root, master_port=master_port, cpu_count=cpu_count,
+                      local_gpus=local_gpus)

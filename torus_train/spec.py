@@ -1,0 +1,408 @@
+"""The job spec: one TOML file (plus CLI overrides) -> a validated JobSpec (pure; no torch import).
+
+Every section is a small dataclass with a one-line docstring under each field. Loading rejects unknown keys
+and wrong types naming the dotted field path (``schedule.stages[1].global_batch``); ``validate()`` checks
+values the same way. CLI flags become dotted overrides (``--gpus 8`` is ``grid.gpus = 8``; ``--set
+comm.algo=flat`` sets any field) applied to the raw TOML table before it is built, so they go through the
+same checks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from torus_train.errors import UserError
+
+
+class SpecError(UserError):
+    """A job spec field that is unknown, of the wrong type, or out of range; the message names its path."""
+
+
+# --------------------------------------------------------------------------------------------------------
+# sections
+# --------------------------------------------------------------------------------------------------------
+@dataclass
+class JobSection:
+    name: str = "torus-train"
+    """Job name; the default output folder is runs/<name>."""
+    out: str = ""
+    """Output folder (metrics.jsonl, summary.json, logs/, checkpoints/); empty = runs/<name>."""
+    seed: int = 0
+    """Seed for the model initialisation and the data order (the same on every rank)."""
+    log_every: int = 10
+    """Optimizer steps between two metrics.jsonl lines / progress updates."""
+
+
+@dataclass
+class GridSection:
+    gpus: int = 0
+    """World size N (ranks, one per GPU); 0 = X*Y of --grid, else the slots the launcher offers."""
+    grid: str = ""
+    """XxY: X ranks per row (horizontal ring), Y per column; empty = chosen for N and gpus_per_node."""
+    gpus_per_node: int = 0
+    """Ranks per node; 0 = from the hostfile/scheduler (slots of the first node) or all ranks locally."""
+
+
+@dataclass
+class LaunchSection:
+    launcher: str = "auto"
+    """local | mpirun | srun | auto (Slurm job -> srun, PBS job -> mpirun, hostfile -> mpirun, else local)."""
+    hostfile: str = ""
+    """OpenMPI hostfile (`host slots=K`) or PBS node file (one line per slot) for mpirun."""
+    container: str = ""
+    """Singularity/Apptainer image; when set every rank runs inside `<container_runtime> exec --nv IMAGE`."""
+    container_runtime: str = "singularity"
+    """Container command: singularity or apptainer."""
+    launcher_args: list[str] = field(default_factory=list)
+    """Extra arguments put right after mpirun/srun (e.g. ["--mca", "btl", "^openib"])."""
+    env: list[str] = field(default_factory=list)
+    """Environment passed to every rank: NAME (current value) or NAME=VALUE."""
+    python: str = ""
+    """Python on the compute nodes; empty = this interpreter (python3 inside a container)."""
+
+
+@dataclass
+class ModelSection:
+    arch: str = "resnet50"
+    """torchvision classification architecture (resnet18, resnet50, ...)."""
+    num_classes: int = 1000
+    """Output classes; must cover the data set's labels."""
+    channels_last: bool = True
+    """NHWC memory format for activations and weights (faster convolutions on tensor cores)."""
+    precision: str = "fp16"
+    """fp32 | fp16 | bf16 forward/backward; fp16 uses a GradScaler; CPU ranks always run fp32."""
+
+
+@dataclass
+class DataSection:
+    source: str = "synthetic"
+    """synthetic | demo | a folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG."""
+    loader: str = "auto"
+    """auto | dali | torchvision (auto = dali when importable)."""
+    image_size: int = 224
+    """Training crop side in pixels."""
+    num_threads: int = 0
+    """Decoding threads per rank; 0 = CPU cores / ranks on the node."""
+
+
+@dataclass
+class StageSection:
+    until_epoch: int = 0
+    """This stage runs until this epoch (exclusive of later stages)."""
+    global_batch: int = 0
+    """Images per optimizer step summed over all ranks during this stage."""
+
+
+@dataclass
+class ScheduleSection:
+    epochs: int = 5
+    """Epochs to train."""
+    steps: int = 0
+    """Stop after this many optimizer steps (0 = run all epochs); for smoke tests and benchmarks."""
+    stages: list[StageSection] = field(default_factory=lambda: [StageSection(until_epoch=5, global_batch=256)])
+    """Batch-size control: [{until_epoch, global_batch}, ...] with growing batches."""
+    base_lr: float = 0.1
+    """Learning rate at lr_reference_batch images per step."""
+    lr_reference_batch: int = 256
+    """Global batch at which the LR equals base_lr (linear scaling rule)."""
+    warmup_epochs: float = 0.0
+    """Epochs of linear LR warm-up from zero."""
+    lr_policy: str = "linear"
+    """linear (LR grows with the stage's batch) | constant (same LR for every stage)."""
+    decay: str = "poly"
+    """LR decay after warm-up: poly | cosine | step | none."""
+    max_per_rank_batch: int = 0
+    """Largest micro-batch a rank runs in one forward pass (gradient accumulation above it); 0 = no limit."""
+    label_smoothing: float = 0.1
+    """Label smoothing of the cross-entropy loss."""
+
+
+@dataclass
+class OptimizerSection:
+    name: str = "sgd"
+    """sgd (momentum SGD) | lars."""
+    momentum: float = 0.9
+    """Momentum."""
+    weight_decay: float = 5e-5
+    """Weight decay (never applied to BatchNorm parameters or biases)."""
+    nesterov: bool = False
+    """Nesterov momentum."""
+    trust_coefficient: float = 0.001
+    """LARS trust coefficient."""
+
+
+@dataclass
+class CommSection:
+    algo: str = "torus"
+    """Gradient all-reduce inside DDP: torus | hierarchical | flat | ddp (DDP's own all-reduce)."""
+    compression: str = "none"
+    """Gradient compression on the wire: none | fp16 | bf16."""
+    bucket_mb: float = 25.0
+    """DDP gradient bucket size in MiB (fusion threshold)."""
+    timeout_s: float = 600.0
+    """Process-group timeout: a collective that cannot finish raises after this many seconds."""
+
+
+@dataclass
+class CheckpointSection:
+    every_steps: int = 0
+    """Save every this many optimizer steps (0 = not by step count)."""
+    every_epochs: int = 1
+    """Save at the end of every this many epochs (0 = not by epoch)."""
+    keep: int = 2
+    """Complete checkpoints to keep (older ones are deleted; the newest good one never)."""
+    at_end: bool = True
+    """Save when training ends."""
+
+
+@dataclass
+class EvalSection:
+    every_epochs: int = 1
+    """Evaluate on the val split every this many epochs (0 = never)."""
+    target_top1: float = 0.0
+    """Top-1 (0..1) whose first reach is recorded as time-to-target in summary.json; 0 = none."""
+
+
+@dataclass
+class JobSpec:
+    job: JobSection = field(default_factory=JobSection)
+    """Name, output folder, seed, logging interval."""
+    grid: GridSection = field(default_factory=GridSection)
+    """World size and the XxY grid."""
+    launch: LaunchSection = field(default_factory=LaunchSection)
+    """How ranks are started."""
+    model: ModelSection = field(default_factory=ModelSection)
+    """The network and its numerics."""
+    data: DataSection = field(default_factory=DataSection)
+    """Input pipeline."""
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    """Epochs, batch-size stages and LR."""
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    """Optimizer."""
+    comm: CommSection = field(default_factory=CommSection)
+    """Gradient exchange."""
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    """Checkpointing."""
+    eval: EvalSection = field(default_factory=EvalSection)
+    """Evaluation."""
+
+    # ----------------------------------------------------------------------------------------------
+    def validate(self) -> "JobSpec":
+        """Check value ranges and choices; raise SpecError naming the field path and the bad value."""
+        _choice("launch.launcher", self.launch.launcher, ("auto", "local", "mpirun", "srun"))
+        _choice("launch.container_runtime", self.launch.container_runtime, ("singularity", "apptainer"))
+        _choice("model.precision", self.model.precision, ("fp32", "fp16", "bf16"))
+        _choice("data.loader", self.data.loader, ("auto", "dali", "torchvision"))
+        _choice("schedule.lr_policy", self.schedule.lr_policy, ("linear", "constant"))
+        _choice("schedule.decay", self.schedule.decay, ("poly", "cosine", "step", "none"))
+        _choice("optimizer.name", self.optimizer.name, ("sgd", "lars"))
+        _choice("comm.algo", self.comm.algo, ("torus", "hierarchical", "flat", "ddp"))
+        _choice("comm.compression", self.comm.compression, ("none", "fp16", "bf16"))
+        for path, value, low in (
+            ("job.log_every", self.job.log_every, 1), ("grid.gpus", self.grid.gpus, 0),
+            ("grid.gpus_per_node", self.grid.gpus_per_node, 0), ("model.num_classes", self.model.num_classes, 2),
+            ("data.image_size", self.data.image_size, 8), ("data.num_threads", self.data.num_threads, 0),
+            ("schedule.epochs", self.schedule.epochs, 1), ("schedule.steps", self.schedule.steps, 0),
+            ("schedule.lr_reference_batch", self.schedule.lr_reference_batch, 1),
+            ("schedule.max_per_rank_batch", self.schedule.max_per_rank_batch, 0),
+            ("checkpoint.every_steps", self.checkpoint.every_steps, 0),
+            ("checkpoint.every_epochs", self.checkpoint.every_epochs, 0), ("checkpoint.keep", self.checkpoint.keep, 1),
+            ("eval.every_epochs", self.eval.every_epochs, 0),
+        ):
+            if value < low:
+                raise SpecError(f"{path}: {value!r} must be >= {low}")
+        for path, value in (("schedule.base_lr", self.schedule.base_lr), ("comm.bucket_mb", self.comm.bucket_mb),
+                            ("comm.timeout_s", self.comm.timeout_s)):
+            if not value > 0:
+                raise SpecError(f"{path}: {value!r} must be > 0")
+        for path, value in (("schedule.warmup_epochs", self.schedule.warmup_epochs),
+                            ("optimizer.momentum", self.optimizer.momentum),
+                            ("optimizer.weight_decay", self.optimizer.weight_decay)):
+            if value < 0:
+                raise SpecError(f"{path}: {value!r} must be >= 0")
+        if not 0 <= self.schedule.label_smoothing < 1:
+            raise SpecError(f"schedule.label_smoothing: {self.schedule.label_smoothing!r} must be in [0, 1)")
+        if not 0 <= self.eval.target_top1 <= 1:
+            raise SpecError(f"eval.target_top1: {self.eval.target_top1!r} must be a fraction in [0, 1]")
+        if not self.data.source:
+            raise SpecError("data.source: must be synthetic, demo or a folder path")
+        if not self.schedule.stages:
+            raise SpecError("schedule.stages: at least one stage {until_epoch, global_batch} is needed")
+        prev_until, prev_batch = 0, 0
+        for i, st in enumerate(self.schedule.stages):
+            p = f"schedule.stages[{i}]"
+            if st.global_batch < 1:
+                raise SpecError(f"{p}.global_batch: {st.global_batch!r} must be >= 1")
+            if st.until_epoch <= prev_until:
+                raise SpecError(f"{p}.until_epoch: {st.until_epoch!r} must be greater than the previous stage's "
+                                f"{prev_until} (stages run in order)")
+            if st.global_batch < prev_batch:
+                raise SpecError(f"{p}.global_batch: {st.global_batch!r} is smaller than the previous stage's "
+                                f"{prev_batch}; batch-size control only grows the batch")
+            prev_until, prev_batch = st.until_epoch, st.global_batch
+        if self.grid.grid:
+            from torus_train.topology import parse_grid
+            try:
+                parse_grid(self.grid.grid)
+            except UserError as e:
+                raise SpecError(f"grid.grid: {e}") from None
+        for i, item in enumerate(self.launch.env):
+            name = item.split("=", 1)[0]
+            if not name.replace("_", "a").isalnum() or name[0].isdigit():
+                raise SpecError(f"launch.env[{i}]: {item!r} is not NAME or NAME=VALUE")
+        return self
+
+    def stages_for_epochs(self) -> list[StageSection]:
+        """The stages cut (or the last one stretched) so that they end exactly at schedule.epochs."""
+        out: list[StageSection] = []
+        for st in self.schedule.stages:
+            out.append(StageSection(min(st.until_epoch, self.schedule.epochs), st.global_batch))
+            if st.until_epoch >= self.schedule.epochs:
+                break
+        out[-1].until_epoch = self.schedule.epochs
+        return out
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.job.out or f"runs/{self.job.name}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        """The resolved spec as TOML text (what --dry-run prints)."""
+        lines: list[str] = []
+        for sec in dataclasses.fields(self):
+            obj = getattr(self, sec.name)
+            lines.append(f"[{sec.name}]")
+            for f in dataclasses.fields(obj):
+                v = getattr(obj, f.name)
+                if f.name == "stages":
+                    v = [dataclasses.asdict(s) for s in v]
+                lines.append(f"{f.name} = {_toml_value(v)}")
+            lines.append("")
+        return "\n".join(lines)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(type(v))
+
+
+def _choice(path: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SpecError(f"{path}: {value!r} is not one of {', '.join(allowed)}")
+
+
+# --------------------------------------------------------------------------------------------------------
+# building dataclasses from TOML tables, with dotted-path errors
+# --------------------------------------------------------------------------------------------------------
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _build(cls: type, table: Any, path: str) -> Any:
+    where = path or "the spec"
+    if not isinstance(table, dict):
+        raise SpecError(f"{where}: expected a table, got {_shown(table)}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        p = f"{path}.{key}" if path else key
+        if key not in known:
+            raise SpecError(f"{p}: unknown key (known in {where}: {', '.join(known)})")
+        kwargs[key] = _convert(hints[key], value, p)
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise SpecError(f"{path}: expected a list, got {_shown(value)}")
+        return [_convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if (tp in (int, float) and isinstance(value, bool)) or not isinstance(value, tp):
+        raise SpecError(f"{path}: expected {_TYPE_NAMES.get(tp, tp.__name__)}, got {_shown(value)}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    kind = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list", dict: "table"}
+    return f"{kind.get(type(value), type(value).__name__)} {value!r}"
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=value`` -> ("a.b", value); the value is read as TOML (8, 0.5, true, "x", [..]) else as a string."""
+    if "=" not in text:
+        raise SpecError(f"--set {text!r}: expected FIELD=VALUE, e.g. comm.algo=flat")
+    key, raw = (s.strip() for s in text.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(table: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Set dotted keys in a raw spec table (creating sections); unknown ones fail later when it is built."""
+    for key, value in overrides:
+        parts = key.split(".")
+        node = table
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise SpecError(f"{'.'.join(parts[: i + 1])}: is not a section, cannot set {key}")
+            node = nxt
+        node[parts[-1]] = value
+    return table
+
+
+def read_spec_table(path: str | Path | None) -> dict[str, Any]:
+    """The raw TOML table of a spec file, or of the embedded default spec when path is None."""
+    if path is None:
+        text = resources.files("torus_train.specs").joinpath("default.toml").read_text()
+        source = "default spec"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise SpecError(f"--spec {path}: no such file")
+        text, source = p.read_text(), str(path)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{source}: not valid TOML ({e})") from None
+
+
+def spec_from_table(table: dict[str, Any]) -> JobSpec:
+    """Build and validate a JobSpec from a raw table."""
+    return _build(JobSpec, table, "").validate()
+
+
+def load_spec(path: str | Path | None = None, overrides: list[tuple[str, Any]] | None = None) -> JobSpec:
+    """Spec file (or the embedded default) + dotted overrides -> validated JobSpec."""
+    return spec_from_table(apply_overrides(read_spec_table(path), overrides or []))
+
+
+def load_resolved(path: str | Path) -> JobSpec:
+    """Read the job.json a launcher wrote for its ranks."""
+    return spec_from_table(json.loads(Path(path).read_text()))

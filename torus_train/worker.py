@@ -1,0 +1,134 @@
+"""The per-rank entry point: ``python -m torus_train.worker --job OUT/job.json``.
+
+Started by `torus-train run` (local launcher), by mpirun or by srun. It redirects its output to
+OUT/logs/rankNNNNN.log (rank 0 keeps its stdout for the progress bar), brings up the process group and the
+grid's row/column groups, trains, and on success leaves OUT/logs/rankNNNNN.done so that the launcher can tell
+a finished rank from one that exited 0 too early. A failure is logged with its traceback and reported on one
+line as ``torus-train: rank R failed: ...`` with a non-zero exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from torus_train.bootstrap import rank_info
+from torus_train.errors import RunFailed, UserError
+from torus_train.spec import JobSpec, spec_from_table
+from torus_train.topology import Grid
+
+REDIRECTED = "TORUS_TRAIN_LOG_REDIRECTED"
+
+
+class Terminated(Exception):
+    """SIGTERM/SIGINT reached this rank; it must exit non-zero (never 0, or the others would hang)."""
+
+
+def read_job(path: str | Path) -> tuple[JobSpec, Grid, dict]:
+    """The job file a launcher wrote: {"spec": {...}, "grid": {"x", "y", "gpus_per_node"}, "resume": bool}."""
+    job = json.loads(Path(path).read_text())
+    g = job["grid"]
+    return spec_from_table(job["spec"]), Grid(g["x"], g["y"], g["gpus_per_node"]), job
+
+
+def log_path(out: Path, rank: int) -> Path:
+    return out / "logs" / f"rank{rank:05d}.log"
+
+
+def done_path(out: Path, rank: int) -> Path:
+    return out / "logs" / f"rank{rank:05d}.done"
+
+
+def redirect_output(out: Path, rank: int) -> int:
+    """Send stderr (and stdout except on rank 0) to this rank's log; return a dup of the original stderr."""
+    original = os.dup(2)
+    if os.environ.get(REDIRECTED) != "1":
+        path = log_path(out, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(fd, 2)
+        if rank != 0:
+            os.dup2(fd, 1)
+        os.close(fd)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    return original
+
+
+def _on_signal(signum, frame):
+    raise Terminated(f"received {signal.Signals(signum).name}")
+
+
+def run_worker(spec: JobSpec, grid: Grid, resume: bool) -> dict:
+    """Start-up, training, shutdown of one rank (torch imported here)."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    import torch
+
+    if threads and threads.isdigit():
+        torch.set_num_threads(int(threads))
+    from torus_train.bootstrap import init_distributed, shutdown
+    from torus_train.train import run_training
+
+    boot = init_distributed(grid, spec.comm.timeout_s)
+    logging.getLogger("torus_train.worker").info(
+        "rank %d/%d (local %d, from %s) at grid %s position %s on %s/%s", boot.info.rank, boot.info.world_size,
+        boot.info.local_rank, boot.info.source, grid, grid.position(boot.info.rank), boot.device, boot.backend)
+    summary = run_training(spec, boot, spec.out_dir, resume)
+    shutdown()
+    return summary
+
+
+def execute(spec: JobSpec, grid: Grid, resume: bool, fault_hook=None) -> None:
+    """Run this rank to the end and exit the process: 0 on success, 2 on bad input, 1 (or 143) on failure."""
+    rank = rank_info().rank
+    code, message = 0, ""
+    original_stderr = 2
+    try:
+        out = spec.out_dir
+        original_stderr = redirect_output(out, rank)
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+        if os.environ.get("TORUS_TRAIN_FAULT") == f"start:{rank}":  # fault injection for the launcher's tests
+            raise RunFailed("injected start-up failure")
+        run_worker(spec, grid, resume)
+        done_path(out, rank).write_text("ok\n")
+    except UserError as e:
+        code, message = 2, str(e)
+    except RunFailed as e:
+        code, message = 1, str(e)
+    except Terminated as e:
+        code, message = 143, str(e)
+    except BaseException as e:  # noqa: BLE001  anything else: keep the traceback in the log
+        code, message = 1, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if code:
+        traceback.print_exc()
+        line = f"torus-train: rank {rank} failed: {message}\n"
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if original_stderr != 2:
+            os.write(original_stderr, line.encode())
+    sys.stdout.flush(), sys.stderr.flush()
+    # os._exit: a failed collective can leave gloo/NCCL threads that would block a normal interpreter exit.
+    os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m torus_train.worker")
+    ap.add_argument("--job", required=True, help="job.json written by `torus-train run`")
+    args = ap.parse_args(argv)
+    try:
+        spec, grid, job = read_job(args.job)
+    except (OSError, ValueError, KeyError) as e:
+        sys.stderr.write(f"torus-train: rank {rank_info().rank} failed: cannot read job file {args.job}: {e}\n")
+        os._exit(2)
+    execute(spec, grid, bool(job.get("resume")))
+
+
+if __name__ == "__main__":
+    main()
