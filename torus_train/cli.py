@@ -24,12 +24,6 @@ def _register() -> None:
     cli.add_command(bench)
     from torus_train.commands.run import run
     cli.add_command(run)
-    from torus_train.commands.plan import plan
-    cli.add_command(plan)
-    from torus_train.commands.bench_input import bench_input
-    bench.add_command(bench_input, "input")
-    from torus_train.commands.data import data
-    cli.add_command(data)
 
 
 _register()
