@@ -83,7 +83,7 @@ def test_best_grid_is_the_fastest_factor_pair_and_says_why():
     t = allreduce_cost("torus", g, ABCI, R50_FP16).seconds
     for x in (1, 2, 4, 8, 16, 17, 32, 34, 64, 68, 136, 272, 544, 1088):
         assert t <= allreduce_cost("torus", Grid(x, 1088 // x, 4), ABCI, R50_FP16).seconds + 1e-15
-    assert str(g) in why and "ms" in why
+    assert "fastest predicted torus" in why and "ms" in why
     assert [c.seconds for _, c in rank_grids(1088, ABCI, R50_FP16)] == sorted(
         c.seconds for _, c in rank_grids(1088, ABCI, R50_FP16))
     with pytest.raises(GridError):

@@ -22,6 +22,8 @@ def _register() -> None:
     # One line per command module; each module keeps torch out of its top level.
     from torus_train.commands.bench import bench
     cli.add_command(bench)
+    from torus_train.commands.plan import plan
+    cli.add_command(plan)
     from torus_train.commands.run import run
     cli.add_command(run)
 

@@ -519,7 +519,7 @@ def best_grid(n: int, net: Network, nbytes: int) -> tuple[Grid, str]:
     where = ("rows inside one node: horizontal rings on the intra-node links" if g.x <= k and k % g.x == 0
              else f"rows span {math.ceil(g.x / k)} nodes" if g.x % k == 0
              else "rows and nodes do not line up")
-    why = f"{g}: predicted torus {c.seconds * 1e3:.3f} ms, {c.steps} steps, {where}"
+    why = f"fastest predicted torus of the {len(ranked)} factor pairs, {c.seconds * 1e3:.3f} ms, {c.steps} steps, {where}"
     if len(ranked) > 1:
         g2, c2 = ranked[1]
         why += f"; next best {g2} {c2.seconds * 1e3:.3f} ms"
@@ -610,7 +610,7 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
     else:
         check_grid_size(grid, gpus)
         grid = Grid(grid.x, grid.y, net.gpus_per_node)
-        why = f"{grid}: given by --grid ({grid.torus_steps} torus steps)"
+        why = f"given by --grid ({grid.torus_steps} torus steps)"
     if images_per_second is None:
         if model not in net.images_per_second:
             raise UserError(f"--images-per-second: network {net.name} has no throughput figure for {model}; "
@@ -630,12 +630,14 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
 
 
 def sweep(net: Network, nbytes: int, gpu_counts: Iterable[int]) -> dict[str, list[tuple[int, float]]]:
-    """Predicted all-reduce seconds per algorithm for each GPU count (torus/hierarchical on the best grid)."""
+    """Predicted all-reduce seconds per algorithm for each GPU count; torus and hierarchical each on the grid
+    that is fastest for that algorithm (flat and tree do not depend on the grid)."""
     out: dict[str, list[tuple[int, float]]] = {a: [] for a in ALGORITHMS}
     for n in gpu_counts:
-        g, _ = best_grid(n, net, nbytes)
+        grids = [Grid(x, y, net.gpus_per_node) for x, y in factor_pairs(n)]
         for a in ALGORITHMS:
-            out[a].append((n, allreduce_cost(a, g, net, nbytes).seconds))
+            pool = grids if a in ("torus", "hierarchical") else grids[:1]
+            out[a].append((n, min(allreduce_cost(a, g, net, nbytes).seconds for g in pool)))
     return out
 
 
@@ -747,9 +749,13 @@ def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = 
     n = np.array([float(r["size_bytes"]) for r in used])
     a = np.stack([np.full_like(n, o * steps), o * coeff * n], axis=1) / t[:, None]
     (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    if beta <= 0:   # bandwidth term must be positive; refit with alpha only on the largest sizes
-        raise UserError(f"--calibrate: rows for {algo} on {grid} do not grow with size; cannot fit a bandwidth")
-    alpha = max(alpha, 0.0)
+    if alpha < 0:   # latency cannot be negative: refit the bandwidth term alone
+        alpha = 0.0
+        (beta,), *_ = np.linalg.lstsq(a[:, 1:], np.ones_like(t), rcond=None)
+    if beta <= 0:
+        raise UserError(f"--calibrate: times of {algo} on {grid} do not grow with size "
+                        f"({', '.join(f'{int(s)} B: {x * 1e6:.0f} us' for s, x in zip(n, t))}); "
+                        f"cannot fit a bandwidth: rerun the bench with more iterations (-n) on a quieter machine")
     fit = o * (steps * alpha + coeff * n * beta)
     rms = float(np.sqrt(np.mean(((fit - t) / t) ** 2)))
     return Calibration(algo, grid, ",".join(backends), alpha * 1e6, 1.0 / beta / 1e9, cores,

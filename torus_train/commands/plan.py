@@ -1,0 +1,249 @@
+"""`torus-train plan`: predict all-reduce and step time at any scale, choose a grid, calibrate, check groups.
+
+No torch at module level: only --check-groups imports it (the fake backend needs it).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from torus_train.errors import UserError
+
+PLOT_COUNTS = (64, 128, 256, 512, 1024, 1088, 2048, 2176, 3456, 4096)
+"""GPU counts on the plot's x axis: powers of two plus the paper's 1,088, 2,176 and 3,456."""
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.2f}"
+
+
+@click.command("plan")
+@click.option("--gpus", type=click.IntRange(min=1), default=None, help="World size N to plan for.")
+@click.option("--grid", "grid_text", default=None, metavar="XxY",
+              help="Grid to evaluate (X ranks per row); default: the fastest predicted grid for N.")
+@click.option("--network", default="abci-v100", show_default=True, metavar="NAME|FILE",
+              help="Network preset (abci-v100, dgx-h100, goyal-p100-50gbe, jia-p40-100gbe) or a TOML file.")
+@click.option("--model", default="resnet50", show_default=True, help="Model whose gradients are exchanged.")
+@click.option("--per-gpu-batch", type=int, default=32, show_default=True, help="Images per GPU per step.")
+@click.option("--grad-dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True,
+              help="Dtype the gradients are exchanged in.")
+@click.option("--images-per-second", type=float, default=None,
+              help="Single-GPU training throughput; default: the network preset's figure for the model.")
+@click.option("--overlap", type=float, default=None,
+              help="Fraction of the backward pass that hides communication, 0..1 [default: 0.5].")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the plan as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="PNG of predicted all-reduce time against GPU count (64..4096) per algorithm.")
+@click.option("--calibrate", "bench_path", type=click.Path(dir_okay=False), default=None, metavar="BENCH.json",
+              help="Fit alpha and beta of this machine from `bench allreduce --json` rows and predict --grid.")
+@click.option("--calibrate-algo", default=None, help="Which algorithm's rows to fit [default: torus if present].")
+@click.option("--cores", type=click.IntRange(min=1), default=None,
+              help="CPU cores for the oversubscription term of --calibrate [default: this machine's].")
+@click.option("--check-groups", is_flag=True,
+              help="Build every row and column process group of the grid on torch's one-process fake backend.")
+@click.option("--simulate", is_flag=True,
+              help="Run the torus's exact data movement on N virtual ranks with ragged integer tensors.")
+def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_second, overlap, json_path,
+         plot_path, bench_path, calibrate_algo, cores, check_groups, simulate) -> None:
+    """Predict all-reduce time, step time and scaling efficiency per algorithm; choose a grid for N GPUs.
+
+    \b
+    Examples:
+      torus-train plan --gpus 1088 --network abci-v100 --per-gpu-batch 32
+      torus-train plan --gpus 2176 --grid 32x68 --simulate --check-groups
+      torus-train plan --calibrate bench_2x2.json --grid 2x4
+    """
+    from torus_train import costmodel as cm
+    from torus_train.topology import parse_grid
+
+    if bench_path is not None:
+        _calibrate(bench_path, grid_text, calibrate_algo, cores, json_path)
+        return
+    if gpus is None:
+        if grid_text is None:
+            raise UserError("--gpus is required (or --grid XxY, or --calibrate BENCH.json)")
+        gpus = parse_grid(grid_text).size
+    if per_gpu_batch < 1:
+        raise UserError(f"--per-gpu-batch: {per_gpu_batch} must be a positive integer")
+    if overlap is None:
+        overlap = cm.DEFAULT_OVERLAP
+    if not 0.0 <= overlap <= 1.0:
+        raise UserError(f"--overlap: {overlap} must be between 0 and 1")
+    if plot_path is not None:
+        _require_matplotlib()
+    net = cm.load_network(network)
+    grid = parse_grid(grid_text, net.gpus_per_node) if grid_text else None
+    p = cm.make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap)
+    m = cm.MODELS[model]
+
+    click.echo(f"# torus-train plan: {gpus} GPUs, {model} ({m.parameters:,} parameters, {grad_dtype} gradients = "
+               f"{_mb(p.gradient_bytes)} MB), {per_gpu_batch} images per GPU")
+    for line in net.describe():
+        click.echo(f"# {line}")
+    click.echo(f"# compute per step: {per_gpu_batch} / {p.images_per_second:g} img/s = "
+               f"{p.compute_seconds * 1e3:.2f} ms; backward {cm.BACKWARD_FRACTION:.2f} of it; "
+               f"overlap {overlap:g} of the backward pass hides communication")
+    click.echo(f"# grid {p.grid}: {p.grid_why}")
+    click.echo("#")
+    head = (f"{'algorithm':>13} {'steps':>6} {'MB across nodes':>16} {'all-reduce ms':>14} {'busbw GB/s':>11} "
+            f"{'step ms':>9} {'efficiency':>11}")
+    click.echo(head)
+    for a in p.algorithms.values():
+        click.echo(f"{a.algo:>13} {a.steps:>6} {_mb(a.bytes_across_nodes):>16} {a.allreduce_seconds * 1e3:>14.3f} "
+                   f"{a.busbw_gbytes_per_s:>11.2f} {a.step_seconds * 1e3:>9.2f} {a.scaling_efficiency * 100:>10.2f}%")
+    t = p.algorithms["torus"]
+    click.echo(f"# summary: torus on {p.grid} predicts {t.allreduce_seconds * 1e3:.3f} ms per all-reduce, "
+               f"{t.step_seconds * 1e3:.2f} ms per step, scaling efficiency {t.scaling_efficiency * 100:.2f}% "
+               f"(MB across nodes: the busiest rank's bytes sent over NICs per all-reduce)")
+    lo, hi = (cm.step_cost(p.compute_seconds, t.allreduce_seconds, o).scaling_efficiency for o in (0.0, 1.0))
+    click.echo(f"# torus efficiency with no overlap {lo * 100:.2f}%, with the whole backward pass overlapped "
+               f"{hi * 100:.2f}%")
+    click.echo("# sources:" + ("" if net.sources else " none given"))
+    for s in net.sources:
+        click.echo(f"#   - {s}")
+
+    out = p.to_json()
+    if simulate:
+        out["simulation"] = _simulate(parse_grid(p.grid))
+    if check_groups:
+        out["check_groups"] = _check_groups(parse_grid(p.grid, net.gpus_per_node))
+    if plot_path is not None:
+        _plot(net, p.gradient_bytes, plot_path, f"{model} {grad_dtype} gradients ({_mb(p.gradient_bytes)} MB)")
+        click.echo(f"# wrote plot {plot_path}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+        click.echo(f"# wrote {json_path}")
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        raise UserError("--plot needs matplotlib: pip install 'torus-train[plot]'") from None
+
+
+def _plot(net, nbytes: int, path: str, what: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from torus_train import costmodel as cm
+
+    curves = cm.sweep(net, nbytes, PLOT_COUNTS)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for algo, points in curves.items():
+        ax.plot([n for n, _ in points], [s * 1e3 for _, s in points], marker="o", label=algo)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = [n for n in PLOT_COUNTS if n & (n - 1) == 0]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(n) for n in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("GPUs (torus and hierarchical each on its fastest grid)")
+    ax.set_ylabel("predicted all-reduce time (ms)")
+    ax.set_title(f"{net.name}: {what}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _simulate(grid) -> dict:
+    """Exact data movement on virtual ranks for ragged sizes; prints one line per size."""
+    from torus_train.simulate import check
+
+    prime = _next_prime(grid.size + 1)
+    results = []
+    for n in (1, 7, 97, prime):
+        r = check(grid.x, grid.y, n, seed=n)
+        results.append(r.__dict__ | {"ok": r.ok})
+        click.echo(f"# simulate {grid}: {r.ranks} virtual ranks, {n} int64 elements each: {r.steps} steps "
+                   f"(expected {r.expected_steps}), {r.wrong_ranks} ranks wrong, {r.seconds:.2f} s "
+                   f"-> {'exact sum on every rank' if r.ok else 'FAILED'}")
+    if not all(r["ok"] for r in results):
+        from torus_train.errors import RunFailed
+        raise RunFailed(f"virtual-rank torus on {grid} did not give every rank the exact sum")
+    return {"grid": str(grid), "results": results}
+
+
+def _next_prime(n: int) -> int:
+    def is_prime(k: int) -> bool:
+        return k > 1 and all(k % d for d in range(2, int(k ** 0.5) + 1))
+    while not is_prime(n):
+        n += 1
+    return n
+
+
+def _check_groups(grid) -> dict:
+    """Build every row and column group with the real build_grid_groups on the fake backend, as enough ranks
+    that every group is checked from inside by one of its members: rank (i mod Y, i mod X), i < max(X, Y)."""
+    t0 = time.perf_counter()
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from torus_train.comm.groups import build_grid_groups
+    from torus_train.errors import RunFailed
+
+    t_import = time.perf_counter() - t0
+    as_ranks = sorted({grid.rank_at(i % grid.y, i % grid.x) for i in range(max(grid.x, grid.y))})
+    rows_seen, cols_seen, built = set(), set(), 0
+    t1 = time.perf_counter()
+    for rank in as_ranks:
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=grid.size)
+        try:
+            g = build_grid_groups(grid)
+            built = (grid.y if grid.x > 1 else 0) + (grid.x if grid.y > 1 else 0)
+            if grid.x > 1 and dist.get_process_group_ranks(g.row_group) != grid.row_ranks(g.row):
+                raise RunFailed(f"--check-groups: rank {rank}'s row group is not row {g.row} of {grid}")
+            if grid.y > 1 and dist.get_process_group_ranks(g.col_group) != grid.col_ranks(g.col):
+                raise RunFailed(f"--check-groups: rank {rank}'s column group is not column {g.col} of {grid}")
+            rows_seen.add(g.row)
+            cols_seen.add(g.col)
+        finally:
+            dist.destroy_process_group()
+    seconds = time.perf_counter() - t1
+    ok = len(rows_seen) == grid.y and len(cols_seen) == grid.x
+    click.echo(f"# check-groups {grid}: built {built} process groups ({grid.y} rows of {grid.x}, {grid.x} columns "
+               f"of {grid.y}) on the fake backend as each of {len(as_ranks)} ranks; every row and column group "
+               f"has the right members ({seconds:.2f} s, torch import {t_import:.1f} s)")
+    if not ok:
+        raise RunFailed(f"--check-groups: only {len(rows_seen)} rows and {len(cols_seen)} columns were checked")
+    return {"grid": str(grid), "groups": built, "as_ranks": len(as_ranks), "seconds": seconds, "ok": ok}
+
+
+def _calibrate(bench_path: str, grid_text, algo, cores, json_path) -> None:
+    from torus_train import costmodel as cm
+    from torus_train.topology import parse_grid
+
+    rows = cm.read_bench(bench_path)
+    cal = cm.calibrate(rows, algo=algo, cores=cores)
+    sizes = [s for s, _ in cal.rows_used]
+    click.echo(f"# calibration from {bench_path}: {cal.algo} on {cal.grid} ({cal.backend}), "
+               f"{len(cal.rows_used)} rows used ({min(sizes)}..{max(sizes)} bytes, wrong == 0), "
+               f"{cal.rows_skipped} rows left out (other algo/grid or wrong != 0)")
+    click.echo(f"# fit: time = max(1, ranks/{cal.cores} cores) * (steps * alpha + bytes_coefficient * n * beta); "
+               f"alpha = {cal.alpha_us:.2f} us, 1/beta = {cal.beta_gbytes_per_s:.4f} GB/s, "
+               f"rms relative error {cal.rms_relative_error * 100:.1f}%")
+    targets = [parse_grid(cal.grid)]
+    if grid_text:
+        targets.append(parse_grid(grid_text))
+    else:
+        targets.append(parse_grid("2x4"))
+    predictions = []
+    click.echo(f"{'grid':>6} {'size (B)':>12} {'time (us)':>12} {'busbw (GB/s)':>13}")
+    for g in targets:
+        for s in sizes:
+            t = cal.predict_seconds(g, s)
+            bw = cal.predict_busbw(g, s)
+            predictions.append({"algo": cal.algo, "grid": str(g), "size_bytes": s, "time_us": t * 1e6,
+                                "busbw_gbps": bw})
+            click.echo(f"{str(g):>6} {s:>12} {t * 1e6:>12.1f} {bw:>13.4f}")
+    click.echo(f"# summary: predicted {cal.algo} on {', '.join(str(g) for g in targets)} from a fit on {cal.grid}")
+    if json_path:
+        out = {"calibration": cal.__dict__, "predictions": predictions}
+        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+        click.echo(f"# wrote {json_path}")
