@@ -724,10 +724,12 @@ def read_bench(path: str) -> list[dict]:
 
 def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = None,
               cores: int | None = None) -> Calibration:
-    """Fit alpha and beta by least squares on relative error: time = o(p) * (steps*alpha + coeff*n*beta).
+    """Fit alpha and beta by least squares on time: time = o(p) * (steps*alpha + coeff*n*beta), o(p) =
+    max(1, ranks / cores).
 
-    Uses the rows of one algorithm and one grid (the first present unless named) with wrong == 0. Relative
-    (1/time weighted) least squares lets the small sizes set alpha and the large ones beta.
+    Uses the rows of one algorithm and one grid (the first present unless named) with wrong == 0. Plain least
+    squares on seconds lets the large sizes (where bandwidth decides) dominate; a negative alpha is clipped to
+    zero and beta refitted alone.
     """
     cores = cores or os.cpu_count() or 1
     algos = [r["algo"] for r in rows]
@@ -747,11 +749,11 @@ def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = 
     o = max(1.0, g.size / cores)
     t = np.array([r["time_us"] * 1e-6 for r in used])
     n = np.array([float(r["size_bytes"]) for r in used])
-    a = np.stack([np.full_like(n, o * steps), o * coeff * n], axis=1) / t[:, None]
-    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    a = np.stack([np.full_like(n, o * steps), o * coeff * n], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(a, t, rcond=None)
     if alpha < 0:   # latency cannot be negative: refit the bandwidth term alone
         alpha = 0.0
-        (beta,), *_ = np.linalg.lstsq(a[:, 1:], np.ones_like(t), rcond=None)
+        (beta,), *_ = np.linalg.lstsq(a[:, 1:], t, rcond=None)
     if beta <= 0:
         raise UserError(f"--calibrate: times of {algo} on {grid} do not grow with size "
                         f"({', '.join(f'{int(s)} B: {x * 1e6:.0f} us' for s, x in zip(n, t))}); "

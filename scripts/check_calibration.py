@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Fit the cost model on one `bench allreduce --json` file and hold its prediction against another grid's.
+
+    python scripts/check_calibration.py BENCH_2x2.json BENCH_2x4.json [--algo torus] [--min-bytes 1M]
+
+For each algorithm present in both files: alpha and beta are fitted on the first file (torus_train.costmodel
+.calibrate, rows with wrong == 0), then the busbw of the second file's grid is predicted at each of its sizes
+>= --min-bytes and printed next to the measured busbw with the ratio. Exit status 0 when every ratio is within
+--tolerance (default 30%), 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from torus_train import costmodel as cm
+from torus_train.bench import parse_size
+from torus_train.errors import UserError
+from torus_train.topology import parse_grid
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("fit_file", help="bench JSON to fit on (e.g. a 2x2 run)")
+    ap.add_argument("check_file", help="bench JSON of another grid to predict (e.g. a 2x4 run)")
+    ap.add_argument("--algo", action="append", help="algorithm(s) to check (default: every one in both files)")
+    ap.add_argument("--min-bytes", default="1M", help="smallest size compared (default 1M = 1 MiB)")
+    ap.add_argument("--cores", type=int, default=None, help="cores for the oversubscription term (default: this machine's)")
+    ap.add_argument("--tolerance", type=float, default=0.30, help="allowed |predicted/measured - 1| (default 0.30)")
+    args = ap.parse_args(argv)
+    try:
+        fit_rows, check_rows = cm.read_bench(args.fit_file), cm.read_bench(args.check_file)
+        min_bytes = parse_size(args.min_bytes, "--min-bytes")
+    except UserError as e:
+        print(f"check_calibration: error: {e}", file=sys.stderr)
+        return 2
+    algos = args.algo or [a for a in dict.fromkeys(r["algo"] for r in fit_rows) if a in {r["algo"] for r in check_rows}]
+    if not algos:
+        print("check_calibration: error: no algorithm is present in both files", file=sys.stderr)
+        return 2
+    total = inside = 0
+    for algo in algos:
+        try:
+            cal = cm.calibrate(fit_rows, algo=algo, cores=args.cores)
+        except UserError as e:
+            print(f"check_calibration: error: {e}", file=sys.stderr)
+            return 2
+        print(f"# {algo}: fit on {cal.grid} ({args.fit_file}, {len(cal.rows_used)} rows, {cal.rows_skipped} left out): "
+              f"alpha {cal.alpha_us:.1f} us, 1/beta {cal.beta_gbytes_per_s:.4f} GB/s, {cal.cores} cores, "
+              f"fit rms {cal.rms_relative_error * 100:.1f}%")
+        rows = [r for r in check_rows if r["algo"] == algo and r["size_bytes"] >= min_bytes and int(r.get("wrong", 0)) == 0]
+        print(f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'measured GB/s':>14} {'predicted GB/s':>15} {'pred/meas':>10}")
+        for r in sorted(rows, key=lambda r: (r["grid"], r["size_bytes"])):
+            g = parse_grid(r["grid"])
+            measured = r["size_bytes"] / (r["time_us"] * 1e-6) * 2 * (g.size - 1) / g.size / 1e9
+            predicted = cal.predict_busbw(g, r["size_bytes"])
+            ratio = predicted / measured
+            ok = abs(ratio - 1) <= args.tolerance
+            total += 1
+            inside += ok
+            print(f"{algo:>13} {r['grid']:>6} {r['size_bytes']:>10} {measured:>14.4f} {predicted:>15.4f} "
+                  f"{ratio:>10.2f}{'' if ok else '  outside'}")
+    print(f"# summary: {inside} of {total} predictions within {args.tolerance * 100:.0f}% of the measured busbw "
+          f"at >= {min_bytes} bytes")
+    return 0 if total and inside == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
