@@ -1,0 +1,63 @@
+"""One rank of the multi-process all-reduce checks (started by tests/dist/test_allreduce.py).
+
+Checks every algorithm, on shared-memory rows and on backend rows, for ragged sizes and three dtypes: the
+result must be bitwise identical on every rank and within tolerance of a float64 sum computed from the inputs'
+formula. Exits non-zero with a message on the first failure; writes the number of checks to $CHECK_OUT.
+"""
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from torus_train.bench import EPS, pattern
+from torus_train.comm.algos import ALGORITHMS, allreduce
+from torus_train.topology import parse_grid
+
+SIZES = [1, 2, 7, 97, 1009, 65537]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def main() -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    grid = parse_grid(os.environ["GRID"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    if os.environ.get("BACKEND", "gloo") == "mpi":
+        from torus_train.comm.mpi import MpiGrid
+        variants = {"mpi-shm": MpiGrid(grid, use_shm=True), "mpi": MpiGrid(grid, use_shm=False)}
+    else:
+        from torus_train.comm.groups import build_grid_groups
+        variants = {"shm": build_grid_groups(grid, use_shm=True, timeout=60),
+                    "gloo": build_grid_groups(grid, use_shm=False, timeout=60)}
+    # small pieces so that multi-piece tensors are exercised too
+    checks = 0
+    for vname, comm in variants.items():
+        for algo in ALGORITHMS:
+            for dtype in DTYPES:
+                for n in SIZES:
+                    t = pattern(torch, rank, n, dtype)
+                    allreduce(t, algo, comm)
+                    ref = sum(pattern(torch, r, n, dtype).double() for r in range(world))
+                    tol = EPS[str(dtype).split(".")[1]] * 0.5 * world * (world + 1) + 1e-12
+                    err = (t.double() - ref).abs().max().item()
+                    gathered = [torch.empty_like(t) for _ in range(world)]
+                    dist.all_gather(gathered, t)
+                    same = all(torch.equal(g.view(torch.int16) if g.element_size() == 2 else g,
+                                           t.view(torch.int16) if t.element_size() == 2 else t) for g in gathered)
+                    where = f"{vname} {algo} {dtype} n={n} grid {grid}"
+                    if err > tol:
+                        sys.exit(f"rank {rank}: {where}: max error {err} > tolerance {tol}")
+                    if not same:
+                        sys.exit(f"rank {rank}: {where}: ranks hold different results")
+                    checks += 1
+        comm.close()
+    dist.destroy_process_group()
+    with open(os.environ["CHECK_OUT"] + f".{rank}", "w") as f:
+        f.write(str(checks))
+
+
+if __name__ == "__main__":
+    main()

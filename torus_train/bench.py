@@ -1,0 +1,274 @@
+"""All-reduce sweep in nccl-tests' conventions (all_reduce_perf): sizes, columns, busbw, #wrong.
+
+The pure parts (sizes, bandwidths, the expected values, the table) import no torch; `run_sweep` runs inside a
+rank on any grid communicator (torus_train.comm.groups.GridGroups or torus_train.comm.mpi.MpiGrid).
+
+Conventions (nccl-tests doc/PERFORMANCE.md): algbw = bytes / time (GB = 1e9 B); busbw = algbw * 2(n-1)/n,
+comparable to a link's bandwidth whatever the rank count. Time is the mean over -n iterations after -w warm-up
+iterations, taken on every rank and reduced with MAX (the slowest rank is the collective's time).
+#wrong counts elements farther than a tolerance from a float64 sum computed from a formula, never from the
+algorithm's own output.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+from torus_train.errors import UserError
+
+DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",
+          "bfloat16": "bfloat16", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+SHORT_TYPE = {"float32": "float", "float16": "half", "bfloat16": "bfloat16"}
+# relative precision of each type (unit roundoff), for the #wrong tolerance
+EPS = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str, flag: str) -> int:
+    """'64K', '1M', '2G', '4096' (nccl-tests suffixes are powers of 1024) -> bytes."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise UserError(f"{flag} {text!r} is not a size; use bytes with an optional K, M or G suffix, e.g. 1K or 64M")
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
+    value = int(float(m.group(1)) * mult)
+    if value < 1:
+        raise UserError(f"{flag} {text!r} must be at least 1 byte")
+    return value
+
+
+@dataclass
+class BenchConfig:
+    """What one `bench allreduce` run measures."""
+
+    min_bytes: int = 1 << 10
+    """-b: smallest message in bytes."""
+    max_bytes: int = 64 << 20
+    """-e: largest message in bytes."""
+    factor: int = 2
+    """-f: multiply the size by this between steps."""
+    iters: int = 20
+    """-n: timed iterations per size and algorithm."""
+    warmup: int = 5
+    """-w: untimed iterations before timing."""
+    check: bool = True
+    """-c: count wrong elements against a float64 reference."""
+    dtype: str = "float32"
+    """-d: float32, float16 or bfloat16."""
+    algos: list = field(default_factory=lambda: ["flat", "torus"])
+    """--algo: the algorithms, measured interleaved at every size."""
+    max_seconds_per_point: float = 10.0
+    """Cap on the timed iterations of one (size, algorithm) so a sweep of big sizes stays bounded."""
+
+    def __post_init__(self) -> None:
+        from torus_train.comm import ALGOS
+        if self.min_bytes > self.max_bytes:
+            raise UserError(f"-b {self.min_bytes} is larger than -e {self.max_bytes}; the sweep runs from -b up to -e")
+        if self.factor < 2:
+            raise UserError(f"-f {self.factor} must be at least 2")
+        if self.iters < 1 or self.warmup < 0:
+            raise UserError("-n must be at least 1 and -w at least 0")
+        if self.dtype not in ITEMSIZE:
+            raise UserError(f"-d {self.dtype!r} is not supported; use float, half or bfloat16")
+        bad = [a for a in self.algos if a not in ALGOS]
+        if bad or not self.algos:
+            raise UserError(f"--algo {','.join(bad) or '(empty)'} is unknown; choose from {','.join(ALGOS)}")
+
+    def sizes(self) -> list[int]:
+        """Message sizes in bytes, rounded down to whole elements (at least one)."""
+        item = ITEMSIZE[self.dtype]
+        out, s = [], self.min_bytes
+        while s <= self.max_bytes:
+            out.append(max(item, s // item * item))
+            s *= self.factor
+        return out
+
+
+def busbw_factor(n: int) -> float:
+    """nccl-tests' all-reduce bus-bandwidth factor 2(n-1)/n."""
+    return 2.0 * (n - 1) / n if n > 1 else 1.0
+
+
+@dataclass
+class Row:
+    """One measured point; the JSON keys of `--json`."""
+
+    algo: str
+    backend: str
+    grid: str
+    size_bytes: int
+    count: int
+    dtype: str
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    wrong: int
+
+
+def make_row(algo: str, backend: str, grid: str, world: int, size_bytes: int, dtype: str, seconds: float,
+             wrong: int) -> Row:
+    algbw = size_bytes / seconds / 1e9 if seconds > 0 else 0.0
+    return Row(algo, backend, grid, size_bytes, size_bytes // ITEMSIZE[dtype], dtype, seconds * 1e6, algbw,
+               algbw * busbw_factor(world), wrong)
+
+
+# --- the expected values ---------------------------------------------------------------------------
+def pattern(torch, rank: int, count: int, dtype):
+    """Rank `rank`'s input: a cheap hash of (rank, index) in [-0.5, 0.5), rounded to `dtype`."""
+    i = torch.arange(count, dtype=torch.int64)
+    h = (i * 2654435761 + (rank + 1) * 40503 + (i * (rank + 7)) % 9973) % 65536
+    return (h.to(torch.float64) / 65536.0 - 0.5).to(dtype)
+
+
+def count_wrong(torch, result, world: int, dtype_name: str) -> int:
+    """Elements of `result` farther than the tolerance from the float64 sum of every rank's pattern."""
+    count = result.numel()
+    ref = torch.zeros(count, dtype=torch.float64)
+    for r in range(world):
+        ref += pattern(torch, r, count, result.dtype).to(torch.float64)
+    # Each of the world-1 additions may round once, plus the final rounding; values are at most 0.5 in size.
+    tol = EPS[dtype_name] * 0.5 * world * (world + 1) + 1e-12
+    return int(((result.to(torch.float64) - ref).abs() > tol).sum())
+
+
+# --- the sweep, inside a rank -----------------------------------------------------------------------
+def run_sweep(cfg: BenchConfig, comm, progress=None) -> list[Row]:
+    """Measure every size and algorithm (interleaved) on `comm`; every rank returns the same rows."""
+    import time
+
+    import torch
+
+    from torus_train.comm.algos import allreduce
+
+    dtype = getattr(torch, cfg.dtype)
+    device = torch.device("cuda", torch.cuda.current_device()) if comm.backend == "nccl" else torch.device("cpu")
+    world = comm.grid.size
+    rank = comm.rank
+    rows: list[Row] = []
+    timing = torch.zeros(1, dtype=torch.float64, device=device)
+    flag = torch.zeros(1, dtype=torch.float64, device=device)
+    for size in cfg.sizes():
+        count = size // ITEMSIZE[cfg.dtype]
+        mine = pattern(torch, rank, count, dtype).to(device)
+        buf = mine.clone()
+        for algo in cfg.algos:
+            wrong = 0
+            if cfg.check:
+                buf.copy_(mine)
+                allreduce(buf, algo, comm)
+                wrong = count_wrong(torch, buf.cpu(), world, cfg.dtype)
+            for _ in range(cfg.warmup):
+                allreduce(buf, algo, comm)
+            iters = _iterations(cfg, buf, algo, comm, allreduce, time, flag)
+            _barrier(comm, flag)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                allreduce(buf, algo, comm)
+            _sync(buf)
+            timing[0] = (time.perf_counter() - t0) / iters
+            comm.world_max(timing)
+            stats = torch.tensor([float(wrong)], dtype=torch.float64, device=device)
+            comm.world_allreduce(stats)
+            row = make_row(algo, comm.backend, f"{comm.grid.x}x{comm.grid.y}", world, size, cfg.dtype,
+                           float(timing[0]), int(stats[0]))
+            rows.append(row)
+            if progress is not None and rank == 0:
+                progress(row)
+    return rows
+
+
+def _iterations(cfg, buf, algo, comm, allreduce, time, flag) -> int:
+    """-n, reduced for big messages so one point takes at most about max_seconds_per_point."""
+    if cfg.iters <= 3:
+        return cfg.iters
+    t0 = time.perf_counter()
+    allreduce(buf, algo, comm)
+    _sync(buf)
+    flag[0] = time.perf_counter() - t0
+    comm.world_max(flag)
+    once = float(flag[0])
+    return max(3, min(cfg.iters, int(cfg.max_seconds_per_point / max(once, 1e-9))))
+
+
+def _sync(buf) -> None:
+    if buf.is_cuda:
+        import torch
+        torch.cuda.synchronize(buf.device)
+
+
+def _barrier(comm, flag) -> None:
+    flag[0] = 0.0
+    comm.world_max(flag)
+
+
+# --- output -------------------------------------------------------------------------------------
+def header(backend: str, grid: str, world: int, notes: list[str]) -> str:
+    lines = [f"# torus-train bench allreduce: backend {backend}, grid {grid} ({world} ranks)"]
+    lines += [f"#   {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def table(rows: list[Row], algo: str) -> str:
+    """One algorithm's table in all_reduce_perf's layout (in-place columns only), with its footer."""
+    mine = [r for r in rows if r.algo == algo]
+    out = [f"# algo: {algo}",
+           "#                                                      in-place",
+           "#       size         count      type   redop    root     time   algbw   busbw  #wrong",
+           "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)"]
+    for r in mine:
+        out.append(f"{r.size_bytes:12d}  {r.count:12d}  {SHORT_TYPE[r.dtype]:>8s}     sum      -1  "
+                   f"{_fmt_time(r.time_us):>7s}  {r.algbw_gbps:6.2f}  {r.busbw_gbps:6.2f}  {r.wrong:6d}")
+    bad = sum(r.wrong for r in mine)
+    avg = sum(r.busbw_gbps for r in mine) / len(mine) if mine else 0.0
+    out.append(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
+    out.append(f"# Avg bus bandwidth    : {avg:.4f}")
+    return "\n".join(out)
+
+
+def ratio_table(rows: list[Row], base: str = "flat") -> str:
+    """busbw of each other algorithm divided by the baseline's, per size (measured in the same run)."""
+    others = [a for a in dict.fromkeys(r.algo for r in rows) if a != base]
+    by = {(r.algo, r.size_bytes): r for r in rows}
+    sizes = sorted({r.size_bytes for r in rows})
+    if base not in {r.algo for r in rows} or not others:
+        return ""
+    out = ["# busbw ratio to " + base + " (same run, interleaved)",
+           "#       size  " + "  ".join(f"{a:>12s}" for a in others)]
+    for s in sizes:
+        b = by[(base, s)].busbw_gbps
+        cells = [f"{by[(a, s)].busbw_gbps / b:12.2f}" if b > 0 else f"{'-':>12s}" for a in others]
+        out.append(f"{s:12d}  " + "  ".join(cells))
+    return "\n".join(out)
+
+
+def _fmt_time(us: float) -> str:
+    return f"{us:.1f}" if us < 1e6 else f"{us:.0f}"
+
+
+def write_json(rows: list[Row], path: str) -> None:
+    with open(path, "w") as f:
+        json.dump([asdict(r) for r in rows], f, indent=1)
+        f.write("\n")
+
+
+def plot(rows: list[Row], path: str, title: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("--plot needs matplotlib: pip install 'torus-train[plot]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for algo in dict.fromkeys(r.algo for r in rows):
+        pts = [(r.size_bytes, r.busbw_gbps) for r in rows if r.algo == algo]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=algo)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,171 @@
+"""Row and column process groups of the grid, on torch.distributed (gloo on CPU, NCCL on GPU).
+
+Every rank must call build_grid_groups() after dist.init_process_group(), in the same order relative to its
+other collectives: it creates every row group and every column group of the grid (torch requires all ranks to
+take part in creating each group), then finds out whether each row lies inside one host, in which case a
+gloo job exchanges the rows through shared memory (see torus_train.comm.shm).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from torus_train.comm.shm import DEFAULT_CAPACITY, ShmRow
+from torus_train.errors import UserError
+from torus_train.topology import Grid
+
+
+@dataclass
+class GridGroups:
+    """This rank's view of the grid: its position and the groups of its row and column."""
+
+    grid: Grid
+    """The grid of the job."""
+    rank: int
+    """Global rank."""
+    row: int
+    """Row index (which horizontal ring)."""
+    col: int
+    """Column index (which vertical ring); column 0 holds the row leaders."""
+    backend: str
+    """The torch.distributed backend ('gloo', 'nccl', ...)."""
+    row_group: object = None
+    """Process group of this rank's row (X ranks)."""
+    col_group: object = None
+    """Process group of this rank's column (Y ranks)."""
+    shm_row: ShmRow | None = None
+    """Shared-memory exchange of this rank's row, when the row lies inside one host and the backend is gloo."""
+    row_leader: int = 0
+    """Global rank of this row's leader (its column 0)."""
+    notes: list = field(default_factory=list)
+    """What was decided while building, for logs."""
+
+    @property
+    def world_size(self) -> int:
+        return self.grid.size
+
+    @property
+    def is_row_leader(self) -> bool:
+        return self.col == 0
+
+    @property
+    def row_transport(self) -> str:
+        return "shared memory" if self.shm_row is not None else self.backend
+
+    # --- the transport interface used by torus_train.comm.algos -----------------------------------
+    def world_allreduce(self, t) -> None:
+        dist.all_reduce(t)
+
+    def world_max(self, t) -> None:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+
+    def col_allreduce(self, t) -> None:
+        if self.grid.y > 1:
+            dist.all_reduce(t, group=self.col_group)
+
+    def row_reduce_scatter(self, flat, bounds) -> None:
+        """Leave chunk `col` of the row's sum in flat[bounds[col]] (padded to equal chunks for the backend)."""
+        x = self.grid.x
+        m = -(-flat.numel() // x)
+        buf = flat.new_zeros(m * x)
+        for i, (a, b) in enumerate(bounds):
+            buf[i * m:i * m + (b - a)].copy_(flat[a:b])
+        chunk = flat.new_empty(m)
+        dist.reduce_scatter_tensor(chunk, buf, group=self.row_group)
+        a, b = bounds[self.col]
+        flat[a:b].copy_(chunk[:b - a])
+
+    def row_all_gather(self, flat, bounds) -> None:
+        x = self.grid.x
+        m = -(-flat.numel() // x)
+        a, b = bounds[self.col]
+        chunk = flat.new_zeros(m)
+        chunk[:b - a].copy_(flat[a:b])
+        buf = flat.new_empty(m * x)
+        dist.all_gather_into_tensor(buf, chunk, group=self.row_group)
+        for i, (a, b) in enumerate(bounds):
+            flat[a:b].copy_(buf[i * m:i * m + (b - a)])
+
+    def row_reduce_to_leader(self, t) -> None:
+        dist.reduce(t, dst=self.row_leader, group=self.row_group)
+
+    def row_broadcast_from_leader(self, t) -> None:
+        dist.broadcast(t, src=self.row_leader, group=self.row_group)
+
+    def close(self) -> None:
+        if self.shm_row is not None:
+            self.shm_row.close()
+            self.shm_row = None
+
+
+def _host_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def shm_capacity(x: int) -> int:
+    """Bytes per slot of a row segment: up to 16 MiB, at most about 256 MiB per row in all."""
+    env = os.environ.get("TORUS_TRAIN_SHM_PIECE_MB")
+    if env:
+        return max(64, int(float(env) * (1 << 20)) // 64 * 64)
+    return max(1 << 20, min(DEFAULT_CAPACITY, (256 << 20) // (x + 1)) // 64 * 64)
+
+
+def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 300.0) -> GridGroups:
+    """Create the row and column groups of `grid` (collective over the whole world) and return this rank's view.
+
+    use_shm: None = shared-memory rows wherever a gloo row lies inside one host; False = never.
+    timeout: seconds a shared-memory row waits for a peer before failing with the peer's rank.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("build_grid_groups needs torch.distributed to be initialised first")
+    world = dist.get_world_size()
+    if world != grid.size:
+        raise UserError(f"grid {grid.x}x{grid.y} = {grid.size} ranks but the world size is {world}")
+    rank = dist.get_rank()
+    backend = str(dist.get_backend())
+    row, col = grid.position(rank)
+    g = GridGroups(grid=grid, rank=rank, row=row, col=col, backend=backend, row_leader=grid.rank_at(row, 0))
+    tmo = timedelta(seconds=max(timeout, 1.0))
+    for r in range(grid.y):
+        pg = dist.new_group(grid.row_ranks(r), timeout=tmo) if grid.x > 1 else None
+        if r == row:
+            g.row_group = pg
+    for c in range(grid.x):
+        pg = dist.new_group(grid.col_ranks(c), timeout=tmo) if grid.y > 1 else None
+        if c == col:
+            g.col_group = pg
+
+    if use_shm is None:
+        use_shm = backend == "gloo" and os.environ.get("TORUS_TRAIN_SHM", "1") != "0"
+    if use_shm and grid.x > 1:
+        hosts: list = [None] * world
+        dist.all_gather_object(hosts, _host_id())
+        token = [uuid.uuid4().hex[:12] if rank == 0 else None]
+        dist.broadcast_object_list(token, src=0)
+        local_rows = [len({hosts[r] for r in grid.row_ranks(i)}) == 1 for i in range(grid.y)]
+        if local_rows[row]:
+            name = f"torus-train-{token[0]}-row{row}"
+            cap = shm_capacity(grid.x)
+            if col == 0:
+                g.shm_row = ShmRow(name, col, grid.row_ranks(row), capacity=cap, timeout=timeout)
+            dist.barrier(group=g.row_group)  # the leader has created the segment
+            if col != 0:
+                g.shm_row = ShmRow(name, col, grid.row_ranks(row), capacity=cap, timeout=timeout)
+            dist.barrier(group=g.row_group)  # everyone has mapped it and made its wake-up FIFO
+            g.shm_row.connect()
+            dist.barrier(group=g.row_group)  # everyone has opened its peers' FIFOs: the names can go
+            g.shm_row.unlink()
+            g.notes.append(f"row {row}: shared memory, {cap >> 10} KiB pieces")
+        else:
+            g.notes.append(f"row {row} spans hosts: rows use {backend}")
+    return g
