@@ -183,3 +183,18 @@ def test_costmodel_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", "import sys, torus_train.costmodel, torus_train.simulate; "
                           "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_placement_by_columns_moves_the_row_rings_onto_the_network():
+    from torus_train.costmodel import node_map
+    g = Grid(4, 4, 4)
+    assert node_map(g, 4, "rows").tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+    assert node_map(g, 4, "columns").tolist() == [0, 1, 2, 3] * 4
+    n = 16_000_000
+    rows = allreduce_cost("torus", g, ABCI, n, "rows")
+    cols = allreduce_cost("torus", g, ABCI, n, "columns")
+    assert rows.bytes_across_nodes == pytest.approx(2 * 3 / 16 * n)    # only the column phase crosses nodes
+    assert cols.bytes_across_nodes == pytest.approx(2 * 3 / 4 * n)     # every row edge crosses nodes
+    assert rows.seconds < cols.seconds
+    with pytest.raises(UserError, match="placement"):
+        allreduce_cost("torus", g, ABCI, n, "diagonal")

@@ -308,23 +308,35 @@ def network_from_dict(data: dict, where: str = "network", default_name: str = "c
 # ------------------------------------------------------------------------------------------------
 # Link use of a communication step
 # ------------------------------------------------------------------------------------------------
+def node_map(grid: Grid, k: int, placement: str = "rows") -> np.ndarray:
+    """Node of every rank. "rows": consecutive ranks fill a node, so a node's K ranks sit in one row (the
+    paper's placement, torus_train.topology). "columns": a node holds K consecutive ranks of one column, so
+    the vertical rings run inside nodes and the horizontal ones cross the network."""
+    ranks = np.arange(grid.size)
+    if placement == "rows":
+        return ranks // k
+    if placement == "columns":
+        row, col = ranks // grid.x, ranks % grid.x
+        return (col * grid.y + row) // k
+    raise UserError(f"--placement: {placement!r}; use rows or columns")
+
+
 def _edge_time(grid: Grid, net: Network, src: np.ndarray, dst: np.ndarray, chunk_bytes: float,
-               nic_flows: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+               node: np.ndarray) -> tuple[float, np.ndarray]:
     """Seconds for one step in which every src[i] sends chunk_bytes to dst[i] at once.
 
     Returns (seconds, inter) where inter[i] says whether edge i leaves its node. The step lasts as long as its
     slowest edge: intra edges cost alpha_intra + chunk/bw_intra, inter edges alpha_inter + chunk/bw_flow with
     the NICs of the busiest node shared by its outgoing flows.
     """
-    k = grid.gpus_per_node
-    inter = (src // k) != (dst // k)
+    inter = node[src] != node[dst]
     t = 0.0
     if src.size == 0:
         return 0.0, inter
     if (~inter).any():
         t = max(t, net.intra.alpha + chunk_bytes * net.intra.beta)
     if inter.any():
-        flows = int(np.bincount(src[inter] // k).max())
+        flows = int(np.bincount(node[src[inter]]).max())
         nic = net.inter.bandwidth_gbytes_per_s * 1e9
         bw = min(nic, net.nics_per_node * nic / flows)
         t = max(t, net.inter.alpha + chunk_bytes / bw)
@@ -374,8 +386,9 @@ class AllreduceCost:
 class _Acc:
     """Accumulates phases and per-rank inter-node bytes."""
 
-    def __init__(self, grid: Grid):
+    def __init__(self, grid: Grid, node: np.ndarray):
         self.grid = grid
+        self.node = node
         self.phases: list[Phase] = []
         self.inter_bytes = np.zeros(grid.size)
 
@@ -388,7 +401,7 @@ class _Acc:
         src = rings.reshape(-1)
         dst = np.roll(rings, -1, axis=1).reshape(-1)
         chunk = nbytes / p
-        t, inter = _edge_time(self.grid, net, src, dst, chunk)
+        t, inter = _edge_time(self.grid, net, src, dst, chunk, self.node)
         self.inter_bytes[src[inter]] += steps * chunk
         self.phases.append(Phase(name, steps, chunk, steps * t + reduce_bytes * net.gamma))
 
@@ -405,7 +418,7 @@ class _Acc:
             sender = idx[(idx % (2 * d)) == d]            # reduce: sender -> sender - d
             far, near = groups[:, sender].reshape(-1), groups[:, sender - d].reshape(-1)
             src, dst = (far, near) if reduce else (near, far)
-            t, inter = _edge_time(self.grid, net, src, dst, nbytes)
+            t, inter = _edge_time(self.grid, net, src, dst, nbytes, self.node)
             self.inter_bytes[src[inter]] += nbytes
             total += t + (nbytes * net.gamma if reduce else 0.0)
         self.phases.append(Phase(name, rounds, nbytes, total))
@@ -416,7 +429,7 @@ class _Acc:
                              sum(p.seconds for p in self.phases), self.phases)
 
 
-def allreduce_cost(algo: str, grid: Grid, net: Network, nbytes: int) -> AllreduceCost:
+def allreduce_cost(algo: str, grid: Grid, net: Network, nbytes: int, placement: str = "rows") -> AllreduceCost:
     """Predicted all-reduce of nbytes over `grid` (laid out on net.gpus_per_node GPUs per node) with `algo`.
 
     flat:         one ring over all N ranks in rank order: reduce-scatter + all-gather, 2(N-1) steps of n/N.
@@ -431,7 +444,7 @@ def allreduce_cost(algo: str, grid: Grid, net: Network, nbytes: int) -> Allreduc
         grid = Grid(grid.x, grid.y, net.gpus_per_node)
     n, x, y = float(nbytes), grid.x, grid.y
     ranks = np.arange(grid.size).reshape(y, x)          # ranks[row, col]
-    acc = _Acc(grid)
+    acc = _Acc(grid, node_map(grid, net.gpus_per_node, placement))
     if algo == "flat":
         p = grid.size
         ring = ranks.reshape(1, -1)
@@ -498,27 +511,29 @@ def step_cost(compute_seconds: float, allreduce_seconds: float, overlap: float =
 # ------------------------------------------------------------------------------------------------
 # Grid choice by predicted time
 # ------------------------------------------------------------------------------------------------
-def rank_grids(n: int, net: Network, nbytes: int) -> list[tuple[Grid, AllreduceCost]]:
+def rank_grids(n: int, net: Network, nbytes: int, placement: str = "rows") -> list[tuple[Grid, AllreduceCost]]:
     """Every factor pair X x Y = n with its predicted torus all-reduce, fastest first (ties: fewer steps)."""
     out = []
     for x, y in factor_pairs(n):
         g = Grid(x, y, net.gpus_per_node)
-        out.append((g, allreduce_cost("torus", g, net, nbytes)))
+        out.append((g, allreduce_cost("torus", g, net, nbytes, placement)))
     out.sort(key=lambda gc: (round(gc[1].seconds, 12), gc[1].steps, -gc[0].x))
     return out
 
 
-def best_grid(n: int, net: Network, nbytes: int) -> tuple[Grid, str]:
+def best_grid(n: int, net: Network, nbytes: int, placement: str = "rows") -> tuple[Grid, str]:
     """The grid with the fastest predicted torus all-reduce for n ranks, and why (against the runner-up and
     against the grid with the fewest steps)."""
     if not isinstance(n, int) or n < 1:
         raise GridError(f"--gpus must be a positive integer, got {n!r}")
-    ranked = rank_grids(n, net, nbytes)
+    ranked = rank_grids(n, net, nbytes, placement)
     g, c = ranked[0]
     k = net.gpus_per_node
-    where = ("rows inside one node: horizontal rings on the intra-node links" if g.x <= k and k % g.x == 0
-             else f"rows span {math.ceil(g.x / k)} nodes" if g.x % k == 0
-             else "rows and nodes do not line up")
+    ring, side, what = (g.x, "rows", "horizontal") if placement == "rows" else (g.y, "columns", "vertical")
+    where = ("the whole job fits on one node" if n <= k
+             else f"{side} inside one node: {what} rings on the intra-node links" if ring <= k and k % ring == 0
+             else f"{side} span {math.ceil(ring / k)} nodes" if ring % k == 0
+             else f"{side} and nodes do not line up")
     why = f"fastest predicted torus of the {len(ranked)} factor pairs, {c.seconds * 1e3:.3f} ms, {c.steps} steps, {where}"
     if len(ranked) > 1:
         g2, c2 = ranked[1]
@@ -577,6 +592,8 @@ class Plan:
     """Single-GPU training throughput used."""
     overlap: float
     """Fraction of the backward pass that hides communication."""
+    placement: str
+    """How ranks fill nodes: rows (a node's ranks in one row) or columns."""
     compute_seconds: float
     """Per-step compute on one GPU."""
     algorithms: dict
@@ -594,7 +611,7 @@ class Plan:
 
 def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: int = 32,
               grid: Grid | None = None, gradient_dtype: str = "fp16", images_per_second: float | None = None,
-              overlap: float = DEFAULT_OVERLAP) -> Plan:
+              overlap: float = DEFAULT_OVERLAP, placement: str = "rows") -> Plan:
     """Predict every algorithm at `gpus` GPUs; with no grid, choose the fastest torus grid."""
     if not isinstance(gpus, int) or gpus < 1:
         raise UserError(f"--gpus: {gpus!r} must be a positive integer")
@@ -606,7 +623,7 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
         raise UserError(f"--grad-dtype: {gradient_dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     nbytes = MODELS[model].gradient_bytes(gradient_dtype)
     if grid is None:
-        grid, why = best_grid(gpus, net, nbytes)
+        grid, why = best_grid(gpus, net, nbytes, placement)
     else:
         check_grid_size(grid, gpus)
         grid = Grid(grid.x, grid.y, net.gpus_per_node)
@@ -621,15 +638,16 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
     compute = per_gpu_batch / images_per_second
     algos = {}
     for algo in ALGORITHMS:
-        c = allreduce_cost(algo, grid, net, nbytes)
+        c = allreduce_cost(algo, grid, net, nbytes, placement)
         s = step_cost(compute, c.seconds, overlap)
         algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, s.step_seconds,
                                s.scaling_efficiency, c.busbw_gbytes_per_s)
     return Plan(gpus, str(grid), why, net, model, gradient_dtype, nbytes, per_gpu_batch, images_per_second,
-                overlap, compute, algos)
+                overlap, placement, compute, algos)
 
 
-def sweep(net: Network, nbytes: int, gpu_counts: Iterable[int]) -> dict[str, list[tuple[int, float]]]:
+def sweep(net: Network, nbytes: int, gpu_counts: Iterable[int],
+          placement: str = "rows") -> dict[str, list[tuple[int, float]]]:
     """Predicted all-reduce seconds per algorithm for each GPU count; torus and hierarchical each on the grid
     that is fastest for that algorithm (flat and tree do not depend on the grid)."""
     out: dict[str, list[tuple[int, float]]] = {a: [] for a in ALGORITHMS}
@@ -637,7 +655,7 @@ def sweep(net: Network, nbytes: int, gpu_counts: Iterable[int]) -> dict[str, lis
         grids = [Grid(x, y, net.gpus_per_node) for x, y in factor_pairs(n)]
         for a in ALGORITHMS:
             pool = grids if a in ("torus", "hierarchical") else grids[:1]
-            out[a].append((n, min(allreduce_cost(a, g, net, nbytes).seconds for g in pool)))
+            out[a].append((n, min(allreduce_cost(a, g, net, nbytes, placement).seconds for g in pool)))
     return out
 
 

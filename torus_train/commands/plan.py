@@ -34,6 +34,8 @@ def _mb(nbytes: float) -> str:
               help="Single-GPU training throughput; default: the network preset's figure for the model.")
 @click.option("--overlap", type=float, default=None,
               help="Fraction of the backward pass that hides communication, 0..1 [default: 0.5].")
+@click.option("--placement", type=click.Choice(["rows", "columns"]), default="rows", show_default=True,
+              help="How ranks fill nodes: rows (a node's GPUs sit in one row, as in the paper) or columns.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the plan as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="PNG of predicted all-reduce time against GPU count (64..4096) per algorithm.")
@@ -46,7 +48,7 @@ def _mb(nbytes: float) -> str:
               help="Build every row and column process group of the grid on torch's one-process fake backend.")
 @click.option("--simulate", is_flag=True,
               help="Run the torus's exact data movement on N virtual ranks with ragged integer tensors.")
-def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_second, overlap, json_path,
+def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_second, overlap, placement, json_path,
          plot_path, bench_path, calibrate_algo, cores, check_groups, simulate) -> None:
     """Predict all-reduce time, step time and scaling efficiency per algorithm; choose a grid for N GPUs.
 
@@ -76,7 +78,7 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
         _require_matplotlib()
     net = cm.load_network(network)
     grid = parse_grid(grid_text, net.gpus_per_node) if grid_text else None
-    p = cm.make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap)
+    p = cm.make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap, placement)
     m = cm.MODELS[model]
 
     click.echo(f"# torus-train plan: {gpus} GPUs, {model} ({m.parameters:,} parameters, {grad_dtype} gradients = "
@@ -86,7 +88,7 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     click.echo(f"# compute per step: {per_gpu_batch} / {p.images_per_second:g} img/s = "
                f"{p.compute_seconds * 1e3:.2f} ms; backward {cm.BACKWARD_FRACTION:.2f} of it; "
                f"overlap {overlap:g} of the backward pass hides communication")
-    click.echo(f"# grid {p.grid}: {p.grid_why}")
+    click.echo(f"# grid {p.grid}: {p.grid_why}; ranks fill nodes by {placement}")
     click.echo("#")
     head = (f"{'algorithm':>13} {'steps':>6} {'MB across nodes':>16} {'all-reduce ms':>14} {'busbw GB/s':>11} "
             f"{'step ms':>9} {'efficiency':>11}")
@@ -111,7 +113,8 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     if check_groups:
         out["check_groups"] = _check_groups(parse_grid(p.grid, net.gpus_per_node))
     if plot_path is not None:
-        _plot(net, p.gradient_bytes, plot_path, f"{model} {grad_dtype} gradients ({_mb(p.gradient_bytes)} MB)")
+        _plot(net, p.gradient_bytes, plot_path, f"{model} {grad_dtype} gradients ({_mb(p.gradient_bytes)} MB)",
+              placement, gpus)
         click.echo(f"# wrote plot {plot_path}")
     if json_path:
         Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
@@ -125,17 +128,18 @@ def _require_matplotlib() -> None:
         raise UserError("--plot needs matplotlib: pip install 'torus-train[plot]'") from None
 
 
-def _plot(net, nbytes: int, path: str, what: str) -> None:
+def _plot(net, nbytes: int, path: str, what: str, placement: str, gpus: int) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from torus_train import costmodel as cm
 
-    curves = cm.sweep(net, nbytes, PLOT_COUNTS)
+    curves = cm.sweep(net, nbytes, PLOT_COUNTS, placement)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for algo, points in curves.items():
         ax.plot([n for n, _ in points], [s * 1e3 for _, s in points], marker="o", label=algo)
+    ax.axvline(gpus, color="grey", linestyle=":", label=f"--gpus {gpus}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ticks = [n for n in PLOT_COUNTS if n & (n - 1) == 0]
