@@ -89,6 +89,8 @@ class DataSection:
     """Training crop side in pixels."""
     num_threads: int = 0
     """Decoding threads per rank; 0 = CPU cores / ranks on the node."""
+    synthetic_samples: int = 0
+    """Images per epoch of synthetic data (0 = the loader's default); small values make short epochs."""
 
 
 @dataclass
@@ -208,6 +210,7 @@ class JobSpec:
             ("job.log_every", self.job.log_every, 1), ("grid.gpus", self.grid.gpus, 0),
             ("grid.gpus_per_node", self.grid.gpus_per_node, 0), ("model.num_classes", self.model.num_classes, 2),
             ("data.image_size", self.data.image_size, 8), ("data.num_threads", self.data.num_threads, 0),
+            ("data.synthetic_samples", self.data.synthetic_samples, 0),
             ("schedule.epochs", self.schedule.epochs, 1), ("schedule.steps", self.schedule.steps, 0),
             ("schedule.lr_reference_batch", self.schedule.lr_reference_batch, 1),
             ("schedule.max_per_rank_batch", self.schedule.max_per_rank_batch, 0),

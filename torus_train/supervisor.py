@@ -123,24 +123,56 @@ def run_local(plan: LaunchPlan, out: Path, say: Callable[[str], None]) -> None:
         raise RunFailed(text)
 
 
+# Log lines of a rank that failed only because a peer went away: not the root cause.
+PEER_LOST = ("connection closed", "connection reset", "connection refused", "broken pipe", "timed out",
+             "timeout", "peer")
+
+
+def root_cause(failed: dict[int, int], out: Path) -> int:
+    """Among ranks that ended badly at about the same time, the one that most likely started it:
+    killed by a signal first, then one whose log shows no lost-peer error, then the lowest rank."""
+    def score(rank: int) -> tuple[int, int]:
+        code = failed[rank]
+        if code < 0:
+            return 0, rank
+        text = " ".join(tail(_log(out, rank), 30)).lower()
+        return (2 if any(k in text for k in PEER_LOST) else 1), rank
+    return min(failed, key=score)
+
+
+def _describe(rank: int, code: int, out: Path) -> str:
+    if code == 0:
+        return f"rank {rank} exited with code 0 before finishing"
+    return f"rank {rank} {how_it_ended(code)}"
+
+
 def _watch(procs: list[subprocess.Popen], out: Path, sig: _Signals) -> tuple[int, str] | None:
     while True:
         if sig.got is not None:
             name = signal.Signals(sig.got).name
             return -1, f"interrupted by {name}: forwarded to all {len(procs)} ranks, which were stopped"
-        running = 0
-        for rank, p in enumerate(procs):
-            code = p.poll()
-            if code is None:
-                running += 1
-            elif code != 0:
-                return rank, f"rank {rank} {how_it_ended(code)} (log: {_log(out, rank)}); stopped the other ranks"
-            elif not _done(out, rank).exists():
-                return rank, (f"rank {rank} exited with code 0 before finishing (log: {_log(out, rank)}); "
-                              "stopped the other ranks")
-        if not running:
+        failed = _failed(procs, out)
+        if failed:
+            time.sleep(1.0)  # let the ranks that die of the same cause show up, then pick the root cause
+            failed = _failed(procs, out)
+            rank = root_cause(failed, out)
+            others = sorted(set(failed) - {rank})
+            also = f"; then rank(s) {', '.join(map(str, others))} failed too" if others else ""
+            return rank, (f"{_describe(rank, failed[rank], out)} (log: {_log(out, rank)}){also}; "
+                          "stopped the other ranks")
+        if all(p.poll() is not None for p in procs):
             return None
         time.sleep(POLL_S)
+
+
+def _failed(procs: list[subprocess.Popen], out: Path) -> dict[int, int]:
+    """rank -> exit code of every rank that failed so far (0 = exited without its .done marker)."""
+    failed = {}
+    for rank, p in enumerate(procs):
+        code = p.poll()
+        if code is not None and (code != 0 or not _done(out, rank).exists()):
+            failed[rank] = code
+    return failed
 
 
 def run_command(argv: list[str], env: dict[str, str], what: str) -> None:

@@ -119,9 +119,29 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
         return ddp
     from torus_train.comm.hooks import TorusHookState, allreduce_hook
 
-    ddp.register_comm_hook(TorusHookState(boot.groups, algo=spec.comm.algo, compression=compression),
-                           allreduce_hook)
+    state = TorusHookState(boot.groups, algo=spec.comm.algo, compression=compression)
+    # Registered through a wrapper without a return annotation: DDP compares the annotation with
+    # Future[Tensor] and rejects the string form that `from __future__ import annotations` produces.
+    ddp.register_comm_hook(state, lambda st, bucket: allreduce_hook(st, bucket))
+    ddp.torus_hook_state = state  # closed (its exchange thread joined) when training ends
     return ddp
+
+
+def prime_buckets(ddp: nn.Module, spec: JobSpec, device: torch.device) -> None:
+    """One throw-away forward/backward so that DDP rebuilds its buckets now, before the first real step.
+
+    DDP regroups gradients into buckets by their ready order after its first backward. Doing that before
+    training (and before a resume loads its checkpoint) gives every run the same buckets from step 1 on, so a
+    resumed run sums gradients in the same order as a straight one and ends with the same bits.
+    """
+    saved = {k: v.clone() for k, v in ddp.module.state_dict().items()}
+    size = spec.data.image_size
+    x = torch.zeros(2, 3, size, size, device=device)
+    if spec.model.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    ddp(x).float().sum().backward()
+    ddp.module.load_state_dict(saved)  # BatchNorm statistics as they were
+    ddp.module.zero_grad(set_to_none=True)
 
 
 def build_schedule(spec: JobSpec, world_size: int):
@@ -154,7 +174,7 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
                        batch_size=per_rank_batch, image_size=spec.data.image_size,
                        num_classes=spec.model.num_classes, seed=spec.job.seed,
                        channels_last=spec.model.channels_last, device=boot.device, num_threads=threads,
-                       verify=False)
+                       verify=False, synthetic_samples=spec.data.synthetic_samples or None)
 
 
 def amp_settings(spec: JobSpec, device: torch.device) -> tuple[torch.dtype | None, Any]:
@@ -366,6 +386,7 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
     optimizer = build_optimizer(model, o.name, spec.schedule.base_lr, o.momentum, o.weight_decay,
                                 nesterov=o.nesterov, trust_coefficient=o.trust_coefficient)
     schedule = build_schedule(spec, world)
+    prime_buckets(ddp, spec, boot.device)
     amp_dtype, scaler = amp_settings(spec, boot.device)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=spec.schedule.label_smoothing)
     progress = Progress(0) if rs.rank0 else None
@@ -420,6 +441,7 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
             rs.pos.global_step += 1
             rs.pos.step_in_epoch = i + 1
             rs.pos.images += stage.global_batch
+            _maybe_inject_fault(rank, rs.pos.global_step)
             last = i == steps - 1 or (steps_limit and rs.pos.global_step >= steps_limit)
             if rs.pos.global_step % spec.job.log_every == 0 or last:
                 log_interval(rs, interval, epoch, stage, lr, progress, metrics, steps_limit)
@@ -445,6 +467,8 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
     wall = rs.wall()
     if spec.checkpoint.at_end:
         save(ddp, optimizer, scaler, rs, "end of training")
+    if getattr(ddp, "torus_hook_state", None) is not None:
+        ddp.torus_hook_state.close()
     digest, agree, everyone = check_replicas(model)
     summary = {
         "world_size": world, "grid": str(boot.grid), "gpus_per_node": boot.grid.gpus_per_node,
@@ -469,6 +493,15 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
         raise RunFailed(f"replicas differ after {rs.pos.global_step} steps: ranks {bad} disagree with rank 0's "
                         f"parameter digest")
     return summary
+
+
+def _maybe_inject_fault(rank: int, step: int) -> None:
+    """TORUS_TRAIN_FAULT=step:R:N kills rank R with SIGKILL after step N (the launcher's failure tests)."""
+    fault = os.environ.get("TORUS_TRAIN_FAULT", "")
+    if fault.startswith("step:") and fault.split(":")[1:] == [str(rank), str(step)]:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _total_steps(schedule, spec: JobSpec, num_samples: int) -> int:

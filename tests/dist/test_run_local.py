@@ -1,0 +1,79 @@
+"""`torus-train run` with the local launcher: 4 CPU ranks on gloo, outputs, resume, and failing ranks."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from .runhelp import TINY, final_params, leftover_workers, metrics, run_cli, summary
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_stages_eval_and_outputs(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli(*TINY, "--epochs", "2", "--out", str(out), "--set", "comm.algo=ddp", "--set", "eval.every_epochs=1",
+                "--set", "data.synthetic_samples=128",
+                "--set", "schedule.stages=[{until_epoch=1,global_batch=32},{until_epoch=2,global_batch=64}]")
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = summary(out)
+    assert (s["world_size"], s["grid"], s["steps"], s["epochs_done"]) == (4, "2x2", 6, 2)  # 4 + 2 steps
+    assert s["param_digests_agree"] is True and len(s["param_digest"]) == 64
+    assert 0 <= s["val_top1"] <= 1 and s["images_per_second"] > 0 and s["wall_seconds"] > 0
+    lines = metrics(out)
+    stages = [m for m in lines if m.get("event") == "stage"]
+    assert [(m["epoch"], m["global_batch"], m["per_rank_batch"]) for m in stages] == [(0, 32, 8), (1, 64, 16)]
+    assert len([m for m in lines if m.get("event") == "eval"]) == 2
+    steps = [m for m in lines if "event" not in m]
+    for key in ("step", "epoch", "global_batch", "lr", "loss", "images_per_second", "data_time", "step_time"):
+        assert all(key in m for m in steps), key
+    assert steps[-1]["global_batch"] == 64
+    assert all((out / "logs" / f"rank{r:05d}.log").stat().st_size > 0 for r in range(4))
+    assert "img/s" in r.stdout and "stage 1 from epoch 1: global batch 64" in r.stdout
+    assert not leftover_workers(out)
+
+    # The same folder again: refused (exit 2), results untouched.
+    again = run_cli(*TINY, "--steps", "2", "--out", str(out))
+    assert again.returncode == 2 and "already holds results" in again.stderr and "--resume" in again.stderr
+    assert summary(out)["steps"] == 6
+
+
+@pytest.mark.slow
+def test_resume_continues_like_a_straight_run(tmp_path):
+    common = [*TINY, "--set", "comm.algo=ddp", "--set", "checkpoint.every_steps=2"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    r = run_cli(*common, "--steps", "6", "--out", str(straight))
+    assert r.returncode == 0, r.stderr
+    r = run_cli(*common, "--steps", "3", "--out", str(split))
+    assert r.returncode == 0, r.stderr
+    r = run_cli(*common, "--steps", "6", "--out", str(split), "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "resumed at epoch 0, step 3" in r.stdout
+    assert summary(split)["steps"] == 6
+    assert summary(split)["param_digest"] == summary(straight)["param_digest"]
+    a, b = final_params(straight), final_params(split)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    last_loss = lambda out: [m["loss"] for m in metrics(out) if m.get("step") == 6 and "loss" in m]  # noqa: E731
+    assert last_loss(split) == last_loss(straight)  # the interval of steps 5-6 is the same in both runs
+
+
+def test_rank_failing_at_start_is_named(tmp_path):
+    out = tmp_path / "run"
+    t = time.time()
+    r = run_cli(*TINY, "--steps", "4", "--out", str(out), env={"TORUS_TRAIN_FAULT": "start:2"}, timeout=120)
+    assert r.returncode == 1
+    assert "rank 2 exited with code 1" in r.stderr and "injected start-up failure" in r.stderr
+    assert time.time() - t < 60
+    assert not leftover_workers(out)
+
+
+def test_rank_killed_mid_run_is_named(tmp_path):
+    out = tmp_path / "run"
+    t = time.time()
+    r = run_cli(*TINY, "--steps", "20", "--out", str(out), "--set", "comm.algo=ddp",
+                env={"TORUS_TRAIN_FAULT": "step:2:2"}, timeout=120)
+    assert r.returncode == 1
+    assert "rank 2 was killed by SIGKILL" in r.stderr, r.stderr
+    assert time.time() - t < 60
+    assert not leftover_workers(out)
