@@ -2,15 +2,19 @@
 """Fit the cost model on one `bench allreduce --json` file and hold its prediction against another grid's.
 
     python scripts/check_calibration.py BENCH_2x2.json BENCH_2x4.json [--algo torus] [--min-bytes 1M]
+    python scripts/check_calibration.py A_2x2.json,B_2x2.json,C_2x2.json A_2x4.json,B_2x4.json,C_2x4.json
 
 For each algorithm present in both files: alpha and beta are fitted on the first file (torus_train.costmodel
 .calibrate, rows with wrong == 0), then the busbw of the second file's grid is predicted at each of its sizes
 >= --min-bytes and printed next to the measured busbw with the ratio. Exit status 0 when every ratio is within
---tolerance (default 30%), 1 otherwise.
+--tolerance (default 30%), 1 otherwise. Several comma-separated files per side are merged by taking, for each
+(algorithm, grid, size), the median time over the files: on a shared machine one run's noise can be as large
+as the band being tested.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 
 from torus_train import costmodel as cm
@@ -19,17 +23,35 @@ from torus_train.errors import UserError
 from torus_train.topology import parse_grid
 
 
+def read_merged(paths: str) -> list[dict]:
+    """Rows of one or more bench files (comma-separated); several files -> median time per (algo, grid, size)."""
+    files = [p for p in paths.split(",") if p]
+    groups: dict = {}
+    for path in files:
+        for r in cm.read_bench(path):
+            groups.setdefault((r["algo"], r["grid"], r["size_bytes"]), []).append(r)
+    out = []
+    for rows in groups.values():
+        good = [r for r in rows if int(r.get("wrong", 0)) == 0]
+        merged = dict((good or rows)[0])
+        merged["time_us"] = statistics.median(r["time_us"] for r in (good or rows))
+        merged["wrong"] = 0 if good else merged.get("wrong", 1)
+        merged["runs"] = len(good or rows)
+        out.append(merged)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("fit_file", help="bench JSON to fit on (e.g. a 2x2 run)")
-    ap.add_argument("check_file", help="bench JSON of another grid to predict (e.g. a 2x4 run)")
+    ap.add_argument("fit_file", help="bench JSON(s) to fit on, comma-separated (e.g. 2x2 runs)")
+    ap.add_argument("check_file", help="bench JSON(s) of another grid to predict, comma-separated (e.g. 2x4 runs)")
     ap.add_argument("--algo", action="append", help="algorithm(s) to check (default: every one in both files)")
     ap.add_argument("--min-bytes", default="1M", help="smallest size compared (default 1M = 1 MiB)")
     ap.add_argument("--cores", type=int, default=None, help="cores for the oversubscription term (default: this machine's)")
     ap.add_argument("--tolerance", type=float, default=0.30, help="allowed |predicted/measured - 1| (default 0.30)")
     args = ap.parse_args(argv)
     try:
-        fit_rows, check_rows = cm.read_bench(args.fit_file), cm.read_bench(args.check_file)
+        fit_rows, check_rows = read_merged(args.fit_file), read_merged(args.check_file)
         min_bytes = parse_size(args.min_bytes, "--min-bytes")
     except UserError as e:
         print(f"check_calibration: error: {e}", file=sys.stderr)
@@ -49,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
               f"alpha {cal.alpha_us:.1f} us, 1/beta {cal.beta_gbytes_per_s:.4f} GB/s, {cal.cores} cores, "
               f"fit rms {cal.rms_relative_error * 100:.1f}%")
         rows = [r for r in check_rows if r["algo"] == algo and r["size_bytes"] >= min_bytes and int(r.get("wrong", 0)) == 0]
-        print(f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'measured GB/s':>14} {'predicted GB/s':>15} {'pred/meas':>10}")
+        print(f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'runs':>5} {'measured GB/s':>14} {'predicted GB/s':>15} "
+              f"{'pred/meas':>10}")
         for r in sorted(rows, key=lambda r: (r["grid"], r["size_bytes"])):
             g = parse_grid(r["grid"])
             measured = r["size_bytes"] / (r["time_us"] * 1e-6) * 2 * (g.size - 1) / g.size / 1e9
@@ -58,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             ok = abs(ratio - 1) <= args.tolerance
             total += 1
             inside += ok
-            print(f"{algo:>13} {r['grid']:>6} {r['size_bytes']:>10} {measured:>14.4f} {predicted:>15.4f} "
+            print(f"{algo:>13} {r['grid']:>6} {r['size_bytes']:>10} {r['runs']:>5} {measured:>14.4f} {predicted:>15.4f} "
                   f"{ratio:>10.2f}{'' if ok else '  outside'}")
     print(f"# summary: {inside} of {total} predictions within {args.tolerance * 100:.0f}% of the measured busbw "
           f"at >= {min_bytes} bytes")
