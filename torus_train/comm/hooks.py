@@ -14,8 +14,6 @@ On CPU (gloo) the exchange runs on one background thread per process, buckets in
 backward pass goes on while a bucket is in flight, as with DDP's own asynchronous all-reduce. Every rank
 submits the same buckets in the same order, so the collectives match across ranks.
 """
-from __future__ import annotations
-
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -74,10 +72,10 @@ def reduce_bucket(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
     return buffer
 
 
-def allreduce_hook(state: TorusHookState, bucket) -> torch.futures.Future:
+def allreduce_hook(state: TorusHookState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average the bucket with state.algo; returns a Future of the reduced buffer."""
     buffer = bucket.buffer()
-    fut: torch.futures.Future = torch.futures.Future()
+    fut = torch.futures.Future()
     background = state.background if state.background is not None else not buffer.is_cuda
     if not background:
         fut.set_result(reduce_bucket(state, buffer))

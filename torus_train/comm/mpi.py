@@ -79,11 +79,13 @@ class MpiGrid:
             if local:
                 name = f"torus-train-mpi-{node_id}-row{self.row}"
                 cap = shm_capacity(grid.x)
+                # MPI's own shared-memory barrier (microseconds) keeps the row in MPI's progress model
+                kw = dict(capacity=cap, timeout=timeout, sync=self.row_comm.Barrier)
                 if self.col == 0:
-                    self.shm_row = ShmRow(name, 0, grid.row_ranks(self.row), capacity=cap, timeout=timeout)
+                    self.shm_row = ShmRow(name, 0, grid.row_ranks(self.row), **kw)
                 self.row_comm.Barrier()
                 if self.col != 0:
-                    self.shm_row = ShmRow(name, self.col, grid.row_ranks(self.row), capacity=cap, timeout=timeout)
+                    self.shm_row = ShmRow(name, self.col, grid.row_ranks(self.row), **kw)
                 self.row_comm.Barrier()
                 self.shm_row.connect()
                 self.row_comm.Barrier()

@@ -41,7 +41,9 @@ class ShmRow:
     """The members of one row on one node, sharing a segment. All members construct it with the same name."""
 
     def __init__(self, name: str, index: int, ranks: list[int], capacity: int = DEFAULT_CAPACITY,
-                 timeout: float = 300.0, create: bool | None = None):
+                 timeout: float = 300.0, create: bool | None = None, sync=None):
+        self.sync = sync
+        """A barrier of the row's own transport to use instead of the counters (MPI: row_comm.Barrier)."""
         self.index = index  # my position in the row
         self.ranks = list(ranks)  # global ranks of the row, for error messages
         self.size = len(ranks)
@@ -78,6 +80,7 @@ class ShmRow:
         # O_RDWR: opening a FIFO this way never blocks and never sees end-of-file
         self._wake_fd = os.open(self._wake_path, os.O_RDWR | os.O_NONBLOCK)
         self._peer_fds: list[int] = []
+        self._typed: dict = {}
 
     def connect(self) -> None:
         """Open every peer's wake-up FIFO; call once all members are constructed (after a row barrier)."""
@@ -113,6 +116,7 @@ class ShmRow:
                 pass
         self._peer_fds = []
         self._bytes = None
+        self._typed = {}
         self._hdr = None
         try:
             self._mm.close()
@@ -122,6 +126,9 @@ class ShmRow:
     # --- synchronisation ---------------------------------------------------------------------
     def barrier(self, what: str = "row exchange") -> None:
         """Wait until every member of the row has arrived here."""
+        if self.sync is not None:
+            self.sync()
+            return
         self._epoch += 1
         e = self._epoch
         hdr = self._hdr
@@ -176,14 +183,15 @@ class ShmRow:
                             f"waiting for {names}")
 
     # --- buffers ------------------------------------------------------------------------------
-    def _slots(self, dtype: torch.dtype, count: int) -> torch.Tensor:
-        """[X, count] view of the input slots."""
-        per = self.capacity // _itemsize(dtype)
-        flat = self._bytes[: self.size * self.capacity].view(dtype)
-        return flat.view(self.size, per)[:, :count]
-
-    def _result(self, dtype: torch.dtype, count: int) -> torch.Tensor:
-        return self._bytes[self.size * self.capacity:].view(dtype)[:count]
+    def _views(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """([X, piece] input slots, [piece] result area) typed as `dtype`; built once per dtype."""
+        views = self._typed.get(dtype)
+        if views is None:
+            per = self.capacity // _itemsize(dtype)
+            slots = self._bytes[: self.size * self.capacity].view(dtype).view(self.size, per)
+            result = self._bytes[self.size * self.capacity:].view(dtype)
+            views = self._typed[dtype] = (slots, result)
+        return views
 
     def piece_elems(self, dtype: torch.dtype) -> int:
         return self.capacity // _itemsize(dtype)
@@ -192,8 +200,8 @@ class ShmRow:
     def reduce_scatter(self, piece: torch.Tensor) -> tuple[int, int]:
         """Sum the row's pieces; my chunk of the sum lands in my own piece at the returned (start, stop)."""
         n = piece.numel()
-        slots = self._slots(piece.dtype, n)
-        slots[self.index].copy_(piece)
+        slots = self._views(piece.dtype)[0]
+        slots[self.index, :n].copy_(piece)
         self.barrier("reduce-scatter")
         a, b = chunk_bounds(n, self.size)[self.index]
         if b > a:
@@ -207,7 +215,7 @@ class ShmRow:
         reduce-scatter barrier of this piece, which every member passed after finishing the previous piece.
         """
         n = piece.numel()
-        result = self._result(piece.dtype, n)
+        result = self._views(piece.dtype)[1][:n]
         a, b = own
         result[a:b].copy_(piece[a:b])
         self.barrier("all-gather")
@@ -219,7 +227,7 @@ class ShmRow:
     def reduce_to_first(self, piece: torch.Tensor) -> None:
         """Sum the row's pieces into the first member's piece (the row leader)."""
         n = piece.numel()
-        slots = self._slots(piece.dtype, n)
+        slots = self._views(piece.dtype)[0][:, :n]
         if self.index != 0:
             slots[self.index].copy_(piece)
         self.barrier("reduce")
@@ -230,7 +238,7 @@ class ShmRow:
     def broadcast_from_first(self, piece: torch.Tensor) -> None:
         """Copy the first member's piece to every member."""
         n = piece.numel()
-        result = self._result(piece.dtype, n)
+        result = self._views(piece.dtype)[1][:n]
         if self.index == 0:
             result.copy_(piece)
         self.barrier("broadcast")

@@ -1,0 +1,74 @@
+"""The pure parts of bench allreduce: sizes, bandwidths, the reference and the table."""
+import json
+
+import pytest
+import torch
+
+from torus_train import bench as B
+from torus_train.errors import UserError
+
+
+def test_parse_size_suffixes_are_powers_of_1024():
+    assert B.parse_size("1K", "-b") == 1024
+    assert B.parse_size("64M", "-e") == 64 << 20
+    assert B.parse_size("4096", "-b") == 4096
+    assert B.parse_size("1G", "-e") == 1 << 30
+    with pytest.raises(UserError):
+        B.parse_size("lots", "-b")
+
+
+def test_sizes_sweep_and_element_rounding():
+    cfg = B.BenchConfig(min_bytes=1024, max_bytes=8192, factor=2)
+    assert cfg.sizes() == [1024, 2048, 4096, 8192]
+    cfg = B.BenchConfig(min_bytes=3, max_bytes=3, factor=2, dtype="float32")
+    assert cfg.sizes() == [4]
+
+
+@pytest.mark.parametrize("kwargs", [dict(min_bytes=2048, max_bytes=1024), dict(factor=1), dict(dtype="int8"),
+                                    dict(algos=["ring"]), dict(algos=[])])
+def test_bad_config_is_a_user_error(kwargs):
+    with pytest.raises(UserError):
+        B.BenchConfig(**kwargs)
+
+
+def test_busbw_follows_nccl_tests():
+    row = B.make_row("flat", "gloo", "2x2", 4, 1_000_000, "float32", 0.001, 0)
+    assert row.algbw_gbps == pytest.approx(1.0)
+    assert row.busbw_gbps == pytest.approx(1.5)  # 2(n-1)/n at n = 4
+    assert row.count == 250_000
+
+
+def test_count_wrong_catches_a_wrong_sum():
+    world = 4
+    good = sum(B.pattern(torch, r, 1000, torch.float32).double() for r in range(world)).float()
+    assert B.count_wrong(torch, good, world, "float32") == 0
+    bad = good.clone()
+    bad[10] += 0.01
+    bad[500] = 0
+    assert B.count_wrong(torch, bad, world, "float32") == 2
+    # a sum missing one rank's contribution is wrong almost everywhere
+    partial = sum(B.pattern(torch, r, 1000, torch.float32).double() for r in range(world - 1)).float()
+    assert B.count_wrong(torch, partial, world, "float32") > 900
+
+
+def test_patterns_differ_per_rank_and_fit_half_types():
+    a = B.pattern(torch, 0, 64, torch.bfloat16)
+    b = B.pattern(torch, 1, 64, torch.bfloat16)
+    assert not torch.equal(a, b)
+    assert a.abs().max() <= 0.5
+
+
+def test_table_json_and_ratio(tmp_path):
+    rows = [B.make_row(a, "gloo", "2x2", 4, s, "float32", t, 0)
+            for s in (1024, 2048) for a, t in (("flat", 2e-3), ("torus", 1e-3))]
+    text = B.table(rows, "torus")
+    assert "# Out of bounds values : 0 OK" in text and "# Avg bus bandwidth" in text
+    assert "#wrong" in text and "busbw" in text
+    ratios = B.ratio_table(rows)
+    assert "2.00" in ratios
+    path = tmp_path / "b.json"
+    B.write_json(rows, str(path))
+    data = json.loads(path.read_text())
+    assert set(data[0]) == {"algo", "backend", "grid", "size_bytes", "count", "dtype", "time_us", "algbw_gbps",
+                            "busbw_gbps", "wrong"}
+    assert len(data) == 4
