@@ -648,13 +648,16 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
 
 def sweep(net: Network, nbytes: int, gpu_counts: Iterable[int],
           placement: str = "rows") -> dict[str, list[tuple[int, float]]]:
-    """Predicted all-reduce seconds per algorithm for each GPU count; torus and hierarchical each on the grid
-    that is fastest for that algorithm (flat and tree do not depend on the grid)."""
+    """Predicted all-reduce seconds per algorithm for each GPU count: torus on its fastest grid, hierarchical
+    with one leader per node (rows of K = GPUs per node, its definition; any grid when K does not divide the
+    count), flat and tree (which do not depend on the grid) as they are."""
     out: dict[str, list[tuple[int, float]]] = {a: [] for a in ALGORITHMS}
+    k = net.gpus_per_node
     for n in gpu_counts:
-        grids = [Grid(x, y, net.gpus_per_node) for x, y in factor_pairs(n)]
+        grids = [Grid(x, y, k) for x, y in factor_pairs(n)]
+        per_node = [g for g in grids if g.x == k] or grids
         for a in ALGORITHMS:
-            pool = grids if a in ("torus", "hierarchical") else grids[:1]
+            pool = {"torus": grids, "hierarchical": per_node}.get(a, grids[:1])
             out[a].append((n, min(allreduce_cost(a, g, net, nbytes, placement).seconds for g in pool)))
     return out
 

@@ -146,7 +146,7 @@ def _plot(net, nbytes: int, path: str, what: str, placement: str, gpus: int) -> 
     ax.set_xticks(ticks)
     ax.set_xticklabels([str(n) for n in ticks])
     ax.minorticks_off()
-    ax.set_xlabel("GPUs (torus and hierarchical each on its fastest grid)")
+    ax.set_xlabel("GPUs (torus on its fastest grid; hierarchical with one leader per node)")
     ax.set_ylabel("predicted all-reduce time (ms)")
     ax.set_title(f"{net.name}: {what}")
     ax.grid(True, which="both", alpha=0.3)
