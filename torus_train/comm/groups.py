@@ -113,11 +113,11 @@ def _host_id() -> str:
 
 
 def shm_capacity(x: int) -> int:
-    """Bytes per slot of a row segment: up to 16 MiB, at most about 256 MiB per row in all."""
+    """Bytes per slot of a row segment: up to 8 MiB, at most about 256 MiB per row in all (2X slots)."""
     env = os.environ.get("TORUS_TRAIN_SHM_PIECE_MB")
     if env:
         return max(64, int(float(env) * (1 << 20)) // 64 * 64)
-    return max(1 << 20, min(DEFAULT_CAPACITY, (256 << 20) // (x + 1)) // 64 * 64)
+    return max(1 << 20, min(DEFAULT_CAPACITY, (256 << 20) // (2 * x)) // 64 * 64)
 
 
 def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 300.0) -> GridGroups:

@@ -8,8 +8,13 @@ go through one shared segment per row and only the vertical rings use the networ
 
 Layout of a segment (one per row, created by the row's first rank, unlinked as soon as all members mapped it):
     header: one 64-byte line per member: [arrival counter, pid]
-    X slots of `capacity` bytes (each member's input piece), then one result area of `capacity` bytes.
-Tensors larger than a slot go through in pieces. Every phase is bracketed by a row barrier on the counters.
+    two sets (used by alternate pieces) of X slots of `capacity` bytes, one slot per member.
+Tensors larger than a slot go through in pieces. Each member writes only into its own slot, and only what the
+others need: for the reduce-scatter, the chunks the others own (not its own); for the all-gather, its reduced
+chunk, into the place of its own chunk. So a member copies (X-1)/X of a piece in and out, never the whole.
+Between two uses of one slot set lies a barrier of the other piece that every member passes only after
+reading the first, so the sets need no other synchronisation.
+Every phase is bracketed by a row barrier on the counters.
 A rank that arrives bumps its counter and writes one byte into each peer's wake-up FIFO; a waiting rank
 checks the counters a few times, then sleeps in select() on its own FIFO, so waiting ranks give their core to
 the ones still working (ranks may outnumber cores) and wake as soon as the last peer arrives. A waiting rank
@@ -30,7 +35,7 @@ from torus_train.comm.layout import chunk_bounds
 from torus_train.errors import RunFailed
 
 _LINE = 64  # bytes per header line: keeps each member's counter on its own cache line
-DEFAULT_CAPACITY = 16 << 20
+DEFAULT_CAPACITY = 8 << 20
 
 
 def shm_dir() -> str:
@@ -52,7 +57,7 @@ class ShmRow:
         self.path = os.path.join(shm_dir(), name)
         header = _LINE * self.size
         self._data_offset = header
-        total = header + (self.size + 1) * self.capacity
+        total = header + 2 * self.size * self.capacity
         create = (index == 0) if create is None else create
         if create:
             # Build under a temporary name and rename, so a joining member never sees a short file.
@@ -81,6 +86,8 @@ class ShmRow:
         self._wake_fd = os.open(self._wake_path, os.O_RDWR | os.O_NONBLOCK)
         self._peer_fds: list[int] = []
         self._typed: dict = {}
+        self._pieces = 0  # pieces exchanged so far: selects the slot set
+        self._current = None
 
     def connect(self) -> None:
         """Open every peer's wake-up FIFO; call once all members are constructed (after a row barrier)."""
@@ -179,82 +186,96 @@ class ShmRow:
             raise RunFailed(f"rank {me}: {names} exited during the {what} of row {self.ranks}")
         if waited > self.timeout:
             names = ", ".join(f"rank {self.ranks[i]}" for i in missing)
-            raise RunFailed(f"rank {me}: {what} of row {self.ranks} timed out after {self.timeout:.0f} s "
+            raise RunFailed(f"rank {me}: {what} of row {self.ranks} timed out after {self.timeout:g} s "
                             f"waiting for {names}")
 
     # --- buffers ------------------------------------------------------------------------------
-    def _views(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """([X, piece] input slots, [piece] result area) typed as `dtype`; built once per dtype."""
-        views = self._typed.get(dtype)
-        if views is None:
+    def _slots(self, dtype: torch.dtype) -> torch.Tensor:
+        """[X, piece] slots of the next slot set, typed as `dtype` (views built once per dtype and set)."""
+        parity = self._pieces & 1
+        self._pieces += 1
+        key = (dtype, parity)
+        view = self._typed.get(key)
+        if view is None:
             per = self.capacity // _itemsize(dtype)
-            slots = self._bytes[: self.size * self.capacity].view(dtype).view(self.size, per)
-            result = self._bytes[self.size * self.capacity:].view(dtype)
-            views = self._typed[dtype] = (slots, result)
-        return views
+            span = self.size * self.capacity
+            view = self._bytes[parity * span:(parity + 1) * span].view(dtype).view(self.size, per)
+            self._typed[key] = view
+        return view
 
     def piece_elems(self, dtype: torch.dtype) -> int:
         return self.capacity // _itemsize(dtype)
 
     # --- collectives, one piece at a time (count <= piece_elems) -----------------------------------
     def reduce_scatter(self, piece: torch.Tensor) -> tuple[int, int]:
-        """Sum the row's pieces; my chunk of the sum lands in my own piece at the returned (start, stop)."""
+        """Sum the row's pieces; my chunk of the sum lands in my own piece at the returned (start, stop).
+
+        The slot set stays reserved for the all_gather() of the same piece, which must follow.
+        """
         n = piece.numel()
-        slots = self._views(piece.dtype)[0]
-        slots[self.index, :n].copy_(piece)
+        slots = self._slots(piece.dtype)
+        self._current = slots
+        bounds = chunk_bounds(n, self.size)
+        me = self.index
+        mine = slots[me]
+        for i, (a, b) in enumerate(bounds):  # the chunks the others reduce
+            if i != me and b > a:
+                mine[a:b].copy_(piece[a:b])
         self.barrier("reduce-scatter")
-        a, b = chunk_bounds(n, self.size)[self.index]
+        a, b = bounds[me]
         if b > a:
-            _sum_rows(slots[:, a:b], out=piece[a:b])
+            _accumulate(piece[a:b], [slots[i, a:b] for i in range(self.size) if i != me])
         return a, b
 
     def all_gather(self, piece: torch.Tensor, own: tuple[int, int]) -> None:
-        """Every member holds its chunk `own` of the piece; afterwards all hold the whole piece.
-
-        Safe to write the result area without a barrier first: a member reaches this call only after the
-        reduce-scatter barrier of this piece, which every member passed after finishing the previous piece.
-        """
+        """Every member holds its chunk `own` of the piece; afterwards all hold the whole piece."""
+        slots = self._current
         n = piece.numel()
-        result = self._views(piece.dtype)[1][:n]
         a, b = own
-        result[a:b].copy_(piece[a:b])
+        me = self.index
+        if b > a:  # my chunk's place in my slot: nobody read it during the reduce-scatter
+            slots[me, a:b].copy_(piece[a:b])
         self.barrier("all-gather")
-        if a > 0:
-            piece[:a].copy_(result[:a])
-        if b < n:
-            piece[b:].copy_(result[b:])
+        for i, (c, d) in enumerate(chunk_bounds(n, self.size)):
+            if i != me and d > c:
+                piece[c:d].copy_(slots[i, c:d])
 
     def reduce_to_first(self, piece: torch.Tensor) -> None:
-        """Sum the row's pieces into the first member's piece (the row leader)."""
+        """Sum the row's pieces into the first member's piece (the row leader).
+
+        The slot set stays reserved for the broadcast_from_first() of the same piece, which must follow.
+        """
         n = piece.numel()
-        slots = self._views(piece.dtype)[0][:, :n]
+        slots = self._slots(piece.dtype)
+        self._current = slots
         if self.index != 0:
-            slots[self.index].copy_(piece)
+            slots[self.index, :n].copy_(piece)
         self.barrier("reduce")
         if self.index == 0:
-            slots[0].copy_(piece)
-            _sum_rows(slots, out=piece)
+            _accumulate(piece, [slots[i, :n] for i in range(1, self.size)])
 
     def broadcast_from_first(self, piece: torch.Tensor) -> None:
-        """Copy the first member's piece to every member."""
+        """Copy the first member's piece to every member (through the leader's slot, unread so far)."""
+        slots = self._current
         n = piece.numel()
-        result = self._views(piece.dtype)[1][:n]
         if self.index == 0:
-            result.copy_(piece)
+            slots[0, :n].copy_(piece)
         self.barrier("broadcast")
         if self.index != 0:
-            piece.copy_(result)
+            piece.copy_(slots[0, :n])
 
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _sum_rows(rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out = sum over the first dimension; half types are accumulated in float32 and rounded once."""
-    if rows.dtype in (torch.float16, torch.bfloat16):
-        out.copy_(rows.sum(dim=0, dtype=torch.float32))
-    elif rows.shape[0] == 2:
-        torch.add(rows[0], rows[1], out=out)
+def _accumulate(out: torch.Tensor, others: list[torch.Tensor]) -> None:
+    """out += sum(others); half types accumulate in float32 and round once."""
+    if out.dtype in (torch.float16, torch.bfloat16):
+        acc = out.float()
+        for t in others:
+            acc += t
+        out.copy_(acc)
     else:
-        torch.sum(rows, dim=0, out=out)
+        for t in others:
+            out += t

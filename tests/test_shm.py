@@ -1,0 +1,76 @@
+"""Shared-memory rows: the exchange itself, and a peer that dies or hangs is named instead of hanging."""
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+
+from torus_train.comm.shm import ShmRow
+from torus_train.errors import RunFailed
+
+
+def _pair(timeout=5.0):
+    name = f"torus-train-test-{uuid.uuid4().hex[:8]}"
+    a = ShmRow(name, 0, [10, 11], capacity=4096, timeout=timeout)
+    b = ShmRow(name, 1, [10, 11], capacity=4096, timeout=timeout)
+    a.connect()
+    b.connect()
+    a.unlink()
+    b.unlink()
+    return a, b
+
+
+def _both(fa, fb):
+    t = threading.Thread(target=fb)
+    t.start()
+    fa()
+    t.join(10)
+    assert not t.is_alive()
+
+
+def test_two_members_reduce_scatter_and_all_gather_in_pieces():
+    a, b = _pair()
+    for n in (1, 5, 1024, 1023):
+        x = torch.arange(n, dtype=torch.float32)
+        y = torch.full((n,), 100.0)
+        out = {}
+
+        def run(row, t, key):
+            own = row.reduce_scatter(t)
+            row.all_gather(t, own)
+            out[key] = t
+
+        _both(lambda: run(a, x, "a"), lambda: run(b, y, "b"))
+        expect = torch.arange(n, dtype=torch.float32) + 100
+        assert torch.equal(out["a"], expect) and torch.equal(out["b"], expect)
+    a.close()
+    b.close()
+
+
+def test_a_dead_peer_is_named():
+    name = f"torus-train-test-{uuid.uuid4().hex[:8]}"
+    row = ShmRow(name, 0, [4, 6], capacity=4096, timeout=30)
+    # rank 6 attaches from another process, then exits without ever reaching the barrier
+    code = ("from torus_train.comm.shm import ShmRow;"
+            f"r = ShmRow({name!r}, 1, [4, 6], capacity=4096, timeout=30)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    row.connect()
+    t = time.monotonic()
+    with pytest.raises(RunFailed, match=r"rank 6 \(pid \d+\) exited during the reduce of row \[4, 6\]"):
+        row.barrier("reduce")
+    assert time.monotonic() - t < 5
+    row.unlink()
+    row.close()
+
+
+def test_a_hung_peer_times_out_naming_it():
+    a, b = _pair(timeout=1.5)
+    t = time.monotonic()
+    with pytest.raises(RunFailed, match=r"rank 10: all-gather of row \[10, 11\] timed out after 1.5 s waiting for rank 11"):
+        a.barrier("all-gather")
+    assert time.monotonic() - t < 5
+    a.close()
+    b.close()
