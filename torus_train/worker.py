@@ -114,6 +114,10 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, fault_hook=None) -> None:
         if original_stderr != 2:
             os.write(original_stderr, line.encode())
     sys.stdout.flush(), sys.stderr.flush()
+    if code == 0 and "mpi4py.MPI" in sys.modules:  # mpirun counts an exit without MPI_Finalize as a failure
+        MPI = sys.modules["mpi4py.MPI"]
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
     # os._exit: a failed collective can leave gloo/NCCL threads that would block a normal interpreter exit.
     os._exit(code)
 

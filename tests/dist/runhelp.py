@@ -46,3 +46,36 @@ def leftover_workers(out: Path) -> list[str]:
         if "torus_train.worker" in cmd and str(out) in cmd:
             found.append(f"{pid}: {cmd}")
     return found
+
+
+# The reference run shared by the comm and mpirun tests: torus all-reduce, 4 steps at a small LR (so that
+# fp32 rounding differences between algorithms stay at rounding size instead of growing chaotically).
+REF = [*TINY, "--steps", "4", "--set", "schedule.base_lr=0.01"]
+
+
+def _local_torus_run(tmp_path_factory):
+    import pytest
+
+    out = tmp_path_factory.mktemp("local_torus") / "run"
+    r = run_cli(*REF, "--set", "comm.algo=torus", "--out", str(out))
+    if r.returncode != 0:
+        pytest.fail(f"reference local torus run failed:\n{r.stdout}\n{r.stderr}")
+    return out
+
+
+def local_torus_fixture():
+    import pytest
+
+    return pytest.fixture(scope="session", name="local_torus")(_local_torus_run)
+
+
+def mpi_available() -> bool:
+    import shutil
+
+    if not shutil.which("mpirun"):
+        return False
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -19,7 +19,7 @@ FLAG_FIELDS = {
     "data": "data.source", "model": "model.arch", "image_size": "data.image_size",
     "steps": "schedule.steps", "epochs": "schedule.epochs", "out": "job.out",
 }
-RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "logs")
+RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints")
 
 
 @click.command("run")
@@ -129,8 +129,10 @@ def prepare_out(out: Path, resume: bool, overwrite: bool) -> None:
         if not overwrite:
             raise UserError(f"{out} already holds results ({', '.join(present)}); pass --resume to continue, "
                             "--overwrite to replace them, or --out for another folder")
-        for name in present:
+        for name in (*present, "logs"):
             p = out / name
+            if not p.exists():
+                continue
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     if resume and not (out / "checkpoints").is_dir():
         raise UserError(f"--resume: {out / 'checkpoints'} does not exist; nothing to resume")
