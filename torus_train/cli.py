@@ -22,6 +22,10 @@ def _register() -> None:
     # One line per command module; each module keeps torch out of its top level.
     from torus_train.commands.bench import bench
     cli.add_command(bench)
+    from torus_train.commands.bench_input import bench_input
+    bench.add_command(bench_input, "input")
+    from torus_train.commands.data import data
+    cli.add_command(data)
     from torus_train.commands.plan import plan
     cli.add_command(plan)
     from torus_train.commands.run import run

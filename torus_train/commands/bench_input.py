@@ -1,0 +1,96 @@
+"""`torus-train bench input`: DALI against the torchvision fallback on the same files and cores, one run."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import click
+
+from torus_train.errors import UserError
+
+
+def _measure(kind: str, root: str, split: str, batch: int, size: int, threads: int, warmup: int, batches: int,
+             device: str, channels_last: bool) -> dict:
+    from torus_train.data import make_loader
+
+    loader = make_loader(kind, root, split, rank=0, world_size=1, batch_size=batch, image_size=size,
+                         num_classes=None, seed=0, channels_last=channels_last, device=device,
+                         num_threads=threads)
+    steps_per_pass = len(loader)
+    done, epoch, t0, t_first = 0, 0, None, time.perf_counter()
+    try:
+        while done < warmup + batches:
+            loader.set_epoch(epoch)
+            for x, _ in loader:
+                if x.is_cuda:
+                    import torch
+                    torch.cuda.synchronize()
+                done += 1
+                if done == warmup:
+                    t0 = time.perf_counter()
+                if done >= warmup + batches:
+                    break
+            epoch += 1
+    finally:
+        loader.close()
+    seconds = time.perf_counter() - (t0 if t0 is not None else t_first)
+    timed = batches if t0 is not None else done
+    return {"loader": kind, "threads": threads, "batches": timed, "images": timed * batch,
+            "seconds": round(seconds, 3), "images_per_s": round(timed * batch / seconds, 1),
+            "steps_per_pass": steps_per_pass}
+
+
+@click.command("input")
+@click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder (train/CLASS/*).")
+@click.option("--split", default="train", show_default=True, type=click.Choice(["train", "val"]),
+              help="train: random-resized crop + flip; val: resize + centre crop.")
+@click.option("--batch-size", default=64, show_default=True)
+@click.option("--image-size", default=224, show_default=True)
+@click.option("--threads", default=0, help="DALI threads = torchvision workers (0: all cores).  [default: 0]")
+@click.option("--warmup", default=5, show_default=True, help="Batches before timing starts.")
+@click.option("--batches", default=40, show_default=True, help="Timed batches per loader.")
+@click.option("--loaders", default="dali,torchvision", show_default=True, help="Comma-separated loaders to run.")
+@click.option("--device", default="cpu", show_default=True, help="cpu, or cuda (DALI then decodes on the GPU).")
+@click.option("--channels-last/--no-channels-last", default=False, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results here.")
+def bench_input(root, split, batch_size, image_size, threads, warmup, batches, loaders, device, channels_last,
+                json_path):
+    """Images/s of each input pipeline on the same files and cores, and DALI's ratio to torchvision."""
+    from torus_train.data.checks import scan
+
+    kinds = [k.strip() for k in loaders.split(",") if k.strip()]
+    for k in kinds:
+        if k not in ("dali", "torchvision"):
+            raise UserError(f"--loaders: {k!r} is not dali or torchvision")
+    if batches < 1 or warmup < 0 or batch_size < 1 or image_size < 1:
+        raise UserError("--batches, --batch-size and --image-size must be positive, --warmup >= 0")
+    threads = threads or os.cpu_count() or 1
+    s = scan(root, split)  # fail early, naming the path, before any pipeline starts
+    click.echo(f"bench input: {s.root} ({len(s)} images, {len(s.classes)} classes), batch {batch_size}, "
+               f"{image_size}x{image_size}, {threads} thread(s) each, device {device}, "
+               f"{warmup} warm-up + {batches} timed batches", err=True)
+    results = []
+    for k in kinds:
+        click.echo(f"  running {k} ...", err=True)
+        results.append(_measure(k, root, split, batch_size, image_size, threads, warmup, batches, device,
+                                channels_last))
+    base = next((r["images_per_s"] for r in results if r["loader"] == "torchvision"), None)
+    for r in results:
+        r["ratio_to_torchvision"] = round(r["images_per_s"] / base, 2) if base else None
+    head = f"{'loader':<12} {'threads':>7} {'batches':>7} {'images':>7} {'seconds':>8} {'images/s':>9} {'ratio':>6}"
+    click.echo(head)
+    for r in results:
+        ratio = f"{r['ratio_to_torchvision']:.2f}" if r["ratio_to_torchvision"] else "-"
+        click.echo(f"{r['loader']:<12} {r['threads']:>7} {r['batches']:>7} {r['images']:>7} {r['seconds']:>8.2f} "
+                   f"{r['images_per_s']:>9.1f} {ratio:>6}")
+    dali = next((r for r in results if r["loader"] == "dali"), None)
+    if dali and base:
+        click.echo(f"DALI / torchvision: {dali['images_per_s'] / base:.2f}x")
+    if json_path:
+        doc = {"data": str(s.root), "images_in_split": len(s), "split": split, "batch_size": batch_size,
+               "image_size": image_size, "threads": threads, "device": device, "warmup": warmup,
+               "cpu_count": os.cpu_count(), "results": results}
+        with open(json_path, "w") as f:
+            json.dump(doc, f, indent=1)
+        click.echo(f"wrote {json_path}", err=True)

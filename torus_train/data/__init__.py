@@ -1,0 +1,90 @@
+"""Input pipelines: DALI, the torchvision fallback, synthetic data, and the demo data set.
+
+    from torus_train.data import make_loader
+    loader = make_loader("auto", "/data/imagenet", "train", rank=rank, world_size=world, batch_size=32,
+                         image_size=224, num_classes=1000, seed=0, channels_last=True, device=device)
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for images, labels in loader: ...
+
+Every loader yields (images float32 [B,3,H,W] normalised with the ImageNet statistics, labels int64 [B]) on
+``device``; ``len(loader)`` is the number of steps per epoch, the same on every rank. Training data is
+sharded by GLOBAL rank and reshuffled per epoch; the shard is padded with wrapped-around real samples.
+Validation data is read once across the ranks; padded samples carry label -1 (count only ``labels >= 0``).
+Attributes: ``num_samples`` (data-set size), ``num_classes``, ``batch_size``, ``pad`` (padded samples in
+this rank's shard this epoch), ``kind`` ("dali", "torchvision" or "synthetic"); ``close()`` frees workers.
+
+This module imports torch lazily, inside make_loader.
+"""
+from __future__ import annotations
+
+import sys
+
+from torus_train.data.checks import DataError, scan, shard  # noqa: F401  (pure)
+from torus_train.errors import UserError
+
+KINDS = ("auto", "dali", "torchvision", "synthetic")
+_said_auto = False
+
+
+def resolve_kind(kind: str, rank: int = 0, say=None) -> str:
+    """``auto`` -> ``dali`` when nvidia.dali imports, else ``torchvision`` (said once, by rank 0)."""
+    global _said_auto
+    if kind not in KINDS:
+        raise UserError(f"data.loader: {kind!r} is not one of {', '.join(KINDS)}")
+    if kind != "auto":
+        return kind
+    from torus_train.data.dali import available
+
+    chosen = "dali" if available() else "torchvision"
+    if not _said_auto and rank == 0:
+        msg = "input pipeline: DALI" if chosen == "dali" else \
+            "input pipeline: torchvision (nvidia.dali is not importable; install nvidia-dali-cuda120 for DALI)"
+        (say or (lambda m: print(m, file=sys.stderr, flush=True)))(msg)
+        _said_auto = True
+    return chosen
+
+
+def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batch_size: int, image_size: int,
+                num_classes: int | None, seed: int, channels_last: bool, device, num_threads: int = 2,
+                verify: bool = True, synthetic_samples: int | None = None):
+    """Build the input pipeline ``kind`` for ``split`` of the ImageNet-layout folder ``root``.
+
+    ``kind``: dali | torchvision | synthetic | auto. ``batch_size`` is the PER-RANK batch; ``rank`` the GLOBAL
+    rank. ``num_classes``: for folders, None or the expected count (an error if the folder has another);
+    for synthetic data, the label range. ``verify`` checks every JPEG's markers before the first step.
+    """
+    import torch
+
+    from torus_train.data.base import LoaderConfig
+
+    if split not in ("train", "val"):
+        raise UserError(f"split: {split!r} must be train or val")
+    for name, v in (("batch_size", batch_size), ("image_size", image_size), ("world_size", world_size)):
+        if not isinstance(v, int) or v < 1:
+            raise UserError(f"{name}: {v!r} must be a positive integer")
+    if not 0 <= rank < world_size:
+        raise UserError(f"rank: {rank} outside world size {world_size}")
+    if num_threads < 0:
+        raise UserError(f"data.num_threads: {num_threads} must be >= 0")
+    device = torch.device(device)
+    cfg = LoaderConfig(split, rank, world_size, batch_size, image_size, seed, channels_last, num_threads)
+    kind = resolve_kind(kind, rank)
+    if kind == "synthetic":
+        from torus_train.data.synthetic import SYNTHETIC_SAMPLES, SyntheticLoader
+
+        return SyntheticLoader(cfg, num_classes or 1000, device, synthetic_samples or SYNTHETIC_SAMPLES)
+    if root is None:
+        raise UserError(f"data.source: a data folder is needed for the {kind} loader")
+    files = scan(root, split, verify=verify)
+    if num_classes and num_classes != len(files.classes):
+        raise DataError(f"{files.root}: {len(files.classes)} class folders, but the model has {num_classes} classes")
+    if kind == "dali":
+        from torus_train.data.dali import DaliLoader, available
+
+        if not available():
+            raise UserError("data.loader: dali, but nvidia.dali does not import (pip install nvidia-dali-cuda120)")
+        return DaliLoader(files, cfg, device)
+    from torus_train.data.torchvision_loader import TorchvisionLoader
+
+    return TorchvisionLoader(files, cfg, device)

@@ -1,0 +1,98 @@
+"""What every loader shares: the constructor arguments, the per-epoch shard, and the padding convention.
+
+Training shards are padded with real samples wrapped around from the start of the epoch's order (they train
+like any other sample). Validation shards are padded the same way, but the padded samples carry label -1:
+count a prediction only where ``labels >= 0``, and sum correct and counted over the ranks. Then every
+validation image is counted exactly once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torus_train.data.checks import Shard, Split, shard
+
+# ImageNet channel statistics, in 0..255 and 0..1.
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+TRAIN_AREA = (0.25, 1.0)       # random-resized-crop area range (0.08 in He et al.; 0.25 keeps small objects)
+TRAIN_RATIO = (3 / 4, 4 / 3)   # random-resized-crop aspect ratio range
+VAL_CROP = 0.875               # validation: resize the shorter side to size / 0.875, then centre-crop size
+PAD_LABEL = -1
+
+
+def val_resize(image_size: int) -> int:
+    """Shorter-side length before the validation centre crop (256 for 224, 36 for 32).
+
+    Rounded so that the margin cut off is even: the centre crop then starts at a whole pixel, where DALI
+    and torchvision agree (an odd margin is split differently by the two, shifting the crop by a pixel).
+    """
+    return image_size + 2 * int(round(image_size * (1 / VAL_CROP - 1) / 2))
+
+
+@dataclass
+class LoaderConfig:
+    """The arguments of make_loader, checked."""
+
+    split: str
+    """``train`` (random-resized crop, flip) or ``val`` (resize, centre crop)."""
+    rank: int
+    """GLOBAL rank: picks the shard."""
+    world_size: int
+    """Number of shards."""
+    batch_size: int
+    """Per-rank batch."""
+    image_size: int
+    """Output height and width."""
+    seed: int
+    """Seeds the per-epoch order (equal on all ranks) and the augmentations (different per rank)."""
+    channels_last: bool
+    """Return images in torch.channels_last memory format."""
+    num_threads: int
+    """Decoding threads (DALI) or worker processes (torchvision) for this rank."""
+
+
+class ShardedLoader:
+    """Base of the file loaders: holds the split and computes this rank's shard for the current epoch."""
+
+    kind = "?"
+
+    def __init__(self, split: Split, cfg: LoaderConfig, device):
+        self.split = split
+        self.cfg = cfg
+        self.device = device
+        self.num_samples = len(split)
+        self.num_classes = len(split.classes)
+        self.classes = split.classes
+        self.batch_size = cfg.batch_size
+        self.epoch = 0
+        self.shard: Shard = self._shard(0)
+
+    def _shard(self, epoch: int) -> Shard:
+        return shard(self.num_samples, self.cfg.rank, self.cfg.world_size, self.cfg.batch_size, epoch=epoch,
+                     seed=self.cfg.seed, shuffle=self.cfg.split == "train")
+
+    @property
+    def pad(self) -> int:
+        """Padded samples in this rank's shard this epoch (labels -1 in validation)."""
+        return self.shard.pad
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle (training) for ``epoch``; every rank must call it with the same epoch."""
+        self.epoch = epoch
+        self.shard = self._shard(epoch)
+
+    def __len__(self) -> int:
+        return self.shard.steps
+
+    def _mark_padding(self, step: int, labels):
+        """In validation, set the labels of padded samples of batch ``step`` to PAD_LABEL."""
+        if self.cfg.split != "val" or not self.shard.pad:
+            return labels
+        first_pad = len(self.shard.indices) - self.shard.pad
+        lo = step * self.batch_size
+        if lo + self.batch_size > first_pad:
+            labels[max(0, first_pad - lo):] = PAD_LABEL
+        return labels
+
+    def close(self) -> None:
+        """Release threads and workers."""
