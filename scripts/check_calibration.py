@@ -48,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algo", action="append", help="algorithm(s) to check (default: every one in both files)")
     ap.add_argument("--min-bytes", default="1M", help="smallest size compared (default 1M = 1 MiB)")
     ap.add_argument("--cores", type=int, default=None, help="cores for the oversubscription term (default: this machine's)")
+    ap.add_argument("--fit-background", type=float, default=0.0,
+                    help="runnable threads of other jobs during the fit file's bench (scripts/measure_background.py; "
+                         "default 0)")
+    ap.add_argument("--check-background", type=float, default=None,
+                    help="the same during the check file's bench (default: --fit-background)")
     ap.add_argument("--tolerance", type=float, default=0.30, help="allowed |predicted/measured - 1| (default 0.30)")
     args = ap.parse_args(argv)
     try:
@@ -63,12 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     total = inside = 0
     for algo in algos:
         try:
-            cal = cm.calibrate(fit_rows, algo=algo, cores=args.cores)
+            cal = cm.calibrate(fit_rows, algo=algo, cores=args.cores, background=args.fit_background)
         except UserError as e:
             print(f"check_calibration: error: {e}", file=sys.stderr)
             return 2
         print(f"# {algo}: fit on {cal.grid} ({args.fit_file}, {len(cal.rows_used)} rows, {cal.rows_skipped} left out): "
               f"alpha {cal.alpha_us:.1f} us, 1/beta {cal.beta_gbytes_per_s:.4f} GB/s, {cal.cores} cores, "
+              f"background {cal.background:g} (check file: "
+              f"{cal.background if args.check_background is None else args.check_background:g}), "
               f"fit rms {cal.rms_relative_error * 100:.1f}%")
         rows = [r for r in check_rows if r["algo"] == algo and r["size_bytes"] >= min_bytes and int(r.get("wrong", 0)) == 0]
         print(f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'runs':>5} {'measured GB/s':>14} {'predicted GB/s':>15} "
@@ -76,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in sorted(rows, key=lambda r: (r["grid"], r["size_bytes"])):
             g = parse_grid(r["grid"])
             measured = r["size_bytes"] / (r["time_us"] * 1e-6) * 2 * (g.size - 1) / g.size / 1e9
-            predicted = cal.predict_busbw(g, r["size_bytes"])
+            predicted = cal.predict_busbw(g, r["size_bytes"], background=args.check_background)
             ratio = predicted / measured
             ok = abs(ratio - 1) <= args.tolerance
             total += 1

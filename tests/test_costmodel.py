@@ -198,3 +198,18 @@ def test_placement_by_columns_moves_the_row_rings_onto_the_network():
     assert rows.seconds < cols.seconds
     with pytest.raises(UserError, match="placement"):
         allreduce_cost("torus", g, ABCI, n, "diagonal")
+
+
+def test_calibration_background_load_term():
+    # Rows generated with 3 other runnable threads on 2 cores: o(4) = 3.5; the fit must undo it when told.
+    alpha, beta_gbs = 50.0, 2.0
+    steps, coeff = local_coefficients("flat", Grid(2, 2))
+    rows = [{"algo": "flat", "grid": "2x2", "size_bytes": s, "wrong": 0,
+             "time_us": 3.5 * (steps * alpha + coeff * s / (beta_gbs * 1e3))} for s in (1 << 16, 1 << 20, 1 << 24)]
+    cal = calibrate(rows, cores=2, background=3)
+    assert (cal.alpha_us, cal.beta_gbytes_per_s) == (pytest.approx(alpha), pytest.approx(beta_gbs))
+    quiet = cal.predict_seconds(Grid(2, 4), 1 << 24, background=0)
+    busy = cal.predict_seconds(Grid(2, 4), 1 << 24)          # background as during the fit
+    assert busy / quiet == pytest.approx((8 + 3) / 8)
+    with pytest.raises(UserError, match="background"):
+        calibrate(rows, cores=2, background=-1)

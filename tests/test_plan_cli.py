@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -11,6 +12,9 @@ from click.testing import CliRunner
 from torus_train import costmodel as cm
 from torus_train.commands.plan import plan
 from torus_train.topology import Grid
+
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
 def run_cli(*args, timeout=120):
@@ -141,3 +145,50 @@ def test_help_does_not_import_torch():
                         "import torus_train.commands.plan; print('torch' in sys.modules)"],
                        capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
+
+
+def _model_rows(grid: str, alpha_us: float, gbs: float, cores: int, background: float) -> list[dict]:
+    g = Grid(*map(int, grid.split("x")))
+    rows = []
+    for algo in ("flat", "torus"):
+        steps, coeff = cm.local_coefficients(algo, g)
+        o = cm.oversubscription(g.size, cores, background)
+        for s in (1 << 16, 1 << 20, 1 << 22, 1 << 24):
+            t = o * (steps * alpha_us + coeff * s / (gbs * 1e3))
+            rows.append({"algo": algo, "backend": "gloo", "grid": grid, "size_bytes": s, "count": s // 4,
+                         "dtype": "float32", "time_us": t, "algbw_gbps": s / t / 1e3,
+                         "busbw_gbps": s / t / 1e3 * 2 * (g.size - 1) / g.size, "wrong": 0})
+    return rows
+
+
+@pytest.mark.timeout(120)
+def test_check_calibration_script_on_bench_files(tmp_path):
+    # Two bench files whose times follow the model with different background loads: the script must say
+    # 6 of 6 within 30% when told the loads, and name what falls outside when it is not.
+    f22, f24 = tmp_path / "b22.json", tmp_path / "b24.json"
+    f22.write_text(json.dumps(_model_rows("2x2", 120.0, 1.1, 2, 3.0)))
+    f24.write_text(json.dumps(_model_rows("2x4", 120.0, 1.1, 2, 15.0)))
+    script = [sys.executable, str(SCRIPTS / "check_calibration.py"), str(f22), str(f24), "--cores", "2"]
+    ok = subprocess.run(script + ["--fit-background", "3", "--check-background", "15"], capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0 and "6 of 6 predictions within 30%" in ok.stdout, ok.stdout + ok.stderr
+    assert "pred/meas" in ok.stdout and " 1.00" in ok.stdout
+    off = subprocess.run(script, capture_output=True, text=True, timeout=60)   # loads ignored: 2x4 over-predicted
+    assert off.returncode == 1 and "outside" in off.stdout
+    merged = subprocess.run(script[:2] + [f"{f22},{f22}", f"{f24},{f24}", "--cores", "2", "--fit-background", "3",
+                                          "--check-background", "15"], capture_output=True, text=True, timeout=60)
+    assert merged.returncode == 0 and "     2 " in merged.stdout
+
+
+@pytest.mark.timeout(60)
+def test_measure_background_runs_the_command_and_reports(tmp_path):
+    out = tmp_path / "bg.json"
+    r = subprocess.run([sys.executable, str(SCRIPTS / "measure_background.py"), "--json", str(out), "--",
+                        sys.executable, "-c", "import time; time.sleep(1.0)"], capture_output=True, text=True,
+                       timeout=50)
+    assert r.returncode == 0 and r.stdout.startswith("background: "), r.stdout + r.stderr
+    d = json.loads(out.read_text())
+    assert d["samples"] >= 3 and d["background"] >= 0 and d["rc"] == 0
+    bad = subprocess.run([sys.executable, str(SCRIPTS / "measure_background.py"), "--", sys.executable, "-c",
+                          "raise SystemExit(3)"], capture_output=True, text=True, timeout=50)
+    assert bad.returncode == 3

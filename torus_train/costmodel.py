@@ -694,6 +694,8 @@ class Calibration:
     """Fitted bandwidth (1/beta), GB/s (at one rank per core)."""
     cores: int
     """CPU cores of the machine; ranks beyond one per core slow both terms by ranks/cores (stated model)."""
+    background: float
+    """Other runnable processes sharing the cores while the bench ran (0 = the ranks had the machine)."""
     rows_used: list
     """(size_bytes, time_us) of the rows used."""
     rows_skipped: int
@@ -701,19 +703,24 @@ class Calibration:
     rms_relative_error: float
     """Root-mean-square of (fit - measured) / measured over the rows used."""
 
-    def oversubscription(self, ranks: int) -> float:
-        """max(1, ranks / cores): ranks time-share the cores, so per-step and per-byte work stretch alike."""
-        return max(1.0, ranks / self.cores)
+    def oversubscription(self, ranks: int, background: float | None = None) -> float:
+        """max(1, (ranks + background) / cores): ranks time-share the cores with each other and with other
+        runnable processes, so per-step and per-byte work stretch alike. background defaults to the fit's."""
+        return oversubscription(ranks, self.cores, self.background if background is None else background)
 
-    def predict_seconds(self, grid: Grid, nbytes: int, algo: str | None = None) -> float:
+    def predict_seconds(self, grid: Grid, nbytes: int, algo: str | None = None,
+                        background: float | None = None) -> float:
+        """Predicted time of one all-reduce of nbytes on `grid` on this host (with `background` other runnable
+        processes; default: as during the fit)."""
         steps, coeff = local_coefficients(algo or self.algo, grid)
-        o = self.oversubscription(grid.size)
+        o = self.oversubscription(grid.size, background)
         return o * (steps * self.alpha_us * 1e-6 + coeff * nbytes / (self.beta_gbytes_per_s * 1e9))
 
-    def predict_busbw(self, grid: Grid, nbytes: int, algo: str | None = None) -> float:
+    def predict_busbw(self, grid: Grid, nbytes: int, algo: str | None = None,
+                      background: float | None = None) -> float:
         """Predicted nccl-tests busbw in GB/s."""
         n = grid.size
-        t = self.predict_seconds(grid, nbytes, algo)
+        t = self.predict_seconds(grid, nbytes, algo, background)
         return nbytes / t * 2 * (n - 1) / n / 1e9
 
 
@@ -743,10 +750,15 @@ def read_bench(path: str) -> list[dict]:
     return data
 
 
+def oversubscription(ranks: int, cores: int, background: float = 0.0) -> float:
+    """Stated model of a CPU host: max(1, (ranks + background) / cores)."""
+    return max(1.0, (ranks + background) / cores)
+
+
 def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = None,
-              cores: int | None = None) -> Calibration:
+              cores: int | None = None, background: float = 0.0) -> Calibration:
     """Fit alpha and beta by least squares on time: time = o(p) * (steps*alpha + coeff*n*beta), o(p) =
-    max(1, ranks / cores).
+    max(1, (ranks + background) / cores); background = other runnable processes on the host (default 0).
 
     Uses the rows of one algorithm and one grid (the first present unless named) with wrong == 0. Plain least
     squares on seconds lets the large sizes (where bandwidth decides) dominate; a negative alpha is clipped to
@@ -767,7 +779,9 @@ def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = 
     g = parse_grid(grid)
     g = Grid(g.x, g.y, g.size)
     steps, coeff = local_coefficients(algo, g)
-    o = max(1.0, g.size / cores)
+    if background < 0:
+        raise UserError(f"--background: {background} must be >= 0")
+    o = oversubscription(g.size, cores, background)
     t = np.array([r["time_us"] * 1e-6 for r in used])
     n = np.array([float(r["size_bytes"]) for r in used])
     a = np.stack([np.full_like(n, o * steps), o * coeff * n], axis=1)
@@ -781,5 +795,5 @@ def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = 
                         f"cannot fit a bandwidth: rerun the bench with more iterations (-n) on a quieter machine")
     fit = o * (steps * alpha + coeff * n * beta)
     rms = float(np.sqrt(np.mean(((fit - t) / t) ** 2)))
-    return Calibration(algo, grid, ",".join(backends), alpha * 1e6, 1.0 / beta / 1e9, cores,
+    return Calibration(algo, grid, ",".join(backends), alpha * 1e6, 1.0 / beta / 1e9, cores, background,
                        [(int(r["size_bytes"]), float(r["time_us"])) for r in used], len(rows) - len(used), rms)

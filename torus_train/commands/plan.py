@@ -44,12 +44,15 @@ def _mb(nbytes: float) -> str:
 @click.option("--calibrate-algo", default=None, help="Which algorithm's rows to fit [default: torus if present].")
 @click.option("--cores", type=click.IntRange(min=1), default=None,
               help="CPU cores for the oversubscription term of --calibrate [default: this machine's].")
+@click.option("--background", type=float, default=0.0, show_default=True,
+              help="--calibrate: other runnable processes that shared the cores during the bench (e.g. its load "
+                   "average without the bench).")
 @click.option("--check-groups", is_flag=True,
               help="Build every row and column process group of the grid on torch's one-process fake backend.")
 @click.option("--simulate", is_flag=True,
               help="Run the torus's exact data movement on N virtual ranks with ragged integer tensors.")
 def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_second, overlap, placement, json_path,
-         plot_path, bench_path, calibrate_algo, cores, check_groups, simulate) -> None:
+         plot_path, bench_path, calibrate_algo, cores, background, check_groups, simulate) -> None:
     """Predict all-reduce time, step time and scaling efficiency per algorithm; choose a grid for N GPUs.
 
     \b
@@ -62,7 +65,7 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     from torus_train.topology import parse_grid
 
     if bench_path is not None:
-        _calibrate(bench_path, grid_text, calibrate_algo, cores, json_path)
+        _calibrate(bench_path, grid_text, calibrate_algo, cores, background, json_path)
         return
     if gpus is None:
         if grid_text is None:
@@ -219,17 +222,18 @@ def _check_groups(grid) -> dict:
     return {"grid": str(grid), "groups": built, "as_ranks": len(as_ranks), "seconds": seconds, "ok": ok}
 
 
-def _calibrate(bench_path: str, grid_text, algo, cores, json_path) -> None:
+def _calibrate(bench_path: str, grid_text, algo, cores, background, json_path) -> None:
     from torus_train import costmodel as cm
     from torus_train.topology import parse_grid
 
     rows = cm.read_bench(bench_path)
-    cal = cm.calibrate(rows, algo=algo, cores=cores)
+    cal = cm.calibrate(rows, algo=algo, cores=cores, background=background)
     sizes = [s for s, _ in cal.rows_used]
     click.echo(f"# calibration from {bench_path}: {cal.algo} on {cal.grid} ({cal.backend}), "
                f"{len(cal.rows_used)} rows used ({min(sizes)}..{max(sizes)} bytes, wrong == 0), "
                f"{cal.rows_skipped} rows left out (other algo/grid or wrong != 0)")
-    click.echo(f"# fit: time = max(1, ranks/{cal.cores} cores) * (steps * alpha + bytes_coefficient * n * beta); "
+    click.echo(f"# fit: time = max(1, (ranks + {cal.background:g} background) / {cal.cores} cores) * "
+               f"(steps * alpha + bytes_coefficient * n * beta); "
                f"alpha = {cal.alpha_us:.2f} us, 1/beta = {cal.beta_gbytes_per_s:.4f} GB/s, "
                f"rms relative error {cal.rms_relative_error * 100:.1f}%")
     targets = [parse_grid(cal.grid)]
