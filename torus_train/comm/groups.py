@@ -165,7 +165,7 @@ def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 
             g.shm_row.connect()
             dist.barrier(group=g.row_group)  # everyone has opened its peers' FIFOs: the names can go
             g.shm_row.unlink()
-            g.notes.append(f"row {row}: shared memory, {cap >> 10} KiB pieces")
+            g.notes.append(f"row {row} lies inside one host: shared memory, {cap >> 10} KiB pieces; columns on {backend}")
         else:
             g.notes.append(f"row {row} spans hosts: rows use {backend}")
     return g

@@ -90,7 +90,7 @@ class MpiGrid:
                 self.shm_row.connect()
                 self.row_comm.Barrier()
                 self.shm_row.unlink()
-                self.notes.append(f"row {self.row}: shared memory, {cap >> 10} KiB pieces")
+                self.notes.append(f"row {self.row} lies inside one node: shared memory, {cap >> 10} KiB pieces; columns on MPI")
             else:
                 self.notes.append(f"row {self.row} spans nodes: rows use MPI collectives")
 

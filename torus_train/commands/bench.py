@@ -57,10 +57,11 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
     if world < 1:
         raise UserError(f"--nprocs {nprocs} must be at least 1")
     if grid_text:
-        grid = parse_grid(grid_text)
+        grid, why = parse_grid(grid_text), "given by --grid"
         check_grid_size(grid, world, "the rank count" if launched else "--nprocs")
     else:
-        grid, _ = choose_grid(world)
+        grid, why = choose_grid(world)
+        why = "chosen: " + why
     if backend is None:
         backend = _default_backend()
     if backend == "nccl" and not launched and not _has_cuda():
@@ -69,7 +70,7 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
     if not launched:
         _spawn_local(world, backend)
         return
-    _run_rank(cfg, grid, backend, timeout, json_path, plot_path)
+    _run_rank(cfg, grid, why, backend, timeout, json_path, plot_path)
 
 
 def _has_cuda() -> bool:
@@ -113,7 +114,7 @@ def _mpirun_prefix(world: int) -> list[str]:
     return cmd + ["-x", _CHILD]
 
 
-def _run_rank(cfg, grid, backend, timeout, json_path, plot_path) -> None:
+def _run_rank(cfg, grid, why, backend, timeout, json_path, plot_path) -> None:
     import torch
 
     from torus_train import bench as B
@@ -127,7 +128,7 @@ def _run_rank(cfg, grid, backend, timeout, json_path, plot_path) -> None:
         comm, finish = _torch_grid(grid, backend, timeout)
     is_root = comm.rank == 0
     if is_root:
-        click.echo(B.header(backend, str(grid), grid.size, comm.notes + [
+        click.echo(B.header(backend, str(grid), grid.size, [f"grid {why}"] + comm.notes + [
             f"sizes {cfg.min_bytes} to {cfg.max_bytes} B x{cfg.factor}, {cfg.iters} iterations after "
             f"{cfg.warmup} warm-up, type {cfg.dtype}, algorithms {', '.join(cfg.algos)} (interleaved)",
             "time = mean per iteration on the slowest rank; busbw = algbw * 2(n-1)/n"]))
