@@ -97,3 +97,13 @@ def test_round_trip_through_job_json(tmp_path):
     import tomllib
 
     assert spec_from_table(tomllib.loads(s.to_toml())) == s  # what --dry-run prints is a loadable spec
+
+
+def test_example_specs_load():
+    from pathlib import Path
+
+    specs = sorted((Path(__file__).resolve().parents[1] / "scripts" / "specs").glob("*.toml"))
+    assert len(specs) >= 3
+    for path in specs:
+        s = load_spec(path)
+        assert s.stages_for_epochs()[-1].until_epoch == s.schedule.epochs, path

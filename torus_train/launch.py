@@ -225,12 +225,23 @@ def build_plan(spec: JobSpec, grid: Grid, launcher: str, why: str, hosts: list[H
 
 
 def plan_launch(spec: JobSpec, environ: Mapping[str, str], *, job_file: str, python: str, as_root: bool,
-                master_port: int, cpu_count: int, local_gpus: int) -> LaunchPlan:
-    """Choose the launcher, read the hosts, fix the grid, check capacity and build the plan."""
+                master_port: int, cpu_count: int, local_gpus: int, strict: bool = True) -> LaunchPlan:
+    """Choose the launcher, read the hosts, fix the grid, check capacity and build the plan.
+
+    strict=False (--dry-run) builds a local plan that cannot start here anyway and says why in its notes."""
     launcher, why = choose_launcher(spec.launch.launcher, environ, spec.launch.hostfile)
     hosts, hostfile = resolve_hosts(launcher, spec, environ)
     grid = resolve_grid(spec, launcher, hosts, local_gpus)
-    check_capacity(launcher, grid, hosts, hostfile, local_gpus, cpu_count)
-    return build_plan(spec, grid, launcher, why, hosts, hostfile=hostfile, job_file=job_file, python=python,
+    try:
+        check_capacity(launcher, grid, hosts, hostfile, local_gpus, cpu_count)
+        problem = ""
+    except LaunchError as e:
+        if strict:
+            raise
+        problem = f"cannot start here: {e}"
+    plan = build_plan(spec, grid, launcher, why, hosts, hostfile=hostfile, job_file=job_file, python=python,
                       environ=environ, as_root=as_root, master_port=master_port, cpu_count=cpu_count,
                       local_gpus=local_gpus)
+    if problem:
+        plan.notes.append(problem.replace(", or add --dry-run to only print the plan", ""))
+    return plan

@@ -70,7 +70,7 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
 
     plan = plan_launch(spec, environ, job_file=str(job_file), python=sys.executable,
                        as_root=hasattr(os, "geteuid") and os.geteuid() == 0, master_port=free_port(),
-                       cpu_count=os.cpu_count() or 1, local_gpus=local_gpu_count())
+                       cpu_count=os.cpu_count() or 1, local_gpus=local_gpu_count(), strict=not dry_run)
     schedule = batch_schedule(spec, plan.world_size)
     if dry_run:
         click.echo(dry_run_text(spec, plan, schedule))
