@@ -115,7 +115,7 @@ def init_distributed(grid: Grid, timeout_s: float, environ: Mapping[str, str] | 
                             **({"device_id": device} if backend == "nccl" else {}))
     from torus_train.comm.groups import build_grid_groups
 
-    groups = build_grid_groups(grid)
+    groups = build_grid_groups(grid, timeout=timeout_s)
     return Bootstrap(info, grid, device, backend, groups)
 
 

@@ -61,6 +61,7 @@ def stop_all(procs: list[subprocess.Popen], grace: float = GRACE_S) -> None:
     for p in procs:
         if p.poll() is None:
             _signal_group(p, signal.SIGTERM)
+            _signal_group(p, signal.SIGCONT)  # a stopped (hung) rank must run to see the SIGTERM
     end = time.time() + grace
     while time.time() < end and any(p.poll() is None for p in procs):
         time.sleep(POLL_S)
@@ -140,6 +141,22 @@ def root_cause(failed: dict[int, int], out: Path) -> int:
     return min(failed, key=score)
 
 
+def peer_lost(rank: int, out: Path) -> bool:
+    """True when a rank's log ends with a lost-peer or timeout error (a symptom, not a cause)."""
+    text = " ".join(tail(_log(out, rank), 30)).lower()
+    return any(k in text for k in PEER_LOST)
+
+
+def process_state(pid: int) -> str:
+    """'stopped', 'running', 'sleeping', ... from /proc (Linux), else 'still alive'."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "still alive"
+    return {"T": "stopped", "t": "stopped", "R": "running", "S": "sleeping", "D": "in uninterruptible wait",
+            "Z": "exited"}.get(state, f"state {state}")
+
+
 def _describe(rank: int, code: int, out: Path) -> str:
     if code == 0:
         return f"rank {rank} exited with code 0 before finishing"
@@ -156,6 +173,15 @@ def _watch(procs: list[subprocess.Popen], out: Path, sig: _Signals) -> tuple[int
             time.sleep(1.0)  # let the ranks that die of the same cause show up, then pick the root cause
             failed = _failed(procs, out)
             rank = root_cause(failed, out)
+            alive = [r for r, p in enumerate(procs) if p.poll() is None]
+            if alive and all(peer_lost(r, out) for r in failed):
+                # Everyone that failed was waiting for a peer; the peer that neither failed nor progressed is
+                # the one that hung (e.g. stopped, or stuck outside any collective).
+                hung = alive[0]
+                state = process_state(procs[hung].pid)
+                return hung, (f"rank {hung} stopped responding (process {state}); rank(s) "
+                              f"{', '.join(map(str, sorted(failed)))} timed out or lost the connection waiting for "
+                              f"it (log: {_log(out, hung)}); stopped the other ranks")
             others = sorted(set(failed) - {rank})
             also = f"; then rank(s) {', '.join(map(str, others))} failed too" if others else ""
             return rank, (f"{_describe(rank, failed[rank], out)} (log: {_log(out, rank)}){also}; "

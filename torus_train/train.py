@@ -496,12 +496,14 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
 
 
 def _maybe_inject_fault(rank: int, step: int) -> None:
-    """TORUS_TRAIN_FAULT=step:R:N kills rank R with SIGKILL after step N (the launcher's failure tests)."""
+    """TORUS_TRAIN_FAULT=step:R:N kills rank R with SIGKILL after step N; stop:R:N freezes it with SIGSTOP
+    (the launcher's failure tests)."""
     fault = os.environ.get("TORUS_TRAIN_FAULT", "")
-    if fault.startswith("step:") and fault.split(":")[1:] == [str(rank), str(step)]:
+    kind, _, where = fault.partition(":")
+    if kind in ("step", "stop") and where == f"{rank}:{step}":
         import signal
 
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL if kind == "step" else signal.SIGSTOP)
 
 
 def _total_steps(schedule, spec: JobSpec, num_samples: int) -> int:

@@ -77,3 +77,41 @@ def test_rank_killed_mid_run_is_named(tmp_path):
     assert "rank 2 was killed by SIGKILL" in r.stderr, r.stderr
     assert time.time() - t < 60
     assert not leftover_workers(out)
+
+
+def test_hung_rank_is_named_after_the_timeout(tmp_path):
+    """Rank 1 frozen with SIGSTOP mid-run, 5 s collective timeout: the others time out, rank 1 is named."""
+    out = tmp_path / "run"
+    t = time.time()
+    r = run_cli(*TINY, "--steps", "30", "--out", str(out), "--set", "comm.timeout_s=5",
+                env={"TORUS_TRAIN_FAULT": "stop:1:2"}, timeout=150)
+    took = time.time() - t
+    assert r.returncode == 1, r.stderr
+    assert "rank 1 stopped responding (process stopped)" in r.stderr, r.stderr
+    assert took < 90, took  # start-up + 2 steps + 5 s timeout + grace, on a shared 2-core machine
+    assert not leftover_workers(out)
+
+
+def test_sigterm_to_the_launcher_stops_every_rank(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "torus_train", "run", *TINY, "--steps", "500", "--out", str(out)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 2):
+            assert time.time() < deadline and p.poll() is None, "the run did not start training"
+            time.sleep(0.5)
+        t = time.time()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0 and "interrupted by SIGTERM" in err, err
+    assert time.time() - t < 30
+    assert not leftover_workers(out)
+    assert "received SIGTERM" in (out / "logs" / "rank00002.log").read_text()  # forwarded to the ranks
