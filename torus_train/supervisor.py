@@ -126,7 +126,7 @@ def run_local(plan: LaunchPlan, out: Path, say: Callable[[str], None]) -> None:
 
 # Log lines of a rank that failed only because a peer went away: not the root cause.
 PEER_LOST = ("connection closed", "connection reset", "connection refused", "broken pipe", "timed out",
-             "timeout", "peer")
+             "timeout", "peer", "exited during", "died", "lost")
 
 
 def root_cause(failed: dict[int, int], out: Path) -> int:
