@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The all-reduce comparison of README.md: flat vs torus vs hierarchical, float32 1 KiB .. 64 MiB, on gloo and on
+# MPI, 4 ranks on 2x2 and 8 ranks on 2x4, each one run with the algorithms interleaved at every size.
+# Usage: scripts/allreduce_sweeps.sh [OUTDIR] [extra bench flags...]   (default OUTDIR docs/bench)
+set -euo pipefail
+out=${1:-docs/bench}; shift || true
+mkdir -p "$out"
+for backend in gloo mpi; do
+  for grid in 2x2 2x4; do
+    n=$(( ${grid%x*} * ${grid#*x} ))
+    echo "=== $backend $grid ($n ranks) ==="
+    torus-train bench allreduce --backend "$backend" --grid "$grid" --nprocs "$n" -b 1K -e 64M -f 2 -n 20 -w 5 \
+      --algo flat,torus,hierarchical --json "$out/allreduce_${backend}_${grid}.json" "$@" 2>/dev/null \
+      | sed -n '/busbw ratio/,$p'
+  done
+done
