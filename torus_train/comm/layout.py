@@ -6,6 +6,8 @@ are then empty) and primes.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 
 def chunk_sizes(n: int, parts: int) -> list[int]:
     """Sizes of the `parts` chunks of an n-element tensor."""
@@ -17,10 +19,11 @@ def chunk_sizes(n: int, parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
-def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+@lru_cache(maxsize=256)  # called per piece of every all-reduce: the same few (n, parts) recur
+def chunk_bounds(n: int, parts: int) -> tuple[tuple[int, int], ...]:
     """(start, stop) of each chunk, in order."""
     out, start = [], 0
     for size in chunk_sizes(n, parts):
         out.append((start, start + size))
         start += size
-    return out
+    return tuple(out)

@@ -76,7 +76,6 @@ class ShmRow:
         self._hdr = np.frombuffer(self._mm, dtype=np.int64, count=header // 8).reshape(self.size, _LINE // 8)
         self._hdr[index, 1] = os.getpid()
         self._epoch = 0
-        self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8, offset=header, count=total - header)
         # my wake-up FIFO; peers open it in connect()
         self._wake_path = f"{self.path}.w{index}"
         if os.path.exists(self._wake_path):
@@ -122,7 +121,6 @@ class ShmRow:
             except OSError:
                 pass
         self._peer_fds = []
-        self._bytes = None
         self._typed = {}
         self._hdr = None
         try:
@@ -190,21 +188,27 @@ class ShmRow:
                             f"waiting for {names}")
 
     # --- buffers ------------------------------------------------------------------------------
-    def _slots(self, dtype: torch.dtype) -> torch.Tensor:
-        """[X, piece] slots of the next slot set, typed as `dtype` (views built once per dtype and set)."""
+    def _slots(self, dtype: torch.dtype) -> np.ndarray:
+        """[X, piece] slots of the next slot set as a numpy array of `dtype`'s storage type.
+
+        numpy slicing costs a fraction of torch's, which matters for small messages; the views are built once
+        per dtype and set.
+        """
         parity = self._pieces & 1
         self._pieces += 1
         key = (dtype, parity)
         view = self._typed.get(key)
         if view is None:
-            per = self.capacity // _itemsize(dtype)
+            npt = _STORAGE[dtype]
+            per = self.capacity // npt().itemsize
             span = self.size * self.capacity
-            view = self._bytes[parity * span:(parity + 1) * span].view(dtype).view(self.size, per)
+            view = np.frombuffer(self._mm, dtype=npt, count=self.size * per,
+                                 offset=self._data_offset + parity * span).reshape(self.size, per)
             self._typed[key] = view
         return view
 
     def piece_elems(self, dtype: torch.dtype) -> int:
-        return self.capacity // _itemsize(dtype)
+        return self.capacity // _STORAGE[dtype]().itemsize
 
     # --- collectives, one piece at a time (count <= piece_elems) -----------------------------------
     def reduce_scatter(self, piece: torch.Tensor) -> tuple[int, int]:
@@ -212,70 +216,84 @@ class ShmRow:
 
         The slot set stays reserved for the all_gather() of the same piece, which must follow.
         """
-        n = piece.numel()
-        slots = self._slots(piece.dtype)
-        self._current = slots
-        bounds = chunk_bounds(n, self.size)
+        p = _np(piece)
+        slots = self._current = self._slots(piece.dtype)
+        bounds = chunk_bounds(p.shape[0], self.size)
         me = self.index
         mine = slots[me]
         for i, (a, b) in enumerate(bounds):  # the chunks the others reduce
             if i != me and b > a:
-                mine[a:b].copy_(piece[a:b])
+                mine[a:b] = p[a:b]
         self.barrier("reduce-scatter")
         a, b = bounds[me]
         if b > a:
-            _accumulate(piece[a:b], [slots[i, a:b] for i in range(self.size) if i != me])
+            _accumulate(p[a:b], [slots[i, a:b] for i in range(self.size) if i != me], piece.dtype)
         return a, b
 
     def all_gather(self, piece: torch.Tensor, own: tuple[int, int]) -> None:
         """Every member holds its chunk `own` of the piece; afterwards all hold the whole piece."""
+        p = _np(piece)
         slots = self._current
-        n = piece.numel()
         a, b = own
         me = self.index
         if b > a:  # my chunk's place in my slot: nobody read it during the reduce-scatter
-            slots[me, a:b].copy_(piece[a:b])
+            slots[me, a:b] = p[a:b]
         self.barrier("all-gather")
-        for i, (c, d) in enumerate(chunk_bounds(n, self.size)):
+        for i, (c, d) in enumerate(chunk_bounds(p.shape[0], self.size)):
             if i != me and d > c:
-                piece[c:d].copy_(slots[i, c:d])
+                p[c:d] = slots[i, c:d]
 
     def reduce_to_first(self, piece: torch.Tensor) -> None:
         """Sum the row's pieces into the first member's piece (the row leader).
 
         The slot set stays reserved for the broadcast_from_first() of the same piece, which must follow.
         """
-        n = piece.numel()
-        slots = self._slots(piece.dtype)
-        self._current = slots
+        p = _np(piece)
+        n = p.shape[0]
+        slots = self._current = self._slots(piece.dtype)
         if self.index != 0:
-            slots[self.index, :n].copy_(piece)
+            slots[self.index, :n] = p
         self.barrier("reduce")
         if self.index == 0:
-            _accumulate(piece, [slots[i, :n] for i in range(1, self.size)])
+            _accumulate(p, [slots[i, :n] for i in range(1, self.size)], piece.dtype)
 
     def broadcast_from_first(self, piece: torch.Tensor) -> None:
         """Copy the first member's piece to every member (through the leader's slot, unread so far)."""
+        p = _np(piece)
+        n = p.shape[0]
         slots = self._current
-        n = piece.numel()
         if self.index == 0:
-            slots[0, :n].copy_(piece)
+            slots[0, :n] = p
         self.barrier("broadcast")
         if self.index != 0:
-            piece.copy_(slots[0, :n])
+            p[:] = slots[0, :n]
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+# numpy storage of each supported dtype (bfloat16 has none in numpy: its 16-bit words are moved as uint16)
+_STORAGE = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16,
+            torch.float64: np.float64}
 
 
-def _accumulate(out: torch.Tensor, others: list[torch.Tensor]) -> None:
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous 1-D CPU tensor (bfloat16 as its uint16 words)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def _accumulate(out: np.ndarray, others: list[np.ndarray], dtype: torch.dtype) -> None:
     """out += sum(others); half types accumulate in float32 and round once."""
-    if out.dtype in (torch.float16, torch.bfloat16):
-        acc = out.float()
+    if dtype == torch.bfloat16:
+        as_bf16 = lambda a: torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)  # noqa: E731
+        acc = as_bf16(out).float()
+        for t in others:
+            acc += as_bf16(t)
+        as_bf16(out).copy_(acc)
+    elif dtype == torch.float16:
+        acc = out.astype(np.float32)
         for t in others:
             acc += t
-        out.copy_(acc)
+        out[:] = acc
     else:
         for t in others:
-            out += t
+            np.add(out, t, out=out)
