@@ -302,7 +302,7 @@ class Progress:
         self.total = total_steps
         self.tty = sys.stdout.isatty()
 
-    def update(self, rs: RunState, epoch_total: int, rec: dict, steps_left: int, rate_steps: float) -> None:
+    def update(self, rs: RunState, rec: dict, steps_left: int, rate_steps: float) -> None:
         eta = steps_left / rate_steps if rate_steps > 0 else 0.0
         line = (f"epoch {rec['epoch'] + 1}/{rs.spec.schedule.epochs} step {rec['step']}/{self.total} | "
                 f"{rec['images_per_second']:,.0f} img/s | loss {rec['loss']:.4f} | lr {rec['lr']:.4g} | "
@@ -465,6 +465,9 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
         if epoch_done and ce and (epoch + 1) % ce == 0 and not (done or epoch + 1 == spec.schedule.epochs):
             save(ddp, optimizer, scaler, rs, f"end of epoch {epoch}")
     wall = rs.wall()
+    for ld in (loader, val_loader):  # data-loader workers and DALI pipelines go now, not at interpreter exit
+        if ld is not None and hasattr(ld, "close"):
+            ld.close()
     if spec.checkpoint.at_end:
         save(ddp, optimizer, scaler, rs, "end of training")
     if getattr(ddp, "torus_hook_state", None) is not None:
@@ -529,7 +532,7 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float, pro
     if rs.rank0:
         write_jsonl(metrics, rec)
         left = progress.total - rs.pos.global_step
-        progress.update(rs, 0, rec, left, n / seconds)
+        progress.update(rs, rec, left, n / seconds)
 
 
 def record_eval(rs: RunState, result: dict, epoch: int, progress, metrics: Path) -> None:
