@@ -115,3 +115,18 @@ def test_sigterm_to_the_launcher_stops_every_rank(tmp_path):
     assert time.time() - t < 30
     assert not leftover_workers(out)
     assert "received SIGTERM" in (out / "logs" / "rank00002.log").read_text()  # forwarded to the ranks
+
+
+def test_resume_on_another_grid_keeps_the_global_batch(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli(*TINY, "--steps", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    smaller = [a if a not in ("4", "2x2") else {"4": "2", "2x2": "2x1"}[a] for a in TINY]
+    r = run_cli(*smaller, "--steps", "4", "--out", str(out), "--resume")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert (s["world_size"], s["grid"], s["steps"], s["param_digests_agree"]) == (2, "2x1", 4, True)
+    steps = [m for m in metrics(out) if "loss" in m]
+    assert [(m["step"], m["global_batch"], m["per_rank_batch"]) for m in steps] == \
+        [(2, 64, 16), (4, 64, 32)]  # log_every=2
+    assert "RNG states start fresh" in (out / "logs" / "rank00000.log").read_text()
