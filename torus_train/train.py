@@ -209,6 +209,8 @@ def train_step(ddp: nn.Module, optimizer, loss_fn, images, labels, accumulation:
         with ctx:
             with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 loss = loss_fn(ddp(x), y) / accumulation
+            if _fault_here("nan", rs.boot.info.rank, rs.pos.global_step + 1):
+                loss = loss * float("nan")  # a non-finite gradient on this rank only
             (scaler.scale(loss) if scaler else loss).backward()
         total += loss.detach().float().item()
     if scaler is not None:
@@ -496,6 +498,12 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
         raise RunFailed(f"replicas differ after {rs.pos.global_step} steps: ranks {bad} disagree with rank 0's "
                         f"parameter digest")
     return summary
+
+
+def _fault_here(kind: str, rank: int, step: int) -> bool:
+    """TORUS_TRAIN_FAULT=KIND:RANK:STEP (tests only): is this the rank and step to fail?"""
+    fault = os.environ.get("TORUS_TRAIN_FAULT", "")
+    return bool(fault) and fault == f"{kind}:{rank}:{step}"
 
 
 def _maybe_inject_fault(rank: int, step: int) -> None:

@@ -130,3 +130,15 @@ def test_resume_on_another_grid_keeps_the_global_batch(tmp_path):
     assert [(m["step"], m["global_batch"], m["per_rank_batch"]) for m in steps] == \
         [(2, 64, 16), (4, 64, 32)]  # log_every=2
     assert "RNG states start fresh" in (out / "logs" / "rank00000.log").read_text()
+
+
+def test_nonfinite_gradient_on_one_rank_is_skipped_by_all(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli(*TINY, "--steps", "4", "--out", str(out), env={"TORUS_TRAIN_FAULT": "nan:3:2"})
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["skipped_steps"] == 1 and s["steps"] == 4 and s["param_digests_agree"]
+    assert all(torch.isfinite(v).all() for v in final_params(out).values() if v.is_floating_point())
+    for rank in range(4):
+        assert "step 1: non-finite gradients, step skipped on every rank" in \
+            (out / "logs" / f"rank{rank:05d}.log").read_text()

@@ -1,0 +1,39 @@
+"""`torus-train run` through click's CliRunner: help, usage errors, dry run (no ranks start here)."""
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from torus_train.cli import cli
+
+
+def test_help_lists_the_flags():
+    r = CliRunner().invoke(cli, ["run", "--help"])
+    assert r.exit_code == 0
+    for flag in ("--spec", "--gpus", "--grid", "--gpus-per-node", "--launcher", "--hostfile", "--container",
+                 "--data", "--model", "--image-size", "--steps", "--epochs", "--out", "--resume", "--dry-run",
+                 "--set", "--overwrite"):
+        assert flag in r.output, flag
+
+
+def test_usage_error_exits_2():
+    r = CliRunner().invoke(cli, ["run", "--launcher", "pbsdsh"])
+    assert r.exit_code == 2 and "pbsdsh" in r.output
+
+
+def test_dry_run_of_the_default_job(tmp_path):
+    r = CliRunner().invoke(cli, ["run", "--dry-run", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 0, r.output
+    assert "grid 2x2: 4 ranks" in r.output and "MASTER_PORT=" in r.output and "peak LR" in r.output
+    assert not (tmp_path / "x").exists()  # a dry run writes nothing
+
+
+def test_resume_and_overwrite_exclude_each_other(capsys):
+    """A UserError from the command becomes one line and exit 2 in main()."""
+    import pytest
+
+    from torus_train.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--resume", "--overwrite", "--dry-run"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "torus-train: error: --resume and --overwrite exclude each other\n"
