@@ -507,14 +507,16 @@ def _fault_here(kind: str, rank: int, step: int) -> bool:
 
 
 def _maybe_inject_fault(rank: int, step: int) -> None:
-    """TORUS_TRAIN_FAULT=step:R:N kills rank R with SIGKILL after step N; stop:R:N freezes it with SIGSTOP
-    (the launcher's failure tests)."""
+    """TORUS_TRAIN_FAULT=step:R:N kills rank R with SIGKILL after step N; stop:R:N freezes it with SIGSTOP;
+    exit0:R:N exits it with code 0 (the launcher's failure tests)."""
     fault = os.environ.get("TORUS_TRAIN_FAULT", "")
     kind, _, where = fault.partition(":")
     if kind in ("step", "stop") and where == f"{rank}:{step}":
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL if kind == "step" else signal.SIGSTOP)
+    if kind == "exit0" and where == f"{rank}:{step}":
+        os._exit(0)  # looks like success to a launcher that only checks exit codes
 
 
 def _total_steps(schedule, spec: JobSpec, num_samples: int) -> int:

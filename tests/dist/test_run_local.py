@@ -68,13 +68,17 @@ def test_rank_failing_at_start_is_named(tmp_path):
     assert not leftover_workers(out)
 
 
-def test_rank_killed_mid_run_is_named(tmp_path):
+@pytest.mark.parametrize("fault, message", [
+    ("step:2:2", "rank 2 was killed by SIGKILL"),
+    ("exit0:2:2", "rank 2 exited with code 0 before finishing"),
+])
+def test_rank_ending_mid_run_is_named(tmp_path, fault, message):
     out = tmp_path / "run"
     t = time.time()
     r = run_cli(*TINY, "--steps", "20", "--out", str(out), "--set", "comm.algo=ddp",
-                env={"TORUS_TRAIN_FAULT": "step:2:2"}, timeout=120)
+                env={"TORUS_TRAIN_FAULT": fault}, timeout=120)
     assert r.returncode == 1
-    assert "rank 2 was killed by SIGKILL" in r.stderr, r.stderr
+    assert message in r.stderr, r.stderr
     assert time.time() - t < 60
     assert not leftover_workers(out)
 
