@@ -60,7 +60,11 @@ def stop_all(procs: list[subprocess.Popen], grace: float = GRACE_S) -> None:
     """SIGTERM every live process group, SIGKILL what is left after `grace` seconds, reap everything."""
     for p in procs:
         if p.poll() is None:
-            _signal_group(p, signal.SIGTERM)
+            # The rank alone: its data-loader workers must live until it has stopped cleanly (and checkpointed).
+            try:
+                p.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
             _signal_group(p, signal.SIGCONT)  # a stopped (hung) rank must run to see the SIGTERM
     end = time.time() + grace
     while time.time() < end and any(p.poll() is None for p in procs):

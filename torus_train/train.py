@@ -38,6 +38,23 @@ log = logging.getLogger("torus_train.train")
 MAX_NONFINITE_IN_A_ROW = 5
 
 
+class StopRequested(RunFailed):
+    """SIGTERM/SIGINT reached the ranks; they stopped together at a logging interval (after a checkpoint)."""
+
+
+# Set by the worker's signal handler while the loop runs; the ranks agree on it at the next logging interval
+# (a flag in the loss all-reduce), so that they all stop after the same step and can checkpoint together.
+stop_signal: str | None = None
+in_loop = False
+
+
+def request_stop(name: str) -> bool:
+    """Called from a signal handler: True when the loop will stop by itself, False when the caller must."""
+    global stop_signal
+    stop_signal = name
+    return in_loop
+
+
 @dataclass
 class Position:
     """Where training stands; saved in checkpoints."""
@@ -63,6 +80,8 @@ class RunState:
     t0: float = 0.0
     """time.time() of the first data touch in this process."""
     nonfinite_in_a_row: int = 0
+    stop_agreed: bool = False
+    """Some rank got SIGTERM/SIGINT: every rank stops after this logging interval."""
     skipped_steps: int = 0
     last_eval: dict | None = None
 
@@ -403,6 +422,8 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
     steps_limit = spec.schedule.steps
     rs.t0 = time.time()
     done = steps_limit and rs.pos.global_step >= steps_limit
+    global in_loop
+    in_loop = True
     for epoch in range(rs.pos.epoch, spec.schedule.epochs):
         if done:
             break
@@ -448,6 +469,8 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
             if rs.pos.global_step % spec.job.log_every == 0 or last:
                 log_interval(rs, interval, epoch, stage, lr, progress, metrics, steps_limit)
                 interval = {"t": time.time(), "data": 0.0, "steps": 0, "loss": 0.0, "images": 0}
+                if rs.stop_agreed:
+                    stop_now(ddp, optimizer, scaler, rs, progress)
             if spec.checkpoint.every_steps and rs.pos.global_step % spec.checkpoint.every_steps == 0 and not last:
                 save(ddp, optimizer, scaler, rs, f"every {spec.checkpoint.every_steps} steps")
             if steps_limit and rs.pos.global_step >= steps_limit:
@@ -466,6 +489,9 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
         ce = spec.checkpoint.every_epochs
         if epoch_done and ce and (epoch + 1) % ce == 0 and not (done or epoch + 1 == spec.schedule.epochs):
             save(ddp, optimizer, scaler, rs, f"end of epoch {epoch}")
+    in_loop = False
+    if stop_signal:  # a signal after the last logging interval: nobody can agree on it any more
+        raise StopRequested(f"received {stop_signal} at the end of training")
     wall = rs.wall()
     for ld in (loader, val_loader):  # data-loader workers and DALI pipelines go now, not at interpreter exit
         if ld is not None and hasattr(ld, "close"):
@@ -500,6 +526,18 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
     return summary
 
 
+def stop_now(ddp, optimizer, scaler, rs: RunState, progress) -> None:
+    """Every rank got here after the same step: checkpoint (when checkpoints are on) and stop."""
+    c = rs.spec.checkpoint
+    why = f"stopped by {stop_signal or 'a signal on another rank'}"
+    if c.every_steps or c.every_epochs or c.at_end:
+        save(ddp, optimizer, scaler, rs, why)
+        why += f"; checkpoint at step {rs.pos.global_step}, continue with --resume"
+    if progress:
+        progress.say(why)
+    raise StopRequested(why)
+
+
 def _fault_here(kind: str, rank: int, step: int) -> bool:
     """TORUS_TRAIN_FAULT=KIND:RANK:STEP (tests only): is this the rank and step to fail?"""
     fault = os.environ.get("TORUS_TRAIN_FAULT", "")
@@ -529,10 +567,13 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float, pro
     """Average the interval's loss over the ranks; rank 0 writes a metrics line and updates the progress."""
     seconds = max(time.time() - interval["t"], 1e-9)
     n = max(interval["steps"], 1)
-    t = torch.tensor([interval["loss"] / n], dtype=torch.float64, device=rs.boot.device)
+    t = torch.tensor([interval["loss"] / n, 1.0 if stop_signal else 0.0], dtype=torch.float64,
+                     device=rs.boot.device)
     dist.all_reduce(t)
+    loss_sum, stops = t.tolist()
+    rs.stop_agreed = stops > 0
     rec = {"step": rs.pos.global_step, "epoch": epoch, "global_batch": stage.global_batch,
-           "per_rank_batch": stage.per_rank_batch, "lr": lr, "loss": t.item() / rs.boot.info.world_size,
+           "per_rank_batch": stage.per_rank_batch, "lr": lr, "loss": loss_sum / rs.boot.info.world_size,
            "images_per_second": interval["images"] / seconds, "data_time": interval["data"] / n,
            "step_time": seconds / n, "wall_seconds": round(rs.wall(), 3)}
     if not math.isfinite(rec["loss"]):

@@ -62,7 +62,11 @@ def redirect_output(out: Path, rank: int) -> int:
 
 
 def _on_signal(signum, frame):
-    raise Terminated(f"received {signal.Signals(signum).name}")
+    name = signal.Signals(signum).name
+    train = sys.modules.get("torus_train.train")
+    if train is not None and train.request_stop(name):
+        return  # the loop stops all ranks together at its next logging interval (and checkpoints)
+    raise Terminated(f"received {name}")
 
 
 def run_worker(spec: JobSpec, grid: Grid, resume: bool) -> dict:
@@ -101,7 +105,7 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, fault_hook=None) -> None:
     except UserError as e:
         code, message = 2, str(e)
     except RunFailed as e:
-        code, message = 1, str(e)
+        code, message = (143 if type(e).__name__ == "StopRequested" else 1), str(e)
     except Terminated as e:
         code, message = 143, str(e)
     except BaseException as e:  # noqa: BLE001  anything else: keep the traceback in the log
