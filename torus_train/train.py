@@ -590,10 +590,10 @@ def record_eval(rs: RunState, result: dict, epoch: int, progress, metrics: Path)
     rs.last_eval = result
     rs.pos.best_top1 = max(rs.pos.best_top1 or 0.0, result["top1"])
     target = rs.spec.eval.target_top1
+    wall = round(rs.wall(), 3)
     if target and rs.pos.target_epoch is None and result["top1"] >= target:
-        rs.pos.target_epoch, rs.pos.target_seconds = epoch + 1, round(rs.wall(), 3)
-    rec = {"event": "eval", "epoch": epoch, "step": rs.pos.global_step, **result,
-           "wall_seconds": round(rs.wall(), 3)}
+        rs.pos.target_epoch, rs.pos.target_seconds = epoch + 1, wall
+    rec = {"event": "eval", "epoch": epoch, "step": rs.pos.global_step, **result, "wall_seconds": wall}
     log.info("eval after epoch %d: top-1 %.4f top-5 %.4f", epoch, result["top1"], result["top5"])
     if rs.rank0:
         write_jsonl(metrics, rec)

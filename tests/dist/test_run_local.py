@@ -14,6 +14,7 @@ pytestmark = pytest.mark.timeout(300)
 def test_stages_eval_and_outputs(tmp_path):
     out = tmp_path / "run"
     r = run_cli(*TINY, "--epochs", "2", "--out", str(out), "--set", "comm.algo=ddp", "--set", "eval.every_epochs=1",
+                "--set", "eval.target_top1=0.01",
                 "--set", "data.synthetic_samples=128",
                 "--set", "schedule.stages=[{until_epoch=1,global_batch=32},{until_epoch=2,global_batch=64}]")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -21,6 +22,14 @@ def test_stages_eval_and_outputs(tmp_path):
     assert (s["world_size"], s["grid"], s["steps"], s["epochs_done"]) == (4, "2x2", 6, 2)  # 4 + 2 steps
     assert s["param_digests_agree"] is True and len(s["param_digest"]) == 64
     assert 0 <= s["val_top1"] <= 1 and s["images_per_second"] > 0 and s["wall_seconds"] > 0
+    evals = [m for m in metrics(out) if m.get("event") == "eval"]
+    reached = [m for m in evals if m["top1"] >= 0.01]
+    assert s["best_top1"] == max(m["top1"] for m in evals)
+    if reached:  # time-to-target: the first eval at or above the target, in epochs and seconds
+        assert s["time_to_target_epoch"] == reached[0]["epoch"] + 1
+        assert s["time_to_target_seconds"] == reached[0]["wall_seconds"]
+    else:
+        assert s["time_to_target_epoch"] is None
     lines = metrics(out)
     stages = [m for m in lines if m.get("event") == "stage"]
     assert [(m["epoch"], m["global_batch"], m["per_rank_batch"]) for m in stages] == [(0, 32, 8), (1, 64, 16)]
