@@ -24,7 +24,7 @@ from PIL import Image, ImageDraw, ImageFilter
 
 from torus_train.errors import UserError
 
-VERSION = 1
+VERSION = 4
 CLASSES = ("disk", "ring", "triangle", "square", "bar", "star", "cross", "crescent", "frame", "ell")
 _SPLIT_ID = {"train": 1, "val": 2}
 _SS = 4  # supersampling factor for anti-aliased shapes
@@ -116,17 +116,17 @@ def render(seed: int, split: str, index: int, size: int = 64) -> tuple[Image.Ima
     img = Image.fromarray(bg).resize((S, S), Image.BILINEAR)
     d = ImageDraw.Draw(img)
     # Clutter: thin lines and dots of random colours, none of them a class shape.
-    for _ in range(int(rng.integers(1, 5))):
+    for _ in range(int(rng.integers(0, 3))):
         col = _hsv_rgb(rng.random(), rng.uniform(0, 1), rng.uniform(0.1, 1))
         x0, y0, x1, y1 = rng.uniform(0, S, 4)
         d.line([(x0, y0), (x1, y1)], fill=col, width=_SS)
-    for _ in range(int(rng.integers(3, 10))):
+    for _ in range(int(rng.integers(1, 5))):
         col = _hsv_rgb(rng.random(), rng.uniform(0, 1), rng.uniform(0.1, 1))
         x, y, rr = rng.uniform(0, S), rng.uniform(0, S), rng.uniform(0.5, 2.0) * _SS
         d.ellipse([x - rr, y - rr, x + rr, y + rr], fill=col)
     # The shape: a colour that differs from the local background in value, so it is always visible.
-    r = rng.uniform(0.24, 0.38) * S
-    margin = r * 0.95
+    r = rng.uniform(0.33, 0.45) * S
+    margin = r
     cx, cy = rng.uniform(margin, S - margin), rng.uniform(margin, S - margin)
     rot = rng.uniform(0, 2 * math.pi)
     local = bg[min(size - 1, int(cy / _SS)), min(size - 1, int(cx / _SS))].astype(float) / 255
@@ -136,10 +136,10 @@ def render(seed: int, split: str, index: int, size: int = 64) -> tuple[Image.Ima
     hole = tuple(int(c) for c in bg[min(size - 1, int(cy / _SS)), min(size - 1, int(cx / _SS))])
     _draw_shape(d, cls, cx, cy, r, rot, fill, hole)
     img = img.resize((size, size), Image.LANCZOS)
-    if rng.random() < 0.2:
-        img = img.filter(ImageFilter.GaussianBlur(rng.uniform(0.3, 0.8)))
+    if rng.random() < 0.1:
+        img = img.filter(ImageFilter.GaussianBlur(rng.uniform(0.3, 0.6)))
     arr = np.asarray(img).astype(np.float32)
-    arr += rng.normal(0, rng.uniform(2, 10), arr.shape).astype(np.float32)
+    arr += rng.normal(0, rng.uniform(2, 6), arr.shape).astype(np.float32)
     img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
     return img, cls, int(rng.integers(70, 96))
 

@@ -1,0 +1,31 @@
+"""`torus-train bench input`: both pipelines on the same files in one run, a table and a JSON file."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from torus_train.data.demo import generate
+
+
+def test_bench_input_runs_both_and_writes_json(tmp_path):
+    generate(tmp_path / "d", seed=0, train_per_class=4, val_per_class=1, size=64, workers=1)
+    out = tmp_path / "b.json"
+    r = subprocess.run([sys.executable, "-m", "torus_train", "bench", "input", "--data", str(tmp_path / "d"),
+                        "--batch-size", "8", "--image-size", "32", "--threads", "1", "--warmup", "1",
+                        "--batches", "3", "--json", str(out)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "DALI / torchvision:" in r.stdout
+    doc = json.loads(out.read_text())
+    kinds = [x["loader"] for x in doc["results"]]
+    assert kinds == ["dali", "torchvision"]
+    for x in doc["results"]:
+        assert x["images"] == 24 and x["images_per_s"] > 0
+    assert doc["results"][1]["ratio_to_torchvision"] == 1.0
+
+
+def test_bench_input_bad_folder_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "torus_train", "bench", "input", "--data", str(tmp_path / "none")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert f"{tmp_path / 'none'}: data folder not found" in r.stderr
