@@ -37,3 +37,28 @@ def test_resume_and_overwrite_exclude_each_other(capsys):
         main(["run", "--resume", "--overwrite", "--dry-run"])
     assert e.value.code == 2
     assert capsys.readouterr().err == "torus-train: error: --resume and --overwrite exclude each other\n"
+
+
+def test_default_output_folder_moves_on_but_a_named_one_is_refused(tmp_path, monkeypatch):
+    import pytest
+
+    from torus_train.commands.run import choose_out, prepare_out
+    from torus_train.errors import UserError
+    from torus_train.spec import load_spec
+
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(None)
+    first = choose_out(spec, False, False, say=lambda m: None)
+    assert first == tmp_path / "runs" / "default"
+    prepare_out(first, False, False)
+    (first / "summary.json").write_text("{}")
+    said = []
+    fresh = choose_out(load_spec(None), False, False, say=said.append)
+    assert fresh.parent == first.parent and fresh.name.startswith("default-") and str(fresh) in said[0]
+    assert choose_out(load_spec(None), True, False, say=said.append) == first  # --resume: the same folder
+    named = load_spec(None, [("job.out", str(first))])
+    assert choose_out(named, False, False, say=said.append) == first
+    with pytest.raises(UserError, match="already holds results"):
+        prepare_out(first, False, False)
+    prepare_out(first, False, True)  # --overwrite clears the earlier results
+    assert not (first / "summary.json").exists()

@@ -159,7 +159,8 @@ def test_dry_run_imports_no_torch():
     (["--set", "comm.algos=flat"], "comm.algos: unknown key"),
     (["--set", "grid.gpus=four"], "grid.gpus: expected an integer"),
     (["--launcher", "mpirun", "--hostfile", "/nonexistent/hosts"], "--hostfile /nonexistent/hosts: no such file"),
-    (["--gpus", "6", "--grid", "3x2"], "global_batch: 64 does not divide by world size 6"),
+    (["--gpus", "6", "--grid", "3x2", "--set", "schedule.stages=[{until_epoch=9,global_batch=64}]"],
+     "schedule.stages[0].global_batch: 64 does not divide by world size 6"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     r = _cli("run", *args)

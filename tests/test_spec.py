@@ -80,10 +80,13 @@ def test_overrides_go_through_the_same_checks(tmp_path):
 
 
 def test_stages_follow_the_epoch_count():
-    s = load_spec(None, [("schedule.epochs", 1)])
+    stages = ("schedule.stages", [{"until_epoch": 2, "global_batch": 64}, {"until_epoch": 4, "global_batch": 128}])
+    s = load_spec(None, [stages, ("schedule.epochs", 1)])
     assert [(st.until_epoch, st.global_batch) for st in s.stages_for_epochs()] == [(1, 64)]
-    s = load_spec(None, [("schedule.epochs", 6)])
-    assert s.stages_for_epochs()[-1].until_epoch == 6
+    s = load_spec(None, [stages, ("schedule.epochs", 3)])
+    assert [(st.until_epoch, st.global_batch) for st in s.stages_for_epochs()] == [(2, 64), (3, 128)]
+    s = load_spec(None, [stages, ("schedule.epochs", 6)])
+    assert [(st.until_epoch, st.global_batch) for st in s.stages_for_epochs()] == [(2, 64), (6, 128)]
 
 
 def test_round_trip_through_job_json(tmp_path):

@@ -64,7 +64,7 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
     if not dry_run and spec.launch.launcher == "auto" and inside_launched_rank(environ):
         return _run_as_rank(spec, resume, overwrite)
 
-    out = spec.out_dir.resolve()
+    out = choose_out(spec, resume, overwrite, say=click.echo if not dry_run else (lambda m: None))
     job_file = out / "job.json"
     from torus_train.bootstrap import free_port
 
@@ -122,9 +122,27 @@ def batch_schedule(spec: JobSpec, world_size: int):
                          lr_policy=s.lr_policy, decay=s.decay, max_per_rank_batch=s.max_per_rank_batch)
 
 
+def holds_results(out: Path) -> list[str]:
+    return [name for name in RESULT_FILES if (out / name).exists()]
+
+
+def choose_out(spec: JobSpec, resume: bool, overwrite: bool, say=click.echo) -> Path:
+    """The output folder. A folder the user named (job.out / --out) that holds results is refused later
+    unless --resume or --overwrite; the default runs/<name> moves on to a fresh runs/<name>-<timestamp>."""
+    out = spec.out_dir.resolve()
+    if spec.job.out or resume or overwrite or not holds_results(out):
+        return out
+    import time
+
+    fresh = out.with_name(f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    say(f"{out} holds an earlier run; writing this one to {fresh} (--out to choose, --resume to continue)")
+    spec.job.out = str(fresh)
+    return fresh
+
+
 def prepare_out(out: Path, resume: bool, overwrite: bool) -> None:
     """Refuse to mix a new run into an output folder that holds results, unless --resume or --overwrite."""
-    present = [name for name in RESULT_FILES if (out / name).exists()]
+    present = holds_results(out)
     if present and not resume:
         if not overwrite:
             raise UserError(f"{out} already holds results ({', '.join(present)}); pass --resume to continue, "
