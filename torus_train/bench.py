@@ -5,7 +5,8 @@ rank on any grid communicator (torus_train.comm.groups.GridGroups or torus_train
 
 Conventions (nccl-tests doc/PERFORMANCE.md): algbw = bytes / time (GB = 1e9 B); busbw = algbw * 2(n-1)/n,
 comparable to a link's bandwidth whatever the rank count. Time is the mean over -n iterations after -w warm-up
-iterations, taken on every rank and reduced with MAX (the slowest rank is the collective's time).
+iterations, taken on every rank and reduced with MAX (the slowest rank is the collective's time). The -n
+iterations of the algorithms at one size run in alternating rounds, so they are compared under the same load.
 #wrong counts elements farther than a tolerance from a float64 sum computed from a formula, never from the
 algorithm's own output.
 """
@@ -23,6 +24,8 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 SHORT_TYPE = {"float32": "float", "float16": "half", "bfloat16": "bfloat16"}
 # relative precision of each type (unit roundoff), for the #wrong tolerance
 EPS = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+ROUNDS = 4  # timed iterations of a point are split into this many rounds, alternating the algorithms
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
 
@@ -153,23 +156,33 @@ def run_sweep(cfg: BenchConfig, comm, progress=None) -> list[Row]:
         count = size // ITEMSIZE[cfg.dtype]
         mine = pattern(torch, rank, count, dtype).to(device)
         buf = mine.clone()
+        wrong, iters = {}, {}
         for algo in cfg.algos:
-            wrong = 0
+            wrong[algo] = 0
             if cfg.check:
                 buf.copy_(mine)
                 allreduce(buf, algo, comm)
-                wrong = count_wrong(torch, buf.cpu(), world, cfg.dtype)
+                wrong[algo] = count_wrong(torch, buf.cpu(), world, cfg.dtype)
             for _ in range(cfg.warmup):
                 allreduce(buf, algo, comm)
-            iters = _iterations(cfg, buf, algo, comm, allreduce, time, flag)
-            _barrier(comm, flag)
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                allreduce(buf, algo, comm)
-            _sync(buf)
-            timing[0] = (time.perf_counter() - t0) / iters
+            iters[algo] = _iterations(cfg, buf, algo, comm, allreduce, time, flag)
+        # The timed iterations run in rounds that alternate the algorithms, so a change in the machine's load
+        # during the point falls on all of them alike.
+        rounds = min(ROUNDS, min(iters.values()))
+        spent = {a: 0.0 for a in cfg.algos}
+        for r in range(rounds):
+            for algo in cfg.algos:
+                share = iters[algo] // rounds + (1 if r < iters[algo] % rounds else 0)
+                _barrier(comm, flag)
+                t0 = time.perf_counter()
+                for _ in range(share):
+                    allreduce(buf, algo, comm)
+                _sync(buf)
+                spent[algo] += time.perf_counter() - t0
+        for algo in cfg.algos:
+            timing[0] = spent[algo] / iters[algo]
             comm.world_max(timing)
-            stats = torch.tensor([float(wrong)], dtype=torch.float64, device=device)
+            stats = torch.tensor([float(wrong[algo])], dtype=torch.float64, device=device)
             comm.world_allreduce(stats)
             row = make_row(algo, comm.backend, f"{comm.grid.x}x{comm.grid.y}", world, size, cfg.dtype,
                            float(timing[0]), int(stats[0]))
