@@ -489,9 +489,7 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
         ce = spec.checkpoint.every_epochs
         if epoch_done and ce and (epoch + 1) % ce == 0 and not (done or epoch + 1 == spec.schedule.epochs):
             save(ddp, optimizer, scaler, rs, f"end of epoch {epoch}")
-    in_loop = False
-    if stop_signal:  # a signal after the last logging interval: nobody can agree on it any more
-        raise StopRequested(f"received {stop_signal} at the end of training")
+    in_loop = False  # from here a signal ends the rank at once (a signal after the last interval: we finish)
     wall = rs.wall()
     for ld in (loader, val_loader):  # data-loader workers and DALI pipelines go now, not at interpreter exit
         if ld is not None and hasattr(ld, "close"):
