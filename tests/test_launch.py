@@ -174,3 +174,17 @@ def test_fewer_slots_than_gpus(tmp_path):
     f.write_text("localhost slots=2\n")
     r = _cli("run", "--launcher", "mpirun", "--hostfile", str(f), "--gpus", "4", "--grid", "2x2")
     assert r.returncode == 2 and f"{f} offers 2 slots on 1 hosts but the job needs 4 ranks" in r.stderr
+
+
+def test_dry_run_prints_the_plan_even_when_the_schedule_does_not_fit(tmp_path):
+    """The default job's stages (a few hundred images) cannot be split over 2,176 ranks: the plan is still
+    printed in full, then the schedule error ends it with exit 2, as it would stop a real run."""
+    f = tmp_path / "hosts"
+    f.write_text("".join(f"host{i:03d} slots=4\n" for i in range(1, 545)))
+    r = _cli("run", "--dry-run", "--gpus", "2176", "--grid", "32x68", "--gpus-per-node", "4", "--launcher",
+             "mpirun", "--hostfile", str(f), "--set", "schedule.stages=[{until_epoch=9,global_batch=128}]")
+    assert r.returncode == 2
+    assert "grid 32x68: 2176 ranks" in r.stdout and "mpirun" in r.stdout and "-np 2176" in r.stdout
+    assert "cannot be built for 2176 ranks" in r.stdout
+    assert r.stderr == ("torus-train: error: schedule.stages[0].global_batch: 128 does not divide by world size "
+                        "2176\n")

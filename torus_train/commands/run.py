@@ -71,10 +71,18 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
     plan = plan_launch(spec, environ, job_file=str(job_file), python=sys.executable,
                        as_root=hasattr(os, "geteuid") and os.geteuid() == 0, master_port=free_port(),
                        cpu_count=os.cpu_count() or 1, local_gpus=local_gpu_count(), strict=not dry_run)
-    schedule = batch_schedule(spec, plan.world_size)
     if dry_run:
-        click.echo(dry_run_text(spec, plan, schedule))
+        # The whole plan is printed even when the batch schedule does not fit the world size; the error
+        # then ends the output (exit 2), as it would stop a real run before any rank starts.
+        try:
+            schedule, problem = batch_schedule(spec, plan.world_size), None
+        except UserError as e:
+            schedule, problem = None, e
+        click.echo(dry_run_text(spec, plan, schedule, problem))
+        if problem is not None:
+            raise problem
         return
+    schedule = batch_schedule(spec, plan.world_size)
 
     prepare_out(out, resume, overwrite)
     if spec.data.source == "demo":
@@ -249,7 +257,7 @@ def grid_text(plan) -> str:
     return "\n".join(lines)
 
 
-def dry_run_text(spec: JobSpec, plan, schedule) -> str:
+def dry_run_text(spec: JobSpec, plan, schedule, problem: Exception | None = None) -> str:
     from torus_train.hosts import total_slots
 
     launch = [f"launcher: {plan.launcher} ({plan.why})"]
@@ -263,6 +271,9 @@ def dry_run_text(spec: JobSpec, plan, schedule) -> str:
         "# resolved spec", spec.to_toml().rstrip(), "",
         "# grid", grid_text(plan), "",
         "# launch", *launch, "",
-        "# batch schedule", schedule.table(),
+        "# batch schedule",
+        schedule.table() if schedule is not None else
+        f"cannot be built for {plan.world_size} ranks: {problem}\n(every stage's global_batch must be a multiple "
+        f"of the world size; set them with --spec or --set schedule.stages=[...])",
         f"(dry run: nothing started; output would go to {spec.out_dir.resolve()})",
     ])
