@@ -62,3 +62,14 @@ def test_default_output_folder_moves_on_but_a_named_one_is_refused(tmp_path, mon
         prepare_out(first, False, False)
     prepare_out(first, False, True)  # --overwrite clears the earlier results
     assert not (first / "summary.json").exists()
+
+
+def test_dry_run_at_2176_gpus_without_a_spec_scales_the_default_stages(tmp_path):
+    """The issue's literal command: no spec, so the demo recipe's per-rank batches are kept at 2176 ranks."""
+    f = tmp_path / "hosts"
+    f.write_text("".join(f"host{i:03d} slots=4\n" for i in range(1, 545)))
+    r = CliRunner().invoke(cli, ["run", "--dry-run", "--gpus", "2176", "--grid", "32x68", "--gpus-per-node", "4",
+                                 "--launcher", "mpirun", "--hostfile", str(f)])
+    assert r.exit_code == 0, r.output
+    assert "scaled to 2176 ranks: global batch 69632 -> 139264 -> 278528" in r.output
+    assert "mpirun" in r.output and "-np 2176" in r.output

@@ -71,6 +71,8 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
     plan = plan_launch(spec, environ, job_file=str(job_file), python=sys.executable,
                        as_root=hasattr(os, "geteuid") and os.geteuid() == 0, master_port=free_port(),
                        cpu_count=os.cpu_count() or 1, local_gpus=local_gpu_count(), strict=not dry_run)
+    if spec_path is None and not any(k == "schedule.stages" for k, _ in overrides):
+        spec = scale_default_stages(spec, overrides, plan.world_size, say=click.echo)
     if dry_run:
         # The whole plan is printed even when the batch schedule does not fit the world size; the error
         # then ends the output (exit 2), as it would stop a real run before any rank starts.
@@ -106,6 +108,23 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
         click.echo(f"$ {plan.command_text()}")
         run_command(plan.argv, plan.env, plan.launcher)
     check_outcome(out)
+
+
+def scale_default_stages(spec: JobSpec, overrides: list, world_size: int, say=click.echo) -> JobSpec:
+    """The embedded default's stages are per-rank batches of its 4 ranks; on another world size keep the
+    per-rank batch (as Sony did: 32 images per GPU whatever the GPU count) and scale the global batch."""
+    base = load_spec(None).grid.gpus
+    if world_size == base:
+        return spec
+    stages = [{"until_epoch": st.until_epoch, "global_batch": st.global_batch // base * world_size}
+              for st in spec.schedule.stages if st.global_batch % base == 0]
+    if len(stages) != len(spec.schedule.stages):
+        return spec
+    say(f"note: the embedded default's batch stages ({', '.join(str(st.global_batch // base) for st in spec.schedule.stages)} "
+        f"per rank on {base} ranks) are scaled to {world_size} ranks: global batch "
+        f"{' -> '.join(str(st['global_batch']) for st in stages)}; set your own with --spec or "
+        "--set schedule.stages=[...]")
+    return load_spec(None, overrides + [("schedule.stages", stages)])
 
 
 def local_gpu_count() -> int:
