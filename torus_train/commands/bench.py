@@ -32,7 +32,7 @@ def bench() -> None:
 @click.option("--backend", type=click.Choice(["gloo", "mpi", "nccl"]), default=None,
               help="Default: nccl with GPUs, else gloo.")
 @click.option("--nprocs", type=int, default=None,
-              help="Spawn this many local ranks (default 4 on a CPU machine). Ignored under mpirun/srun.")
+              help="Spawn this many local ranks (default: the grid's size, else 4). Ignored under mpirun/srun.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write rows as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of busbw against size (needs matplotlib).")
@@ -53,11 +53,13 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
                         bool(check), B.DTYPES.get(datatype.lower(), datatype),
                         [a.strip() for a in algos.split(",") if a.strip()])
     launched = os.environ.get(_CHILD) is not None or inside_launched_rank(os.environ)
-    world = rank_info().world_size if launched else (nprocs or 4)
+    grid = parse_grid(grid_text) if grid_text else None
+    # ranks: the launcher's; else --nprocs; else the grid's size; else 4 (2x2)
+    world = rank_info().world_size if launched else (nprocs or (grid.size if grid else 4))
     if world < 1:
         raise UserError(f"--nprocs {nprocs} must be at least 1")
-    if grid_text:
-        grid, why = parse_grid(grid_text), "given by --grid"
+    if grid is not None:
+        why = "given by --grid"
         check_grid_size(grid, world, "the rank count" if launched else "--nprocs")
     else:
         grid, why = choose_grid(world)
