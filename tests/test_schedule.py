@@ -110,3 +110,16 @@ def test_table_lists_every_stage():
 def test_module_is_pure():
     code = "import sys, torus_train.schedule; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("stages, field", [
+    ("[{until_epoch = 2, global_batch = 128}, {until_epoch = 6, global_batch = 130}]",
+     "schedule.stages[1].global_batch: 130 does not divide by world size 4"),
+    ("[{until_epoch = 4, global_batch = 128}, {until_epoch = 2, global_batch = 256}]",
+     "schedule.stages[1].until_epoch: 2 "),  # the spec's own check words it; the path and value are what count
+])
+def test_cli_rejects_bad_stages_with_exit_2(stages, field):
+    r = subprocess.run([sys.executable, "-m", "torus_train", "run", "--dry-run", "--set", f"schedule.stages={stages}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert field in r.stderr
