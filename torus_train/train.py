@@ -353,7 +353,8 @@ def checkpoint_state(ddp: nn.Module, optimizer, scaler, rs: RunState) -> dict | 
 
 
 def save(ddp, optimizer, scaler, rs: RunState, why: str) -> None:
-    rs.pos.seconds = rs.wall()
+    # fold the time since the last fold into pos.seconds and restart the clock (counted once)
+    rs.pos.seconds, rs.t0 = rs.wall(), time.time()
     state = checkpoint_state(ddp, optimizer, scaler, rs)
     if rs.rank0:
         pt = ckpt.save_checkpoint(rs.out / "checkpoints", rs.pos.global_step, state,
@@ -362,7 +363,6 @@ def save(ddp, optimizer, scaler, rs: RunState, why: str) -> None:
                                   rs.spec.checkpoint.keep)
         log.info("checkpoint %s (%s)", pt, why)
     dist.barrier()  # nobody runs ahead of a checkpoint that is still being written
-    rs.pos.seconds, rs.t0 = rs.wall(), time.time()
 
 
 def resume(ddp, optimizer, scaler, rs: RunState) -> bool:
