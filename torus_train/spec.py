@@ -271,6 +271,17 @@ class JobSpec:
         out[-1].until_epoch = self.schedule.epochs
         return out
 
+    def batch_schedule(self, world_size: int):
+        """The BatchSchedule (torus_train.schedule) of this spec at `world_size` ranks; UserError if a stage's
+        global batch does not fit."""
+        from torus_train.schedule import BatchSchedule, Stage
+
+        s = self.schedule
+        return BatchSchedule(stages=[Stage(st.until_epoch, st.global_batch) for st in self.stages_for_epochs()],
+                             world_size=world_size, epochs=s.epochs, base_lr=s.base_lr,
+                             lr_reference_batch=s.lr_reference_batch, warmup_epochs=s.warmup_epochs,
+                             lr_policy=s.lr_policy, decay=s.decay, max_per_rank_batch=s.max_per_rank_batch)
+
     @property
     def out_dir(self) -> Path:
         return Path(self.job.out or f"runs/{self.job.name}")

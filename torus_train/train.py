@@ -139,9 +139,7 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
     from torus_train.comm.hooks import TorusHookState, allreduce_hook
 
     state = TorusHookState(boot.groups, algo=spec.comm.algo, compression=compression)
-    # Registered through a wrapper without a return annotation: DDP compares the annotation with
-    # Future[Tensor] and rejects the string form that `from __future__ import annotations` produces.
-    ddp.register_comm_hook(state, lambda st, bucket: allreduce_hook(st, bucket))
+    ddp.register_comm_hook(state, allreduce_hook)
     ddp.torus_hook_state = state  # closed (its exchange thread joined) when training ends
     return ddp
 
@@ -164,13 +162,8 @@ def prime_buckets(ddp: nn.Module, spec: JobSpec, device: torch.device) -> None:
 
 
 def build_schedule(spec: JobSpec, world_size: int):
-    from torus_train.schedule import BatchSchedule, Stage
-
-    s = spec.schedule
-    return BatchSchedule(stages=[Stage(st.until_epoch, st.global_batch) for st in spec.stages_for_epochs()],
-                         world_size=world_size, epochs=s.epochs, base_lr=s.base_lr,
-                         lr_reference_batch=s.lr_reference_batch, warmup_epochs=s.warmup_epochs,
-                         lr_policy=s.lr_policy, decay=s.decay, max_per_rank_batch=s.max_per_rank_batch)
+    """The spec's BatchSchedule for this world size (the same one `run` printed before starting)."""
+    return spec.batch_schedule(world_size)
 
 
 def data_root(spec: JobSpec) -> str | None:

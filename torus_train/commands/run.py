@@ -140,13 +140,7 @@ def local_gpu_count() -> int:
 
 def batch_schedule(spec: JobSpec, world_size: int):
     """The BatchSchedule of the spec (pure); raises UserError on stages that do not fit the world size."""
-    from torus_train.schedule import BatchSchedule, Stage
-
-    s = spec.schedule
-    return BatchSchedule(stages=[Stage(st.until_epoch, st.global_batch) for st in spec.stages_for_epochs()],
-                         world_size=world_size, epochs=s.epochs, base_lr=s.base_lr,
-                         lr_reference_batch=s.lr_reference_batch, warmup_epochs=s.warmup_epochs,
-                         lr_policy=s.lr_policy, decay=s.decay, max_per_rank_batch=s.max_per_rank_batch)
+    return spec.batch_schedule(world_size)
 
 
 def holds_results(out: Path) -> list[str]:
