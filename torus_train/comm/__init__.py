@@ -1,8 +1,10 @@
 """Collectives over the grid: flat (the backend's own all-reduce), 2D torus and hierarchical.
 
-torch.distributed (gloo on CPU, NCCL on GPU): see torus_train.comm.torch_algos and groups;
-MPI communicators through mpi4py (CPU buffers): see torus_train.comm.mpi_algos;
-the DDP communication hook: torus_train.comm.hooks.
+algos.py: the three algorithms, written once against a small transport interface;
+groups.py: that interface on torch.distributed (gloo on CPU, NCCL on GPU) row and column groups;
+mpi.py: the same on MPI communicators through mpi4py (CPU buffers);
+shm.py: rows inside one host, through shared memory; layout.py: how a tensor is cut into chunks;
+hooks.py: the DDP communication hook.
 """
 
 ALGOS = ("flat", "torus", "hierarchical")
