@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from datahelp import decode_indices, make_index_set
 from torus_train.data import make_loader
