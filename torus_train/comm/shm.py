@@ -106,8 +106,10 @@ class ShmRow:
                 time.sleep(0.001)
 
     def unlink(self) -> None:
-        """Remove the names (mappings and open FIFOs stay valid); call once every member has connected."""
-        paths = [self._wake_path] + ([self.path] if self.index == 0 else [])
+        """Remove the names (mappings and open FIFOs stay valid); call once every member has connected.
+
+        Every member's FIFO name goes, not only its own: a member that died before unlinking leaves nothing."""
+        paths = [f"{self.path}.w{i}" for i in range(self.size)] + ([self.path] if self.index == 0 else [])
         for p in paths:
             try:
                 os.unlink(p)

@@ -81,7 +81,7 @@ def _has_cuda() -> bool:
 
 
 def _default_backend() -> str:
-    return "nccl" if os.environ.get("CUDA_VISIBLE_DEVICES", "x") != "" and _has_cuda() else "gloo"
+    return "nccl" if _has_cuda() else "gloo"
 
 
 def _spawn_local(world: int, backend: str) -> None:
