@@ -4,9 +4,10 @@
     python scripts/check_calibration.py BENCH_2x2.json BENCH_2x4.json [--algo torus] [--min-bytes 1M]
     python scripts/check_calibration.py A_2x2.json,B_2x2.json,C_2x2.json A_2x4.json,B_2x4.json,C_2x4.json
 
-For each algorithm present in both files: alpha and beta are fitted on the first file (torus_train.costmodel
-.calibrate, rows with wrong == 0), then the busbw of the second file's grid is predicted at each of its sizes
->= --min-bytes and printed next to the measured busbw with the ratio. Exit status 0 when every ratio is within
+For each algorithm present in both files: alpha and the per-byte costs in and beyond the last-level cache are
+fitted on the first file (torus_train.costmodel.calibrate, rows with wrong == 0), then the busbw of the second
+file's grid is predicted at each of its sizes >= --min-bytes and printed next to the measured busbw with the
+ratio. The second file is only compared with, never fitted. Exit status 0 when every ratio is within
 --tolerance (default 30%), 1 otherwise. Several comma-separated files per side are merged by taking, for each
 (algorithm, grid, size), the median time over the files: on a shared machine one run's noise can be as large
 as the band being tested.
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                          "default 0)")
     ap.add_argument("--check-background", type=float, default=None,
                     help="the same during the check file's bench (default: --fit-background)")
+    ap.add_argument("--llc-mib", type=float, default=None,
+                    help="last-level cache in MiB the ranks' buffers share (default: this machine's, from /sys)")
     ap.add_argument("--tolerance", type=float, default=0.30, help="allowed |predicted/measured - 1| (default 0.30)")
     args = ap.parse_args(argv)
     try:
@@ -65,31 +68,31 @@ def main(argv: list[str] | None = None) -> int:
     if not algos:
         print("check_calibration: error: no algorithm is present in both files", file=sys.stderr)
         return 2
+    if args.llc_mib is not None and not args.llc_mib > 0:
+        print(f"check_calibration: error: --llc-mib: {args.llc_mib:g} must be > 0", file=sys.stderr)
+        return 2
+    llc = None if args.llc_mib is None else int(args.llc_mib * 2**20)
     total = inside = 0
     for algo in algos:
         try:
-            cal = cm.calibrate(fit_rows, algo=algo, cores=args.cores, background=args.fit_background)
+            cal = cm.calibrate(fit_rows, algo=algo, cores=args.cores, background=args.fit_background, llc_bytes=llc)
         except UserError as e:
             print(f"check_calibration: error: {e}", file=sys.stderr)
             return 2
-        print(f"# {algo}: fit on {cal.grid} ({args.fit_file}, {len(cal.rows_used)} rows, {cal.rows_skipped} left out): "
-              f"alpha {cal.alpha_us:.1f} us, 1/beta {cal.beta_gbytes_per_s:.4f} GB/s, {cal.cores} cores, "
-              f"background {cal.background:g} (check file: "
-              f"{cal.background if args.check_background is None else args.check_background:g}), "
-              f"fit rms {cal.rms_relative_error * 100:.1f}%")
-        rows = [r for r in check_rows if r["algo"] == algo and r["size_bytes"] >= min_bytes and int(r.get("wrong", 0)) == 0]
+        bg = cal.background if args.check_background is None else args.check_background
+        print(f"# {algo}: fit on {cal.grid} ({args.fit_file}, {len(cal.rows_used)} rows, {cal.rows_skipped} left out), "
+              f"background {cal.background:g} (check file: {bg:g})")
+        for line in cal.describe():
+            print(f"#   {line}")
+        runs = {(str(parse_grid(r["grid"])), r["size_bytes"]): r.get("runs", 1) for r in check_rows if r["algo"] == algo}
         print(f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'runs':>5} {'measured GB/s':>14} {'predicted GB/s':>15} "
               f"{'pred/meas':>10}")
-        for r in sorted(rows, key=lambda r: (r["grid"], r["size_bytes"])):
-            g = parse_grid(r["grid"])
-            measured = r["size_bytes"] / (r["time_us"] * 1e-6) * 2 * (g.size - 1) / g.size / 1e9
-            predicted = cal.predict_busbw(g, r["size_bytes"], background=args.check_background)
-            ratio = predicted / measured
-            ok = abs(ratio - 1) <= args.tolerance
+        for c in cm.compare(cal, check_rows, min_bytes, args.check_background):
+            ok = abs(c.ratio - 1) <= args.tolerance
             total += 1
             inside += ok
-            print(f"{algo:>13} {r['grid']:>6} {r['size_bytes']:>10} {r['runs']:>5} {measured:>14.4f} {predicted:>15.4f} "
-                  f"{ratio:>10.2f}{'' if ok else '  outside'}")
+            print(f"{algo:>13} {c.grid:>6} {c.size_bytes:>10} {runs.get((c.grid, c.size_bytes), 1):>5} "
+                  f"{c.measured_busbw:>14.4f} {c.predicted_busbw:>15.4f} {c.ratio:>10.2f}{'' if ok else '  outside'}")
     print(f"# summary: {inside} of {total} predictions within {args.tolerance * 100:.0f}% of the measured busbw "
           f"at >= {min_bytes} bytes")
     return 0 if total and inside == total else 1

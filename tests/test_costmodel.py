@@ -4,12 +4,15 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from torus_train.costmodel import (ALGORITHMS, MODELS, PRESETS, Link, Network, NetworkError, allreduce_cost,
-                                   best_grid, calibrate, load_network, local_coefficients, make_plan,
-                                   network_from_dict, rank_grids, step_cost, sweep)
+                                   best_grid, cache_miss_fraction, calibrate, compare, load_network,
+                                   local_coefficients, machine_llc_bytes, make_plan, network_from_dict,
+                                   nonnegative_lstsq, parse_cache_size, rank_grids, read_bench, step_cost, sweep)
 from torus_train.errors import UserError
 from torus_train.topology import Grid, GridError
 
@@ -157,26 +160,113 @@ def test_presets_are_valid_and_state_sources():
         assert net.sources and "resnet50" in net.images_per_second
 
 
-def test_calibration_recovers_alpha_and_beta_from_model_generated_rows():
-    alpha, beta_gbs, cores = 80.0, 0.9, 2
+MiB = 1 << 20
+
+
+def _rows(algo: str, grid: str, alpha_us: float, cache_gbs: float, memory_gbs: float, cores: int, llc: int,
+          background: float = 0.0, sizes=tuple(2 ** k for k in range(10, 27))) -> list[dict]:
+    """Bench rows whose times follow the calibration model exactly, with known parameters."""
+    g = Grid(*map(int, grid.split("x")))
+    steps, coeff = local_coefficients(algo, g)
+    o = max(1.0, (g.size + background) / cores)
+    rows = []
+    for s in sizes:
+        miss = max(0.0, 1 - llc / (g.size * s))
+        per_byte = (1 - miss) / (cache_gbs * 1e3) + miss / (memory_gbs * 1e3)     # us per byte
+        rows.append({"algo": algo, "backend": "gloo", "grid": grid, "size_bytes": s, "wrong": 0,
+                     "time_us": o * (steps * alpha_us + coeff * s * per_byte)})
+    return rows
+
+
+def test_calibration_recovers_alpha_and_both_bandwidths_from_model_generated_rows():
+    alpha, cache_gbs, memory_gbs, cores, llc = 80.0, 2.5, 0.9, 2, 8 * MiB
     g = Grid(2, 2)
     steps, coeff = local_coefficients("torus", g)
     assert (steps, coeff) == (4, pytest.approx(1.5))
-    rows = []
-    for size in [2 ** k for k in range(10, 25, 2)]:
-        t = max(1, 4 / cores) * (steps * alpha * 1e-6 + coeff * size / (beta_gbs * 1e9))
-        rows.append({"algo": "torus", "backend": "gloo", "grid": "2x2", "size_bytes": size, "time_us": t * 1e6,
-                     "wrong": 0})
+    rows = _rows("torus", "2x2", alpha, cache_gbs, memory_gbs, cores, llc)
     rows.append({"algo": "torus", "grid": "2x2", "size_bytes": 1 << 20, "time_us": 1.0, "wrong": 3})
     rows.append({"algo": "flat", "grid": "2x2", "size_bytes": 1 << 20, "time_us": 5.0, "wrong": 0})
-    cal = calibrate(rows, cores=cores)
+    cal = calibrate(rows, cores=cores, llc_bytes=llc)
     assert cal.alpha_us == pytest.approx(alpha, rel=1e-6)
-    assert cal.beta_gbytes_per_s == pytest.approx(beta_gbs, rel=1e-6)
-    assert cal.rows_skipped == 2 and len(cal.rows_used) == 8
-    # Prediction on 2x4: twice the oversubscription, the 2x4 torus's own steps and bytes.
+    assert cal.cache_gbytes_per_s == pytest.approx(cache_gbs, rel=1e-6)
+    assert cal.memory_gbytes_per_s == pytest.approx(memory_gbs, rel=1e-6)
+    assert cal.rms_relative_error == pytest.approx(0, abs=1e-9)
+    assert cal.rows_skipped == 2 and len(cal.rows_used) == 17
+    assert cal.rows_beyond_cache == 5      # 4 ranks x size > 8 MiB: 4, 8, 16, 32 and 64 MiB
+    # Prediction on 2x4: twice the oversubscription, the 2x4 torus's own steps and bytes, and 8 ranks' buffers
+    # against the cache: at 4 MiB, 32 MiB of buffers, a quarter of them fit.
     s8, c8 = local_coefficients("torus", Grid(2, 4))
-    assert cal.predict_seconds(Grid(2, 4), 1 << 22) == pytest.approx(
-        4 * (s8 * alpha * 1e-6 + c8 * (1 << 22) / (beta_gbs * 1e9)))
+    n = 4 * MiB
+    per_byte = 0.25 / (cache_gbs * 1e9) + 0.75 / (memory_gbs * 1e9)
+    assert cal.predict_seconds(Grid(2, 4), n) == pytest.approx(4 * (s8 * alpha * 1e-6 + c8 * n * per_byte))
+    assert cal.predict_busbw(Grid(2, 4), n) == pytest.approx(n / cal.predict_seconds(Grid(2, 4), n) * 2 * 7 / 8 / 1e9)
+
+
+def test_calibration_without_rows_beyond_the_cache_takes_the_memory_figure_equal():
+    rows = _rows("flat", "2x2", 30.0, 4.0, 1.0, 2, 1 << 30, sizes=(1 << 12, 1 << 16, 1 << 20))
+    cal = calibrate(rows, cores=2, llc_bytes=1 << 30)
+    assert cal.rows_beyond_cache == 0
+    assert cal.memory_gbytes_per_s == pytest.approx(cal.cache_gbytes_per_s) == pytest.approx(4.0)
+    assert "no row's buffers exceeded the cache" in " ".join(cal.describe())
+
+
+def test_calibration_latency_is_not_negative_and_bad_rows_are_named():
+    # Times that would need a negative alpha: it is clipped to 0 and the bandwidth still fitted.
+    rows = [{"algo": "torus", "grid": "2x2", "size_bytes": s, "time_us": t, "wrong": 0}
+            for s, t in ((1 << 10, 0.1), (1 << 20, 600.0), (1 << 22, 2600.0))]
+    cal = calibrate(rows, cores=2, llc_bytes=1 << 30)
+    assert cal.alpha_us == 0.0 and cal.cache_gbytes_per_s > 0
+    shrinking = [{"algo": "torus", "grid": "2x2", "size_bytes": s, "time_us": t, "wrong": 0}
+                 for s, t in ((1024, 100.0), (4096, 80.0), (8192, 50.0))]
+    with pytest.raises(UserError, match="do not grow with size"):
+        calibrate(shrinking, cores=2, llc_bytes=1 << 30)
+    with pytest.raises(UserError, match="two or more sizes"):
+        calibrate(shrinking[:1], cores=2, llc_bytes=1 << 30)
+    with pytest.raises(UserError, match="--llc-mib"):
+        calibrate(rows, cores=2, llc_bytes=0)
+    with pytest.raises(UserError, match="no rows for algo 'tree'"):
+        calibrate(rows, algo="tree", cores=2, llc_bytes=1 << 30)
+
+
+def test_nonnegative_lstsq_clips_to_the_best_face():
+    a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    assert nonnegative_lstsq(a, np.array([1.0, 2.0, 3.0])) == pytest.approx([0.0, 1.0], abs=1e-12)
+    assert nonnegative_lstsq(a, np.array([3.0, 2.0, 1.0])) == pytest.approx([2.0, 0.0])   # slope -1 clipped
+
+
+def test_cache_miss_fraction_and_cache_sizes():
+    assert cache_miss_fraction(4, 1 * MiB, 48 * MiB) == 0.0
+    assert cache_miss_fraction(8, 12 * MiB, 48 * MiB) == pytest.approx(0.5)
+    assert cache_miss_fraction(4, 0, 48 * MiB) == 0.0
+    assert parse_cache_size("49152K") == 48 * MiB
+    assert parse_cache_size("48 MiB") == 48 * MiB and parse_cache_size("32768") == 32768
+    with pytest.raises(UserError, match="cache size 'lots'"):
+        parse_cache_size("lots")
+
+
+def test_machine_llc_reads_the_largest_data_or_unified_level(tmp_path):
+    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "1280K"),
+                                             (3, "Unified", "49152K")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert machine_llc_bytes(str(tmp_path)) == 48 * MiB
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_calibration_on_the_real_2x2_bench_predicts_2x4_within_30_percent(backend):
+    # The issue's acceptance check on the sweeps in docs/bench (recorded on a 2-core machine with a 48 MiB L3):
+    # fitted on the 2x2 file only, the 2x4 torus busbw is predicted within 30% at every size from 1 MiB.
+    bench = Path(__file__).resolve().parent.parent / "docs" / "bench"
+    rows22 = read_bench(str(bench / f"allreduce_{backend}_2x2.json"))
+    rows24 = read_bench(str(bench / f"allreduce_{backend}_2x4.json"))
+    cal = calibrate(rows22, algo="torus", cores=2, llc_bytes=48 * MiB)
+    assert cal.grid == "2x2" and cal.rms_relative_error < 0.25
+    comp = compare(cal, rows24, min_bytes=MiB)
+    assert [c.size_bytes for c in comp] == [MiB << k for k in range(7)] and {c.grid for c in comp} == {"2x4"}
+    assert all(abs(c.ratio - 1) <= 0.30 for c in comp), [(c.size_bytes, round(c.ratio, 2)) for c in comp]
 
 
 def test_costmodel_imports_no_torch():
@@ -203,13 +293,12 @@ def test_placement_by_columns_moves_the_row_rings_onto_the_network():
 def test_calibration_background_load_term():
     # Rows generated with 3 other runnable threads on 2 cores: o(4) = 3.5; the fit must undo it when told.
     alpha, beta_gbs = 50.0, 2.0
-    steps, coeff = local_coefficients("flat", Grid(2, 2))
-    rows = [{"algo": "flat", "grid": "2x2", "size_bytes": s, "wrong": 0,
-             "time_us": 3.5 * (steps * alpha + coeff * s / (beta_gbs * 1e3))} for s in (1 << 16, 1 << 20, 1 << 24)]
-    cal = calibrate(rows, cores=2, background=3)
-    assert (cal.alpha_us, cal.beta_gbytes_per_s) == (pytest.approx(alpha), pytest.approx(beta_gbs))
+    rows = _rows("flat", "2x2", alpha, beta_gbs, beta_gbs, 2, 1 << 30, background=3,
+                 sizes=(1 << 16, 1 << 20, 1 << 24))
+    cal = calibrate(rows, cores=2, background=3, llc_bytes=1 << 30)
+    assert (cal.alpha_us, cal.cache_gbytes_per_s) == (pytest.approx(alpha), pytest.approx(beta_gbs))
     quiet = cal.predict_seconds(Grid(2, 4), 1 << 24, background=0)
     busy = cal.predict_seconds(Grid(2, 4), 1 << 24)          # background as during the fit
     assert busy / quiet == pytest.approx((8 + 3) / 8)
     with pytest.raises(UserError, match="background"):
-        calibrate(rows, cores=2, background=-1)
+        calibrate(rows, cores=2, background=-1, llc_bytes=1 << 30)

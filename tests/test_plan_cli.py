@@ -116,28 +116,65 @@ def test_plot_writes_a_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def _bench_rows(grid: str, algos=("torus",), alpha_us: float = 150.0, cache_gbs: float = 0.5, memory_gbs: float = 0.25,
+                cores: int = 2, llc: int = 1 << 20, background: float = 0.0,
+                sizes=(1 << 12, 1 << 16, 1 << 18, 1 << 20, 1 << 22)) -> list[dict]:
+    """Rows in `bench allreduce --json` format whose times follow the calibration model with known figures."""
+    g = Grid(*map(int, grid.split("x")))
+    coefficients = [alpha_us * 1e-6, 1 / (cache_gbs * 1e9), 1 / (memory_gbs * 1e9) - 1 / (cache_gbs * 1e9)]
+    rows = []
+    for algo in algos:
+        for s in sizes:
+            t = float(cm.fit_terms(algo, g, s, cores, background, llc) @ coefficients) * 1e6
+            rows.append({"algo": algo, "backend": "gloo", "grid": grid, "size_bytes": s, "count": s // 4,
+                         "dtype": "float32", "time_us": t, "algbw_gbps": s / t / 1e3,
+                         "busbw_gbps": s / t / 1e3 * 2 * (g.size - 1) / g.size, "wrong": 0})
+    return rows
+
+
 @pytest.mark.timeout(120)
 def test_calibrate_fits_a_bench_file_and_predicts_2x4(tmp_path):
-    # A bench file in `bench allreduce --json` format whose times follow alpha = 150 us, 1/beta = 0.5 GB/s.
-    g = Grid(2, 2)
-    steps, coeff = cm.local_coefficients("torus", g)
-    rows = [{"algo": "torus", "backend": "gloo", "grid": "2x2", "size_bytes": s, "count": s // 4, "dtype": "float32",
-             "time_us": 2 * (steps * 150 + coeff * s / 0.5e3), "algbw_gbps": 0.0, "busbw_gbps": 0.0, "wrong": 0}
-            for s in (1 << 12, 1 << 16, 1 << 20, 1 << 22)]
+    # A bench file whose times follow alpha = 150 us, 0.5 GB/s in cache, 0.25 GB/s beyond a 1 MiB cache.
     bench = tmp_path / "bench_2x2.json"
-    bench.write_text(json.dumps(rows))
+    bench.write_text(json.dumps(_bench_rows("2x2")))
     out = tmp_path / "cal.json"
-    r = run_cli("--calibrate", str(bench), "--grid", "2x4", "--cores", "2", "--json", str(out))
+    r = run_cli("--calibrate", str(bench), "--grid", "2x4", "--cores", "2", "--llc-mib", "1", "--json", str(out))
     assert r.returncode == 0, r.stderr
-    assert "alpha = 150.00 us" in r.stdout and "1/beta = 0.5000 GB/s" in r.stdout and "4 rows used" in r.stdout
+    for text in ("alpha = 150.00 us per step", "1/beta_cache = 0.5000 GB/s per rank in cache",
+                 "1/(beta_cache + beta_extra) = 0.2500 GB/s per rank beyond the cache (2 rows beyond it)",
+                 "rms 0.0% of the measured time", "5 rows used", "1 MiB cache", "fit/meas"):
+        assert text in r.stdout, text
     d = json.loads(out.read_text())
+    assert d["calibration"]["llc_bytes"] == 1 << 20 and d["calibration"]["rows_beyond_cache"] == 2
     p24 = [p for p in d["predictions"] if p["grid"] == "2x4"]
     s8, c8 = cm.local_coefficients("torus", Grid(2, 4))
-    assert p24[-1]["time_us"] == pytest.approx(4 * (s8 * 150 + c8 * (1 << 22) / 0.5e3))
+    n, miss = 1 << 22, 1 - (1 << 20) / (8 << 22)
+    assert p24[-1]["time_us"] == pytest.approx(4 * (s8 * 150 + c8 * n * ((1 - miss) / 0.5e3 + miss / 0.25e3)))
     bad = tmp_path / "bad.json"
     bad.write_text("[{\"algo\": \"torus\"}]")
     r = run_cli("--calibrate", str(bad))
     assert r.returncode == 2 and "grid: missing" in r.stderr
+    r = run_cli("--calibrate", str(bench), "--llc-mib", "0")
+    assert r.returncode == 2 and "--llc-mib: 0 must be > 0" in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_calibrate_compare_prints_predicted_against_measured(tmp_path):
+    f22, f24 = tmp_path / "b22.json", tmp_path / "b24.json"
+    f22.write_text(json.dumps(_bench_rows("2x2")))
+    f24.write_text(json.dumps(_bench_rows("2x4")))
+    out = tmp_path / "cmp.json"
+    r = run_cli("--calibrate", str(f22), "--compare", str(f24), "--cores", "2", "--llc-mib", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "pred/meas" in r.stdout and "at >= 1 MiB pred/meas 1.00 to 1.00, 2 of 2 within 30%" in r.stdout
+    comp = json.loads(out.read_text())["comparison"]
+    assert [c["grid"] for c in comp] == ["2x4"] * 5 and all(c["ratio"] == pytest.approx(1) for c in comp)
+    r = run_cli("--calibrate", str(f22), "--compare", str(tmp_path / "missing.json"), "--llc-mib", "1")
+    assert r.returncode == 2 and "missing.json does not exist" in r.stderr
+    flat_only = tmp_path / "flat.json"
+    flat_only.write_text(json.dumps(_bench_rows("2x4", algos=("flat",))))
+    r = run_cli("--calibrate", str(f22), "--compare", str(flat_only), "--llc-mib", "1")
+    assert r.returncode == 2 and "--compare" in r.stderr and "no rows of torus" in r.stderr
 
 
 def test_help_does_not_import_torch():
@@ -147,37 +184,29 @@ def test_help_does_not_import_torch():
     assert r.stdout.strip() == "False", r.stderr
 
 
-def _model_rows(grid: str, alpha_us: float, gbs: float, cores: int, background: float) -> list[dict]:
-    g = Grid(*map(int, grid.split("x")))
-    rows = []
-    for algo in ("flat", "torus"):
-        steps, coeff = cm.local_coefficients(algo, g)
-        o = cm.oversubscription(g.size, cores, background)
-        for s in (1 << 16, 1 << 20, 1 << 22, 1 << 24):
-            t = o * (steps * alpha_us + coeff * s / (gbs * 1e3))
-            rows.append({"algo": algo, "backend": "gloo", "grid": grid, "size_bytes": s, "count": s // 4,
-                         "dtype": "float32", "time_us": t, "algbw_gbps": s / t / 1e3,
-                         "busbw_gbps": s / t / 1e3 * 2 * (g.size - 1) / g.size, "wrong": 0})
-    return rows
-
-
 @pytest.mark.timeout(120)
 def test_check_calibration_script_on_bench_files(tmp_path):
     # Two bench files whose times follow the model with different background loads: the script must say
-    # 6 of 6 within 30% when told the loads, and name what falls outside when it is not.
+    # 10 of 10 within 30% when told the loads, and name what falls outside when it is not.
+    kw = {"algos": ("flat", "torus"), "alpha_us": 120.0, "cache_gbs": 1.1, "memory_gbs": 0.6, "llc": 4 << 20,
+          "sizes": (1 << 16, 1 << 20, 1 << 22, 1 << 23, 1 << 24)}
     f22, f24 = tmp_path / "b22.json", tmp_path / "b24.json"
-    f22.write_text(json.dumps(_model_rows("2x2", 120.0, 1.1, 2, 3.0)))
-    f24.write_text(json.dumps(_model_rows("2x4", 120.0, 1.1, 2, 15.0)))
-    script = [sys.executable, str(SCRIPTS / "check_calibration.py"), str(f22), str(f24), "--cores", "2"]
+    f22.write_text(json.dumps(_bench_rows("2x2", background=3.0, **kw)))
+    f24.write_text(json.dumps(_bench_rows("2x4", background=15.0, **kw)))
+    script = [sys.executable, str(SCRIPTS / "check_calibration.py"), str(f22), str(f24), "--cores", "2",
+              "--llc-mib", "4"]
     ok = subprocess.run(script + ["--fit-background", "3", "--check-background", "15"], capture_output=True,
                         text=True, timeout=60)
-    assert ok.returncode == 0 and "6 of 6 predictions within 30%" in ok.stdout, ok.stdout + ok.stderr
-    assert "pred/meas" in ok.stdout and " 1.00" in ok.stdout
+    assert ok.returncode == 0 and "8 of 8 predictions within 30%" in ok.stdout, ok.stdout + ok.stderr
+    assert "pred/meas" in ok.stdout and " 1.00" in ok.stdout and "1/beta_cache = 1.1000 GB/s" in ok.stdout
     off = subprocess.run(script, capture_output=True, text=True, timeout=60)   # loads ignored: 2x4 over-predicted
     assert off.returncode == 1 and "outside" in off.stdout
-    merged = subprocess.run(script[:2] + [f"{f22},{f22}", f"{f24},{f24}", "--cores", "2", "--fit-background", "3",
-                                          "--check-background", "15"], capture_output=True, text=True, timeout=60)
+    merged = subprocess.run(script[:2] + [f"{f22},{f22}", f"{f24},{f24}", "--cores", "2", "--llc-mib", "4",
+                                          "--fit-background", "3", "--check-background", "15"],
+                            capture_output=True, text=True, timeout=60)
     assert merged.returncode == 0 and "     2 " in merged.stdout
+    bad = subprocess.run(script + ["--llc-mib", "-1"], capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "--llc-mib" in bad.stderr
 
 
 @pytest.mark.timeout(60)

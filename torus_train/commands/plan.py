@@ -47,12 +47,18 @@ def _mb(nbytes: float) -> str:
 @click.option("--background", type=float, default=0.0, show_default=True,
               help="--calibrate: other runnable processes that shared the cores during the bench (e.g. its load "
                    "average without the bench).")
+@click.option("--llc-mib", type=float, default=None,
+              help="--calibrate: last-level cache size in MiB that the ranks' buffers share [default: this "
+                   "machine's, from /sys].")
+@click.option("--compare", "compare_path", type=click.Path(dir_okay=False), default=None, metavar="BENCH.json",
+              help="--calibrate: a bench file of another grid; print its measured busbw beside the predicted one.")
 @click.option("--check-groups", is_flag=True,
               help="Build every row and column process group of the grid on torch's one-process fake backend.")
 @click.option("--simulate", is_flag=True,
               help="Run the torus's exact data movement on N virtual ranks with ragged integer tensors.")
 def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_second, overlap, placement, json_path,
-         plot_path, bench_path, calibrate_algo, cores, background, check_groups, simulate) -> None:
+         plot_path, bench_path, calibrate_algo, cores, background, llc_mib, compare_path, check_groups,
+         simulate) -> None:
     """Predict all-reduce time, step time and scaling efficiency per algorithm; choose a grid for N GPUs.
 
     \b
@@ -60,12 +66,13 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
       torus-train plan --gpus 1088 --network abci-v100 --per-gpu-batch 32
       torus-train plan --gpus 2176 --grid 32x68 --simulate --check-groups
       torus-train plan --calibrate bench_2x2.json --grid 2x4
+      torus-train plan --calibrate bench_2x2.json --compare bench_2x4.json
     """
     from torus_train import costmodel as cm
     from torus_train.topology import parse_grid
 
     if bench_path is not None:
-        _calibrate(bench_path, grid_text, calibrate_algo, cores, background, json_path)
+        _calibrate(bench_path, grid_text, calibrate_algo, cores, background, llc_mib, compare_path, json_path)
         return
     if gpus is None:
         if grid_text is None:
@@ -222,36 +229,70 @@ def _check_groups(grid) -> dict:
     return {"grid": str(grid), "groups": built, "as_ranks": len(as_ranks), "seconds": seconds, "ok": ok}
 
 
-def _calibrate(bench_path: str, grid_text, algo, cores, background, json_path) -> None:
+def _calibrate(bench_path: str, grid_text, algo, cores, background, llc_mib, compare_path, json_path) -> None:
     from torus_train import costmodel as cm
-    from torus_train.topology import parse_grid
+    from torus_train.topology import Grid, parse_grid
 
+    if llc_mib is not None and not llc_mib > 0:
+        raise UserError(f"--llc-mib: {llc_mib:g} must be > 0")
     rows = cm.read_bench(bench_path)
-    cal = cm.calibrate(rows, algo=algo, cores=cores, background=background)
+    other = cm.read_bench(compare_path) if compare_path else None
+    llc = None if llc_mib is None else int(llc_mib * 2**20)
+    cal = cm.calibrate(rows, algo=algo, cores=cores, background=background, llc_bytes=llc)
     sizes = [s for s, _ in cal.rows_used]
     click.echo(f"# calibration from {bench_path}: {cal.algo} on {cal.grid} ({cal.backend}), "
                f"{len(cal.rows_used)} rows used ({min(sizes)}..{max(sizes)} bytes, wrong == 0), "
                f"{cal.rows_skipped} rows left out (other algo/grid or wrong != 0)")
-    click.echo(f"# fit: time = max(1, (ranks + {cal.background:g} background) / {cal.cores} cores) * "
-               f"(steps * alpha + bytes_coefficient * n * beta); "
-               f"alpha = {cal.alpha_us:.2f} us, 1/beta = {cal.beta_gbytes_per_s:.4f} GB/s, "
-               f"rms relative error {cal.rms_relative_error * 100:.1f}%")
-    targets = [parse_grid(cal.grid)]
-    if grid_text:
-        targets.append(parse_grid(grid_text))
-    else:
-        targets.append(parse_grid("2x4"))
+    for line in cal.describe():
+        click.echo(f"# {line}")
+    g0 = parse_grid(cal.grid)
+    g0 = Grid(g0.x, g0.y, g0.size)
+    click.echo(f"{'grid':>6} {'size (B)':>10} {'measured us':>12} {'fitted us':>12} {'fit/meas':>9}")
+    for s, t in cal.rows_used:
+        f = cal.predict_seconds(g0, s) * 1e6
+        click.echo(f"{cal.grid:>6} {s:>10} {t:>12.1f} {f:>12.1f} {f / t:>9.2f}")
+    out: dict = {"calibration": cal.__dict__}
+    targets = [parse_grid(grid_text)] if grid_text else ([] if other else [parse_grid("2x4")])
+    if targets:
+        out["predictions"] = _print_predictions(cal, targets, sizes)
+    if other is not None:
+        out["comparison"] = _print_comparison(cal, other, compare_path)
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+        click.echo(f"# wrote {json_path}")
+
+
+def _print_predictions(cal, grids, sizes: list[int]) -> list[dict]:
+    """Predicted time and busbw of cal.algo on each grid at each size; returns them as JSON rows."""
+    from torus_train.topology import Grid
+
     predictions = []
-    click.echo(f"{'grid':>6} {'size (B)':>12} {'time (us)':>12} {'busbw (GB/s)':>13}")
-    for g in targets:
+    click.echo(f"{'grid':>6} {'size (B)':>10} {'predicted us':>13} {'busbw GB/s':>11}")
+    for g in grids:
+        g = Grid(g.x, g.y, g.size)
         for s in sizes:
             t = cal.predict_seconds(g, s)
             bw = cal.predict_busbw(g, s)
             predictions.append({"algo": cal.algo, "grid": str(g), "size_bytes": s, "time_us": t * 1e6,
                                 "busbw_gbps": bw})
-            click.echo(f"{str(g):>6} {s:>12} {t * 1e6:>12.1f} {bw:>13.4f}")
-    click.echo(f"# summary: predicted {cal.algo} on {', '.join(str(g) for g in targets)} from a fit on {cal.grid}")
-    if json_path:
-        out = {"calibration": cal.__dict__, "predictions": predictions}
-        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
-        click.echo(f"# wrote {json_path}")
+            click.echo(f"{g!s:>6} {s:>10} {t * 1e6:>13.1f} {bw:>11.4f}")
+    click.echo(f"# summary: predicted {cal.algo} on {', '.join(str(g) for g in grids)} from a fit on {cal.grid}")
+    return predictions
+
+
+def _print_comparison(cal, rows: list[dict], path: str) -> list[dict]:
+    """Measured against predicted busbw for the rows of cal.algo in another bench file; returns them as JSON."""
+    from torus_train import costmodel as cm
+
+    comp = cm.compare(cal, rows)
+    if not comp:
+        raise UserError(f"--compare: {path} has no rows of {cal.algo} with wrong == 0")
+    click.echo(f"{'grid':>6} {'size (B)':>10} {'measured GB/s':>14} {'predicted GB/s':>15} {'pred/meas':>10}")
+    for c in comp:
+        click.echo(f"{c.grid:>6} {c.size_bytes:>10} {c.measured_busbw:>14.4f} {c.predicted_busbw:>15.4f} "
+                   f"{c.ratio:>10.2f}")
+    big = [c.ratio for c in comp if c.size_bytes >= 1 << 20]
+    tail = (f"; at >= 1 MiB pred/meas {min(big):.2f} to {max(big):.2f}, {sum(abs(r - 1) <= 0.3 for r in big)} of "
+            f"{len(big)} within 30%" if big else "")
+    click.echo(f"# summary: {cal.algo} fitted on {cal.grid}, compared with {len(comp)} rows of {path}{tail}")
+    return [c.__dict__ | {"ratio": c.ratio} for c in comp]
