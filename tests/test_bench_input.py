@@ -13,14 +13,16 @@ def test_bench_input_runs_both_and_writes_json(tmp_path):
     out = tmp_path / "b.json"
     r = subprocess.run([sys.executable, "-m", "torus_train", "bench", "input", "--data", str(tmp_path / "d"),
                         "--batch-size", "8", "--image-size", "32", "--threads", "1", "--warmup", "1",
-                        "--batches", "3", "--json", str(out)], capture_output=True, text=True, timeout=240)
+                        "--batches", "3", "--rounds", "2", "--json", str(out)], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
-    assert "DALI / torchvision:" in r.stdout
+    assert "DALI / torchvision:" in r.stdout and "per round:" in r.stdout
+    assert r.stderr.count("round 1/2:") == 2 and r.stderr.count("round 2/2:") == 2
     doc = json.loads(out.read_text())
     kinds = [x["loader"] for x in doc["results"]]
     assert kinds == ["dali", "torchvision"]
     for x in doc["results"]:
-        assert x["images"] == 24 and x["images_per_s"] > 0
+        assert x["rounds"] == 2 and x["images"] == 48 and len(x["round_images_per_s"]) == 2
+        assert x["min_images_per_s"] <= x["images_per_s"] <= x["max_images_per_s"]
     assert doc["results"][1]["ratio_to_torchvision"] == 1.0
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 
 import click
@@ -48,49 +49,77 @@ def _measure(kind: str, root: str, split: str, batch: int, size: int, threads: i
 @click.option("--batch-size", default=64, show_default=True)
 @click.option("--image-size", default=224, show_default=True)
 @click.option("--threads", default=0, help="DALI threads = torchvision workers (0: all cores).  [default: 0]")
-@click.option("--warmup", default=5, show_default=True, help="Batches before timing starts.")
-@click.option("--batches", default=40, show_default=True, help="Timed batches per loader.")
+@click.option("--warmup", default=5, show_default=True, help="Batches before timing starts, in every round.")
+@click.option("--batches", default=20, show_default=True, help="Timed batches per loader per round.")
+@click.option("--rounds", default=3, show_default=True,
+              help="Rounds that alternate the loaders, so both see the same drift in the machine's load.")
 @click.option("--loaders", default="dali,torchvision", show_default=True, help="Comma-separated loaders to run.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, or cuda (DALI then decodes on the GPU).")
 @click.option("--channels-last/--no-channels-last", default=False, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results here.")
-def bench_input(root, split, batch_size, image_size, threads, warmup, batches, loaders, device, channels_last,
-                json_path):
-    """Images/s of each input pipeline on the same files and cores, and DALI's ratio to torchvision."""
+def bench_input(root, split, batch_size, image_size, threads, warmup, batches, rounds, loaders, device,
+                channels_last, json_path):
+    """Images/s of each input pipeline on the same files and cores, and DALI's ratio to torchvision.
+
+    The loaders run one after the other in alternating rounds (each round builds its loader, warms it up,
+    times it and closes it, so the other never runs beside it); the table gives each loader's median round.
+    """
     from torus_train.data.checks import scan
 
     kinds = [k.strip() for k in loaders.split(",") if k.strip()]
     for k in kinds:
         if k not in ("dali", "torchvision"):
             raise UserError(f"--loaders: {k!r} is not dali or torchvision")
-    if batches < 1 or warmup < 0 or batch_size < 1 or image_size < 1:
-        raise UserError("--batches, --batch-size and --image-size must be positive, --warmup >= 0")
+    if batches < 1 or warmup < 0 or batch_size < 1 or image_size < 1 or rounds < 1:
+        raise UserError("--batches, --rounds, --batch-size and --image-size must be positive, --warmup >= 0")
     threads = threads or os.cpu_count() or 1
     s = scan(root, split)  # fail early, naming the path, before any pipeline starts
     click.echo(f"bench input: {s.root} ({len(s)} images, {len(s.classes)} classes), batch {batch_size}, "
-               f"{image_size}x{image_size}, {threads} thread(s) each, device {device}, "
-               f"{warmup} warm-up + {batches} timed batches", err=True)
-    results = []
-    for k in kinds:
-        click.echo(f"  running {k} ...", err=True)
-        results.append(_measure(k, root, split, batch_size, image_size, threads, warmup, batches, device,
-                                channels_last))
+               f"{image_size}x{image_size}, {threads} thread(s) each, device {device}, {rounds} round(s) of "
+               f"{warmup} warm-up + {batches} timed batches per loader", err=True)
+    per_round: dict[str, list[dict]] = {k: [] for k in kinds}
+    for r in range(rounds):
+        for k in (kinds if r % 2 == 0 else kinds[::-1]):
+            m = _measure(k, root, split, batch_size, image_size, threads, warmup, batches, device, channels_last)
+            per_round[k].append(m)
+            click.echo(f"  round {r + 1}/{rounds}: {k:<11} {m['images_per_s']:8.1f} img/s", err=True)
+    results = [summarize(k, per_round[k]) for k in kinds]
     base = next((r["images_per_s"] for r in results if r["loader"] == "torchvision"), None)
     for r in results:
         r["ratio_to_torchvision"] = round(r["images_per_s"] / base, 2) if base else None
-    head = f"{'loader':<12} {'threads':>7} {'batches':>7} {'images':>7} {'seconds':>8} {'images/s':>9} {'ratio':>6}"
-    click.echo(head)
-    for r in results:
-        ratio = f"{r['ratio_to_torchvision']:.2f}" if r["ratio_to_torchvision"] else "-"
-        click.echo(f"{r['loader']:<12} {r['threads']:>7} {r['batches']:>7} {r['images']:>7} {r['seconds']:>8.2f} "
-                   f"{r['images_per_s']:>9.1f} {ratio:>6}")
+    click.echo(format_table(results))
     dali = next((r for r in results if r["loader"] == "dali"), None)
     if dali and base:
-        click.echo(f"DALI / torchvision: {dali['images_per_s'] / base:.2f}x")
+        pairs = [d["images_per_s"] / t["images_per_s"] for d, t in zip(per_round["dali"], per_round["torchvision"])]
+        click.echo(f"DALI / torchvision: {dali['images_per_s'] / base:.2f}x (median rounds; per round: "
+                   f"{', '.join(f'{x:.2f}' for x in pairs)})")
     if json_path:
         doc = {"data": str(s.root), "images_in_split": len(s), "split": split, "batch_size": batch_size,
                "image_size": image_size, "threads": threads, "device": device, "warmup": warmup,
-               "cpu_count": os.cpu_count(), "results": results}
+               "rounds": rounds, "cpu_count": os.cpu_count(), "results": results}
         with open(json_path, "w") as f:
             json.dump(doc, f, indent=1)
         click.echo(f"wrote {json_path}", err=True)
+
+
+def summarize(kind: str, rounds: list[dict]) -> dict:
+    """One loader's row: totals over its rounds, and the median round's images/s."""
+    rates = sorted(m["images_per_s"] for m in rounds)
+    return {"loader": kind, "threads": rounds[0]["threads"], "rounds": len(rounds),
+            "batches": sum(m["batches"] for m in rounds), "images": sum(m["images"] for m in rounds),
+            "seconds": round(sum(m["seconds"] for m in rounds), 3), "images_per_s": statistics.median(rates),
+            "min_images_per_s": rates[0], "max_images_per_s": rates[-1],
+            "round_images_per_s": [m["images_per_s"] for m in rounds],
+            "steps_per_pass": rounds[0]["steps_per_pass"]}
+
+
+def format_table(results: list[dict]) -> str:
+    head = (f"{'loader':<12} {'threads':>7} {'rounds':>6} {'images':>7} {'seconds':>8} {'images/s':>9} "
+            f"{'min':>7} {'max':>7} {'ratio':>6}")
+    lines = [head]
+    for r in results:
+        ratio = f"{r['ratio_to_torchvision']:.2f}" if r["ratio_to_torchvision"] else "-"
+        lines.append(f"{r['loader']:<12} {r['threads']:>7} {r['rounds']:>6} {r['images']:>7} {r['seconds']:>8.2f} "
+                     f"{r['images_per_s']:>9.1f} {r['min_images_per_s']:>7.1f} {r['max_images_per_s']:>7.1f} "
+                     f"{ratio:>6}")
+    return "\n".join(lines)
