@@ -181,9 +181,9 @@ def run_sweep(cfg: BenchConfig, comm, progress=None) -> list[Row]:
                 spent[algo] += time.perf_counter() - t0
         for algo in cfg.algos:
             timing[0] = spent[algo] / iters[algo]
-            comm.world_max(timing)
+            comm.world_max(comm.buffer(timing))
             stats = torch.tensor([float(wrong[algo])], dtype=torch.float64, device=device)
-            comm.world_allreduce(stats)
+            comm.world_allreduce(comm.buffer(stats))
             row = make_row(algo, comm.backend, f"{comm.grid.x}x{comm.grid.y}", world, size, cfg.dtype,
                            float(timing[0]), int(stats[0]))
             rows.append(row)
@@ -200,7 +200,7 @@ def _iterations(cfg, buf, algo, comm, allreduce, time, flag) -> int:
     allreduce(buf, algo, comm)
     _sync(buf)
     flag[0] = time.perf_counter() - t0
-    comm.world_max(flag)
+    comm.world_max(comm.buffer(flag))
     once = float(flag[0])
     return max(3, min(cfg.iters, int(cfg.max_seconds_per_point / max(once, 1e-9))))
 
@@ -213,7 +213,7 @@ def _sync(buf) -> None:
 
 def _barrier(comm, flag) -> None:
     flag[0] = 0.0
-    comm.world_max(flag)
+    comm.world_max(comm.buffer(flag))
 
 
 # --- output -------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """One rank of the multi-process all-reduce checks (started by tests/dist/test_allreduce.py).
 
-Checks every algorithm, on shared-memory rows and on backend rows, for ragged sizes and three dtypes: the
+Checks every algorithm, on shared-memory rows and on backend rows (gloo; MPI has only the latter), for ragged sizes and three dtypes: the
 result must be bitwise identical on every rank and within tolerance of a float64 sum computed from the inputs'
 formula. Exits non-zero with a message on the first failure; writes the number of checks to $CHECK_OUT.
 """
@@ -27,7 +27,7 @@ def main() -> None:
                             world_size=world, timeout=timedelta(seconds=60))
     if os.environ.get("BACKEND", "gloo") == "mpi":
         from torus_train.comm.mpi import MpiGrid
-        variants = {"mpi-shm": MpiGrid(grid, use_shm=True), "mpi": MpiGrid(grid, use_shm=False)}
+        variants = {"mpi": MpiGrid(grid)}
     else:
         from torus_train.comm.groups import build_grid_groups
         variants = {"shm": build_grid_groups(grid, use_shm=True, timeout=60),

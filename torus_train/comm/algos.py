@@ -35,15 +35,19 @@ def allreduce(tensor: torch.Tensor, algo: str, comm) -> torch.Tensor:
     return tensor
 
 
+# The transports take the buffer that comm.buffer(flat) returns and slices of it: the tensor itself for
+# torch.distributed, a numpy view for MPI (a torch slice and .numpy() per call cost tens of microseconds on an
+# oversubscribed node, where every microsecond one rank spends delays the peers that wait for it).
+
 def flat_allreduce(flat: torch.Tensor, comm) -> None:
     """The backend's own all-reduce over the whole world: the baseline."""
-    comm.world_allreduce(flat)
+    comm.world_allreduce(comm.buffer(flat))
 
 
 def torus_allreduce(flat: torch.Tensor, comm) -> None:
     x, y = comm.grid.x, comm.grid.y
     if x == 1:  # one column: the torus is a single vertical ring
-        comm.col_allreduce(flat)
+        comm.col_allreduce(comm.buffer(flat))
         return
     row = comm.shm_row
     if row is not None:
@@ -57,16 +61,17 @@ def torus_allreduce(flat: torch.Tensor, comm) -> None:
         return
     bounds = chunk_bounds(flat.numel(), x)
     a, b = bounds[comm.col]
-    comm.row_reduce_scatter(flat, bounds)                 # 1. my chunk of the row's sum lands in flat[a:b]
+    buf = comm.buffer(flat)
+    comm.row_reduce_scatter(buf, bounds)                  # 1. my chunk of the row's sum lands in flat[a:b]
     if y > 1 and b > a:
-        comm.col_allreduce(flat[a:b])                     # 2.
-    comm.row_all_gather(flat, bounds)                     # 3.
+        comm.col_allreduce(buf[a:b])                      # 2.
+    comm.row_all_gather(buf, bounds)                      # 3.
 
 
 def hierarchical_allreduce(flat: torch.Tensor, comm) -> None:
     x, y = comm.grid.x, comm.grid.y
     if x == 1:
-        comm.col_allreduce(flat)
+        comm.col_allreduce(comm.buffer(flat))
         return
     leader = comm.col == 0
     row = comm.shm_row
@@ -79,10 +84,11 @@ def hierarchical_allreduce(flat: torch.Tensor, comm) -> None:
                 comm.col_allreduce(piece)                 # 2. leaders, whole piece
             row.broadcast_from_first(piece)               # 3. back along the row
         return
-    comm.row_reduce_to_leader(flat)
+    buf = comm.buffer(flat)
+    comm.row_reduce_to_leader(buf)
     if leader and y > 1:
-        comm.col_allreduce(flat)
-    comm.row_broadcast_from_leader(flat)
+        comm.col_allreduce(buf)
+    comm.row_broadcast_from_leader(buf)
 
 
 ALGORITHMS = {

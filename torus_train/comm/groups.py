@@ -58,6 +58,11 @@ class GridGroups:
         return "shared memory" if self.shm_row is not None else self.backend
 
     # --- the transport interface used by torus_train.comm.algos -----------------------------------
+    @staticmethod
+    def buffer(flat):
+        """What the methods below take: the flat tensor itself."""
+        return flat
+
     def world_allreduce(self, t) -> None:
         dist.all_reduce(t)
 

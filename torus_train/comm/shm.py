@@ -31,6 +31,9 @@ import time
 import numpy as np
 import torch
 
+from torus_train.comm.arith import STORAGE as _STORAGE
+from torus_train.comm.arith import accumulate as _accumulate
+from torus_train.comm.arith import as_numpy as _np
 from torus_train.comm.layout import chunk_bounds
 from torus_train.errors import RunFailed
 
@@ -46,9 +49,7 @@ class ShmRow:
     """The members of one row on one node, sharing a segment. All members construct it with the same name."""
 
     def __init__(self, name: str, index: int, ranks: list[int], capacity: int = DEFAULT_CAPACITY,
-                 timeout: float = 300.0, create: bool | None = None, sync=None):
-        self.sync = sync
-        """A barrier of the row's own transport to use instead of the counters (MPI: row_comm.Barrier)."""
+                 timeout: float = 300.0, create: bool | None = None):
         self.index = index  # my position in the row
         self.ranks = list(ranks)  # global ranks of the row, for error messages
         self.size = len(ranks)
@@ -133,9 +134,6 @@ class ShmRow:
     # --- synchronisation ---------------------------------------------------------------------
     def barrier(self, what: str = "row exchange") -> None:
         """Wait until every member of the row has arrived here."""
-        if self.sync is not None:
-            self.sync()
-            return
         self._epoch += 1
         e = self._epoch
         hdr = self._hdr
@@ -269,33 +267,3 @@ class ShmRow:
         self.barrier("broadcast")
         if self.index != 0:
             p[:] = slots[0, :n]
-
-
-# numpy storage of each supported dtype (bfloat16 has none in numpy: its 16-bit words are moved as uint16)
-_STORAGE = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16,
-            torch.float64: np.float64}
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a contiguous 1-D CPU tensor (bfloat16 as its uint16 words)."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
-
-
-def _accumulate(out: np.ndarray, others: list[np.ndarray], dtype: torch.dtype) -> None:
-    """out += sum(others); half types accumulate in float32 and round once."""
-    if dtype == torch.bfloat16:
-        as_bf16 = lambda a: torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)  # noqa: E731
-        acc = as_bf16(out).float()
-        for t in others:
-            acc += as_bf16(t)
-        as_bf16(out).copy_(acc)
-    elif dtype == torch.float16:
-        acc = out.astype(np.float32)
-        for t in others:
-            acc += t
-        out[:] = acc
-    else:
-        for t in others:
-            np.add(out, t, out=out)
