@@ -27,64 +27,61 @@ def allreduce(tensor: torch.Tensor, algo: str, comm) -> torch.Tensor:
         fn = ALGORITHMS[algo]
     except KeyError:
         raise ValueError(f"unknown all-reduce algorithm {algo!r}; choose one of {', '.join(ALGORITHMS)}") from None
-    if not tensor.is_contiguous():
-        raise ValueError("allreduce needs a contiguous tensor")
-    if tensor.numel() == 0 or comm.grid.size == 1:
-        return tensor
-    fn(tensor.view(-1), comm)
+    buf = comm.buffer(tensor)  # raises ValueError for a non-contiguous tensor
+    if len(buf) and comm.grid.size > 1:
+        fn(buf, comm)
     return tensor
 
 
-# The transports take the buffer that comm.buffer(flat) returns and slices of it: the tensor itself for
-# torch.distributed, a numpy view for MPI (a torch slice and .numpy() per call cost tens of microseconds on an
-# oversubscribed node, where every microsecond one rank spends delays the peers that wait for it).
+# The algorithms take the flat buffer that comm.buffer(tensor) gives and slice it: a 1-D view of the tensor
+# for torch.distributed, numpy views for MPI, cached for a tensor reduced again (DDP's buckets, the bench):
+# with ranks outnumbering cores, each torch call that makes a tensor or an array (a slice, .view(-1),
+# .numpy()) was measured to add 20 to 30 us to an all-reduce on MPI, as much as a whole 1 KiB Allreduce.
 
-def flat_allreduce(flat: torch.Tensor, comm) -> None:
+def flat_allreduce(buf, comm) -> None:
     """The backend's own all-reduce over the whole world: the baseline."""
-    comm.world_allreduce(comm.buffer(flat))
+    comm.world_allreduce(buf)
 
 
-def torus_allreduce(flat: torch.Tensor, comm) -> None:
+def torus_allreduce(buf, comm) -> None:
     x, y = comm.grid.x, comm.grid.y
     if x == 1:  # one column: the torus is a single vertical ring
-        comm.col_allreduce(comm.buffer(flat))
+        comm.col_allreduce(buf)
         return
     row = comm.shm_row
-    if row is not None:
-        step = row.piece_elems(flat.dtype)
-        for s in range(0, flat.numel(), step):
-            piece = flat[s:s + step]
+    if row is not None:  # (torch.distributed only: buf is a tensor)
+        step = row.piece_elems(buf.dtype)
+        for s in range(0, len(buf), step):
+            piece = buf[s:s + step]
             a, b = row.reduce_scatter(piece)              # 1. row, through shared memory
             if y > 1 and b > a:
                 comm.col_allreduce(piece[a:b])            # 2. column, on my 1/X chunk
             row.all_gather(piece, (a, b))                 # 3. row again
         return
-    bounds = chunk_bounds(flat.numel(), x)
+    bounds = chunk_bounds(len(buf), x)
     a, b = bounds[comm.col]
-    buf = comm.buffer(flat)
-    comm.row_reduce_scatter(buf, bounds)                  # 1. my chunk of the row's sum lands in flat[a:b]
+    comm.row_reduce_scatter(buf, bounds)                  # 1. my chunk of the row's sum lands in buf[a:b]
     if y > 1 and b > a:
         comm.col_allreduce(buf[a:b])                      # 2.
     comm.row_all_gather(buf, bounds)                      # 3.
 
 
-def hierarchical_allreduce(flat: torch.Tensor, comm) -> None:
+def hierarchical_allreduce(buf, comm) -> None:
     x, y = comm.grid.x, comm.grid.y
     if x == 1:
-        comm.col_allreduce(comm.buffer(flat))
+        comm.col_allreduce(buf)
         return
     leader = comm.col == 0
     row = comm.shm_row
     if row is not None:
-        step = row.piece_elems(flat.dtype)
-        for s in range(0, flat.numel(), step):
-            piece = flat[s:s + step]
+        step = row.piece_elems(buf.dtype)
+        for s in range(0, len(buf), step):
+            piece = buf[s:s + step]
             row.reduce_to_first(piece)                    # 1. to the row leader
             if leader and y > 1:
                 comm.col_allreduce(piece)                 # 2. leaders, whole piece
             row.broadcast_from_first(piece)               # 3. back along the row
         return
-    buf = comm.buffer(flat)
     comm.row_reduce_to_leader(buf)
     if leader and y > 1:
         comm.col_allreduce(buf)

@@ -59,9 +59,11 @@ class GridGroups:
 
     # --- the transport interface used by torus_train.comm.algos -----------------------------------
     @staticmethod
-    def buffer(flat):
-        """What the methods below take: the flat tensor itself."""
-        return flat
+    def buffer(tensor):
+        """What the methods below take: a 1-D view of the tensor."""
+        if not tensor.is_contiguous():
+            raise ValueError("allreduce needs a contiguous tensor")
+        return tensor.view(-1)
 
     def world_allreduce(self, t) -> None:
         dist.all_reduce(t)

@@ -21,6 +21,7 @@ from torus_train.topology import Grid
 _HALF = (torch.float16, torch.bfloat16)
 _OPS: dict = {}
 _TAG_RS, _TAG_AG = 11, 12
+_CACHED_VIEWS = 8
 
 
 def _MPI():
@@ -68,6 +69,9 @@ class _Buf:
     def __getitem__(self, s: slice) -> _Buf:
         return _Buf(self.values[s], self.wire[s], self.dtype, self.op)
 
+    def __len__(self) -> int:
+        return self.values.shape[0]
+
 
 def _words(a: np.ndarray) -> np.ndarray:
     """`a` as MPI moves it: 16-bit types as their raw words."""
@@ -93,6 +97,7 @@ class MpiGrid:
         self.row_comm = self.comm.Split(color=self.row, key=self.col)
         self.col_comm = self.comm.Split(color=self.col, key=self.row)
         self._IN_PLACE = MPI.IN_PLACE
+        self._views: dict = {}  # (data_ptr, numel, dtype) -> _Buf, see buffer()
         self._work: dict = {}  # receive buffers of the row reduce-scatter, per numpy dtype, grown on demand
         self.notes: list[str] = ["rows: MPI point-to-point (pairwise exchange); columns: MPI_Allreduce"]
 
@@ -107,10 +112,22 @@ class MpiGrid:
         return buf
 
     # --- the transport interface used by torus_train.comm.algos -----------------------------------
-    @staticmethod
-    def buffer(flat: torch.Tensor) -> _Buf:
-        """What the methods below take: numpy views of the flat tensor (slice it, never the tensor)."""
-        return _Buf.of(flat)
+    def buffer(self, tensor: torch.Tensor) -> _Buf:
+        """What the methods below take: numpy views of the tensor, flattened (slice them, never the tensor).
+
+        The views of the last few tensors are kept and reused while storage, length and dtype stay the same
+        (the cached views hold the storage, so no other tensor can take its address meanwhile)."""
+        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+        buf = self._views.get(key)
+        if buf is not None:
+            return buf
+        if not tensor.is_contiguous():
+            raise ValueError("allreduce needs a contiguous tensor")
+        buf = _Buf.of(tensor.view(-1))
+        if len(self._views) >= _CACHED_VIEWS:
+            self._views.pop(next(iter(self._views)))  # the oldest
+        self._views[key] = buf
+        return buf
 
     def world_allreduce(self, buf: _Buf) -> None:
         self.comm.Allreduce(self._IN_PLACE, buf.wire, op=buf.op)
@@ -168,3 +185,4 @@ class MpiGrid:
 
     def close(self) -> None:
         self._work = {}
+        self._views = {}
