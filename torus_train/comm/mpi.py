@@ -26,7 +26,7 @@ _CACHED_VIEWS = 8
 
 def _MPI():
     from mpi4py import MPI
-    return MPI
+    return MPI  # (a module-level import would make importing this module start MPI)
 
 
 def _half_sum_op(dtype: torch.dtype):
@@ -50,13 +50,14 @@ class _Buf:
 
     Slicing one costs a fraction of slicing a torch tensor and calling .numpy() again."""
 
-    __slots__ = ("dtype", "op", "values", "wire")
+    __slots__ = ("dtype", "op", "plans", "values", "wire")
 
     def __init__(self, values: np.ndarray, wire: np.ndarray, dtype: torch.dtype, op):
         self.values = values  # as torus_train.comm.arith.as_numpy gives it (bfloat16 as uint16 words)
         self.wire = wire      # what MPI moves: 16-bit types as raw words (mpi4py knows no float16 datatype)
         self.dtype = dtype
         self.op = op
+        self.plans: dict = {}  # slices and exchange plans, made once per buffer (see MpiGrid.buffer)
 
     @classmethod
     def of(cls, t: torch.Tensor) -> _Buf:
@@ -67,7 +68,11 @@ class _Buf:
         return cls(values, values, t.dtype, MPI.SUM)
 
     def __getitem__(self, s: slice) -> _Buf:
-        return _Buf(self.values[s], self.wire[s], self.dtype, self.op)
+        key = (s.start, s.stop)
+        part = self.plans.get(key)
+        if part is None:
+            part = self.plans[key] = _Buf(self.values[s], self.wire[s], self.dtype, self.op)
+        return part
 
     def __len__(self) -> int:
         return self.values.shape[0]
@@ -98,18 +103,11 @@ class MpiGrid:
         self.col_comm = self.comm.Split(color=self.col, key=self.row)
         self._IN_PLACE = MPI.IN_PLACE
         self._views: dict = {}  # (data_ptr, numel, dtype) -> _Buf, see buffer()
-        self._work: dict = {}  # receive buffers of the row reduce-scatter, per numpy dtype, grown on demand
         self.notes: list[str] = ["rows: MPI point-to-point (pairwise exchange); columns: MPI_Allreduce"]
 
     @property
     def world_size(self) -> int:
         return self.grid.size
-
-    def _workspace(self, dtype, count: int) -> np.ndarray:
-        buf = self._work.get(dtype)
-        if buf is None or buf.shape[0] < count:
-            buf = self._work[dtype] = np.empty(max(count, 1024), dtype=dtype)
-        return buf
 
     # --- the transport interface used by torus_train.comm.algos -----------------------------------
     def buffer(self, tensor: torch.Tensor) -> _Buf:
@@ -141,38 +139,50 @@ class MpiGrid:
 
     def row_reduce_scatter(self, buf: _Buf, bounds) -> None:
         """Chunk `col` of the row's sum lands in flat[bounds[col]]; the other chunks are left as they were."""
-        rc, me, x = self.row_comm, self.col, self.grid.x
+        plan = buf.plans.get("rs")
+        if plan is None:
+            plan = buf.plans["rs"] = self._reduce_scatter_plan(buf, bounds)
+        sends, recvs, mine, summands = plan
+        rc = self.row_comm
+        if len(sends) == 1:  # a 2-rank row: one paired exchange
+            rc.Sendrecv(sends[0][1], sends[0][0], _TAG_RS, recvs[0][1], recvs[0][0], _TAG_RS)
+        else:
+            reqs = [rc.Irecv(w, src, _TAG_RS) for src, w in recvs]
+            reqs += [rc.Isend(w, dst, _TAG_RS) for dst, w in sends]
+            _MPI().Request.Waitall(reqs)
+        if mine.shape[0]:  # add in a fixed order, so the sum does not depend on which message arrived first
+            if len(summands) == 1 and buf.dtype not in _HALF:
+                np.add(mine, summands[0], out=mine)
+            else:
+                accumulate(mine, summands, buf.dtype)
+
+    def _reduce_scatter_plan(self, buf: _Buf, bounds):
+        """(sends [(dst, words)], receives [(src, words)], my chunk, the received chunks) of this buffer."""
+        me, x = self.col, self.grid.x
         a, b = bounds[me]
         n = b - a
-        p, w = buf.values, buf.wire
-        work = self._workspace(p.dtype, (x - 1) * n)
-        recv = [work[i * n:(i + 1) * n] for i in range(x - 1)]  # recv[k - 1]: from member (me - k) % x
-        if x == 2:
-            c, d = bounds[1 - me]
-            rc.Sendrecv(w[c:d], 1 - me, _TAG_RS, _words(recv[0]), 1 - me, _TAG_RS)
-        else:
-            reqs = [rc.Irecv(_words(recv[k - 1]), (me - k) % x, _TAG_RS) for k in range(1, x)]
-            for k in range(1, x):
-                c, d = bounds[(me + k) % x]
-                reqs.append(rc.Isend(w[c:d], (me + k) % x, _TAG_RS))
-            _MPI().Request.Waitall(reqs)
-        if n:  # add in a fixed order, so the sum does not depend on which message arrived first
-            accumulate(p[a:b], recv, buf.dtype)
+        work = np.empty((x - 1) * n, dtype=buf.values.dtype)  # held by the plan, so by the cached buffer
+        summands = [work[i * n:(i + 1) * n] for i in range(x - 1)]  # [k - 1]: from member (me - k) % x
+        recvs = [((me - k) % x, _words(summands[k - 1])) for k in range(1, x)]
+        sends = [((me + k) % x, buf.wire[bounds[(me + k) % x][0]:bounds[(me + k) % x][1]]) for k in range(1, x)]
+        return sends, recvs, buf.values[a:b], summands
 
     def row_all_gather(self, buf: _Buf, bounds) -> None:
         """Every member holds chunk `col` in flat[bounds[col]]; afterwards all hold every chunk."""
-        MPI, rc, me, x = _MPI(), self.row_comm, self.col, self.grid.x
-        w = buf.wire
-        a, b = bounds[me]
-        peers = [(me + k) % x for k in range(1, x)]
-        if x == 2:
-            q = peers[0]
-            c, d = bounds[q]
-            rc.Sendrecv(w[a:b], q, _TAG_AG, w[c:d], q, _TAG_AG)
+        plan = buf.plans.get("ag")
+        if plan is None:
+            me, x, w = self.col, self.grid.x, buf.wire
+            a, b = bounds[me]
+            peers = [(me + k) % x for k in range(1, x)]
+            plan = buf.plans["ag"] = ([(q, w[a:b]) for q in peers], [(q, w[bounds[q][0]:bounds[q][1]]) for q in peers])
+        sends, recvs = plan
+        rc = self.row_comm
+        if len(sends) == 1:
+            rc.Sendrecv(sends[0][1], sends[0][0], _TAG_AG, recvs[0][1], recvs[0][0], _TAG_AG)
             return
-        reqs = [rc.Irecv(w[bounds[q][0]:bounds[q][1]], q, _TAG_AG) for q in peers]
-        reqs += [rc.Isend(w[a:b], q, _TAG_AG) for q in peers]
-        MPI.Request.Waitall(reqs)
+        reqs = [rc.Irecv(w, src, _TAG_AG) for src, w in recvs]
+        reqs += [rc.Isend(w, dst, _TAG_AG) for dst, w in sends]
+        _MPI().Request.Waitall(reqs)
 
     def row_reduce_to_leader(self, buf: _Buf) -> None:
         if self.col == 0:
@@ -184,5 +194,4 @@ class MpiGrid:
         self.row_comm.Bcast(buf.wire, root=0)
 
     def close(self) -> None:
-        self._work = {}
         self._views = {}
