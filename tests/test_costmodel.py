@@ -260,7 +260,9 @@ REAL_SWEEPS = {
     "gloo 2026-12-01": ("allreduce_gloo_{}.json", ()),
     "mpi 2026-12-01, shared-memory rows": ("2026-12-01-mpi-shm-rows/allreduce_mpi_{}.json", ()),
     # 64 MiB: measured 0.39 GB/s in this sweep, 0.43 in a repeat of 16-64 MiB; predicted 0.51 (1.31x)
-    "mpi 2026-12-02, point-to-point rows": ("allreduce_mpi_{}.json", (64 * MiB,)),
+    "mpi 2026-12-02, point-to-point rows": ("2026-12-02-mpi-p2p-uncached/allreduce_mpi_{}.json", (64 * MiB,)),
+    # 1-4 MiB: predicted 1.49-1.54x the measured busbw (flat and hierarchical miss alike in this pair)
+    "mpi 2026-12-02, point-to-point rows, cached views": ("allreduce_mpi_{}.json", (MiB, 2 * MiB, 4 * MiB)),
 }
 
 
