@@ -15,31 +15,12 @@ as the band being tested.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 from torus_train import costmodel as cm
 from torus_train.bench import parse_size
 from torus_train.errors import UserError
 from torus_train.topology import parse_grid
-
-
-def read_merged(paths: str) -> list[dict]:
-    """Rows of one or more bench files (comma-separated); several files -> median time per (algo, grid, size)."""
-    files = [p for p in paths.split(",") if p]
-    groups: dict = {}
-    for path in files:
-        for r in cm.read_bench(path):
-            groups.setdefault((r["algo"], r["grid"], r["size_bytes"]), []).append(r)
-    out = []
-    for rows in groups.values():
-        good = [r for r in rows if int(r.get("wrong", 0)) == 0]
-        merged = dict((good or rows)[0])
-        merged["time_us"] = statistics.median(r["time_us"] for r in (good or rows))
-        merged["wrong"] = 0 if good else merged.get("wrong", 1)
-        merged["runs"] = len(good or rows)
-        out.append(merged)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.30, help="allowed |predicted/measured - 1| (default 0.30)")
     args = ap.parse_args(argv)
     try:
-        fit_rows, check_rows = read_merged(args.fit_file), read_merged(args.check_file)
+        fit_rows, check_rows = cm.read_benches(args.fit_file), cm.read_benches(args.check_file)
         min_bytes = parse_size(args.min_bytes, "--min-bytes")
     except UserError as e:
         print(f"check_calibration: error: {e}", file=sys.stderr)

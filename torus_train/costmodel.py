@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -856,6 +857,26 @@ def read_bench(path: str) -> list[dict]:
             raise UserError(f"--calibrate: {path}: row[{i}].size_bytes: {row['size_bytes']!r} must be an integer >= 0")
         parse_grid(row["grid"])
     return data
+
+
+def read_benches(paths: str) -> list[dict]:
+    """Rows of one or more bench files (comma-separated); several -> the median time per (algo, grid, size).
+
+    On a shared machine one run's noise can be as large as the band a prediction is held to: record the grids
+    in alternating runs and merge them."""
+    groups: dict = {}
+    for path in (p for p in paths.split(",") if p):
+        for r in read_bench(path):
+            groups.setdefault((r["algo"], r["grid"], r["size_bytes"]), []).append(r)
+    out = []
+    for rows in groups.values():
+        good = [r for r in rows if int(r.get("wrong", 0)) == 0] or rows
+        merged = dict(good[0])
+        merged["time_us"] = statistics.median(r["time_us"] for r in good)
+        merged["wrong"] = 0 if good is not rows or int(rows[0].get("wrong", 0)) == 0 else merged.get("wrong", 1)
+        merged["runs"] = len(good)
+        out.append(merged)
+    return out
 
 
 def _llc(llc_bytes: int | None) -> int:

@@ -40,7 +40,8 @@ def _mb(nbytes: float) -> str:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="PNG of predicted all-reduce time against GPU count (64..4096) per algorithm.")
 @click.option("--calibrate", "bench_path", type=click.Path(dir_okay=False), default=None, metavar="BENCH.json",
-              help="Fit alpha and beta of this machine from `bench allreduce --json` rows and predict --grid.")
+              help="Fit alpha and beta of this machine from `bench allreduce --json` rows and predict --grid; "
+                   "several comma-separated files: the median time per point.")
 @click.option("--calibrate-algo", default=None, help="Which algorithm's rows to fit [default: torus if present].")
 @click.option("--cores", type=click.IntRange(min=1), default=None,
               help="CPU cores for the oversubscription term of --calibrate [default: this machine's].")
@@ -51,7 +52,8 @@ def _mb(nbytes: float) -> str:
               help="--calibrate: last-level cache size in MiB that the ranks' buffers share [default: this "
                    "machine's, from /sys].")
 @click.option("--compare", "compare_path", type=click.Path(dir_okay=False), default=None, metavar="BENCH.json",
-              help="--calibrate: a bench file of another grid; print its measured busbw beside the predicted one.")
+              help="--calibrate: a bench file (or comma-separated files) of another grid; print its measured "
+                   "busbw beside the predicted one.")
 @click.option("--check-groups", is_flag=True,
               help="Build every row and column process group of the grid on torch's one-process fake backend.")
 @click.option("--simulate", is_flag=True,
@@ -235,8 +237,8 @@ def _calibrate(bench_path: str, grid_text, algo, cores, background, llc_mib, com
 
     if llc_mib is not None and not llc_mib > 0:
         raise UserError(f"--llc-mib: {llc_mib:g} must be > 0")
-    rows = cm.read_bench(bench_path)
-    other = cm.read_bench(compare_path) if compare_path else None
+    rows = cm.read_benches(bench_path)
+    other = cm.read_benches(compare_path) if compare_path else None
     llc = None if llc_mib is None else int(llc_mib * 2**20)
     cal = cm.calibrate(rows, algo=algo, cores=cores, background=background, llc_bytes=llc)
     sizes = [s for s, _ in cal.rows_used]
