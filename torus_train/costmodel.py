@@ -870,11 +870,12 @@ def read_benches(paths: str) -> list[dict]:
             groups.setdefault((r["algo"], r["grid"], r["size_bytes"]), []).append(r)
     out = []
     for rows in groups.values():
-        good = [r for r in rows if int(r.get("wrong", 0)) == 0] or rows
-        merged = dict(good[0])
-        merged["time_us"] = statistics.median(r["time_us"] for r in good)
-        merged["wrong"] = 0 if good is not rows or int(rows[0].get("wrong", 0)) == 0 else merged.get("wrong", 1)
-        merged["runs"] = len(good)
+        good = [r for r in rows if int(r.get("wrong", 0)) == 0]
+        use = good or rows
+        merged = dict(use[0])
+        merged["time_us"] = statistics.median(r["time_us"] for r in use)
+        merged["wrong"] = 0 if good else merged.get("wrong", 1)
+        merged["runs"] = len(use)
         out.append(merged)
     return out
 

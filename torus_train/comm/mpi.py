@@ -88,7 +88,7 @@ class MpiGrid:
 
     shm_row = None  # rows never use the shared-memory segment on MPI (see the module's docstring)
 
-    def __init__(self, grid: Grid, comm=None, timeout: float = 300.0):
+    def __init__(self, grid: Grid, comm=None):
         MPI = _MPI()
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         if self.comm.Get_size() != grid.size:
@@ -151,10 +151,7 @@ class MpiGrid:
             reqs += [rc.Isend(w, dst, _TAG_RS) for dst, w in sends]
             _MPI().Request.Waitall(reqs)
         if mine.shape[0]:  # add in a fixed order, so the sum does not depend on which message arrived first
-            if len(summands) == 1 and buf.dtype not in _HALF:
-                np.add(mine, summands[0], out=mine)
-            else:
-                accumulate(mine, summands, buf.dtype)
+            accumulate(mine, summands, buf.dtype)
 
     def _reduce_scatter_plan(self, buf: _Buf, bounds):
         """(sends [(dst, words)], receives [(src, words)], my chunk, the received chunks) of this buffer."""

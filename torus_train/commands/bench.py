@@ -124,7 +124,7 @@ def _run_rank(cfg, grid, why, backend, timeout, json_path, plot_path) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if backend == "mpi":
         from torus_train.comm.mpi import MpiGrid
-        comm = MpiGrid(grid, timeout=timeout)
+        comm = MpiGrid(grid)  # a dead MPI rank ends the job through mpirun
         finish = lambda: None  # noqa: E731
     else:
         comm, finish = _torch_grid(grid, backend, timeout)
