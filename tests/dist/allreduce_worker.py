@@ -2,7 +2,7 @@
 
 Checks every algorithm, on shared-memory rows and on backend rows (gloo; MPI has only the latter), for ragged sizes and three dtypes: the
 result must be bitwise identical on every rank and within tolerance of a float64 sum computed from the inputs'
-formula. Exits non-zero with a message on the first failure; writes the number of checks to $CHECK_OUT.
+formula. On MPI with NATIVE=1, the C replay runs too and must equal the Python replay bit for bit. Exits non-zero with a message on the first failure; writes the number of checks to $CHECK_OUT.
 """
 import os
 import sys
@@ -27,13 +27,15 @@ def main() -> None:
                             world_size=world, timeout=timedelta(seconds=60))
     if os.environ.get("BACKEND", "gloo") == "mpi":
         from torus_train.comm.mpi import MpiGrid
-        variants = {"mpi": MpiGrid(grid)}
+        variants = {"mpi": MpiGrid(grid, native=False)}  # the Python replay
+        if os.environ.get("NATIVE") == "1":  # and the C one, which must give bitwise the same results
+            variants["mpi-native"] = MpiGrid(grid, native=True)
     else:
         from torus_train.comm.groups import build_grid_groups
         variants = {"shm": build_grid_groups(grid, use_shm=True, timeout=60),
                     "gloo": build_grid_groups(grid, use_shm=False, timeout=60)}
     # small pieces so that multi-piece tensors are exercised too
-    checks = 0
+    checks, first = 0, {}
     for vname, comm in variants.items():
         for algo in ALGORITHMS:
             for dtype in DTYPES:
@@ -52,6 +54,12 @@ def main() -> None:
                         sys.exit(f"rank {rank}: {where}: max error {err} > tolerance {tol}")
                     if not same:
                         sys.exit(f"rank {rank}: {where}: ranks hold different results")
+                    if vname.startswith("mpi") and not torch.equal(first.setdefault((algo, dtype, n), t.clone()), t):
+                        sys.exit(f"rank {rank}: {where}: differs from the Python replay's result")
+                    if vname == "mpi-native" and world > 1:  # float32 in C; half types (no MPI sum) in Python
+                        kind = comm.replay_kind(ALGORITHMS[algo], comm.buffer(t))
+                        if kind != ("native" if dtype == torch.float32 else "python"):
+                            sys.exit(f"rank {rank}: {where}: replayed by {kind}")
                     checks += 1
         comm.close()
     dist.destroy_process_group()

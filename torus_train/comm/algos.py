@@ -23,27 +23,33 @@ from torus_train.comm.layout import chunk_bounds
 
 def allreduce(tensor: torch.Tensor, algo: str, comm) -> torch.Tensor:
     """Sum `tensor` over all ranks in place with the named algorithm; returns `tensor`."""
-    try:
-        fn = ALGORITHMS[algo]
-    except KeyError:
-        raise ValueError(f"unknown all-reduce algorithm {algo!r}; choose one of {', '.join(ALGORITHMS)}") from None
-    buf = comm.buffer(tensor)  # raises ValueError for a non-contiguous tensor
-    if len(buf) and comm.grid.size > 1:
-        fn(buf, comm)
+    fn = ALGORITHMS.get(algo)
+    if fn is None:
+        raise ValueError(f"unknown all-reduce algorithm {algo!r}; choose one of {', '.join(ALGORITHMS)}")
+    comm.run(fn, comm.buffer(tensor))  # buffer() raises ValueError for a non-contiguous tensor
     return tensor
 
 
 # The algorithms take the flat buffer that comm.buffer(tensor) gives and slice it: a 1-D view of the tensor
-# for torch.distributed, numpy views for MPI, cached for a tensor reduced again (DDP's buckets, the bench):
-# with ranks outnumbering cores, each torch call that makes a tensor or an array (a slice, .view(-1),
-# .numpy()) was measured to add 20 to 30 us to an all-reduce on MPI, as much as a whole 1 KiB Allreduce.
+# for torch.distributed, numpy views for MPI, cached for a tensor reduced again (DDP's buckets, the bench).
+# comm.run(algorithm, buf) calls the algorithm; MPI records the calls it makes once per buffer and replays
+# them, because with ranks outnumbering cores every Python-side step between two MPI calls was measured to
+# cost several times its own time (a dict lookup and three tensor attributes: 15 to 25 us per all-reduce).
+
+def _nothing_to_do(buf, comm) -> bool:
+    return len(buf) == 0 or comm.grid.size == 1
+
 
 def flat_allreduce(buf, comm) -> None:
     """The backend's own all-reduce over the whole world: the baseline."""
+    if _nothing_to_do(buf, comm):
+        return
     comm.world_allreduce(buf)
 
 
 def torus_allreduce(buf, comm) -> None:
+    if _nothing_to_do(buf, comm):
+        return
     x, y = comm.grid.x, comm.grid.y
     if x == 1:  # one column: the torus is a single vertical ring
         comm.col_allreduce(buf)
@@ -67,6 +73,8 @@ def torus_allreduce(buf, comm) -> None:
 
 
 def hierarchical_allreduce(buf, comm) -> None:
+    if _nothing_to_do(buf, comm):
+        return
     x, y = comm.grid.x, comm.grid.y
     if x == 1:
         comm.col_allreduce(buf)

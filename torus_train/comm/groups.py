@@ -65,6 +65,9 @@ class GridGroups:
             raise ValueError("allreduce needs a contiguous tensor")
         return tensor.view(-1)
 
+    def run(self, algorithm, t) -> None:
+        algorithm(t, self)
+
     def world_allreduce(self, t) -> None:
         dist.all_reduce(t)
 

@@ -12,9 +12,13 @@ MPI has no standard float16/bfloat16 sum).
 """
 from __future__ import annotations
 
+import ctypes
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
+from torus_train.comm import native as N
 from torus_train.comm.arith import accumulate, as_numpy
 from torus_train.topology import Grid
 
@@ -22,6 +26,7 @@ _HALF = (torch.float16, torch.bfloat16)
 _OPS: dict = {}
 _TAG_RS, _TAG_AG = 11, 12
 _CACHED_VIEWS = 8
+_INT_MAX = 2**31 - 1  # MPI counts are C ints
 
 
 def _MPI():
@@ -57,7 +62,7 @@ class _Buf:
         self.wire = wire      # what MPI moves: 16-bit types as raw words (mpi4py knows no float16 datatype)
         self.dtype = dtype
         self.op = op
-        self.plans: dict = {}  # slices and exchange plans, made once per buffer (see MpiGrid.buffer)
+        self.plans: dict = {}  # slices, and each algorithm's recorded steps (see MpiGrid.run)
 
     @classmethod
     def of(cls, t: torch.Tensor) -> _Buf:
@@ -78,17 +83,52 @@ class _Buf:
         return self.values.shape[0]
 
 
+def _isend_irecv_wait(comm, sends, recvs, tag) -> None:
+    reqs = [comm.Irecv(w, src, tag) for src, w in recvs]
+    reqs += [comm.Isend(w, dst, tag) for dst, w in sends]
+    _MPI().Request.Waitall(reqs)
+
+
 def _words(a: np.ndarray) -> np.ndarray:
     """`a` as MPI moves it: 16-bit types as their raw words."""
     return a.view(np.uint16) if a.itemsize == 2 else a
 
 
+class _Step(NamedTuple):
+    """One recorded operation: an MPI call on communicator `comm` (0 world, 1 row, 2 column) or a local add."""
+    kind: int           # torus_train.comm.native's op kinds, or _HALF_ADD
+    comm: int = 0
+    a: np.ndarray | None = None  # what is sent / reduced in place / added to (None: MPI_IN_PLACE at a root)
+    b: np.ndarray | None = None  # what is received / the addend
+    peer: int = 0       # destination or root
+    src: int = 0
+    tag: int = 0
+    op: object = None   # the MPI op of a reduction
+    summands: tuple = ()  # _HALF_ADD: the addends, in order
+    dtype: torch.dtype | None = None
+
+
+_HALF_ADD = 100  # half types: add all summands in float32, round once (Python only)
+
+
+class _Program:
+    """A recorded algorithm, ready to replay: `calls` is [(callable, args)]; `steps` keeps its arrays alive."""
+
+    __slots__ = ("calls", "how", "steps")
+
+    def __init__(self, calls, steps, how: str):
+        self.calls, self.steps, self.how = calls, steps, how
+
+
 class MpiGrid:
-    """This rank's view of the grid on MPI: row and column communicators."""
+    """This rank's view of the grid on MPI: row and column communicators.
+
+    native: None tries the C replay (torus_train.comm.native) and falls back to Python, saying why in
+    `notes`; False never tries it; True requires it (ValueError when it cannot be had)."""
 
     shm_row = None  # rows never use the shared-memory segment on MPI (see the module's docstring)
 
-    def __init__(self, grid: Grid, comm=None):
+    def __init__(self, grid: Grid, comm=None, native: bool | None = None):
         MPI = _MPI()
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         if self.comm.Get_size() != grid.size:
@@ -101,9 +141,17 @@ class MpiGrid:
         self.backend = "mpi"
         self.row_comm = self.comm.Split(color=self.row, key=self.col)
         self.col_comm = self.comm.Split(color=self.col, key=self.row)
-        self._IN_PLACE = MPI.IN_PLACE
+        self._comms = (self.comm, self.row_comm, self.col_comm)
+        self._IN_PLACE, self._SUM = MPI.IN_PLACE, MPI.SUM
         self._views: dict = {}  # (data_ptr, numel, dtype) -> _Buf, see buffer()
-        self.notes: list[str] = ["rows: MPI point-to-point (pairwise exchange); columns: MPI_Allreduce"]
+        self._recording: list | None = None  # see run()
+        self.native, why = None, "native replay off"
+        if native is not False:
+            self.native, why = N.load(MPI.Get_library_version())
+            if native and self.native is None:
+                raise ValueError(why)
+        self.notes: list[str] = ["rows: MPI point-to-point (pairwise exchange); columns: MPI_Allreduce",
+                                 f"float32/float64: {why}" if self.native else why + " (Python replay)"]
 
     @property
     def world_size(self) -> int:
@@ -127,68 +175,174 @@ class MpiGrid:
         self._views[key] = buf
         return buf
 
+    def run(self, algorithm, buf: _Buf) -> None:
+        """Run `algorithm(buf, self)`: recorded once per buffer, then replayed.
+
+        The methods below emit steps (MPI calls and local adds); while recording they are only collected. An
+        algorithm's steps depend on the buffer's length and dtype and on the grid, never on its values, so a
+        buffer reduced again (a DDP bucket, the bench) replays them: in C when the native library is loaded
+        and the dtype is float32 or float64 (one ctypes call for the whole all-reduce), else in Python
+        without rebuilding slices or plans. Both issue the same MPI calls and adds in the same order, so
+        they give bitwise-identical results and ranks may even mix them."""
+        prog = buf.plans.get(algorithm)
+        if prog is None:
+            self._recording = []
+            try:
+                algorithm(buf, self)
+                steps = self._recording
+            finally:
+                self._recording = None
+            prog = buf.plans[algorithm] = self._compile(steps)
+        for call, args in prog.calls:
+            call(*args)
+
+    def replay_kind(self, algorithm, buf: _Buf) -> str | None:
+        """'native' or 'python' once `algorithm` has run on `buf`, else None (for tests and the bench)."""
+        prog = buf.plans.get(algorithm)
+        return prog.how if prog is not None else None
+
+    def _emit(self, *steps: _Step) -> None:
+        if self._recording is not None:
+            self._recording.extend(steps)
+        else:
+            for call, args in self._python_calls(steps):
+                call(*args)
+
+    def _compile(self, steps: list[_Step]) -> _Program:
+        if self.native is not None and steps:
+            ops = _native_ops(steps)
+            if ops is not None:
+                return _Program([(self._native_call(ops), ())], steps, "native")
+        return _Program(self._python_calls(steps), steps, "python")
+
+    def _native_call(self, ops):
+
+        fcomms = (ctypes.c_int32 * len(self._comms))(*[c.py2f() for c in self._comms])
+        run, n, nc = self.native.tt_run, len(ops), len(self._comms)
+        arr = (N.Op * n)(*ops)
+
+        def call():
+            rc = run(arr, n, fcomms, nc)
+            if rc:
+                raise RuntimeError(f"native all-reduce replay failed: {_error_string(rc)}")
+        return call
+
+    def _python_calls(self, steps) -> list:
+
+        calls, pending = [], []
+        for s in steps:
+            c = self._comms[s.comm]
+            if s.kind == N.SENDRECV:
+                calls.append((c.Sendrecv, (s.a, s.peer, s.tag, s.b, s.src, s.tag)))
+            elif s.kind == N.ISEND:
+                pending.append((c.Isend, (s.a, s.peer, s.tag)))
+            elif s.kind == N.IRECV:
+                pending.append((c.Irecv, (s.b, s.src, s.tag)))
+            elif s.kind == N.WAITALL:
+                calls.append((_start_and_wait, (tuple(pending),)))
+                pending = []
+            elif s.kind == N.ALLREDUCE:
+                calls.append((c.Allreduce, (self._IN_PLACE, s.a, s.op)))
+            elif s.kind == N.REDUCE:
+                calls.append((c.Reduce, (self._IN_PLACE if s.a is None else s.a, s.b, s.op, s.peer)))
+            elif s.kind == N.BCAST:
+                calls.append((c.Bcast, (s.a, s.peer)))
+            elif s.kind == N.ADD:
+                calls.append((np.add, (s.a, s.b, s.a)))
+            elif s.kind == _HALF_ADD:
+                calls.append((accumulate, (s.a, list(s.summands), s.dtype)))
+            else:
+                raise ValueError(f"unknown step kind {s.kind}")
+        if pending:
+            raise ValueError("an exchange without its wait")
+        return calls
+
     def world_allreduce(self, buf: _Buf) -> None:
-        self.comm.Allreduce(self._IN_PLACE, buf.wire, op=buf.op)
+        self._emit(_Step(N.ALLREDUCE, 0, buf.wire, op=buf.op))
 
     def world_max(self, buf: _Buf) -> None:
-        self.comm.Allreduce(self._IN_PLACE, buf.values, op=_MPI().MAX)
+        self.comm.Allreduce(self._IN_PLACE, buf.values, op=_MPI().MAX)  # never recorded: bench bookkeeping
 
     def col_allreduce(self, buf: _Buf) -> None:
         if self.grid.y > 1:
-            self.col_comm.Allreduce(self._IN_PLACE, buf.wire, op=buf.op)
+            self._emit(_Step(N.ALLREDUCE, 2, buf.wire, op=buf.op))
 
     def row_reduce_scatter(self, buf: _Buf, bounds) -> None:
         """Chunk `col` of the row's sum lands in flat[bounds[col]]; the other chunks are left as they were."""
-        plan = buf.plans.get("rs")
-        if plan is None:
-            plan = buf.plans["rs"] = self._reduce_scatter_plan(buf, bounds)
-        sends, recvs, mine, summands = plan
-        rc = self.row_comm
-        if len(sends) == 1:  # a 2-rank row: one paired exchange
-            rc.Sendrecv(sends[0][1], sends[0][0], _TAG_RS, recvs[0][1], recvs[0][0], _TAG_RS)
-        else:
-            reqs = [rc.Irecv(w, src, _TAG_RS) for src, w in recvs]
-            reqs += [rc.Isend(w, dst, _TAG_RS) for dst, w in sends]
-            _MPI().Request.Waitall(reqs)
-        if mine.shape[0]:  # add in a fixed order, so the sum does not depend on which message arrived first
-            accumulate(mine, summands, buf.dtype)
-
-    def _reduce_scatter_plan(self, buf: _Buf, bounds):
-        """(sends [(dst, words)], receives [(src, words)], my chunk, the received chunks) of this buffer."""
         me, x = self.col, self.grid.x
         a, b = bounds[me]
         n = b - a
-        work = np.empty((x - 1) * n, dtype=buf.values.dtype)  # held by the plan, so by the cached buffer
+        work = np.empty((x - 1) * n, dtype=buf.values.dtype)  # held by the steps, so by the cached buffer
         summands = [work[i * n:(i + 1) * n] for i in range(x - 1)]  # [k - 1]: from member (me - k) % x
         recvs = [((me - k) % x, _words(summands[k - 1])) for k in range(1, x)]
         sends = [((me + k) % x, buf.wire[bounds[(me + k) % x][0]:bounds[(me + k) % x][1]]) for k in range(1, x)]
-        return sends, recvs, buf.values[a:b], summands
+        self._exchange(sends, recvs, _TAG_RS)
+        if n:  # add in a fixed order, so the sum does not depend on which message arrived first
+            mine = buf.values[a:b]
+            if buf.dtype in _HALF:
+                self._emit(_Step(_HALF_ADD, a=mine, summands=tuple(summands), dtype=buf.dtype))
+            else:
+                self._emit(*[_Step(N.ADD, a=mine, b=s) for s in summands])
 
     def row_all_gather(self, buf: _Buf, bounds) -> None:
         """Every member holds chunk `col` in flat[bounds[col]]; afterwards all hold every chunk."""
-        plan = buf.plans.get("ag")
-        if plan is None:
-            me, x, w = self.col, self.grid.x, buf.wire
-            a, b = bounds[me]
-            peers = [(me + k) % x for k in range(1, x)]
-            plan = buf.plans["ag"] = ([(q, w[a:b]) for q in peers], [(q, w[bounds[q][0]:bounds[q][1]]) for q in peers])
-        sends, recvs = plan
-        rc = self.row_comm
-        if len(sends) == 1:
-            rc.Sendrecv(sends[0][1], sends[0][0], _TAG_AG, recvs[0][1], recvs[0][0], _TAG_AG)
+        me, x, w = self.col, self.grid.x, buf.wire
+        a, b = bounds[me]
+        peers = [(me + k) % x for k in range(1, x)]
+        self._exchange([(q, w[a:b]) for q in peers], [(q, w[bounds[q][0]:bounds[q][1]]) for q in peers], _TAG_AG)
+
+    def _exchange(self, sends, recvs, tag) -> None:
+        """Send each (peer, words) of `sends` and receive each of `recvs` along the row, all at once."""
+        if len(sends) == 1:  # a 2-rank row: one paired exchange
+            (dst, out), (src, into) = sends[0], recvs[0]
+            self._emit(_Step(N.SENDRECV, 1, out, into, peer=dst, src=src, tag=tag))
             return
-        reqs = [rc.Irecv(w, src, _TAG_AG) for src, w in recvs]
-        reqs += [rc.Isend(w, dst, _TAG_AG) for dst, w in sends]
-        _MPI().Request.Waitall(reqs)
+        self._emit(*[_Step(N.IRECV, 1, b=w, src=src, tag=tag) for src, w in recvs],
+                   *[_Step(N.ISEND, 1, a=w, peer=dst, tag=tag) for dst, w in sends],
+                   _Step(N.WAITALL, 1))
 
     def row_reduce_to_leader(self, buf: _Buf) -> None:
         if self.col == 0:
-            self.row_comm.Reduce(self._IN_PLACE, buf.wire, op=buf.op, root=0)
+            self._emit(_Step(N.REDUCE, 1, None, buf.wire, peer=0, op=buf.op))
         else:
-            self.row_comm.Reduce(buf.wire, None, op=buf.op, root=0)
+            self._emit(_Step(N.REDUCE, 1, buf.wire, None, peer=0, op=buf.op))
 
     def row_broadcast_from_leader(self, buf: _Buf) -> None:
-        self.row_comm.Bcast(buf.wire, root=0)
+        self._emit(_Step(N.BCAST, 1, buf.wire, peer=0))
 
     def close(self) -> None:
         self._views = {}
+
+
+def _start_and_wait(starts) -> None:
+    _MPI().Request.Waitall([start(*args) for start, args in starts])
+
+
+def _native_ops(steps: list[_Step]) -> list | None:
+    """The steps as native.c ops, or None when one of them is not float32/float64 with MPI_SUM."""
+    MPI = _MPI()
+
+    codes = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
+    ops, open_reqs = [], 0
+    for s in steps:
+        arrays = [x for x in (s.a, s.b) if x is not None]
+        if s.kind == _HALF_ADD or (s.op is not None and s.op != MPI.SUM):
+            return None
+        if any(x.dtype not in codes or x.shape[0] > _INT_MAX for x in arrays):
+            return None
+        open_reqs = 0 if s.kind == N.WAITALL else open_reqs + (s.kind in (N.ISEND, N.IRECV))
+        if open_reqs > N.MAX_REQS:
+            return None
+        ops.append(N.Op(s.kind, s.comm, codes[arrays[0].dtype] if arrays else 0, s.peer, s.src, s.tag,
+                        s.a.shape[0] if s.a is not None else (s.b.shape[0] if s.b is not None else 0),
+                        s.b.shape[0] if s.b is not None else 0,
+                        s.a.ctypes.data if s.a is not None else None,
+                        s.b.ctypes.data if s.b is not None else None))
+    return ops
+
+
+def _error_string(rc: int) -> str:
+    try:
+        return _MPI().Get_error_string(rc)
+    except Exception:  # noqa: BLE001 (a code native.c made up: -1)
+        return f"code {rc} (a malformed program)" if rc == -1 else f"MPI error code {rc}"

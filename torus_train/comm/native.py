@@ -1,0 +1,98 @@
+"""The native replay of recorded MPI all-reduces: native.c, built on first use with mpicc and loaded by ctypes.
+
+Why: with ranks outnumbering cores, every Python-side step between two MPI calls was measured to cost several
+times its own duration, and a torus makes three to four dependent MPI calls where OpenMPI's own Allreduce makes
+one C call. Replaying the same recorded calls from C, 2x2 at 64 KiB went from 0.70 to 1.01 times OpenMPI's
+Allreduce in a side-by-side micro-benchmark (see docs/bench).
+
+The library is built once per (source, MPI library, mpicc, machine) into $TORUS_TRAIN_CACHE/native (default
+~/.cache/torus-train/native), under a file lock so that the ranks of one node build it once, and loaded only if
+it reports the same MPI library version as mpi4py. Anything that fails (no mpicc, no compiler, another MPI)
+leaves the Python replay in place and says why: `load()` returns (None, reason). TORUS_TRAIN_NATIVE=0 turns
+it off; TORUS_TRAIN_MPICC names the compiler wrapper (default: mpicc on PATH).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("native.c")
+
+# the op kinds of native.c
+SENDRECV, ISEND, IRECV, WAITALL, ALLREDUCE, REDUCE, BCAST, ADD = range(8)
+MAX_COMMS, MAX_REQS = 4, 256
+
+
+class Op(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("comm", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("peer", ctypes.c_int32), ("src", ctypes.c_int32), ("tag", ctypes.c_int32),
+                ("count", ctypes.c_int64), ("count2", ctypes.c_int64),
+                ("a", ctypes.c_void_p), ("b", ctypes.c_void_p)]
+
+
+_loaded: tuple | None = None
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("TORUS_TRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "torus-train")
+    return Path(base) / "native"
+
+
+def load(mpi_version: str) -> tuple[ctypes.CDLL | None, str]:
+    """(the library, how it was found) or (None, why not). `mpi_version`: MPI.Get_library_version()."""
+    global _loaded
+    if _loaded is None:
+        _loaded = _load(mpi_version)
+    return _loaded
+
+
+def _load(mpi_version: str) -> tuple[ctypes.CDLL | None, str]:
+    mpi_version = mpi_version.strip("\x00 \t\r\n")  # mpi4py's string can end in the C terminator
+    if os.environ.get("TORUS_TRAIN_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, "native replay off (TORUS_TRAIN_NATIVE=0)"
+    mpicc = shutil.which(os.environ.get("TORUS_TRAIN_MPICC", "mpicc"))
+    if mpicc is None:
+        return None, "native replay unavailable: no mpicc on PATH (set TORUS_TRAIN_MPICC)"
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, mpi_version.encode(), os.path.realpath(mpicc).encode(),
+                                      platform.machine().encode()])).hexdigest()[:16]
+    lib_path = cache_dir() / f"torus_native_{key}.so"
+    try:
+        if not lib_path.exists():
+            _build(mpicc, lib_path)
+        lib = ctypes.CDLL(str(lib_path))
+    except (OSError, subprocess.SubprocessError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return None, f"native replay unavailable: {first[:200]}"
+    if lib.tt_op_size() != ctypes.sizeof(Op):
+        return None, "native replay unavailable: op layout differs between native.c and native.py"
+    text = ctypes.create_string_buffer(8192)
+    lib.tt_library_version(text, len(text))
+    if text.value.decode(errors="replace").strip() != mpi_version:
+        return None, f"native replay unavailable: {mpicc} builds for another MPI than mpi4py's"
+    lib.tt_run.argtypes = [ctypes.POINTER(Op), ctypes.c_int, ctypes.POINTER(ctypes.c_int32), ctypes.c_int]
+    lib.tt_run.restype = ctypes.c_int
+    return lib, f"native replay ({lib_path.name}, built with {mpicc})"
+
+
+def _build(mpicc: str, lib_path: Path) -> None:
+    """Compile native.c into lib_path, once per node: the other ranks wait on the lock, then find it built."""
+    import fcntl
+
+    lib_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lib_path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if lib_path.exists():
+            return
+        tmp = lib_path.with_name(f"{lib_path.name}.{os.getpid()}.tmp")
+        proc = subprocess.run([mpicc, "-O3", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)],
+                              check=False, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise OSError(f"{mpicc} failed: {(proc.stderr or proc.stdout).strip()}")
+        os.replace(tmp, lib_path)
