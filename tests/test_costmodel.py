@@ -283,10 +283,14 @@ REAL_SWEEPS = {
     # 64 MiB: measured 0.39 GB/s in this sweep, 0.43 in a repeat of 16-64 MiB; predicted 0.51 (1.31x)
     "mpi 2026-12-02, point-to-point rows": ("2026-12-02-mpi-p2p-uncached/allreduce_mpi_{}.json", (64 * MiB,)),
     # 1-4 MiB: predicted 1.49-1.54x the measured busbw (flat and hierarchical miss alike in this pair)
-    "mpi 2026-12-02, point-to-point rows, cached views": ("allreduce_mpi_{}.json", (MiB, 2 * MiB, 4 * MiB)),
+    "mpi 2026-12-02, point-to-point rows, cached views": ("2026-12-02-mpi-p2p-cached/allreduce_mpi_{}.json",
+                                                           (MiB, 2 * MiB, 4 * MiB)),
     # the remedy for such run-to-run drift: three runs per grid, recorded alternately, median time per size
     "mpi 2026-12-02, 3 alternating runs, median": (",".join(f"2026-12-02-mpi-alternating/mpi_{{}}_{i}.json"
                                                             for i in (1, 2, 3)), ()),
+    # the same, with the all-reduce replayed from C (comm/native.c)
+    "mpi 2026-12-02, native replay, 3 alternating runs": (",".join(f"2026-12-02-mpi-native/mpi_{{}}_{i}.json"
+                                                                   for i in (1, 2, 3)), ()),
 }
 
 
