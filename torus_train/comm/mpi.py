@@ -151,7 +151,8 @@ class MpiGrid:
             if native and self.native is None:
                 raise ValueError(why)
         self.notes: list[str] = ["rows: MPI point-to-point (pairwise exchange); columns: MPI_Allreduce",
-                                 f"float32/float64: {why}" if self.native else why + " (Python replay)"]
+                                 f"replay: C for float32/float64 ({why}), Python for half types" if self.native
+                                 else f"replay: Python; {why}"]
 
     @property
     def world_size(self) -> int:

@@ -77,7 +77,7 @@ def _load(mpi_version: str) -> tuple[ctypes.CDLL | None, str]:
         return None, f"native replay unavailable: {mpicc} builds for another MPI than mpi4py's"
     lib.tt_run.argtypes = [ctypes.POINTER(Op), ctypes.c_int, ctypes.POINTER(ctypes.c_int32), ctypes.c_int]
     lib.tt_run.restype = ctypes.c_int
-    return lib, f"native replay ({lib_path.name}, built with {mpicc})"
+    return lib, f"{lib_path} built with {mpicc}"
 
 
 def _build(mpicc: str, lib_path: Path) -> None:
