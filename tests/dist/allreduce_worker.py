@@ -61,6 +61,13 @@ def main() -> None:
                         if kind != ("native" if dtype == torch.float32 else "python"):
                             sys.exit(f"rank {rank}: {where}: replayed by {kind}")
                     checks += 1
+        base = torch.ones(8)
+        allreduce(base[:4], "torus", comm)  # MPI caches views under (address, 4 elements, float32)
+        try:  # a strided view with the same address, length and dtype must not reuse them
+            allreduce(base[::2], "torus", comm)
+            sys.exit(f"rank {rank}: {vname}: a strided tensor was reduced instead of refused")
+        except ValueError:
+            checks += 1
         comm.close()
     dist.destroy_process_group()
     with open(os.environ["CHECK_OUT"] + f".{rank}", "w") as f:

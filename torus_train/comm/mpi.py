@@ -164,12 +164,12 @@ class MpiGrid:
 
         The views of the last few tensors are kept and reused while storage, length and dtype stay the same
         (the cached views hold the storage, so no other tensor can take its address meanwhile)."""
+        if not tensor.is_contiguous():  # (also on a hit: a strided view can share address, length and dtype)
+            raise ValueError("allreduce needs a contiguous tensor")
         key = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
         buf = self._views.get(key)
         if buf is not None:
             return buf
-        if not tensor.is_contiguous():
-            raise ValueError("allreduce needs a contiguous tensor")
         buf = _Buf.of(tensor.view(-1))
         if len(self._views) >= _CACHED_VIEWS:
             self._views.pop(next(iter(self._views)))  # the oldest
