@@ -83,12 +83,6 @@ class _Buf:
         return self.values.shape[0]
 
 
-def _isend_irecv_wait(comm, sends, recvs, tag) -> None:
-    reqs = [comm.Irecv(w, src, tag) for src, w in recvs]
-    reqs += [comm.Isend(w, dst, tag) for dst, w in sends]
-    _MPI().Request.Waitall(reqs)
-
-
 def _words(a: np.ndarray) -> np.ndarray:
     """`a` as MPI moves it: 16-bit types as their raw words."""
     return a.view(np.uint16) if a.itemsize == 2 else a
@@ -142,7 +136,7 @@ class MpiGrid:
         self.row_comm = self.comm.Split(color=self.row, key=self.col)
         self.col_comm = self.comm.Split(color=self.col, key=self.row)
         self._comms = (self.comm, self.row_comm, self.col_comm)
-        self._IN_PLACE, self._SUM = MPI.IN_PLACE, MPI.SUM
+        self._IN_PLACE = MPI.IN_PLACE
         self._views: dict = {}  # (data_ptr, numel, dtype) -> _Buf, see buffer()
         self._recording: list | None = None  # see run()
         self.native, why = None, "native replay off"
@@ -198,7 +192,7 @@ class MpiGrid:
             call(*args)
 
     def replay_kind(self, algorithm, buf: _Buf) -> str | None:
-        """'native' or 'python' once `algorithm` has run on `buf`, else None (for tests and the bench)."""
+        """'native' or 'python' once `algorithm` has run on `buf`, else None (for the tests)."""
         prog = buf.plans.get(algorithm)
         return prog.how if prog is not None else None
 
@@ -217,7 +211,6 @@ class MpiGrid:
         return _Program(self._python_calls(steps), steps, "python")
 
     def _native_call(self, ops):
-
         fcomms = (ctypes.c_int32 * len(self._comms))(*[c.py2f() for c in self._comms])
         run, n, nc = self.native.tt_run, len(ops), len(self._comms)
         arr = (N.Op * n)(*ops)
@@ -229,7 +222,6 @@ class MpiGrid:
         return call
 
     def _python_calls(self, steps) -> list:
-
         calls, pending = [], []
         for s in steps:
             c = self._comms[s.comm]
@@ -322,7 +314,6 @@ def _start_and_wait(starts) -> None:
 def _native_ops(steps: list[_Step]) -> list | None:
     """The steps as native.c ops, or None when one of them is not float32/float64 with MPI_SUM."""
     MPI = _MPI()
-
     codes = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
     ops, open_reqs = [], 0
     for s in steps:

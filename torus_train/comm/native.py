@@ -21,6 +21,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from torus_train.cache import cache_root
+
 SOURCE = Path(__file__).with_name("native.c")
 
 # the op kinds of native.c
@@ -39,8 +41,7 @@ _loaded: tuple | None = None
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("TORUS_TRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "torus-train")
-    return Path(base) / "native"
+    return cache_root() / "native"
 
 
 def load(mpi_version: str) -> tuple[ctypes.CDLL | None, str]:

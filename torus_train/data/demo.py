@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from torus_train.cache import cache_root
 from torus_train.errors import UserError
 
 VERSION = 4
@@ -32,9 +33,7 @@ _SS = 4  # supersampling factor for anti-aliased shapes
 
 def default_cache_dir() -> Path:
     """$TORUS_TRAIN_CACHE, or ~/.cache/torus-train, plus a content-versioned folder name."""
-    base = os.environ.get("TORUS_TRAIN_CACHE")
-    root = Path(base) if base else Path.home() / ".cache" / "torus-train"
-    return root / f"demo-v{VERSION}"
+    return cache_root() / f"demo-v{VERSION}"
 
 
 def _polygon(n: int, r: float, rot: float, cx: float, cy: float, inner: float | None = None) -> list:
