@@ -5,7 +5,7 @@
     python scripts/check_calibration.py A_2x2.json,B_2x2.json,C_2x2.json A_2x4.json,B_2x4.json,C_2x4.json
 
 For each algorithm present in both files: alpha and the per-byte costs in and beyond the last-level cache are
-fitted on the first file (torus_train.costmodel.calibrate, rows with wrong == 0), then the busbw of the second
+fitted on the first file (torus_train.plan.costmodel.calibrate, rows with wrong == 0), then the busbw of the second
 file's grid is predicted at each of its sizes >= --min-bytes and printed next to the measured busbw with the
 ratio. The second file is only compared with, never fitted. Exit status 0 when every ratio is within
 --tolerance (default 30%), 1 otherwise. Several comma-separated files per side are merged by taking, for each
@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torus_train import costmodel as cm
-from torus_train.bench import parse_size
+from torus_train.plan import costmodel as cm
+from torus_train.bench.allreduce import parse_size
 from torus_train.errors import UserError
-from torus_train.topology import parse_grid
+from torus_train.job.topology import parse_grid
 
 
 def main(argv: list[str] | None = None) -> int:

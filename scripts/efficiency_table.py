@@ -3,14 +3,14 @@
 
     python scripts/efficiency_table.py
 
-Every figure comes from torus_train.costmodel's presets (datasheets; see their `sources`); nothing here is
+Every figure comes from torus_train.plan.costmodel's presets (datasheets; see their `sources`); nothing here is
 fitted to the reported efficiencies. Efficiency is shown with no overlap, the stated default overlap (half of
 the backward pass hides communication) and full overlap, since the overlap is the model's least known input.
 """
 from __future__ import annotations
 
-from torus_train import costmodel as cm
-from torus_train.topology import Grid
+from torus_train.plan import costmodel as cm
+from torus_train.job.topology import Grid
 
 # (work, reported efficiency, preset, GPUs, images per GPU, gradient dtype, algorithm, grid or None = model's best)
 CASES = [

@@ -22,10 +22,10 @@ import torch
 def main() -> None:
     from mpi4py import MPI
 
-    from torus_train.bench import parse_size
+    from torus_train.bench.allreduce import parse_size
     from torus_train.comm.algos import allreduce
-    from torus_train.comm.mpi import MpiGrid
-    from torus_train.topology import parse_grid
+    from torus_train.comm.mpi.transport import MpiGrid
+    from torus_train.job.topology import parse_grid
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="2x2")

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from torus_train import bench as B
+from torus_train.bench import allreduce as B
 from torus_train.errors import UserError
 
 

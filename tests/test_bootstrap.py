@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from torus_train.bootstrap import RankInfo, rank_info, rendezvous
+from torus_train.ranks.bootstrap import RankInfo, rank_info, rendezvous
 from torus_train.errors import RunFailed
 
 

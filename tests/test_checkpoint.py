@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from torus_train.checkpoint import find_latest, list_checkpoints, load_checkpoint, prune, save_checkpoint, verify
+from torus_train.train.checkpoint import find_latest, list_checkpoints, load_checkpoint, prune, save_checkpoint, verify
 from torus_train.errors import RunFailed
 
 

@@ -44,7 +44,7 @@ def test_default_output_folder_moves_on_but_a_named_one_is_refused(tmp_path, mon
 
     from torus_train.commands.run import choose_out, prepare_out
     from torus_train.errors import UserError
-    from torus_train.spec import load_spec
+    from torus_train.job.spec import load_spec
 
     monkeypatch.chdir(tmp_path)
     spec = load_spec(None)

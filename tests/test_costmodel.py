@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torus_train.costmodel import (
+from torus_train.plan.costmodel import (
     ALGORITHMS,
     MODELS,
     PRESETS,
@@ -35,7 +35,7 @@ from torus_train.costmodel import (
     sweep,
 )
 from torus_train.errors import UserError
-from torus_train.topology import Grid, GridError
+from torus_train.job.topology import Grid, GridError
 
 ABCI = PRESETS["abci-v100"]
 R50_FP16 = MODELS["resnet50"].gradient_bytes("fp16")
@@ -312,13 +312,13 @@ def test_calibration_on_the_real_2x2_bench_predicts_2x4_within_30_percent(sweep)
 
 
 def test_costmodel_imports_no_torch():
-    out = subprocess.run([sys.executable, "-c", "import sys, torus_train.costmodel, torus_train.simulate; "
+    out = subprocess.run([sys.executable, "-c", "import sys, torus_train.plan.costmodel, torus_train.plan.simulate; "
                           "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_placement_by_columns_moves_the_row_rings_onto_the_network():
-    from torus_train.costmodel import node_map
+    from torus_train.plan.costmodel import node_map
     g = Grid(4, 4, 4)
     assert node_map(g, 4, "rows").tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
     assert node_map(g, 4, "columns").tolist() == [0, 1, 2, 3] * 4

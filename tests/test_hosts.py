@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from torus_train.hosts import (Host, HostsError, expand_nodelist, expand_tasks_per_node, format_hostfile,
+from torus_train.job.hosts import (Host, HostsError, expand_nodelist, expand_tasks_per_node, format_hostfile,
                                parse_hostfile, read_hostfile, slurm_hosts, total_slots)
 
 

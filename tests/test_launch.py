@@ -8,11 +8,11 @@ import time
 import pytest
 
 from torus_train.errors import UserError
-from torus_train.hosts import Host, HostsError
-from torus_train.launch import (LaunchError, build_plan, check_capacity, choose_launcher, inside_launched_rank,
+from torus_train.job.hosts import Host, HostsError
+from torus_train.job.launch import (LaunchError, build_plan, check_capacity, choose_launcher, inside_launched_rank,
                                 plan_launch, resolve_grid, srun_port, threads_per_rank)
-from torus_train.spec import load_spec
-from torus_train.topology import Grid
+from torus_train.job.spec import load_spec
+from torus_train.job.topology import Grid
 
 JOB = "/shared/run/job.json"
 PY = "/usr/bin/python3"
@@ -34,7 +34,7 @@ def test_mpirun_argv_exact():
         "mpirun", "-np", "8", "--map-by", "ppr:4:node", "--bind-to", "none", "--hostfile", "hosts.txt",
         "-x", "OMP_NUM_THREADS=4", "-x", "NCCL_DEBUG=INFO", "-x", "A=1",
         "--mca", "btl", "^openib",
-        PY, "-m", "torus_train.worker", "--job", JOB]
+        PY, "-m", "torus_train.ranks.worker", "--job", JOB]
     assert plan.world_size == 8 and plan.hosts == hosts(2)
 
 
@@ -45,7 +45,7 @@ def test_mpirun_with_container_as_root():
     assert plan.argv == [
         "mpirun", "--allow-run-as-root", "-np", "4", "--map-by", "ppr:2:node", "--bind-to", "none",
         "--hostfile", "/var/pbs/nodes", "-x", "OMP_NUM_THREADS=4",
-        "singularity", "exec", "--nv", "/images/torus.sif", "python3", "-m", "torus_train.worker", "--job", JOB]
+        "singularity", "exec", "--nv", "/images/torus.sif", "python3", "-m", "torus_train.ranks.worker", "--job", JOB]
 
 
 def test_srun_argv_exact():
@@ -55,14 +55,14 @@ def test_srun_argv_exact():
     assert plan.argv == [
         "srun", "--nodes=8", "--ntasks=32", "--ntasks-per-node=4", "--kill-on-bad-exit=1",
         f"--export=ALL,OMP_NUM_THREADS=4,X=2,MASTER_ADDR=node001,MASTER_PORT={29500 + 4242}",
-        "apptainer", "exec", "--nv", "img.sif", "python3", "-m", "torus_train.worker", "--job", JOB]
+        "apptainer", "exec", "--nv", "img.sif", "python3", "-m", "torus_train.ranks.worker", "--job", JOB]
     assert srun_port({"SLURM_JOB_ID": "4242"}) == 29500 + 4242
 
 
 def test_local_plan_env_per_rank():
     plan = build_plan(spec(), Grid(2, 2, 4), "local", "why", [], hostfile="", job_file=JOB, python=PY,
                       environ={}, master_port=12345, cpu_count=2, local_gpus=0)
-    assert plan.argv == [PY, "-m", "torus_train.worker", "--job", JOB]
+    assert plan.argv == [PY, "-m", "torus_train.ranks.worker", "--job", JOB]
     assert plan.env == {"OMP_NUM_THREADS": "1"}
     assert plan.rank_env[3] == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4",
                                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "12345"}

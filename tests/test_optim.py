@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from torus_train.errors import UserError
-from torus_train.optim import LARS, build_optimizer, param_groups
+from torus_train.train.optim import LARS, build_optimizer, param_groups
 
 
 def small_net():

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from torus_train import costmodel as cm
+from torus_train.plan import costmodel as cm
 from torus_train.commands.plan import plan
-from torus_train.topology import Grid
+from torus_train.job.topology import Grid
 
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"

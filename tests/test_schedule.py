@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from torus_train.errors import UserError
-from torus_train.schedule import BatchSchedule, Stage
+from torus_train.train.schedule import BatchSchedule, Stage
 
 
 def two_stage(**kw):
@@ -108,7 +108,7 @@ def test_table_lists_every_stage():
 
 
 def test_module_is_pure():
-    code = "import sys, torus_train.schedule; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, torus_train.train.schedule; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 

@@ -6,8 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from torus_train.comm.layout import chunk_bounds
-from torus_train.simulate import (SimStats, check, flat_ring_allreduce, ring_all_gather, ring_reduce_scatter,
+from torus_train.comm.chunks import chunk_bounds
+from torus_train.plan.simulate import (SimStats, check, flat_ring_allreduce, ring_all_gather, ring_reduce_scatter,
                                   torus_allreduce)
 
 # 2179 is a prime larger than every grid below (2176 ranks); 1 and 7 leave most chunks empty.
@@ -73,7 +73,7 @@ def test_a_missing_step_is_caught():
     want = buf.sum(axis=1)
     st = SimStats()
     sent = np.zeros((1, 6), dtype=np.int64)
-    from torus_train import simulate
+    from torus_train.plan import simulate
     bounds = chunk_bounds(17, 6)
     for s in range(4):                       # 4 of the 5 steps
         simulate._ring_step(buf, bounds, (np.arange(6) - s - 1) % 6, True, sent)

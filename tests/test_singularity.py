@@ -46,10 +46,10 @@ def test_installs_what_the_ranks_import_and_runs_the_cli():
 
 def test_launch_plan_uses_the_same_container_command():
     """`--container IMG` puts `singularity exec --nv IMG` in front of the worker, as %help documents."""
-    from torus_train.hosts import Host
-    from torus_train.launch import build_plan
-    from torus_train.spec import load_spec
-    from torus_train.topology import Grid
+    from torus_train.job.hosts import Host
+    from torus_train.job.launch import build_plan
+    from torus_train.job.spec import load_spec
+    from torus_train.job.topology import Grid
 
     _, sections = parse(RECIPE.read_text())
     spec = load_spec(None, [("launch.container", "torus-train.sif")])
@@ -57,5 +57,5 @@ def test_launch_plan_uses_the_same_container_command():
                       job_file="runs/NAME/job.json", python="python3", environ={})
     i = plan.argv.index("singularity")
     tail = " ".join(plan.argv[i:])
-    assert tail == "singularity exec --nv torus-train.sif python3 -m torus_train.worker --job runs/NAME/job.json"
+    assert tail == "singularity exec --nv torus-train.sif python3 -m torus_train.ranks.worker --job runs/NAME/job.json"
     assert tail in " ".join(sections["help"].replace("\\\n", " ").split())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from torus_train.spec import JobSpec, SpecError, load_resolved, load_spec, parse_override, spec_from_table
+from torus_train.job.spec import JobSpec, SpecError, load_resolved, load_spec, parse_override, spec_from_table
 
 
 def write(tmp_path, text):

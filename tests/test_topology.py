@@ -1,6 +1,6 @@
 import pytest
 
-from torus_train.topology import Grid, GridError, check_grid_size, choose_grid, parse_grid
+from torus_train.job.topology import Grid, GridError, check_grid_size, choose_grid, parse_grid
 
 
 def test_rank_position_round_trip_and_rings():

@@ -11,9 +11,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from torus_train.bench import EPS, pattern
+from torus_train.bench.allreduce import EPS, pattern
 from torus_train.comm.algos import ALGORITHMS, allreduce
-from torus_train.topology import parse_grid
+from torus_train.job.topology import parse_grid
 
 SIZES = [1, 2, 7, 97, 1009, 65537]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -26,7 +26,7 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     if os.environ.get("BACKEND", "gloo") == "mpi":
-        from torus_train.comm.mpi import MpiGrid
+        from torus_train.comm.mpi.transport import MpiGrid
         variants = {"mpi": MpiGrid(grid, native=False)}  # the Python replay
         if os.environ.get("NATIVE") == "1":  # and the C one, which must give bitwise the same results
             variants["mpi-native"] = MpiGrid(grid, native=True)

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from torus_train.comm.groups import build_grid_groups
 from torus_train.comm.hooks import TorusHookState, allreduce_hook
-from torus_train.topology import parse_grid
+from torus_train.job.topology import parse_grid
 
 
 def model():

@@ -46,7 +46,7 @@ def leftover_workers(out: Path) -> list[str]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "torus_train.worker" in cmd and str(out) in cmd:
+        if "torus_train.ranks.worker" in cmd and str(out) in cmd:
             found.append(f"{pid}: {cmd}")
     return found
 

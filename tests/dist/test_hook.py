@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from torus_train.bootstrap import free_port
-from torus_train.localrun import run_local_ranks
+from torus_train.ranks.bootstrap import free_port
+from torus_train.ranks.localrun import run_local_ranks
 
 WORKER = str(Path(__file__).with_name("hook_worker.py"))
 

@@ -144,7 +144,7 @@ def test_sigterm_to_the_launcher_stops_every_rank(tmp_path):
     # Forwarded to the ranks, which agreed to stop after the same step and checkpointed it first.
     log2 = (out / "logs" / "rank00002.log").read_text()
     assert "stopped by SIGTERM" in log2 or "a signal on another rank" in log2, log2[-2000:]
-    from torus_train.checkpoint import find_latest
+    from torus_train.train.checkpoint import find_latest
 
     ref = find_latest(out / "checkpoints")
     assert ref is not None and ref.step >= 2 and f"checkpoint at step {ref.step}" in stdout

@@ -2,7 +2,7 @@
 
 All three SUM in place and leave the identical result on every rank. Any length works (1, 7, primes, not
 divisible by X) and float32, float16 and bfloat16. `comm` is a grid communicator: GridGroups
-(torch.distributed: gloo, NCCL; torus_train.comm.groups) or MpiGrid (mpi4py; torus_train.comm.mpi).
+(torch.distributed: gloo, NCCL; torus_train.comm.groups) or MpiGrid (mpi4py; torus_train.comm.mpi.transport).
 
 torus (Mikami et al. 2018, Fig. 2), for a grid of Y rows of X ranks:
   1. reduce-scatter along each row: rank (r, c) ends with chunk c of its row's sum;
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from torus_train.comm.layout import chunk_bounds
+from torus_train.comm.chunks import chunk_bounds
 
 
 def allreduce(tensor: torch.Tensor, algo: str, comm) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from torus_train.comm.shm import DEFAULT_CAPACITY, ShmRow
 from torus_train.errors import UserError
-from torus_train.topology import Grid
+from torus_train.job.topology import Grid
 
 
 @dataclass

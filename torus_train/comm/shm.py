@@ -34,7 +34,7 @@ import torch
 from torus_train.comm.arith import STORAGE as _STORAGE
 from torus_train.comm.arith import accumulate as _accumulate
 from torus_train.comm.arith import as_numpy as _np
-from torus_train.comm.layout import chunk_bounds
+from torus_train.comm.chunks import chunk_bounds
 from torus_train.errors import RunFailed
 
 _LINE = 64  # bytes per header line: keeps each member's counter on its own cache line

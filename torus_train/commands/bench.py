@@ -44,10 +44,10 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
     Run it as it is to spawn local ranks (4 on a 2x2 grid by default), or start it under mpirun / srun to run
     as one rank of many: `mpirun -np 8 torus-train bench allreduce --backend mpi --grid 2x4`.
     """
-    from torus_train import bench as B
-    from torus_train.bootstrap import rank_info
-    from torus_train.launch import inside_launched_rank
-    from torus_train.topology import check_grid_size, choose_grid, parse_grid
+    from torus_train.bench import allreduce as B
+    from torus_train.ranks.bootstrap import rank_info
+    from torus_train.job.launch import inside_launched_rank
+    from torus_train.job.topology import check_grid_size, choose_grid, parse_grid
 
     cfg = B.BenchConfig(B.parse_size(minbytes, "-b"), B.parse_size(maxbytes, "-e"), stepfactor, iters, warmup,
                         bool(check), B.DTYPES.get(datatype.lower(), datatype),
@@ -86,8 +86,8 @@ def _default_backend() -> str:
 
 def _spawn_local(world: int, backend: str) -> None:
     """Run this same command as `world` local ranks (under mpirun for the mpi backend) and wait for them."""
-    from torus_train.bootstrap import free_port
-    from torus_train.localrun import run_local_ranks
+    from torus_train.ranks.bootstrap import free_port
+    from torus_train.ranks.localrun import run_local_ranks
 
     argv = [sys.executable, "-m", "torus_train"] + sys.argv[1:]
     if backend == "mpi":
@@ -119,11 +119,11 @@ def _mpirun_prefix(world: int) -> list[str]:
 def _run_rank(cfg, grid, why, backend, timeout, json_path, plot_path) -> None:
     import torch
 
-    from torus_train import bench as B
+    from torus_train.bench import allreduce as B
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if backend == "mpi":
-        from torus_train.comm.mpi import MpiGrid
+        from torus_train.comm.mpi.transport import MpiGrid
         comm = MpiGrid(grid)  # a dead MPI rank ends the job through mpirun
         finish = lambda: None  # noqa: E731
     else:
@@ -171,7 +171,7 @@ def _torch_grid(grid, backend, timeout):
     import torch
     import torch.distributed as dist
 
-    from torus_train.bootstrap import rank_info, rendezvous
+    from torus_train.ranks.bootstrap import rank_info, rendezvous
     from torus_train.comm.groups import build_grid_groups
 
     info = rank_info()

@@ -70,8 +70,8 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
       torus-train plan --calibrate bench_2x2.json --grid 2x4
       torus-train plan --calibrate bench_2x2.json --compare bench_2x4.json
     """
-    from torus_train import costmodel as cm
-    from torus_train.topology import parse_grid
+    from torus_train.plan import costmodel as cm
+    from torus_train.job.topology import parse_grid
 
     if bench_path is not None:
         _calibrate(bench_path, grid_text, calibrate_algo, cores, background, llc_mib, compare_path, json_path)
@@ -145,7 +145,7 @@ def _plot(net, nbytes: int, path: str, what: str, placement: str, gpus: int) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from torus_train import costmodel as cm
+    from torus_train.plan import costmodel as cm
 
     curves = cm.sweep(net, nbytes, PLOT_COUNTS, placement)
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -170,7 +170,7 @@ def _plot(net, nbytes: int, path: str, what: str, placement: str, gpus: int) -> 
 
 def _simulate(grid) -> dict:
     """Exact data movement on virtual ranks for ragged sizes; prints one line per size."""
-    from torus_train.simulate import check
+    from torus_train.plan.simulate import check
 
     prime = _next_prime(grid.size + 1)
     results = []
@@ -232,8 +232,8 @@ def _check_groups(grid) -> dict:
 
 
 def _calibrate(bench_path: str, grid_text, algo, cores, background, llc_mib, compare_path, json_path) -> None:
-    from torus_train import costmodel as cm
-    from torus_train.topology import Grid, parse_grid
+    from torus_train.plan import costmodel as cm
+    from torus_train.job.topology import Grid, parse_grid
 
     if llc_mib is not None and not llc_mib > 0:
         raise UserError(f"--llc-mib: {llc_mib:g} must be > 0")
@@ -266,7 +266,7 @@ def _calibrate(bench_path: str, grid_text, algo, cores, background, llc_mib, com
 
 def _print_predictions(cal, grids, sizes: list[int]) -> list[dict]:
     """Predicted time and busbw of cal.algo on each grid at each size; returns them as JSON rows."""
-    from torus_train.topology import Grid
+    from torus_train.job.topology import Grid
 
     predictions = []
     click.echo(f"{'grid':>6} {'size (B)':>10} {'predicted us':>13} {'busbw GB/s':>11}")
@@ -284,7 +284,7 @@ def _print_predictions(cal, grids, sizes: list[int]) -> list[dict]:
 
 def _print_comparison(cal, rows: list[dict], path: str) -> list[dict]:
     """Measured against predicted busbw for the rows of cal.algo in another bench file; returns them as JSON."""
-    from torus_train import costmodel as cm
+    from torus_train.plan import costmodel as cm
 
     comp = cm.compare(cal, rows)
     if not comp:

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from torus_train.errors import RunFailed, UserError
-from torus_train.spec import JobSpec, load_spec, parse_override
+from torus_train.job.spec import JobSpec, load_spec, parse_override
 
 # CLI flag -> dotted spec field.
 FLAG_FIELDS = {
@@ -57,8 +57,8 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
     overrides += [parse_override(s) for s in sets]
     spec = load_spec(spec_path, overrides)
 
-    from torus_train.launch import inside_launched_rank, plan_launch
-    from torus_train.supervisor import echo_err
+    from torus_train.job.launch import inside_launched_rank, plan_launch
+    from torus_train.ranks.supervisor import echo_err
 
     environ = dict(os.environ)
     if not dry_run and spec.launch.launcher == "auto" and inside_launched_rank(environ):
@@ -66,7 +66,7 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
 
     out = choose_out(spec, resume, overwrite, say=click.echo if not dry_run else (lambda m: None))
     job_file = out / "job.json"
-    from torus_train.bootstrap import free_port
+    from torus_train.ranks.bootstrap import free_port
 
     plan = plan_launch(spec, environ, job_file=str(job_file), python=sys.executable,
                        as_root=hasattr(os, "geteuid") and os.geteuid() == 0, master_port=free_port(),
@@ -100,7 +100,7 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
     for note in plan.notes:
         click.echo(note)
     click.echo(schedule.table())
-    from torus_train.supervisor import run_command, run_local
+    from torus_train.ranks.supervisor import run_command, run_local
 
     if plan.launcher == "local":
         run_local(plan, out, echo_err)
@@ -199,9 +199,9 @@ def check_outcome(out: Path) -> None:
 
 def _run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
     """`mpirun -n 4 torus-train run ...`: this process is one rank; rank 0 prepares the output folder."""
-    from torus_train.bootstrap import rank_info
-    from torus_train.launch import resolve_grid
-    from torus_train.worker import execute
+    from torus_train.ranks.bootstrap import rank_info
+    from torus_train.job.launch import resolve_grid
+    from torus_train.ranks.worker import execute
 
     info = rank_info()
     spec.grid.gpus = spec.grid.gpus or info.world_size
@@ -271,7 +271,7 @@ def grid_text(plan) -> str:
 
 
 def dry_run_text(spec: JobSpec, plan, schedule, problem: Exception | None = None) -> str:
-    from torus_train.hosts import total_slots
+    from torus_train.job.hosts import total_slots
 
     launch = [f"launcher: {plan.launcher} ({plan.why})"]
     if plan.hostfile:

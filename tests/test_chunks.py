@@ -1,6 +1,6 @@
 import pytest
 
-from torus_train.comm.layout import chunk_bounds, chunk_sizes
+from torus_train.comm.chunks import chunk_bounds, chunk_sizes
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 97, 1009, 4096])

@@ -1,4 +1,4 @@
-"""The per-rank entry point: ``python -m torus_train.worker --job OUT/job.json``.
+"""The per-rank entry point: ``python -m torus_train.ranks.worker --job OUT/job.json``.
 
 Started by `torus-train run` (local launcher), by mpirun or by srun. It redirects its output to
 OUT/logs/rankNNNNN.log (rank 0 keeps its stdout for the progress bar), brings up the process group and the
@@ -17,10 +17,10 @@ import sys
 import traceback
 from pathlib import Path
 
-from torus_train.bootstrap import rank_info
+from torus_train.ranks.bootstrap import rank_info
 from torus_train.errors import RunFailed, UserError
-from torus_train.spec import JobSpec, spec_from_table
-from torus_train.topology import Grid
+from torus_train.job.spec import JobSpec, spec_from_table
+from torus_train.job.topology import Grid
 
 REDIRECTED = "TORUS_TRAIN_LOG_REDIRECTED"
 
@@ -63,7 +63,7 @@ def redirect_output(out: Path, rank: int) -> int:
 
 def _on_signal(signum, frame):
     name = signal.Signals(signum).name
-    train = sys.modules.get("torus_train.train")
+    train = sys.modules.get("torus_train.train.loop")
     if train is not None and train.request_stop(name):
         return  # the loop stops all ranks together at its next logging interval (and checkpoints)
     raise Terminated(f"received {name}")
@@ -76,11 +76,11 @@ def run_worker(spec: JobSpec, grid: Grid, resume: bool) -> dict:
 
     if threads and threads.isdigit():
         torch.set_num_threads(int(threads))
-    from torus_train.bootstrap import init_distributed, shutdown
-    from torus_train.train import run_training
+    from torus_train.ranks.bootstrap import init_distributed, shutdown
+    from torus_train.train.loop import run_training
 
     boot = init_distributed(grid, spec.comm.timeout_s)
-    logging.getLogger("torus_train.worker").info(
+    logging.getLogger("torus_train.ranks.worker").info(
         "rank %d/%d (local %d, from %s) at grid %s position %s on %s/%s", boot.info.rank, boot.info.world_size,
         boot.info.local_rank, boot.info.source, grid, grid.position(boot.info.rank), boot.device, boot.backend)
     summary = run_training(spec, boot, spec.out_dir, resume)
@@ -127,7 +127,7 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, fault_hook=None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m torus_train.worker")
+    ap = argparse.ArgumentParser(prog="python -m torus_train.ranks.worker")
     ap.add_argument("--job", required=True, help="job.json written by `torus-train run`")
     args = ap.parse_args(argv)
     try:

@@ -3,7 +3,7 @@
 Every rank's buffer is a row of one int64 array ``buf[row, col, :]``; a ring step gathers every message of the
 step first (what each rank sends, as it stood before the step) and then applies them, so the result is what
 real ranks exchanging messages at once would hold. Tensors are cut exactly as the real collectives cut them,
-with torus_train.comm.layout.chunk_bounds:
+with torus_train.comm.chunks.chunk_bounds:
 
 1. reduce-scatter along each row as a ring: X-1 steps; at step s rank (r, c) sends chunk (c-s-1) mod X to
    (r, c+1), which adds it into its own copy; afterwards (r, c) holds the row's sum of chunk c.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from torus_train.comm.layout import chunk_bounds
+from torus_train.comm.chunks import chunk_bounds
 
 
 @dataclass

@@ -34,7 +34,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from torus_train.errors import UserError
-from torus_train.topology import Grid, GridError, check_grid_size, factor_pairs, parse_grid
+from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pairs, parse_grid
 
 ALGORITHMS = ("flat", "tree", "hierarchical", "torus")
 """Algorithms the model knows, in the order tables print them."""
@@ -311,7 +311,7 @@ def network_from_dict(data: dict, where: str = "network", default_name: str = "c
 # ------------------------------------------------------------------------------------------------
 def node_map(grid: Grid, k: int, placement: str = "rows") -> np.ndarray:
     """Node of every rank. "rows": consecutive ranks fill a node, so a node's K ranks sit in one row (the
-    paper's placement, torus_train.topology). "columns": a node holds K consecutive ranks of one column, so
+    paper's placement, torus_train.job.topology). "columns": a node holds K consecutive ranks of one column, so
     the vertical rings run inside nodes and the horizontal ones cross the network."""
     ranks = np.arange(grid.size)
     if placement == "rows":

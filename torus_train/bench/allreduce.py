@@ -1,7 +1,7 @@
 """All-reduce sweep in nccl-tests' conventions (all_reduce_perf): sizes, columns, busbw, #wrong.
 
 The pure parts (sizes, bandwidths, the expected values, the table) import no torch; `run_sweep` runs inside a
-rank on any grid communicator (torus_train.comm.groups.GridGroups or torus_train.comm.mpi.MpiGrid).
+rank on any grid communicator (torus_train.comm.groups.GridGroups or torus_train.comm.mpi.transport.MpiGrid).
 
 Conventions (nccl-tests doc/PERFORMANCE.md): algbw = bytes / time (GB = 1e9 B); busbw = algbw * 2(n-1)/n,
 comparable to a link's bandwidth whatever the rank count. Time is the mean over -n iterations after -w warm-up

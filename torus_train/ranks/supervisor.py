@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from torus_train.errors import RunFailed
-from torus_train.launch import LaunchPlan
+from torus_train.job.launch import LaunchPlan
 
 GRACE_S = 10.0
 POLL_S = 0.2

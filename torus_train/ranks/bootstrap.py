@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any, Mapping
 
 from torus_train.errors import RunFailed
-from torus_train.topology import Grid
+from torus_train.job.topology import Grid
 
 _SOURCES = (
     # (name, rank, world size, local rank, local world size)

@@ -2,7 +2,7 @@
 
 The first rank to fail is the root cause: it is named with its exit code or signal, the others are stopped
 (SIGTERM, then SIGKILL after a grace period), and nothing is left behind. SIGINT and SIGTERM sent to the
-supervisor are forwarded to every rank. The pieces are torus_train.supervisor's.
+supervisor are forwarded to every rank. The pieces are torus_train.ranks.supervisor's.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import time
 
 from torus_train.errors import RunFailed
-from torus_train.supervisor import POLL_S, _Signals, _signal_group, how_it_ended, stop_all
+from torus_train.ranks.supervisor import POLL_S, _Signals, _signal_group, how_it_ended, stop_all
 
 
 def run_local_ranks(argvs: list[list[str]], envs: list[dict], what: str = "job", grace: float = 5.0) -> int:

@@ -1,4 +1,4 @@
-"""The training loop of one rank, as a short sequence of named calls (runs inside torus_train.worker).
+"""The training loop of one rank, as a short sequence of named calls (runs inside torus_train.ranks.worker).
 
     model     = build_model(spec, device)                 torchvision, channels_last
     ddp       = wrap_ddp(model, spec, boot)               DDP buckets + overlap; the torus hook reduces buckets
@@ -29,12 +29,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from torus_train import checkpoint as ckpt
-from torus_train.bootstrap import Bootstrap
+from torus_train.train import checkpoint as ckpt
+from torus_train.ranks.bootstrap import Bootstrap
 from torus_train.errors import RunFailed, UserError
-from torus_train.spec import JobSpec
+from torus_train.job.spec import JobSpec
 
-log = logging.getLogger("torus_train.train")
+log = logging.getLogger("torus_train.train.loop")
 MAX_NONFINITE_IN_A_ROW = 5
 
 
@@ -389,7 +389,7 @@ def resume(ddp, optimizer, scaler, rs: RunState) -> bool:
 # --------------------------------------------------------------------------------------------------------
 def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = False) -> dict:
     """Train as the spec says; rank 0 writes metrics.jsonl and summary.json. Returns the summary."""
-    from torus_train.optim import build_optimizer
+    from torus_train.train.optim import build_optimizer
 
     rs = RunState(spec, boot, out)
     world, rank = boot.info.world_size, boot.info.rank

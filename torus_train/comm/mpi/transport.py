@@ -18,9 +18,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from torus_train.comm import native as N
+from torus_train.comm.mpi import native as N
 from torus_train.comm.arith import accumulate, as_numpy
-from torus_train.topology import Grid
+from torus_train.job.topology import Grid
 
 _HALF = (torch.float16, torch.bfloat16)
 _OPS: dict = {}
@@ -90,7 +90,7 @@ def _words(a: np.ndarray) -> np.ndarray:
 
 class _Step(NamedTuple):
     """One recorded operation: an MPI call on communicator `comm` (0 world, 1 row, 2 column) or a local add."""
-    kind: int           # torus_train.comm.native's op kinds, or _HALF_ADD
+    kind: int           # torus_train.comm.mpi.native's op kinds, or _HALF_ADD
     comm: int = 0
     a: np.ndarray | None = None  # what is sent / reduced in place / added to (None: MPI_IN_PLACE at a root)
     b: np.ndarray | None = None  # what is received / the addend
@@ -117,7 +117,7 @@ class _Program:
 class MpiGrid:
     """This rank's view of the grid on MPI: row and column communicators.
 
-    native: None tries the C replay (torus_train.comm.native) and falls back to Python, saying why in
+    native: None tries the C replay (torus_train.comm.mpi.native) and falls back to Python, saying why in
     `notes`; False never tries it; True requires it (ValueError when it cannot be had)."""
 
     shm_row = None  # rows never use the shared-memory segment on MPI (see the module's docstring)

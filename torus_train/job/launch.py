@@ -5,7 +5,7 @@ Three launchers:
 - ``local``: N worker processes on this machine, each with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR /
   MASTER_PORT (the run command spawns and supervises them);
 - ``mpirun``: one OpenMPI command, ``-np N --map-by ppr:K:node --hostfile F -x VAR ... [singularity exec --nv
-  IMAGE] python -m torus_train.worker --job OUT/job.json``; rank 0 broadcasts the rendezvous address with mpi4py;
+  IMAGE] python -m torus_train.ranks.worker --job OUT/job.json``; rank 0 broadcasts the rendezvous address with mpi4py;
 - ``srun``: one Slurm step, ``--nodes --ntasks --ntasks-per-node --kill-on-bad-exit=1 --export=ALL,...``; the
   rendezvous is the first node of the allocation and a port derived from the job id.
 
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from torus_train.errors import UserError
-from torus_train.hosts import Host, HostsError, read_hostfile, slurm_hosts, total_slots
-from torus_train.spec import JobSpec
-from torus_train.topology import Grid, check_grid_size, choose_grid, parse_grid
+from torus_train.job.hosts import Host, HostsError, read_hostfile, slurm_hosts, total_slots
+from torus_train.job.spec import JobSpec
+from torus_train.job.topology import Grid, check_grid_size, choose_grid, parse_grid
 
-WORKER = ["-m", "torus_train.worker"]
+WORKER = ["-m", "torus_train.ranks.worker"]
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 MAX_LOCAL_CPU_RANKS = 8
 

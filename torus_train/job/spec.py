@@ -250,7 +250,7 @@ class JobSpec:
                                 f"{prev_batch}; batch-size control only grows the batch")
             prev_until, prev_batch = st.until_epoch, st.global_batch
         if self.grid.grid:
-            from torus_train.topology import parse_grid
+            from torus_train.job.topology import parse_grid
             try:
                 parse_grid(self.grid.grid)
             except UserError as e:
@@ -272,9 +272,9 @@ class JobSpec:
         return out
 
     def batch_schedule(self, world_size: int):
-        """The BatchSchedule (torus_train.schedule) of this spec at `world_size` ranks; UserError if a stage's
+        """The BatchSchedule (torus_train.train.schedule) of this spec at `world_size` ranks; UserError if a stage's
         global batch does not fit."""
-        from torus_train.schedule import BatchSchedule, Stage
+        from torus_train.train.schedule import BatchSchedule, Stage
 
         s = self.schedule
         return BatchSchedule(stages=[Stage(st.until_epoch, st.global_batch) for st in self.stages_for_epochs()],

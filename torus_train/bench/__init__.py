@@ -1,0 +1,1 @@
+"""Benchmarks: the all-reduce sweep in nccl-tests' columns."""

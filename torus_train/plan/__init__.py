@@ -1,0 +1,1 @@
+"""`torus-train plan`: the all-reduce cost model, network presets, calibration and the virtual-rank simulation."""

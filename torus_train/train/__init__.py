@@ -1,0 +1,1 @@
+"""Training on one rank: the loop, the batch-size schedule, the optimizer, checkpoints."""
