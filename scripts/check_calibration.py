@@ -5,9 +5,9 @@
     python scripts/check_calibration.py A_2x2.json,B_2x2.json,C_2x2.json A_2x4.json,B_2x4.json,C_2x4.json
 
 For each algorithm present in both files: alpha and the per-byte costs in and beyond the last-level cache are
-fitted on the first file (torus_train.plan.costmodel.calibrate, rows with wrong == 0), then the busbw of the second
-file's grid is predicted at each of its sizes >= --min-bytes and printed next to the measured busbw with the
-ratio. The second file is only compared with, never fitted. Exit status 0 when every ratio is within
+fitted on the first file (torus_train.plan.calibrate.calibrate, rows with wrong == 0), then the busbw of the
+second file's grid is predicted at each of its sizes >= --min-bytes and printed next to the measured busbw with
+the ratio. The second file is only compared with, never fitted. Exit status 0 when every ratio is within
 --tolerance (default 30%), 1 otherwise. Several comma-separated files per side are merged by taking, for each
 (algorithm, grid, size), the median time over the files: on a shared machine one run's noise can be as large
 as the band being tested.
@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torus_train.plan import costmodel as cm
 from torus_train.bench.allreduce import parse_size
 from torus_train.errors import UserError
 from torus_train.job.topology import parse_grid
+from torus_train.plan.calibrate import calibrate, compare, read_benches
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.30, help="allowed |predicted/measured - 1| (default 0.30)")
     args = ap.parse_args(argv)
     try:
-        fit_rows, check_rows = cm.read_benches(args.fit_file), cm.read_benches(args.check_file)
+        fit_rows, check_rows = read_benches(args.fit_file), read_benches(args.check_file)
         min_bytes = parse_size(args.min_bytes, "--min-bytes")
     except UserError as e:
         print(f"check_calibration: error: {e}", file=sys.stderr)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     total = inside = 0
     for algo in algos:
         try:
-            cal = cm.calibrate(fit_rows, algo=algo, cores=args.cores, background=args.fit_background, llc_bytes=llc)
+            cal = calibrate(fit_rows, algo=algo, cores=args.cores, background=args.fit_background, llc_bytes=llc)
         except UserError as e:
             print(f"check_calibration: error: {e}", file=sys.stderr)
             return 2
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {(str(parse_grid(r["grid"])), r["size_bytes"]): r.get("runs", 1) for r in check_rows if r["algo"] == algo}
         print(f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'runs':>5} {'measured GB/s':>14} {'predicted GB/s':>15} "
               f"{'pred/meas':>10}")
-        for c in cm.compare(cal, check_rows, min_bytes, args.check_background):
+        for c in compare(cal, check_rows, min_bytes, args.check_background):
             ok = abs(c.ratio - 1) <= args.tolerance
             total += 1
             inside += ok

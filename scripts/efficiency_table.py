@@ -3,14 +3,16 @@
 
     python scripts/efficiency_table.py
 
-Every figure comes from torus_train.plan.costmodel's presets (datasheets; see their `sources`); nothing here is
+Every figure comes from torus_train.plan.networks' presets (datasheets; see their `sources`); nothing here is
 fitted to the reported efficiencies. Efficiency is shown with no overlap, the stated default overlap (half of
 the backward pass hides communication) and full overlap, since the overlap is the model's least known input.
 """
 from __future__ import annotations
 
-from torus_train.plan import costmodel as cm
 from torus_train.job.topology import Grid
+from torus_train.plan.cost import step_cost
+from torus_train.plan.networks import PRESETS
+from torus_train.plan.search import make_plan
 
 # (work, reported efficiency, preset, GPUs, images per GPU, gradient dtype, algorithm, grid or None = model's best)
 CASES = [
@@ -30,11 +32,11 @@ def main() -> None:
           "| compute ms | predicted eff. (overlap 0 / 0.5 / 1) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for work, reported, preset, gpus, batch, dtype, algo, grid in CASES:
-        net = cm.PRESETS[preset]
+        net = PRESETS[preset]
         g = Grid(*grid, net.gpus_per_node) if grid else None
-        p = cm.make_plan(gpus, net, "resnet50", batch, g, dtype)
+        p = make_plan(gpus, net, "resnet50", batch, g, dtype)
         a = p.algorithms[algo]
-        effs = [cm.step_cost(p.compute_seconds, a.allreduce_seconds, o).scaling_efficiency for o in (0.0, 0.5, 1.0)]
+        effs = [step_cost(p.compute_seconds, a.allreduce_seconds, o).scaling_efficiency for o in (0.0, 0.5, 1.0)]
         label = p.grid if grid else f"{p.grid} (model's best)"
         print(f"| {work} | {reported} | {preset} | {gpus} | {batch} | {dtype} | {algo} | {label} | "
               f"{a.allreduce_seconds * 1e3:.2f} | {p.compute_seconds * 1e3:.1f} | "

@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from torus_train.plan import costmodel as cm
 from torus_train.commands.plan import plan
 from torus_train.job.topology import Grid
+from torus_train.plan.calibrate import fit_terms, local_coefficients
+from torus_train.plan.cost import ALGORITHMS
+from torus_train.plan.networks import PRESETS
+from torus_train.plan.search import best_grid, make_plan
 
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -33,13 +36,13 @@ def test_sony_point_prints_parameters_table_and_json(tmp_path):
         assert text in r.stdout, text
     d = json.loads(out.read_text())
     assert d["grid"] == "32x34" and d["gpus"] == 1088 and d["gradient_bytes"] == 25_557_032 * 2
-    for algo in cm.ALGORITHMS:
+    for algo in ALGORITHMS:
         a = d["algorithms"][algo]
         assert {"steps", "bytes_across_nodes", "allreduce_seconds", "step_seconds", "scaling_efficiency"} <= set(a)
         assert 0 < a["scaling_efficiency"] <= 1
         assert f"{a['scaling_efficiency'] * 100:.2f}%" in r.stdout
     # The CLI's numbers are the library's numbers.
-    lib = cm.make_plan(1088, cm.PRESETS["abci-v100"], "resnet50", 32, Grid(32, 34, 4))
+    lib = make_plan(1088, PRESETS["abci-v100"], "resnet50", 32, Grid(32, 34, 4))
     assert d["algorithms"]["torus"]["allreduce_seconds"] == pytest.approx(lib.algorithms["torus"].allreduce_seconds)
 
 
@@ -55,7 +58,7 @@ def test_without_grid_the_best_grid_is_chosen_and_explained(tmp_path):
     r = CliRunner().invoke(plan, ["--gpus", "1088", "--json", str(out)])
     assert r.exit_code == 0, r.output
     d = json.loads(out.read_text())
-    best, _ = cm.best_grid(1088, cm.PRESETS["abci-v100"], d["gradient_bytes"])
+    best, _ = best_grid(1088, PRESETS["abci-v100"], d["gradient_bytes"])
     assert d["grid"] == str(best)
     assert f"# grid {best}: fastest predicted torus" in r.output and "factor pairs" in d["grid_why"]
 
@@ -125,7 +128,7 @@ def _bench_rows(grid: str, algos=("torus",), alpha_us: float = 150.0, cache_gbs:
     rows = []
     for algo in algos:
         for s in sizes:
-            t = float(cm.fit_terms(algo, g, s, cores, background, llc) @ coefficients) * 1e6
+            t = float(fit_terms(algo, g, s, cores, background, llc) @ coefficients) * 1e6
             rows.append({"algo": algo, "backend": "gloo", "grid": grid, "size_bytes": s, "count": s // 4,
                          "dtype": "float32", "time_us": t, "algbw_gbps": s / t / 1e3,
                          "busbw_gbps": s / t / 1e3 * 2 * (g.size - 1) / g.size, "wrong": 0})
@@ -147,7 +150,7 @@ def test_calibrate_fits_a_bench_file_and_predicts_2x4(tmp_path):
     d = json.loads(out.read_text())
     assert d["calibration"]["llc_bytes"] == 1 << 20 and d["calibration"]["rows_beyond_cache"] == 2
     p24 = [p for p in d["predictions"] if p["grid"] == "2x4"]
-    s8, c8 = cm.local_coefficients("torus", Grid(2, 4))
+    s8, c8 = local_coefficients("torus", Grid(2, 4))
     n, miss = 1 << 22, 1 - (1 << 20) / (8 << 22)
     assert p24[-1]["time_us"] == pytest.approx(4 * (s8 * 150 + c8 * n * ((1 - miss) / 0.5e3 + miss / 0.25e3)))
     bad = tmp_path / "bad.json"

@@ -70,8 +70,10 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
       torus-train plan --calibrate bench_2x2.json --grid 2x4
       torus-train plan --calibrate bench_2x2.json --compare bench_2x4.json
     """
-    from torus_train.plan import costmodel as cm
     from torus_train.job.topology import parse_grid
+    from torus_train.plan.cost import DEFAULT_OVERLAP
+    from torus_train.plan.networks import load_network
+    from torus_train.plan.search import make_plan
 
     if bench_path is not None:
         _calibrate(bench_path, grid_text, calibrate_algo, cores, background, llc_mib, compare_path, json_path)
@@ -83,41 +85,15 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     if per_gpu_batch < 1:
         raise UserError(f"--per-gpu-batch: {per_gpu_batch} must be a positive integer")
     if overlap is None:
-        overlap = cm.DEFAULT_OVERLAP
+        overlap = DEFAULT_OVERLAP
     if not 0.0 <= overlap <= 1.0:
         raise UserError(f"--overlap: {overlap} must be between 0 and 1")
     if plot_path is not None:
         _require_matplotlib()
-    net = cm.load_network(network)
+    net = load_network(network)
     grid = parse_grid(grid_text, net.gpus_per_node) if grid_text else None
-    p = cm.make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap, placement)
-    m = cm.MODELS[model]
-
-    click.echo(f"# torus-train plan: {gpus} GPUs, {model} ({m.parameters:,} parameters, {grad_dtype} gradients = "
-               f"{_mb(p.gradient_bytes)} MB), {per_gpu_batch} images per GPU")
-    for line in net.describe():
-        click.echo(f"# {line}")
-    click.echo(f"# compute per step: {per_gpu_batch} / {p.images_per_second:g} img/s = "
-               f"{p.compute_seconds * 1e3:.2f} ms; backward {cm.BACKWARD_FRACTION:.2f} of it; "
-               f"overlap {overlap:g} of the backward pass hides communication")
-    click.echo(f"# grid {p.grid}: {p.grid_why}; ranks fill nodes by {placement}")
-    click.echo("#")
-    head = (f"{'algorithm':>13} {'steps':>6} {'MB across nodes':>16} {'all-reduce ms':>14} {'busbw GB/s':>11} "
-            f"{'step ms':>9} {'efficiency':>11}")
-    click.echo(head)
-    for a in p.algorithms.values():
-        click.echo(f"{a.algo:>13} {a.steps:>6} {_mb(a.bytes_across_nodes):>16} {a.allreduce_seconds * 1e3:>14.3f} "
-                   f"{a.busbw_gbytes_per_s:>11.2f} {a.step_seconds * 1e3:>9.2f} {a.scaling_efficiency * 100:>10.2f}%")
-    t = p.algorithms["torus"]
-    click.echo(f"# summary: torus on {p.grid} predicts {t.allreduce_seconds * 1e3:.3f} ms per all-reduce, "
-               f"{t.step_seconds * 1e3:.2f} ms per step, scaling efficiency {t.scaling_efficiency * 100:.2f}% "
-               f"(MB across nodes: the busiest rank's bytes sent over NICs per all-reduce)")
-    lo, hi = (cm.step_cost(p.compute_seconds, t.allreduce_seconds, o).scaling_efficiency for o in (0.0, 1.0))
-    click.echo(f"# torus efficiency with no overlap {lo * 100:.2f}%, with the whole backward pass overlapped "
-               f"{hi * 100:.2f}%")
-    click.echo("# sources:" + ("" if net.sources else " none given"))
-    for s in net.sources:
-        click.echo(f"#   - {s}")
+    p = make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap, placement)
+    _print_plan(p)
 
     out = p.to_json()
     if simulate:
@@ -133,6 +109,38 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
         click.echo(f"# wrote {json_path}")
 
 
+def _print_plan(p) -> None:
+    """The plan as printed: its inputs with their sources, one line per algorithm, the torus's summary."""
+    from torus_train.plan.cost import BACKWARD_FRACTION, MODELS, step_cost
+
+    m, net = MODELS[p.model], p.network
+    click.echo(f"# torus-train plan: {p.gpus} GPUs, {p.model} ({m.parameters:,} parameters, {p.gradient_dtype} "
+               f"gradients = {_mb(p.gradient_bytes)} MB), {p.per_gpu_batch} images per GPU")
+    for line in net.describe():
+        click.echo(f"# {line}")
+    click.echo(f"# compute per step: {p.per_gpu_batch} / {p.images_per_second:g} img/s = "
+               f"{p.compute_seconds * 1e3:.2f} ms; backward {BACKWARD_FRACTION:.2f} of it; "
+               f"overlap {p.overlap:g} of the backward pass hides communication")
+    click.echo(f"# grid {p.grid}: {p.grid_why}; ranks fill nodes by {p.placement}")
+    click.echo("#")
+    head = (f"{'algorithm':>13} {'steps':>6} {'MB across nodes':>16} {'all-reduce ms':>14} {'busbw GB/s':>11} "
+            f"{'step ms':>9} {'efficiency':>11}")
+    click.echo(head)
+    for a in p.algorithms.values():
+        click.echo(f"{a.algo:>13} {a.steps:>6} {_mb(a.bytes_across_nodes):>16} {a.allreduce_seconds * 1e3:>14.3f} "
+                   f"{a.busbw_gbytes_per_s:>11.2f} {a.step_seconds * 1e3:>9.2f} {a.scaling_efficiency * 100:>10.2f}%")
+    t = p.algorithms["torus"]
+    click.echo(f"# summary: torus on {p.grid} predicts {t.allreduce_seconds * 1e3:.3f} ms per all-reduce, "
+               f"{t.step_seconds * 1e3:.2f} ms per step, scaling efficiency {t.scaling_efficiency * 100:.2f}% "
+               f"(MB across nodes: the busiest rank's bytes sent over NICs per all-reduce)")
+    lo, hi = (step_cost(p.compute_seconds, t.allreduce_seconds, o).scaling_efficiency for o in (0.0, 1.0))
+    click.echo(f"# torus efficiency with no overlap {lo * 100:.2f}%, with the whole backward pass overlapped "
+               f"{hi * 100:.2f}%")
+    click.echo("# sources:" + ("" if net.sources else " none given"))
+    for s in net.sources:
+        click.echo(f"#   - {s}")
+
+
 def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
@@ -145,9 +153,9 @@ def _plot(net, nbytes: int, path: str, what: str, placement: str, gpus: int) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from torus_train.plan import costmodel as cm
+    from torus_train.plan.search import sweep
 
-    curves = cm.sweep(net, nbytes, PLOT_COUNTS, placement)
+    curves = sweep(net, nbytes, PLOT_COUNTS, placement)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for algo, points in curves.items():
         ax.plot([n for n, _ in points], [s * 1e3 for _, s in points], marker="o", label=algo)
@@ -232,29 +240,28 @@ def _check_groups(grid) -> dict:
 
 
 def _calibrate(bench_path: str, grid_text, algo, cores, background, llc_mib, compare_path, json_path) -> None:
-    from torus_train.plan import costmodel as cm
-    from torus_train.job.topology import Grid, parse_grid
+    """--calibrate: fit this host on the bench rows, print the fit, then predict --grid or hold --compare."""
+    from torus_train.plan.calibrate import calibrate, host_grid, read_benches
 
     if llc_mib is not None and not llc_mib > 0:
         raise UserError(f"--llc-mib: {llc_mib:g} must be > 0")
-    rows = cm.read_benches(bench_path)
-    other = cm.read_benches(compare_path) if compare_path else None
+    rows = read_benches(bench_path)
+    other = read_benches(compare_path) if compare_path else None
     llc = None if llc_mib is None else int(llc_mib * 2**20)
-    cal = cm.calibrate(rows, algo=algo, cores=cores, background=background, llc_bytes=llc)
+    cal = calibrate(rows, algo=algo, cores=cores, background=background, llc_bytes=llc)
     sizes = [s for s, _ in cal.rows_used]
     click.echo(f"# calibration from {bench_path}: {cal.algo} on {cal.grid} ({cal.backend}), "
                f"{len(cal.rows_used)} rows used ({min(sizes)}..{max(sizes)} bytes, wrong == 0), "
                f"{cal.rows_skipped} rows left out (other algo/grid or wrong != 0)")
     for line in cal.describe():
         click.echo(f"# {line}")
-    g0 = parse_grid(cal.grid)
-    g0 = Grid(g0.x, g0.y, g0.size)
+    g0 = host_grid(cal.grid)
     click.echo(f"{'grid':>6} {'size (B)':>10} {'measured us':>12} {'fitted us':>12} {'fit/meas':>9}")
     for s, t in cal.rows_used:
         f = cal.predict_seconds(g0, s) * 1e6
         click.echo(f"{cal.grid:>6} {s:>10} {t:>12.1f} {f:>12.1f} {f / t:>9.2f}")
     out: dict = {"calibration": cal.__dict__}
-    targets = [parse_grid(grid_text)] if grid_text else ([] if other else [parse_grid("2x4")])
+    targets = [host_grid(grid_text)] if grid_text else ([] if other else [host_grid("2x4")])
     if targets:
         out["predictions"] = _print_predictions(cal, targets, sizes)
     if other is not None:
@@ -265,13 +272,11 @@ def _calibrate(bench_path: str, grid_text, algo, cores, background, llc_mib, com
 
 
 def _print_predictions(cal, grids, sizes: list[int]) -> list[dict]:
-    """Predicted time and busbw of cal.algo on each grid at each size; returns them as JSON rows."""
-    from torus_train.job.topology import Grid
-
+    """Predicted time and busbw of cal.algo on each grid (all ranks on this host) at each size; returns them as
+    JSON rows."""
     predictions = []
     click.echo(f"{'grid':>6} {'size (B)':>10} {'predicted us':>13} {'busbw GB/s':>11}")
     for g in grids:
-        g = Grid(g.x, g.y, g.size)
         for s in sizes:
             t = cal.predict_seconds(g, s)
             bw = cal.predict_busbw(g, s)
@@ -284,9 +289,9 @@ def _print_predictions(cal, grids, sizes: list[int]) -> list[dict]:
 
 def _print_comparison(cal, rows: list[dict], path: str) -> list[dict]:
     """Measured against predicted busbw for the rows of cal.algo in another bench file; returns them as JSON."""
-    from torus_train.plan import costmodel as cm
+    from torus_train.plan.calibrate import compare
 
-    comp = cm.compare(cal, rows)
+    comp = compare(cal, rows)
     if not comp:
         raise UserError(f"--compare: {path} has no rows of {cal.algo} with wrong == 0")
     click.echo(f"{'grid':>6} {'size (B)':>10} {'measured GB/s':>14} {'predicted GB/s':>15} {'pred/meas':>10}")

@@ -14,8 +14,8 @@ with torus_train.comm.chunks.chunk_bounds:
 Sequential steps: 2(X-1) + 2(Y-1) (196 at 32x68); one flat ring over N ranks is the same ring code with
 one row of N (2(N-1) steps: 4,350 at 2,176). Integers make "every rank holds the exact sum" an equality.
 Work is vectorised over all rings of a phase, and over all senders of a step whose chunks have one length
-(chunk lengths differ by at most one element, so there are at most two groups), so 2,176 ranks take well
-under a second for small tensors.
+(chunk lengths differ by at most one element, so there are at most two groups), so a full-scale grid runs in
+one process within a test's time (timings in docs/plan.md).
 """
 from __future__ import annotations
 

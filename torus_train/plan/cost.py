@@ -1,0 +1,284 @@
+"""Alpha-beta-gamma cost of one gradient all-reduce and of one training step on a described cluster (pure).
+
+What it predicts, per algorithm (``flat`` ring, binomial ``tree``, ``hierarchical``, 2D ``torus``), for one
+all-reduce of n bytes over a Grid laid out on nodes of K GPUs:
+
+* sequential communication steps (a ring step or a tree round is one step: every rank waits for it),
+* bytes each rank sends over inter-node links (the largest over ranks),
+* seconds: each step costs ``max(alpha + chunk / bandwidth)`` over the kinds of link its edges use, plus
+  ``gamma`` seconds per byte summed (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009).
+
+How links are shared (the one modelling choice that decides the torus against the others):
+* an edge between two ranks of one node uses the intra-node link (``intra``: bandwidth per GPU per direction
+  to its ring neighbour, and latency);
+* an edge that leaves a node is a flow on the node's NICs: with F flows leaving the same node in the same step,
+  each flow gets ``min(nic_bandwidth, nics_per_node * nic_bandwidth / F)``; one flow cannot use more than one
+  NIC. So the torus's vertical phase (K flows per node, each carrying 1/X of the data) and the hierarchical
+  leader's (one flow carrying all of it) differ exactly as Mikami et al. 2018 argue.
+
+A training step (``step_cost``): compute = per-rank batch / single-GPU throughput; the backward pass is a
+stated fraction of it (2/3: backward costs about twice the forward); a stated fraction ``overlap`` of the
+backward pass hides communication; step = compute + max(0, allreduce - overlap * backward); scaling efficiency
+= compute / step (throughput(N) / (N * single-GPU throughput), the definition used in the paper's table).
+Not modelled: stragglers, data loading, BatchNorm statistics, optimizer time, bucketing into several calls.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from torus_train.errors import UserError
+from torus_train.job.topology import Grid, parse_grid
+from torus_train.plan.networks import Network
+
+ALGORITHMS = ("flat", "tree", "hierarchical", "torus")
+"""Algorithms the model knows, in the order tables print them."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """A network to train, as the cost model needs it: how many gradient values a step exchanges."""
+
+    name: str
+    """Model name as given to --model."""
+    parameters: int
+    """Trainable parameters (= gradient values exchanged per step)."""
+    parameter_tensors: int
+    """Parameter tensors (gradients are fused into one buffer; kept for the printout)."""
+
+    def gradient_bytes(self, dtype: str) -> int:
+        """Bytes of one gradient exchange in this dtype."""
+        return self.parameters * DTYPE_BYTES[dtype]
+
+
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+"""Bytes per gradient value by exchange dtype."""
+
+MODELS: dict[str, Model] = {
+    # torchvision parameter counts
+    "resnet50": Model("resnet50", 25_557_032, 161),
+    "resnet18": Model("resnet18", 11_689_512, 62),
+    "resnet101": Model("resnet101", 44_549_160, 314),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Link use of a communication step
+# ------------------------------------------------------------------------------------------------
+def node_map(grid: Grid, k: int, placement: str = "rows") -> np.ndarray:
+    """Node of every rank. "rows": consecutive ranks fill a node, so a node's K ranks sit in one row (the
+    paper's placement, torus_train.job.topology). "columns": a node holds K consecutive ranks of one column, so
+    the vertical rings run inside nodes and the horizontal ones cross the network."""
+    ranks = np.arange(grid.size)
+    if placement == "rows":
+        return ranks // k
+    if placement == "columns":
+        row, col = ranks // grid.x, ranks % grid.x
+        return (col * grid.y + row) // k
+    raise UserError(f"--placement: {placement!r}; use rows or columns")
+
+
+def _edge_time(net: Network, src: np.ndarray, dst: np.ndarray, chunk_bytes: float,
+               node: np.ndarray) -> tuple[float, np.ndarray]:
+    """Seconds for one step in which every src[i] sends chunk_bytes to dst[i] at once.
+
+    Returns (seconds, inter) where inter[i] says whether edge i leaves its node. The step lasts as long as its
+    slowest edge: intra edges cost alpha_intra + chunk/bw_intra, inter edges alpha_inter + chunk/bw_flow with
+    the NICs of the busiest node shared by its outgoing flows.
+    """
+    inter = node[src] != node[dst]
+    t = 0.0
+    if src.size == 0:
+        return 0.0, inter
+    if (~inter).any():
+        t = max(t, net.intra.alpha + chunk_bytes * net.intra.beta)
+    if inter.any():
+        flows = int(np.bincount(node[src[inter]]).max())
+        nic = net.inter.bandwidth_gbytes_per_s * 1e9
+        bw = min(nic, net.nics_per_node * nic / flows)
+        t = max(t, net.inter.alpha + chunk_bytes / bw)
+    return t, inter
+
+
+@dataclass
+class Phase:
+    """One phase of an algorithm: a number of identical sequential steps on one set of edges."""
+
+    name: str
+    """What the phase does, e.g. 'row reduce-scatter'."""
+    steps: int
+    """Sequential steps in the phase."""
+    chunk_bytes: float
+    """Bytes each sending rank sends per step."""
+    seconds: float
+    """Time of the phase, reduction included."""
+
+
+@dataclass
+class AllreduceCost:
+    """Predicted cost of one all-reduce of `nbytes` with one algorithm on one grid."""
+
+    algo: str
+    """flat | tree | hierarchical | torus."""
+    grid: str
+    """The grid, XxY."""
+    nbytes: int
+    """Bytes all-reduced (one fused gradient buffer)."""
+    steps: int
+    """Sequential communication steps."""
+    bytes_across_nodes: float
+    """Bytes the busiest rank sends over inter-node links."""
+    seconds: float
+    """Predicted all-reduce time."""
+    phases: list = field(default_factory=list)
+    """The phases, for the printout."""
+
+    @property
+    def busbw_gbytes_per_s(self) -> float:
+        """nccl-tests bus bandwidth: nbytes / seconds * 2(N-1)/N."""
+        n = parse_grid(self.grid).size
+        return 0.0 if self.seconds == 0 else self.nbytes / self.seconds * (2 * (n - 1) / n) / 1e9
+
+
+class _Phases:
+    """The phases of one all-reduce as they are added, and the bytes each rank sends across nodes."""
+
+    def __init__(self, grid: Grid, node: np.ndarray):
+        self.grid = grid
+        self.node = node
+        self.phases: list[Phase] = []
+        self.inter_bytes = np.zeros(grid.size)
+
+    def ring(self, name: str, rings: np.ndarray, nbytes: float, net: Network, steps: int,
+             reduce_bytes: float = 0.0) -> None:
+        """`steps` ring steps on each ring (rows of `rings`, ranks in ring order), chunk = nbytes / ring length."""
+        p = rings.shape[1]
+        if p <= 1 or steps == 0:
+            return
+        src = rings.reshape(-1)
+        dst = np.roll(rings, -1, axis=1).reshape(-1)
+        chunk = nbytes / p
+        t, inter = _edge_time(net, src, dst, chunk, self.node)
+        self.inter_bytes[src[inter]] += steps * chunk
+        self.phases.append(Phase(name, steps, chunk, steps * t + reduce_bytes * net.gamma))
+
+    def tree(self, name: str, groups: np.ndarray, nbytes: float, net: Network, reduce: bool) -> None:
+        """Binomial reduce (to the group's first rank) or broadcast (from it) of nbytes within each group."""
+        p = groups.shape[1]
+        if p <= 1:
+            return
+        rounds = math.ceil(math.log2(p))
+        total = 0.0
+        dists = [1 << i for i in range(rounds)]
+        for d in (dists if reduce else dists[::-1]):
+            idx = np.arange(p)
+            sender = idx[(idx % (2 * d)) == d]            # reduce: sender -> sender - d
+            far, near = groups[:, sender].reshape(-1), groups[:, sender - d].reshape(-1)
+            src, dst = (far, near) if reduce else (near, far)
+            t, inter = _edge_time(net, src, dst, nbytes, self.node)
+            self.inter_bytes[src[inter]] += nbytes
+            total += t + (nbytes * net.gamma if reduce else 0.0)
+        self.phases.append(Phase(name, rounds, nbytes, total))
+
+    def result(self, algo: str, nbytes: int) -> AllreduceCost:
+        """The all-reduce these phases make: their steps and seconds summed, the busiest rank's bytes."""
+        steps = sum(p.steps for p in self.phases)
+        return AllreduceCost(algo, str(self.grid), nbytes, steps, float(self.inter_bytes.max()),
+                             sum(p.seconds for p in self.phases), self.phases)
+
+
+# Each algorithm as phases on ranks[row, col] (Y rows of X ranks) for n bytes; the formulas are in allreduce_cost.
+def _flat(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
+    p = ranks.size
+    ring = ranks.reshape(1, -1)
+    ph.ring("ring reduce-scatter", ring, n, net, p - 1, reduce_bytes=(p - 1) / p * n)
+    ph.ring("ring all-gather", ring, n, net, p - 1)
+
+
+def _tree(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
+    everyone = ranks.reshape(1, -1)
+    ph.tree("tree reduce", everyone, n, net, reduce=True)
+    ph.tree("tree broadcast", everyone, n, net, reduce=False)
+
+
+def _hierarchical(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
+    y = ranks.shape[0]
+    ph.tree("row reduce to leader", ranks, n, net, reduce=True)
+    leaders = ranks[:, :1].T                          # one ring: column 0
+    ph.ring("leader ring reduce-scatter", leaders, n, net, y - 1, reduce_bytes=(y - 1) / y * n)
+    ph.ring("leader ring all-gather", leaders, n, net, y - 1)
+    ph.tree("row broadcast", ranks, n, net, reduce=False)
+
+
+def _torus(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
+    y, x = ranks.shape
+    ph.ring("row reduce-scatter", ranks, n, net, x - 1, reduce_bytes=(x - 1) / x * n)
+    cols = ranks.T                                    # each column is a vertical ring
+    ph.ring("column reduce-scatter", cols, n / x, net, y - 1, reduce_bytes=(y - 1) / y * n / x)
+    ph.ring("column all-gather", cols, n / x, net, y - 1)
+    ph.ring("row all-gather", ranks, n, net, x - 1)
+
+
+_PHASES_OF = {"flat": _flat, "tree": _tree, "hierarchical": _hierarchical, "torus": _torus}
+"""Algorithm name -> the function that adds its phases."""
+
+
+def allreduce_cost(algo: str, grid: Grid, net: Network, nbytes: int, placement: str = "rows") -> AllreduceCost:
+    """Predicted all-reduce of nbytes over `grid` (laid out on net.gpus_per_node GPUs per node) with `algo`.
+
+    flat:         one ring over all N ranks in rank order: reduce-scatter + all-gather, 2(N-1) steps of n/N.
+    tree:         binomial reduce to rank 0 + binomial broadcast, 2 ceil(lg N) rounds of n bytes.
+    hierarchical: binomial reduce in each row to its first rank, ring all-reduce of n among those Y leaders
+                  (one column), binomial broadcast in each row: 2 ceil(lg X) + 2(Y-1) steps.
+    torus:        1) ring reduce-scatter in each row (X-1 steps of n/X), 2) ring all-reduce of each rank's
+                  n/X chunk along its column (2(Y-1) steps of n/(XY)), 3) ring all-gather in each row:
+                  2(X-1) + 2(Y-1) steps (Mikami et al. 2018, section 3.2).
+    """
+    if grid.gpus_per_node != net.gpus_per_node:
+        grid = Grid(grid.x, grid.y, net.gpus_per_node)
+    phases = _Phases(grid, node_map(grid, net.gpus_per_node, placement))
+    if algo not in _PHASES_OF:
+        raise UserError(f"algo: unknown all-reduce algorithm {algo!r}; known: {', '.join(ALGORITHMS)}")
+    ranks = np.arange(grid.size).reshape(grid.y, grid.x)          # ranks[row, col]
+    _PHASES_OF[algo](phases, ranks, float(nbytes), net)
+    return phases.result(algo, int(nbytes))
+
+
+# ------------------------------------------------------------------------------------------------
+# Training step and scaling efficiency
+# ------------------------------------------------------------------------------------------------
+BACKWARD_FRACTION = 2.0 / 3.0
+"""Share of a training step's compute spent in the backward pass (backward costs about twice the forward)."""
+DEFAULT_OVERLAP = 0.5
+"""Stated default: half of the backward pass can hide communication (DDP-style buckets start all-reducing
+while earlier layers still compute, but the last buckets wait for the end of backward)."""
+
+
+@dataclass
+class StepCost:
+    """One training step at N GPUs with one all-reduce algorithm."""
+
+    compute_seconds: float
+    """Forward + backward on one GPU: per-rank batch / single-GPU throughput."""
+    allreduce_seconds: float
+    """Predicted all-reduce of the gradients."""
+    exposed_seconds: float
+    """Communication not hidden behind the backward pass."""
+    step_seconds: float
+    """compute + exposed."""
+    scaling_efficiency: float
+    """compute / step, a fraction: throughput(N) / (N x single-GPU throughput)."""
+
+
+def step_cost(compute_seconds: float, allreduce_seconds: float, overlap: float = DEFAULT_OVERLAP,
+              backward_fraction: float = BACKWARD_FRACTION) -> StepCost:
+    """Step time with a stated overlap of communication and the backward pass."""
+    if not 0.0 <= overlap <= 1.0:
+        raise UserError(f"--overlap: {overlap!r} must be between 0 and 1")
+    hidden = overlap * backward_fraction * compute_seconds
+    exposed = max(0.0, allreduce_seconds - hidden)
+    step = compute_seconds + exposed
+    return StepCost(compute_seconds, allreduce_seconds, exposed, step, compute_seconds / step if step else 1.0)
+

@@ -1,0 +1,258 @@
+"""Cluster descriptions for the cost model: links, networks, the presets with their sources, TOML files (pure).
+
+A Network is what the cost model needs to know of a cluster: GPUs per node, the intra-node link per GPU, the
+NICs of a node, the GPU's reduction rate and single-GPU training throughput. The presets describe the clusters
+of the works the paper compares with; every figure is from a datasheet or a paper, named in ``sources``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from torus_train.errors import UserError
+
+
+class NetworkError(UserError):
+    """A network description (preset name or TOML file) that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link: its bandwidth per direction and its per-message latency."""
+
+    bandwidth_gbytes_per_s: float
+    """Bandwidth per direction in GB/s (1e9 bytes per second): per GPU for intra-node links, per NIC across nodes."""
+    latency_us: float
+    """Per-message latency (alpha) in microseconds, as seen by the communication library."""
+
+    @property
+    def beta(self) -> float:
+        """Seconds per byte."""
+        return 1.0 / (self.bandwidth_gbytes_per_s * 1e9)
+
+    @property
+    def alpha(self) -> float:
+        """Seconds per message."""
+        return self.latency_us * 1e-6
+
+
+@dataclass(frozen=True)
+class Network:
+    """A cluster as the cost model sees it: nodes of GPUs, links inside and between nodes, the GPU's speed."""
+
+    name: str
+    """Preset name or file name; printed with every prediction."""
+    gpus_per_node: int
+    """GPUs (ranks) per node; consecutive ranks share a node, so a row of X >= K ranks fills whole nodes."""
+    intra: Link
+    """Link between two GPUs of one node (per GPU, per direction, to its ring neighbour)."""
+    inter: Link
+    """One NIC of a node (per direction), with the latency of a message between nodes."""
+    nics_per_node: int
+    """NICs per node; flows leaving a node share them, one flow uses at most one."""
+    gpu: str = "unknown GPU"
+    """The GPU model, for the printout."""
+    reduce_gbytes_per_s: float = 300.0
+    """Rate at which a GPU sums received data into its buffer, GB/s; gamma = 1 / this (memory-bound: about a
+    third of the memory bandwidth, since a sum reads two operands and writes one)."""
+    images_per_second: dict = field(default_factory=dict)
+    """Single-GPU training throughput per model name (images/s), where a figure is known."""
+    description: str = ""
+    """One line saying what this network is."""
+    sources: tuple = ()
+    """Where each figure comes from (datasheets, papers, measurements)."""
+
+    @property
+    def gamma(self) -> float:
+        """Seconds per byte reduced."""
+        return 1.0 / (self.reduce_gbytes_per_s * 1e9)
+
+    def check(self, where: str = "network") -> "Network":
+        """Raise NetworkError naming the field when a figure is not usable; return self."""
+        def positive(path: str, value, integer: bool = False) -> None:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if integer:
+                ok = ok and float(value).is_integer()
+            if not ok or value <= 0:
+                kind = "a positive integer" if integer else "a positive number"
+                raise NetworkError(f"{where}.{path}: {value!r} must be {kind}")
+
+        positive("gpus_per_node", self.gpus_per_node, integer=True)
+        positive("nics_per_node", self.nics_per_node, integer=True)
+        positive("intra.bandwidth_gbytes_per_s", self.intra.bandwidth_gbytes_per_s)
+        positive("inter.bandwidth_gbytes_per_s", self.inter.bandwidth_gbytes_per_s)
+        positive("reduce_gbytes_per_s", self.reduce_gbytes_per_s)
+        for path, value in (("intra.latency_us", self.intra.latency_us), ("inter.latency_us", self.inter.latency_us)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+                raise NetworkError(f"{where}.{path}: {value!r} must be a number >= 0")
+        for model, ips in self.images_per_second.items():
+            positive(f"images_per_second.{model}", ips)
+        return self
+
+    def describe(self) -> list[str]:
+        """Printable lines with every parameter the prediction uses."""
+        k = self.gpus_per_node
+        return [
+            f"network {self.name}: {self.description}".rstrip(": "),
+            f"  {k} x {self.gpu} per node; intra-node {self.intra.bandwidth_gbytes_per_s:g} GB/s per GPU per "
+            f"direction, {self.intra.latency_us:g} us",
+            f"  {self.nics_per_node} NIC(s) per node at {self.inter.bandwidth_gbytes_per_s:g} GB/s per direction "
+            f"({self.nics_per_node * self.inter.bandwidth_gbytes_per_s / k:g} GB/s per GPU), "
+            f"{self.inter.latency_us:g} us",
+            f"  reduction {self.reduce_gbytes_per_s:g} GB/s per GPU (gamma)",
+        ]
+
+
+# Presets. Every figure is from a datasheet or a paper, stated in `sources`; none is fitted to a result.
+PRESETS: dict[str, Network] = {
+    "abci-v100": Network(
+        name="abci-v100",
+        description="ABCI compute node (Sony's runs): 4 V100 SXM2 on NVLink 2, 2 x InfiniBand EDR",
+        gpus_per_node=4,
+        intra=Link(50.0, 2.0),
+        inter=Link(12.5, 2.0),
+        nics_per_node=2,
+        gpu="V100 SXM2 16GB",
+        reduce_gbytes_per_s=300.0,
+        images_per_second={"resnet50": 1376.0},
+        sources=(
+            "NVLink 2: 25 GB/s per link per direction (NVIDIA V100 datasheet); ABCI's 4 GPUs are fully connected "
+            "with 2 links per pair = 50 GB/s per direction to a ring neighbour",
+            "InfiniBand EDR: 100 Gb/s = 12.5 GB/s per direction per HCA, 2 HCAs per ABCI node (ABCI system overview)",
+            "latency: NVLink and IB about 1-2 us at MPI/NCCL level; 2 us taken for both",
+            "V100 HBM2 900 GB/s; a sum reads 2 and writes 1 -> 300 GB/s reduction rate",
+            "ResNet-50 v1.5 mixed precision, 1 V100: about 1,376 img/s (NVIDIA DeepLearningExamples)",
+        ),
+    ),
+    "dgx-h100": Network(
+        name="dgx-h100",
+        description="DGX H100: 8 H100 SXM on NVLink 4 / NVSwitch, 8 x ConnectX-7 NDR400",
+        gpus_per_node=8,
+        intra=Link(450.0, 2.0),
+        inter=Link(50.0, 2.0),
+        nics_per_node=8,
+        gpu="H100 SXM 80GB",
+        reduce_gbytes_per_s=1100.0,
+        images_per_second={"resnet50": 3000.0},
+        sources=(
+            "NVLink 4: 900 GB/s bidirectional = 450 GB/s per direction per GPU through NVSwitch (NVIDIA H100 datasheet)",
+            "NDR400 InfiniBand: 400 Gb/s = 50 GB/s per direction per NIC, 8 per DGX H100 (NVIDIA DGX H100 datasheet)",
+            "latency: 2 us intra and inter (NVLink/IB at NCCL level, 1-2 us)",
+            "H100 HBM3 3.35 TB/s; a sum reads 2 and writes 1 -> about 1,100 GB/s",
+            "ResNet-50 1 H100: 3,000 img/s is an ESTIMATE (A100 80GB about 2,180 img/s per NVIDIA "
+            "DeepLearningExamples, times about 1.4); not a measurement",
+        ),
+    ),
+    "goyal-p100-50gbe": Network(
+        name="goyal-p100-50gbe",
+        description="Goyal et al. 2017 (Facebook Big Basin): 8 P100 SXM2 on NVLink 1, 1 x 50 Gbit Ethernet",
+        gpus_per_node=8,
+        intra=Link(20.0, 2.0),
+        inter=Link(6.25, 20.0),
+        nics_per_node=1,
+        gpu="P100 SXM2 16GB",
+        reduce_gbytes_per_s=240.0,
+        images_per_second={"resnet50": 219.0},
+        sources=(
+            "8 P100 per Big Basin server with one 50 Gbit Ethernet NIC (Goyal et al. 2017, section 5)",
+            "NVLink 1: 20 GB/s per link per direction (NVIDIA P100 datasheet); a ring hop uses one link",
+            "50 GbE: 6.25 GB/s per direction; TCP latency about 10-30 us, 20 us taken",
+            "P100 HBM2 732 GB/s -> about 240 GB/s reduction rate",
+            "ResNet-50 fp32, 1 P100: about 219 img/s (TensorFlow benchmarks, DGX-1 P100, 2017; recalled, not re-checked)",
+        ),
+    ),
+    "jia-p40-100gbe": Network(
+        name="jia-p40-100gbe",
+        description="Jia et al. 2018 (Tencent): 8 P40 per node on PCIe 3.0, 1 x 100 Gbit Ethernet",
+        gpus_per_node=8,
+        intra=Link(12.0, 5.0),
+        inter=Link(12.5, 15.0),
+        nics_per_node=1,
+        gpu="Tesla P40 24GB",
+        reduce_gbytes_per_s=115.0,
+        images_per_second={"resnet50": 200.0},
+        sources=(
+            "8 P40 per node is an ASSUMPTION (2048 GPUs = 256 nodes); 100 Gbit Ethernet as the paper reports",
+            "PCIe 3.0 x16: 15.75 GB/s theoretical, about 12 GB/s achieved per direction; 5 us through the host bridge",
+            "100 GbE: 12.5 GB/s per direction; latency about 10-30 us, 15 us taken",
+            "P40 GDDR5 346 GB/s -> about 115 GB/s reduction rate",
+            "ResNet-50, 1 P40: 200 img/s is an ESTIMATE (fp32 peak 11.8 TFLOPS close to P100's 10.6, half the "
+            "memory bandwidth; P40 has no fast fp16 math)",
+        ),
+    ),
+}
+
+
+def load_network(name_or_path: str) -> Network:
+    """A preset by name, or a network described in a TOML file (see docs/plan.md for the keys)."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if not (name_or_path.endswith(".toml") or path.exists()):
+        raise NetworkError(f"--network: unknown network {name_or_path!r}; presets: {', '.join(PRESETS)}, "
+                           f"or a path to a .toml file")
+    if not path.is_file():
+        raise NetworkError(f"--network: file {name_or_path} does not exist")
+    return network_from_dict(_read_toml(path), where=f"{path}", default_name=path.stem)
+
+
+def _read_toml(path: Path) -> dict:
+    """The TOML file as a dict; tomllib is in the standard library from Python 3.11, tomli before it."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise NetworkError("reading a network TOML file needs Python 3.11 or `pip install tomli`") from None
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise NetworkError(f"{path}: not valid TOML: {e}") from None
+
+
+_TOP_KEYS = {"name", "description", "gpu", "gpus_per_node", "nics_per_node", "reduce_gbytes_per_s",
+             "images_per_second", "sources", "intra", "inter"}
+"""Keys a network TOML file may hold at the top level."""
+
+
+def network_from_dict(data: dict, where: str = "network", default_name: str = "custom") -> Network:
+    """Build and check a Network from a TOML-like dict; unknown keys and missing ones are named."""
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise NetworkError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(_TOP_KEYS))}")
+    intra, inter = (_link_from_dict(data.get(section), where, section) for section in ("intra", "inter"))
+    for key in ("gpus_per_node", "nics_per_node"):
+        if key not in data:
+            raise NetworkError(f"{where}.{key}: missing")
+    ips = data.get("images_per_second", {})
+    if not isinstance(ips, dict):
+        raise NetworkError(f"{where}.images_per_second: {ips!r} must be a table of model = images per second")
+    net = Network(
+        name=str(data.get("name", default_name)),
+        description=str(data.get("description", "")),
+        gpu=str(data.get("gpu", "unknown GPU")),
+        gpus_per_node=data["gpus_per_node"],
+        nics_per_node=data["nics_per_node"],
+        intra=intra,
+        inter=inter,
+        reduce_gbytes_per_s=data.get("reduce_gbytes_per_s", 300.0),
+        images_per_second=dict(ips),
+        sources=tuple(str(s) for s in data.get("sources", ())),
+    )
+    net.check(where)
+    return replace(net, gpus_per_node=int(net.gpus_per_node), nics_per_node=int(net.nics_per_node))
+
+
+def _link_from_dict(sec, where: str, section: str) -> Link:
+    """Table [section] ("intra" or "inter") as a Link; its figures are checked with the rest by Network.check."""
+    if not isinstance(sec, dict):
+        raise NetworkError(f"{where}.{section}: missing table [{section}] with bandwidth_gbytes_per_s and latency_us")
+    bad = sorted(set(sec) - {"bandwidth_gbytes_per_s", "latency_us"})
+    if bad:
+        raise NetworkError(f"{where}.{section}.{bad[0]}: unknown key; use bandwidth_gbytes_per_s and latency_us")
+    for key in ("bandwidth_gbytes_per_s", "latency_us"):
+        if key not in sec:
+            raise NetworkError(f"{where}.{section}.{key}: missing")
+    return Link(sec["bandwidth_gbytes_per_s"], sec["latency_us"])

@@ -1,0 +1,182 @@
+"""Grid choice by predicted time, and a whole plan: every algorithm's cost at one point, or over GPU counts (pure).
+
+The torus's grid decides its cost, so rank_grids evaluates every factor pair X x Y = N with the cost model and
+best_grid takes the fastest. make_plan predicts every algorithm's all-reduce, step time and scaling efficiency
+at one (GPUs, grid, network, model, batch) point; sweep gives the curves of all-reduce time over GPU counts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Iterable
+
+from torus_train.errors import UserError
+from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pairs
+from torus_train.plan.cost import (ALGORITHMS, BACKWARD_FRACTION, DEFAULT_OVERLAP, DTYPE_BYTES, MODELS,
+                                   AllreduceCost, allreduce_cost, step_cost)
+from torus_train.plan.networks import Network
+
+
+def rank_grids(n: int, net: Network, nbytes: int, placement: str = "rows") -> list[tuple[Grid, AllreduceCost]]:
+    """Every factor pair X x Y = n with its predicted torus all-reduce, fastest first (ties: fewer steps)."""
+    out = []
+    for x, y in factor_pairs(n):
+        g = Grid(x, y, net.gpus_per_node)
+        out.append((g, allreduce_cost("torus", g, net, nbytes, placement)))
+    out.sort(key=lambda gc: (round(gc[1].seconds, 12), gc[1].steps, -gc[0].x))
+    return out
+
+
+def best_grid(n: int, net: Network, nbytes: int, placement: str = "rows") -> tuple[Grid, str]:
+    """The grid with the fastest predicted torus all-reduce for n ranks, and why (against the runner-up and
+    against the grid with the fewest steps)."""
+    if not isinstance(n, int) or n < 1:
+        raise GridError(f"--gpus must be a positive integer, got {n!r}")
+    ranked = rank_grids(n, net, nbytes, placement)
+    g, c = ranked[0]
+    why = (f"fastest predicted torus of the {len(ranked)} factor pairs, {c.seconds * 1e3:.3f} ms, {c.steps} steps, "
+           f"{_fit_to_nodes(g, n, net.gpus_per_node, placement)}")
+    if len(ranked) > 1:
+        g2, c2 = ranked[1]
+        why += f"; next best {g2} {c2.seconds * 1e3:.3f} ms"
+    fewest = min(ranked, key=lambda gc: (gc[1].steps, -gc[0].x))
+    if fewest[0] != g:
+        why += (f"; the fewest-steps grid {fewest[0]} ({fewest[1].steps} steps) is predicted "
+                f"{fewest[1].seconds * 1e3:.3f} ms: bandwidth, not step count, decides at this size")
+    return g, why
+
+
+def _fit_to_nodes(g: Grid, n: int, k: int, placement: str) -> str:
+    """How the rings that lie along the nodes (rows, or columns) meet nodes of k GPUs: what decides their links."""
+    ring, side, what = (g.x, "rows", "horizontal") if placement == "rows" else (g.y, "columns", "vertical")
+    return ("the whole job fits on one node" if n <= k
+            else f"{side} inside one node: {what} rings on the intra-node links" if ring <= k and k % ring == 0
+            else f"{side} span {math.ceil(ring / k)} nodes" if ring % k == 0
+            else f"{side} and nodes do not line up")
+
+
+@dataclass
+class AlgoPlan:
+    """One algorithm's line of a plan."""
+
+    algo: str
+    """flat | tree | hierarchical | torus."""
+    steps: int
+    """Sequential communication steps."""
+    bytes_across_nodes: float
+    """Bytes the busiest rank sends across nodes per all-reduce."""
+    allreduce_seconds: float
+    """Predicted all-reduce time."""
+    step_seconds: float
+    """Predicted training step time."""
+    scaling_efficiency: float
+    """Predicted scaling efficiency, a fraction."""
+    busbw_gbytes_per_s: float
+    """Predicted nccl-tests bus bandwidth of the all-reduce."""
+
+
+@dataclass
+class Plan:
+    """Predictions for one (GPUs, grid, network, model, batch) point."""
+
+    gpus: int
+    """World size."""
+    grid: str
+    """The grid used for the torus and hierarchical algorithms."""
+    grid_why: str
+    """Why this grid (chosen or given)."""
+    network: Network
+    """The network described."""
+    model: str
+    """Model name."""
+    gradient_dtype: str
+    """Dtype gradients are exchanged in."""
+    gradient_bytes: int
+    """Bytes per all-reduce."""
+    per_gpu_batch: int
+    """Images per GPU per step."""
+    images_per_second: float
+    """Single-GPU training throughput used."""
+    overlap: float
+    """Fraction of the backward pass that hides communication."""
+    placement: str
+    """How ranks fill nodes: rows (a node's ranks in one row) or columns."""
+    compute_seconds: float
+    """Per-step compute on one GPU."""
+    algorithms: dict
+    """algo -> AlgoPlan."""
+
+    def to_json(self) -> dict:
+        """The plan as JSON: every input (the network with its sources) and every algorithm's line."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("network", "algorithms")}
+        net = asdict(self.network)
+        net["sources"] = list(self.network.sources)
+        d["network"] = net
+        d["backward_fraction"] = BACKWARD_FRACTION
+        d["algorithms"] = {a: asdict(p) for a, p in self.algorithms.items()}
+        return d
+
+
+def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: int = 32,
+              grid: Grid | None = None, gradient_dtype: str = "fp16", images_per_second: float | None = None,
+              overlap: float = DEFAULT_OVERLAP, placement: str = "rows") -> Plan:
+    """Predict every algorithm at `gpus` GPUs; with no grid, choose the fastest torus grid."""
+    _check_plan_inputs(gpus, per_gpu_batch, model, gradient_dtype)
+    nbytes = MODELS[model].gradient_bytes(gradient_dtype)
+    if grid is None:
+        grid, why = best_grid(gpus, net, nbytes, placement)
+    else:
+        check_grid_size(grid, gpus)
+        grid = Grid(grid.x, grid.y, net.gpus_per_node)
+        why = f"given by --grid ({grid.torus_steps} torus steps)"
+    images_per_second = _throughput(net, model, images_per_second)
+    compute = per_gpu_batch / images_per_second
+    algos = {}
+    for algo in ALGORITHMS:
+        c = allreduce_cost(algo, grid, net, nbytes, placement)
+        s = step_cost(compute, c.seconds, overlap)
+        algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, s.step_seconds,
+                               s.scaling_efficiency, c.busbw_gbytes_per_s)
+    return Plan(gpus, str(grid), why, net, model, gradient_dtype, nbytes, per_gpu_batch, images_per_second,
+                overlap, placement, compute, algos)
+
+
+def _check_plan_inputs(gpus: int, per_gpu_batch: int, model: str, gradient_dtype: str) -> None:
+    """Raise UserError naming the option when a plan input is not usable."""
+    if not isinstance(gpus, int) or gpus < 1:
+        raise UserError(f"--gpus: {gpus!r} must be a positive integer")
+    if per_gpu_batch < 1:
+        raise UserError(f"--per-gpu-batch: {per_gpu_batch!r} must be a positive integer")
+    if model not in MODELS:
+        raise UserError(f"--model: unknown model {model!r}; known: {', '.join(MODELS)}")
+    if gradient_dtype not in DTYPE_BYTES:
+        raise UserError(f"--grad-dtype: {gradient_dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+
+
+def _throughput(net: Network, model: str, images_per_second: float | None) -> float:
+    """Single-GPU images per second: the given figure, else the network's for this model."""
+    if images_per_second is None:
+        if model not in net.images_per_second:
+            raise UserError(f"--images-per-second: network {net.name} has no throughput figure for {model}; "
+                            f"give one (known for: {', '.join(net.images_per_second) or 'none'})")
+        images_per_second = float(net.images_per_second[model])
+    if not images_per_second > 0:
+        raise UserError(f"--images-per-second: {images_per_second!r} must be > 0")
+    return images_per_second
+
+
+def sweep(net: Network, nbytes: int, gpu_counts: Iterable[int],
+          placement: str = "rows") -> dict[str, list[tuple[int, float]]]:
+    """Predicted all-reduce seconds per algorithm for each GPU count: torus on its fastest grid, hierarchical
+    with one leader per node (rows of K = GPUs per node, its definition; any grid when K does not divide the
+    count), flat and tree (which do not depend on the grid) as they are."""
+    out: dict[str, list[tuple[int, float]]] = {a: [] for a in ALGORITHMS}
+    k = net.gpus_per_node
+    for n in gpu_counts:
+        grids = [Grid(x, y, k) for x, y in factor_pairs(n)]
+        per_node = [g for g in grids if g.x == k] or grids
+        for a in ALGORITHMS:
+            pool = {"torus": grids, "hierarchical": per_node}.get(a, grids[:1])
+            out[a].append((n, min(allreduce_cost(a, g, net, nbytes, placement).seconds for g in pool)))
+    return out
+
