@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from torus_train.plan.costmodel import read_bench
+from torus_train.plan.calibrate import read_bench
 
 
 def ratios(files: list[str]) -> dict:

@@ -48,28 +48,28 @@ def test_default_output_folder_moves_on_but_a_named_one_is_refused(tmp_path, mon
 
     monkeypatch.chdir(tmp_path)
     spec = load_spec(None)
-    first = choose_out(spec, False, False, say=lambda m: None)
+    first = choose_out(spec, False, False)
     assert first == tmp_path / "runs" / "default"
     prepare_out(first, False, False)
     (first / "summary.json").write_text("{}")
-    said = []
-    fresh = choose_out(load_spec(None), False, False, say=said.append)
-    assert fresh.parent == first.parent and fresh.name.startswith("default-") and str(fresh) in said[0]
-    assert choose_out(load_spec(None), True, False, say=said.append) == first  # --resume: the same folder
+    fresh = choose_out(load_spec(None), False, False)
+    assert fresh.parent == first.parent and fresh.name.startswith("default-")
+    assert choose_out(load_spec(None), True, False) == first  # --resume: the same folder
     named = load_spec(None, [("job.out", str(first))])
-    assert choose_out(named, False, False, say=said.append) == first
+    assert choose_out(named, False, False) == first
     with pytest.raises(UserError, match="already holds results"):
         prepare_out(first, False, False)
     prepare_out(first, False, True)  # --overwrite clears the earlier results
     assert not (first / "summary.json").exists()
 
 
-def test_dry_run_at_2176_gpus_without_a_spec_scales_the_default_stages(tmp_path):
-    """The issue's literal command: no spec, so the demo recipe's per-rank batches are kept at 2176 ranks."""
+def test_dry_run_at_2176_gpus_keeps_the_default_per_rank_batches(tmp_path):
+    """No spec: the default job's stages are per-rank batches, so 2176 ranks keep them."""
     f = tmp_path / "hosts"
     f.write_text("".join(f"host{i:03d} slots=4\n" for i in range(1, 545)))
     r = CliRunner().invoke(cli, ["run", "--dry-run", "--gpus", "2176", "--grid", "32x68", "--gpus-per-node", "4",
                                  "--launcher", "mpirun", "--hostfile", str(f)])
     assert r.exit_code == 0, r.output
-    assert "scaled to 2176 ranks: global batch 69632 -> 139264 -> 278528" in r.output
+    table = r.output.split("# batch schedule")[1].splitlines()
+    assert [line.split()[2:4] for line in table[2:5]] == [["69632", "32"], ["139264", "64"], ["278528", "128"]]
     assert "mpirun" in r.output and "-np 2176" in r.output

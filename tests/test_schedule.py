@@ -8,14 +8,18 @@ import sys
 import pytest
 
 from torus_train.errors import UserError
-from torus_train.train.schedule import BatchSchedule, Stage
+from torus_train.train.schedule import Schedule, Stage, steps_per_epoch
 
 
-def two_stage(**kw):
-    args = dict(stages=[Stage(2, 128), Stage(5, 512)], world_size=4, epochs=5, base_lr=0.1,
-                lr_reference_batch=256, warmup_epochs=1, lr_policy="linear", decay="poly")
+def G(until: int, batch: int) -> Stage:
+    return Stage(until_epoch=until, global_batch=batch)
+
+
+def two_stage(world_size=4, **kw):
+    args = dict(stages=[G(2, 128), G(5, 512)], epochs=5, base_lr=0.1, lr_reference_batch=256, warmup_epochs=1,
+                lr_policy="linear", decay="poly")
     args.update(kw)
-    return BatchSchedule(**args)
+    return Schedule(**args).check().at(world_size)
 
 
 def test_stage_lookup_and_per_rank_split():
@@ -24,9 +28,19 @@ def test_stage_lookup_and_per_rank_split():
     assert s.stage_at(1.99).global_batch == 128 and s.stage_at(2.0).global_batch == 512
     assert s.stage_at(0).per_rank_batch == 32 and s.stage_at(3).per_rank_batch == 128
     assert s.stage_at(3).accumulation == 1 and s.stage_at(3).micro_batch == 128
-    assert s.switch_epochs() == [2]
-    assert s.steps_per_epoch(0, 10_000) == math.ceil(10_000 / 128)
-    assert s.steps_per_epoch(4, 10_000) == math.ceil(10_000 / 512)
+    assert [st.start_epoch for st in s.stages] == [0, 2]
+    assert s.steps_in_epoch(0, 10_000) == steps_per_epoch(10_000, 128) == math.ceil(10_000 / 128)
+    assert s.steps_in_epoch(4, 10_000) == math.ceil(10_000 / 512)
+    assert s.total_steps(10_000) == 2 * 79 + 3 * 20
+
+
+def test_per_rank_stages_scale_with_the_world():
+    sched = Schedule(stages=[Stage(until_epoch=2, per_rank_batch=32), Stage(until_epoch=5, per_rank_batch=64)],
+                     lr_reference_batch=128).check()
+    for world in (1, 3, 4, 2176):
+        s = sched.at(world)
+        assert [(st.global_batch, st.per_rank_batch) for st in s.stages] == [(32 * world, 32), (64 * world, 64)]
+        assert s.peak_lr(0) == pytest.approx(0.1 * 32 * world / 128)
 
 
 def test_accumulation_picks_smallest_split_under_limit():
@@ -35,7 +49,7 @@ def test_accumulation_picks_smallest_split_under_limit():
     assert (info.accumulation, info.micro_batch) == (4, 32)
     assert info.micro_batch * info.accumulation == info.per_rank_batch
     assert s.stage_at(0).accumulation == 1  # 32 <= 48
-    s = two_stage(stages=[Stage(5, 4 * 96)], max_per_rank_batch=40)
+    s = two_stage(stages=[G(5, 4 * 96)], max_per_rank_batch=40)
     assert (s.stage_at(0).accumulation, s.stage_at(0).micro_batch) == (3, 32)
 
 
@@ -57,30 +71,27 @@ def test_constant_policy_holds_first_peak():
 
 
 def test_poly_cosine_step_decays():
-    poly = two_stage(decay="poly", lr_policy="constant", end_lr=0.001)
+    poly = two_stage(decay="poly", lr_policy="constant")
     assert poly.lr_at(1.0) == pytest.approx(0.05)
     t = (3.0 - 1) / 4
-    assert poly.lr_at(3.0) == pytest.approx(0.001 + (0.05 - 0.001) * (1 - t) ** 2)
-    assert poly.lr_at(5.0) == pytest.approx(0.001)
+    assert poly.lr_at(3.0) == pytest.approx(0.05 * (1 - t) ** 2)
+    assert poly.lr_at(5.0) == pytest.approx(0.0)
     cos = two_stage(decay="cosine", lr_policy="constant")
     assert cos.lr_at(3.0) == pytest.approx(0.05 * 0.5 * (1 + math.cos(math.pi * 0.5)))
-    step = two_stage(decay="step", lr_policy="constant", step_epochs=(3, 4), step_gamma=0.1)
-    assert [round(step.lr_at(e), 6) for e in (2.5, 3.0, 4.2)] == [0.05, 0.005, 0.0005]
-    default_steps = two_stage(decay="step", epochs=8, stages=[Stage(8, 128)])
-    assert default_steps.step_epochs == (4.0, 6.0)
+    step = two_stage(decay="step", lr_policy="constant", epochs=8, stages=[G(8, 128)])
+    assert [round(step.lr_at(e), 6) for e in (3.9, 4.0, 6.2)] == [0.05, 0.005, 0.0005]  # x0.1 at 1/2 and 3/4
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(stages=[Stage(2, 128), Stage(5, 102)]),
-     r"schedule\.stages\[1\]\.global_batch: 102 does not divide by world size 4"),
-    (dict(stages=[Stage(3, 128), Stage(2, 512), Stage(5, 512)]),
-     r"schedule\.stages\[1\]\.until_epoch: 2 is not after the previous stage's end \(3\)"),
-    (dict(stages=[Stage(2, 128), Stage(4, 512)]), r"schedule\.stages\[1\]\.until_epoch: 4 ends before"),
-    (dict(stages=[Stage(5, 128), Stage(6, 512)]), r"schedule\.stages\[1\]: starts at epoch 5"),
+    (dict(stages=[G(2, 128), G(5, 514)]),
+     r"schedule\.stages\[1\]\.global_batch: 514 does not divide by world size 4"),
+    (dict(stages=[G(3, 128), G(2, 512), G(5, 512)]),
+     r"schedule\.stages\[1\]\.until_epoch: 2 must be greater than the previous stage's 3"),
+    (dict(stages=[G(2, 256), G(5, 128)]), r"schedule\.stages\[1\]\.global_batch: 128 is smaller"),
+    (dict(stages=[G(2, 256), Stage(5, per_rank_batch=16)]), r"schedule\.stages\[1\]: global batch 64 is smaller"),
     (dict(stages=[]), r"schedule\.stages: at least one stage"),
-    (dict(stages=[{"until_epoch": 5, "global_batch": 64, "lr": 1}]), r"schedule\.stages\[0\]\.lr: unknown key"),
-    (dict(stages=[{"until_epoch": 5}]), r"schedule\.stages\[0\]\.global_batch: missing"),
-    (dict(stages=[Stage(5, 0)]), r"schedule\.stages\[0\]\.global_batch: 0 must be a positive"),
+    (dict(stages=[Stage(until_epoch=5)]), r"schedule\.stages\[0\]: give exactly one of per_rank_batch"),
+    (dict(stages=[Stage(5, 8, 64)]), r"schedule\.stages\[0\]: give exactly one of per_rank_batch"),
     (dict(lr_policy="sqrt"), r"schedule\.lr_policy: 'sqrt' is not one of linear, constant"),
     (dict(decay="exp"), r"schedule\.decay: 'exp'"),
     (dict(warmup_epochs=5), r"schedule\.warmup_epochs: 5"),
@@ -92,9 +103,9 @@ def test_bad_schedules_name_the_field(kw, match):
         two_stage(**kw)
 
 
-def test_plain_dict_stages_from_toml():
-    s = two_stage(stages=[{"until_epoch": 2, "global_batch": 64}, {"until_epoch": 5, "global_batch": 256}])
-    assert s.stage_at(4).global_batch == 256
+def test_stages_past_the_run_are_cut_and_the_last_is_stretched():
+    assert [st.until_epoch for st in two_stage(stages=[G(2, 128), G(4, 512)]).stages] == [2, 5]
+    assert [st.until_epoch for st in two_stage(stages=[G(5, 128), G(6, 512)]).stages] == [5]
 
 
 def test_table_lists_every_stage():
@@ -116,7 +127,7 @@ def test_module_is_pure():
     ("[{until_epoch = 2, global_batch = 128}, {until_epoch = 6, global_batch = 130}]",
      "schedule.stages[1].global_batch: 130 does not divide by world size 4"),
     ("[{until_epoch = 4, global_batch = 128}, {until_epoch = 2, global_batch = 256}]",
-     "schedule.stages[1].until_epoch: 2 "),  # the spec's own check words it; the path and value are what count
+     "schedule.stages[1].until_epoch: 2 "),
 ])
 def test_cli_rejects_bad_stages_with_exit_2(stages, field):
     r = subprocess.run([sys.executable, "-m", "torus_train", "run", "--dry-run", "--set", f"schedule.stages={stages}"],

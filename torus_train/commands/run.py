@@ -64,27 +64,29 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
     if not dry_run and spec.launch.launcher == "auto" and inside_launched_rank(environ):
         return _run_as_rank(spec, resume, overwrite)
 
-    out = choose_out(spec, resume, overwrite, say=click.echo if not dry_run else (lambda m: None))
+    out = choose_out(spec, resume, overwrite)
+    if out != spec.out_dir.resolve() and not dry_run:
+        click.echo(f"{spec.out_dir.resolve()} holds an earlier run; writing this one to {out} (--out to choose, "
+                   "--resume to continue)")
+    spec.job.out = str(out)
     job_file = out / "job.json"
     from torus_train.ranks.bootstrap import free_port
 
     plan = plan_launch(spec, environ, job_file=str(job_file), python=sys.executable,
                        as_root=hasattr(os, "geteuid") and os.geteuid() == 0, master_port=free_port(),
                        cpu_count=os.cpu_count() or 1, local_gpus=local_gpu_count(), strict=not dry_run)
-    if spec_path is None and not any(k == "schedule.stages" for k, _ in overrides):
-        spec = scale_default_stages(spec, overrides, plan.world_size, say=click.echo)
     if dry_run:
         # The whole plan is printed even when the batch schedule does not fit the world size; the error
         # then ends the output (exit 2), as it would stop a real run before any rank starts.
         try:
-            schedule, problem = batch_schedule(spec, plan.world_size), None
+            schedule, problem = spec.schedule.at(plan.world_size), None
         except UserError as e:
             schedule, problem = None, e
         click.echo(dry_run_text(spec, plan, schedule, problem))
         if problem is not None:
             raise problem
         return
-    schedule = batch_schedule(spec, plan.world_size)
+    schedule = spec.schedule.at(plan.world_size)
 
     prepare_out(out, resume, overwrite)
     if spec.data.source == "demo":
@@ -110,23 +112,6 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
     check_outcome(out)
 
 
-def scale_default_stages(spec: JobSpec, overrides: list, world_size: int, say=click.echo) -> JobSpec:
-    """The embedded default's stages are per-rank batches of its 4 ranks; on another world size keep the
-    per-rank batch (as Sony did: 32 images per GPU whatever the GPU count) and scale the global batch."""
-    base = load_spec(None).grid.gpus
-    if world_size == base:
-        return spec
-    stages = [{"until_epoch": st.until_epoch, "global_batch": st.global_batch // base * world_size}
-              for st in spec.schedule.stages if st.global_batch % base == 0]
-    if len(stages) != len(spec.schedule.stages):
-        return spec
-    say(f"note: the embedded default's batch stages ({', '.join(str(st.global_batch // base) for st in spec.schedule.stages)} "
-        f"per rank on {base} ranks) are scaled to {world_size} ranks: global batch "
-        f"{' -> '.join(str(st['global_batch']) for st in stages)}; set your own with --spec or "
-        "--set schedule.stages=[...]")
-    return load_spec(None, overrides + [("schedule.stages", stages)])
-
-
 def local_gpu_count() -> int:
     """GPUs on this machine, without importing torch (CUDA_VISIBLE_DEVICES, else the NVIDIA driver's list)."""
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -138,16 +123,11 @@ def local_gpu_count() -> int:
         return 0
 
 
-def batch_schedule(spec: JobSpec, world_size: int):
-    """The BatchSchedule of the spec (pure); raises UserError on stages that do not fit the world size."""
-    return spec.batch_schedule(world_size)
-
-
 def holds_results(out: Path) -> list[str]:
     return [name for name in RESULT_FILES if (out / name).exists()]
 
 
-def choose_out(spec: JobSpec, resume: bool, overwrite: bool, say=click.echo) -> Path:
+def choose_out(spec: JobSpec, resume: bool, overwrite: bool) -> Path:
     """The output folder. A folder the user named (job.out / --out) that holds results is refused later
     unless --resume or --overwrite; the default runs/<name> moves on to a fresh runs/<name>-<timestamp>."""
     out = spec.out_dir.resolve()
@@ -155,10 +135,7 @@ def choose_out(spec: JobSpec, resume: bool, overwrite: bool, say=click.echo) -> 
         return out
     import time
 
-    fresh = out.with_name(f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    say(f"{out} holds an earlier run; writing this one to {fresh} (--out to choose, --resume to continue)")
-    spec.job.out = str(fresh)
-    return fresh
+    return out.with_name(f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def prepare_out(out: Path, resume: bool, overwrite: bool) -> None:
@@ -210,7 +187,7 @@ def _run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
     if not spec.grid.gpus_per_node:
         spec.grid.gpus_per_node = info.local_world_size
     grid = resolve_grid(spec, "local", [], 0)
-    batch_schedule(spec, info.world_size)
+    spec.schedule.at(info.world_size)
     out = spec.out_dir.resolve()
     spec.job.out = str(out)
     if info.rank == 0:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torus_train.errors import UserError
+from torus_train.train.schedule import steps_per_epoch
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 JPEG_EXTENSIONS = (".jpg", ".jpeg")
@@ -120,7 +121,7 @@ def shard(n: int, rank: int, world_size: int, batch_size: int, *, epoch: int = 0
     if shuffle:
         random.Random(seed * 1_000_003 + epoch).shuffle(order)
     per_step = world_size * batch_size
-    total = -(-n // per_step) * per_step
+    total = steps_per_epoch(n, per_step) * per_step
     padded = order + [order[i % n] for i in range(total - n)]
     per_rank = total // world_size
     mine = padded[rank * per_rank:(rank + 1) * per_rank]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from torus_train.data.base import LoaderConfig
+from torus_train.train.schedule import steps_per_epoch
 
 SYNTHETIC_SAMPLES = 10_000  # default "epoch" size (ImageNet has 1,281,167 training images)
 
@@ -33,8 +34,7 @@ class SyntheticLoader:
         self._x, self._y = x.to(device), y.to(device)
 
     def __len__(self) -> int:
-        per_step = self.cfg.world_size * self.cfg.batch_size
-        return max(1, -(-self.num_samples // per_step))
+        return steps_per_epoch(self.num_samples, self.cfg.world_size * self.cfg.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

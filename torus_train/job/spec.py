@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torus_train.errors import UserError
+from torus_train.train.schedule import Schedule, ScheduleError
 
 
 class SpecError(UserError):
@@ -94,38 +95,6 @@ class DataSection:
 
 
 @dataclass
-class StageSection:
-    until_epoch: int = 0
-    """This stage runs until this epoch (exclusive of later stages)."""
-    global_batch: int = 0
-    """Images per optimizer step summed over all ranks during this stage."""
-
-
-@dataclass
-class ScheduleSection:
-    epochs: int = 5
-    """Epochs to train."""
-    steps: int = 0
-    """Stop after this many optimizer steps (0 = run all epochs); for smoke tests and benchmarks."""
-    stages: list[StageSection] = field(default_factory=lambda: [StageSection(until_epoch=5, global_batch=256)])
-    """Batch-size control: [{until_epoch, global_batch}, ...] with growing batches."""
-    base_lr: float = 0.1
-    """Learning rate at lr_reference_batch images per step."""
-    lr_reference_batch: int = 256
-    """Global batch at which the LR equals base_lr (linear scaling rule)."""
-    warmup_epochs: float = 0.0
-    """Epochs of linear LR warm-up from zero."""
-    lr_policy: str = "linear"
-    """linear (LR grows with the stage's batch) | constant (same LR for every stage)."""
-    decay: str = "poly"
-    """LR decay after warm-up: poly | cosine | step | none."""
-    max_per_rank_batch: int = 0
-    """Largest micro-batch a rank runs in one forward pass (gradient accumulation above it); 0 = no limit."""
-    label_smoothing: float = 0.1
-    """Label smoothing of the cross-entropy loss."""
-
-
-@dataclass
 class OptimizerSection:
     name: str = "sgd"
     """sgd (momentum SGD) | lars."""
@@ -183,7 +152,7 @@ class JobSpec:
     """The network and its numerics."""
     data: DataSection = field(default_factory=DataSection)
     """Input pipeline."""
-    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    schedule: Schedule = field(default_factory=Schedule)
     """Epochs, batch-size stages and LR."""
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     """Optimizer."""
@@ -201,8 +170,6 @@ class JobSpec:
         _choice("launch.container_runtime", self.launch.container_runtime, ("singularity", "apptainer"))
         _choice("model.precision", self.model.precision, ("fp32", "fp16", "bf16"))
         _choice("data.loader", self.data.loader, ("auto", "dali", "torchvision"))
-        _choice("schedule.lr_policy", self.schedule.lr_policy, ("linear", "constant"))
-        _choice("schedule.decay", self.schedule.decay, ("poly", "cosine", "step", "none"))
         _choice("optimizer.name", self.optimizer.name, ("sgd", "lars"))
         _choice("comm.algo", self.comm.algo, ("torus", "hierarchical", "flat", "ddp"))
         _choice("comm.compression", self.comm.compression, ("none", "fp16", "bf16"))
@@ -211,44 +178,28 @@ class JobSpec:
             ("grid.gpus_per_node", self.grid.gpus_per_node, 0), ("model.num_classes", self.model.num_classes, 2),
             ("data.image_size", self.data.image_size, 8), ("data.num_threads", self.data.num_threads, 0),
             ("data.synthetic_samples", self.data.synthetic_samples, 0),
-            ("schedule.epochs", self.schedule.epochs, 1), ("schedule.steps", self.schedule.steps, 0),
-            ("schedule.lr_reference_batch", self.schedule.lr_reference_batch, 1),
-            ("schedule.max_per_rank_batch", self.schedule.max_per_rank_batch, 0),
             ("checkpoint.every_steps", self.checkpoint.every_steps, 0),
             ("checkpoint.every_epochs", self.checkpoint.every_epochs, 0), ("checkpoint.keep", self.checkpoint.keep, 1),
             ("eval.every_epochs", self.eval.every_epochs, 0),
         ):
             if value < low:
                 raise SpecError(f"{path}: {value!r} must be >= {low}")
-        for path, value in (("schedule.base_lr", self.schedule.base_lr), ("comm.bucket_mb", self.comm.bucket_mb),
+        for path, value in (("comm.bucket_mb", self.comm.bucket_mb),
                             ("comm.timeout_s", self.comm.timeout_s)):
             if not value > 0:
                 raise SpecError(f"{path}: {value!r} must be > 0")
-        for path, value in (("schedule.warmup_epochs", self.schedule.warmup_epochs),
-                            ("optimizer.momentum", self.optimizer.momentum),
+        for path, value in (("optimizer.momentum", self.optimizer.momentum),
                             ("optimizer.weight_decay", self.optimizer.weight_decay)):
             if value < 0:
                 raise SpecError(f"{path}: {value!r} must be >= 0")
-        if not 0 <= self.schedule.label_smoothing < 1:
-            raise SpecError(f"schedule.label_smoothing: {self.schedule.label_smoothing!r} must be in [0, 1)")
         if not 0 <= self.eval.target_top1 <= 1:
             raise SpecError(f"eval.target_top1: {self.eval.target_top1!r} must be a fraction in [0, 1]")
         if not self.data.source:
             raise SpecError("data.source: must be synthetic, demo or a folder path")
-        if not self.schedule.stages:
-            raise SpecError("schedule.stages: at least one stage {until_epoch, global_batch} is needed")
-        prev_until, prev_batch = 0, 0
-        for i, st in enumerate(self.schedule.stages):
-            p = f"schedule.stages[{i}]"
-            if st.global_batch < 1:
-                raise SpecError(f"{p}.global_batch: {st.global_batch!r} must be >= 1")
-            if st.until_epoch <= prev_until:
-                raise SpecError(f"{p}.until_epoch: {st.until_epoch!r} must be greater than the previous stage's "
-                                f"{prev_until} (stages run in order)")
-            if st.global_batch < prev_batch:
-                raise SpecError(f"{p}.global_batch: {st.global_batch!r} is smaller than the previous stage's "
-                                f"{prev_batch}; batch-size control only grows the batch")
-            prev_until, prev_batch = st.until_epoch, st.global_batch
+        try:
+            self.schedule.check()
+        except ScheduleError as e:
+            raise SpecError(str(e)) from None
         if self.grid.grid:
             from torus_train.job.topology import parse_grid
             try:
@@ -260,27 +211,6 @@ class JobSpec:
             if not name.replace("_", "a").isalnum() or name[0].isdigit():
                 raise SpecError(f"launch.env[{i}]: {item!r} is not NAME or NAME=VALUE")
         return self
-
-    def stages_for_epochs(self) -> list[StageSection]:
-        """The stages cut (or the last one stretched) so that they end exactly at schedule.epochs."""
-        out: list[StageSection] = []
-        for st in self.schedule.stages:
-            out.append(StageSection(min(st.until_epoch, self.schedule.epochs), st.global_batch))
-            if st.until_epoch >= self.schedule.epochs:
-                break
-        out[-1].until_epoch = self.schedule.epochs
-        return out
-
-    def batch_schedule(self, world_size: int):
-        """The BatchSchedule (torus_train.train.schedule) of this spec at `world_size` ranks; UserError if a stage's
-        global batch does not fit."""
-        from torus_train.train.schedule import BatchSchedule, Stage
-
-        s = self.schedule
-        return BatchSchedule(stages=[Stage(st.until_epoch, st.global_batch) for st in self.stages_for_epochs()],
-                             world_size=world_size, epochs=s.epochs, base_lr=s.base_lr,
-                             lr_reference_batch=s.lr_reference_batch, warmup_epochs=s.warmup_epochs,
-                             lr_policy=s.lr_policy, decay=s.decay, max_per_rank_batch=s.max_per_rank_batch)
 
     @property
     def out_dir(self) -> Path:
@@ -297,8 +227,8 @@ class JobSpec:
             lines.append(f"[{sec.name}]")
             for f in dataclasses.fields(obj):
                 v = getattr(obj, f.name)
-                if f.name == "stages":
-                    v = [dataclasses.asdict(s) for s in v]
+                if f.name == "stages":  # only the batch field each stage sets
+                    v = [{k: x for k, x in dataclasses.asdict(s).items() if x} for s in v]
                 lines.append(f"{f.name} = {_toml_value(v)}")
             lines.append("")
         return "\n".join(lines)
@@ -415,8 +345,3 @@ def spec_from_table(table: dict[str, Any]) -> JobSpec:
 def load_spec(path: str | Path | None = None, overrides: list[tuple[str, Any]] | None = None) -> JobSpec:
     """Spec file (or the embedded default) + dotted overrides -> validated JobSpec."""
     return spec_from_table(apply_overrides(read_spec_table(path), overrides or []))
-
-
-def load_resolved(path: str | Path) -> JobSpec:
-    """Read the job.json a launcher wrote for its ranks."""
-    return spec_from_table(json.loads(Path(path).read_text()))

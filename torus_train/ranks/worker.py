@@ -21,6 +21,7 @@ from torus_train.ranks.bootstrap import rank_info
 from torus_train.errors import RunFailed, UserError
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
+from torus_train.train.stop import StopRequest, StopRequested
 
 REDIRECTED = "TORUS_TRAIN_LOG_REDIRECTED"
 
@@ -61,15 +62,17 @@ def redirect_output(out: Path, rank: int) -> int:
     return original
 
 
-def _on_signal(signum, frame):
-    name = signal.Signals(signum).name
-    train = sys.modules.get("torus_train.train.loop")
-    if train is not None and train.request_stop(name):
-        return  # the loop stops all ranks together at its next logging interval (and checkpoints)
-    raise Terminated(f"received {name}")
+def signal_handler(stop: StopRequest):
+    """SIGTERM/SIGINT: the loop stops all ranks together at its next logging interval (and checkpoints);
+    outside the loop the rank ends at once, non-zero."""
+    def on_signal(signum, frame):
+        name = signal.Signals(signum).name
+        if not stop.request(name):
+            raise Terminated(f"received {name}")
+    return on_signal
 
 
-def run_worker(spec: JobSpec, grid: Grid, resume: bool) -> dict:
+def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest) -> dict:
     """Start-up, training, shutdown of one rank (torch imported here)."""
     threads = os.environ.get("OMP_NUM_THREADS")
     import torch
@@ -83,12 +86,12 @@ def run_worker(spec: JobSpec, grid: Grid, resume: bool) -> dict:
     logging.getLogger("torus_train.ranks.worker").info(
         "rank %d/%d (local %d, from %s) at grid %s position %s on %s/%s", boot.info.rank, boot.info.world_size,
         boot.info.local_rank, boot.info.source, grid, grid.position(boot.info.rank), boot.device, boot.backend)
-    summary = run_training(spec, boot, spec.out_dir, resume)
+    summary = run_training(spec, boot, spec.out_dir, resume, stop)
     shutdown()
     return summary
 
 
-def execute(spec: JobSpec, grid: Grid, resume: bool, fault_hook=None) -> None:
+def execute(spec: JobSpec, grid: Grid, resume: bool) -> None:
     """Run this rank to the end and exit the process: 0 on success, 2 on bad input, 1 (or 143) on failure."""
     rank = rank_info().rank
     code, message = 0, ""
@@ -96,16 +99,19 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, fault_hook=None) -> None:
     try:
         out = spec.out_dir
         original_stderr = redirect_output(out, rank)
-        signal.signal(signal.SIGTERM, _on_signal)
-        signal.signal(signal.SIGINT, _on_signal)
+        stop = StopRequest()
+        signal.signal(signal.SIGTERM, signal_handler(stop))
+        signal.signal(signal.SIGINT, signal_handler(stop))
         if os.environ.get("TORUS_TRAIN_FAULT") == f"start:{rank}":  # fault injection for the launcher's tests
             raise RunFailed("injected start-up failure")
-        run_worker(spec, grid, resume)
+        run_worker(spec, grid, resume, stop)
         done_path(out, rank).write_text("ok\n")
     except UserError as e:
         code, message = 2, str(e)
+    except StopRequested as e:
+        code, message = 143, str(e)
     except RunFailed as e:
-        code, message = (143 if type(e).__name__ == "StopRequested" else 1), str(e)
+        code, message = 1, str(e)
     except Terminated as e:
         code, message = 143, str(e)
     except BaseException as e:  # noqa: BLE001  anything else: keep the traceback in the log

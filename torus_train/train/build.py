@@ -1,0 +1,115 @@
+"""The parts a rank trains with, each built from the spec: model, DDP with the torus hook, loaders, AMP."""
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from torus_train.errors import UserError
+from torus_train.job.spec import JobSpec
+from torus_train.ranks.bootstrap import Bootstrap
+
+
+def seed_everything(seed: int, rank: int) -> None:
+    """Same model initialisation everywhere (seed), rank-specific randomness for the rest."""
+    import numpy as np
+
+    torch.manual_seed(seed)
+    random.seed(seed * 1000 + rank)
+    np.random.seed((seed * 1000 + rank) % 2**32)
+
+
+def build_model(spec: JobSpec, device: torch.device) -> nn.Module:
+    import torchvision
+
+    try:
+        model = torchvision.models.get_model(spec.model.arch, weights=None, num_classes=spec.model.num_classes)
+    except ValueError:
+        raise UserError(f"model.arch: {spec.model.arch!r} is not a torchvision classification model "
+                        "(e.g. resnet18, resnet50)") from None
+    model = model.to(device)
+    if spec.model.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
+    from torus_train.train.optim import build_optimizer as build
+
+    o = spec.optimizer
+    return build(model, o.name, spec.schedule.base_lr, o.momentum, o.weight_decay, nesterov=o.nesterov,
+                 trust_coefficient=o.trust_coefficient)
+
+
+def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
+    """DDP (buckets, overlap with backward) with the gradient exchange of comm.algo as its comm hook."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model, device_ids=[boot.device] if boot.device.type == "cuda" else None,
+              bucket_cap_mb=spec.comm.bucket_mb, gradient_as_bucket_view=True)
+    compression = None if spec.comm.compression == "none" else spec.comm.compression
+    if spec.comm.algo == "ddp":
+        if compression:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            hook = default_hooks.fp16_compress_hook if compression == "fp16" else default_hooks.bf16_compress_hook
+            ddp.register_comm_hook(None, hook)
+        return ddp
+    from torus_train.comm.hooks import TorusHookState, allreduce_hook
+
+    state = TorusHookState(boot.groups, algo=spec.comm.algo, compression=compression)
+    ddp.register_comm_hook(state, allreduce_hook)
+    ddp.torus_hook_state = state  # closed (its exchange thread joined) when training ends
+    return ddp
+
+
+def prime_buckets(ddp: nn.Module, spec: JobSpec, device: torch.device) -> None:
+    """One throw-away forward/backward so that DDP rebuilds its buckets now, before the first real step.
+
+    DDP regroups gradients into buckets by their ready order after its first backward. Doing that before
+    training (and before a resume loads its checkpoint) gives every run the same buckets from step 1 on, so a
+    resumed run sums gradients in the same order as a straight one and ends with the same bits.
+    """
+    saved = {k: v.clone() for k, v in ddp.module.state_dict().items()}
+    size = spec.data.image_size
+    x = torch.zeros(2, 3, size, size, device=device)
+    if spec.model.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    ddp(x).float().sum().backward()
+    ddp.module.load_state_dict(saved)  # BatchNorm statistics as they were
+    ddp.module.zero_grad(set_to_none=True)
+
+
+def data_root(spec: JobSpec) -> str | None:
+    """None for synthetic data, the demo set's folder (created if missing) for demo, else the folder."""
+    if spec.data.source == "synthetic":
+        return None
+    if spec.data.source == "demo":
+        from torus_train.data.demo import ensure_demo_dataset
+
+        return str(ensure_demo_dataset(seed=0, log=None))
+    return spec.data.source
+
+
+def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int):
+    from torus_train.data import make_loader
+
+    kind = "synthetic" if spec.data.source == "synthetic" else spec.data.loader
+    threads = spec.data.num_threads or max(1, (os.cpu_count() or 1) // boot.info.local_world_size)
+    return make_loader(kind, data_root(spec), split, rank=boot.info.rank, world_size=boot.info.world_size,
+                       batch_size=per_rank_batch, image_size=spec.data.image_size,
+                       num_classes=spec.model.num_classes, seed=spec.job.seed,
+                       channels_last=spec.model.channels_last, device=boot.device, num_threads=threads,
+                       verify=False, synthetic_samples=spec.data.synthetic_samples or None)
+
+
+def amp_settings(spec: JobSpec, device: torch.device) -> tuple[torch.dtype | None, Any]:
+    """(autocast dtype or None, GradScaler or None). CPU ranks run fp32 (said once by the caller)."""
+    if device.type != "cuda" or spec.model.precision == "fp32":
+        return None, None
+    if spec.model.precision == "bf16":
+        return torch.bfloat16, None
+    return torch.float16, torch.amp.GradScaler("cuda")

@@ -1,0 +1,135 @@
+"""What a run tells: rank 0's progress line, metrics.jsonl records, the summary (and its replica check)."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from torus_train.train.state import RunState
+
+log = logging.getLogger("torus_train.train")
+
+
+def write_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _fmt_time(s: float) -> str:
+    s = int(max(0, s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class Progress:
+    """Rank 0's progress: one refreshing line on a terminal, a line per interval otherwise."""
+
+    def __init__(self, epochs: int):
+        self.epochs = epochs
+        self.total = 0
+        self.tty = sys.stdout.isatty()
+
+    def update(self, rec: dict, steps_left: int, rate_steps: float) -> None:
+        eta = steps_left / rate_steps if rate_steps > 0 else 0.0
+        line = (f"epoch {rec['epoch'] + 1}/{self.epochs} step {rec['step']}/{self.total} | "
+                f"{rec['images_per_second']:,.0f} img/s | loss {rec['loss']:.4f} | lr {rec['lr']:.4g} | "
+                f"batch {rec['global_batch']} | ETA {_fmt_time(eta)}")
+        if self.tty:
+            print("\r" + line.ljust(110), end="", flush=True)
+        else:
+            print(line, flush=True)
+
+    def say(self, text: str) -> None:
+        print(("\n" if self.tty else "") + text, flush=True)
+
+
+def new_interval() -> dict:
+    return {"t": time.time(), "data": 0.0, "steps": 0, "loss": 0.0, "images": 0}
+
+
+def record_stage(rs: RunState, epoch: int, stage) -> None:
+    """A batch-size switch: logged on every rank, a metrics event and a progress line on rank 0."""
+    log.info("stage %d from epoch %d: global batch %d, per rank %d (%d x %d)", stage.index, epoch,
+             stage.global_batch, stage.per_rank_batch, stage.micro_batch, stage.accumulation)
+    if not rs.rank0:
+        return
+    write_jsonl(rs.metrics, {"event": "stage", "epoch": epoch, "stage": stage.index,
+                             "global_batch": stage.global_batch, "per_rank_batch": stage.per_rank_batch,
+                             "accumulation": stage.accumulation, "step": rs.pos.global_step})
+    split = f" ({stage.accumulation} x {stage.micro_batch})" if stage.accumulation > 1 else ""
+    rs.progress.say(f"stage {stage.index} from epoch {epoch}: global batch {stage.global_batch} = "
+                    f"{rs.boot.info.world_size} ranks x {stage.per_rank_batch}{split}")
+
+
+def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> None:
+    """Average the interval's loss over the ranks and agree on a stop request; rank 0 writes a metrics line
+    and updates the progress."""
+    seconds = max(time.time() - interval["t"], 1e-9)
+    n = max(interval["steps"], 1)
+    t = torch.tensor([interval["loss"] / n, 1.0 if rs.stop.signal else 0.0], dtype=torch.float64,
+                     device=rs.boot.device)
+    dist.all_reduce(t)
+    loss_sum, stops = t.tolist()
+    rs.stop_agreed = stops > 0
+    rec = {"step": rs.pos.global_step, "epoch": epoch, "global_batch": stage.global_batch,
+           "per_rank_batch": stage.per_rank_batch, "lr": lr, "loss": loss_sum / rs.boot.info.world_size,
+           "images_per_second": interval["images"] / seconds, "data_time": interval["data"] / n,
+           "step_time": seconds / n, "wall_seconds": round(rs.wall(), 3)}
+    if not math.isfinite(rec["loss"]):
+        log.warning("step %d: loss is %s", rs.pos.global_step, rec["loss"])
+    log.info("step %d epoch %d loss %.4f lr %.4g %.1f img/s", rec["step"], epoch, rec["loss"], lr,
+             rec["images_per_second"])
+    if rs.rank0:
+        write_jsonl(rs.metrics, rec)
+        rs.progress.update(rec, rs.progress.total - rs.pos.global_step, n / seconds)
+
+
+def record_eval(rs: RunState, result: dict, epoch: int) -> None:
+    rs.last_eval = result
+    rs.pos.best_top1 = max(rs.pos.best_top1 or 0.0, result["top1"])
+    target = rs.spec.eval.target_top1
+    wall = round(rs.wall(), 3)
+    if target and rs.pos.target_epoch is None and result["top1"] >= target:
+        rs.pos.target_epoch, rs.pos.target_seconds = epoch + 1, wall
+    log.info("eval after epoch %d: top-1 %.4f top-5 %.4f", epoch, result["top1"], result["top5"])
+    if not rs.rank0:
+        return
+    write_jsonl(rs.metrics, {"event": "eval", "epoch": epoch, "step": rs.pos.global_step, **result,
+                             "wall_seconds": wall})
+    hit = ""
+    if target and rs.pos.target_epoch == epoch + 1:
+        hit = f" | reached target {target:.2%} at {rs.pos.target_seconds:.1f} s"
+    rs.progress.say(f"eval after epoch {epoch + 1}: top-1 {result['top1']:.2%} top-5 {result['top5']:.2%} "
+                    f"({result['samples']} images){hit}")
+
+
+def summary(rs: RunState, wall: float, digest: str, agree: bool) -> dict:
+    spec, boot, pos, ev = rs.spec, rs.boot, rs.pos, rs.last_eval
+    return {
+        "world_size": boot.info.world_size, "grid": str(boot.grid), "gpus_per_node": boot.grid.gpus_per_node,
+        "backend": boot.backend, "device": boot.device.type, "comm_algo": spec.comm.algo,
+        "compression": spec.comm.compression, "model": spec.model.arch, "image_size": spec.data.image_size,
+        "steps": pos.global_step, "epochs_done": pos.epoch, "images": pos.images,
+        "wall_seconds": round(wall, 3), "images_per_second": round(pos.images / wall, 2) if wall else None,
+        "skipped_steps": rs.skipped_steps,
+        "val_top1": ev["top1"] if ev else None, "val_top5": ev["top5"] if ev else None,
+        "best_top1": pos.best_top1, "target_top1": spec.eval.target_top1 or None,
+        "time_to_target_epoch": pos.target_epoch, "time_to_target_seconds": pos.target_seconds,
+        "param_digest": digest, "param_digests_agree": agree,
+    }
+
+
+def summary_text(s: dict) -> str:
+    parts = [f"done: {s['steps']} steps on {s['world_size']} ranks (grid {s['grid']}, {s['comm_algo']}) in "
+             f"{s['wall_seconds']:.1f} s, {s['images_per_second'] or 0:,.1f} img/s"]
+    if s["val_top1"] is not None:
+        parts.append(f"val top-1 {s['val_top1']:.2%}")
+    if s["time_to_target_seconds"] is not None:
+        parts.append(f"target reached at epoch {s['time_to_target_epoch']}, {s['time_to_target_seconds']:.1f} s")
+    parts.append(f"replicas agree: {s['param_digests_agree']} ({s['param_digest'][:12]})")
+    return "; ".join(parts)

@@ -1,0 +1,146 @@
+"""Where a rank's training stands (Position, saved in checkpoints), what it trains with (RunState), and saving
+and resuming both."""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from torus_train.job.spec import JobSpec
+from torus_train.ranks.bootstrap import Bootstrap
+from torus_train.train import checkpoint as ckpt
+from torus_train.train.schedule import BatchSchedule
+from torus_train.train.step import sync_buffers
+from torus_train.train.stop import StopRequest
+
+log = logging.getLogger("torus_train.train")
+
+
+@dataclass
+class Position:
+    """Where training stands; saved in checkpoints."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    images: int = 0
+    """Images consumed so far, over all ranks."""
+    seconds: float = 0.0
+    """Wall seconds of training before this process started (from a resumed checkpoint)."""
+    target_epoch: float | None = None
+    target_seconds: float | None = None
+    best_top1: float | None = None
+
+
+@dataclass
+class RunState:
+    """Everything one rank's loop works with: the spec, the built parts, the position and the counters."""
+
+    spec: JobSpec
+    boot: Bootstrap
+    out: Path
+    stop: StopRequest
+    schedule: BatchSchedule
+    ddp: nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_fn: nn.Module
+    amp_dtype: torch.dtype | None
+    scaler: Any
+    progress: Any
+    """Rank 0's report.Progress; None on the other ranks."""
+    pos: Position = field(default_factory=Position)
+    t0: float = 0.0
+    """time.time() of the first data touch in this process."""
+    loader: Any = None
+    loader_batch: int = 0
+    val_loader: Any = None
+    nonfinite_in_a_row: int = 0
+    skipped_steps: int = 0
+    stop_agreed: bool = False
+    """Some rank got SIGTERM/SIGINT: every rank stops after this logging interval."""
+    last_eval: dict | None = None
+
+    @property
+    def rank0(self) -> bool:
+        return self.boot.info.rank == 0
+
+    @property
+    def model(self) -> nn.Module:
+        return self.ddp.module
+
+    @property
+    def metrics(self) -> Path:
+        return self.out / "metrics.jsonl"
+
+    @property
+    def steps_done(self) -> bool:
+        """schedule.steps reached (0 = no step limit)."""
+        limit = self.spec.schedule.steps
+        return bool(limit) and self.pos.global_step >= limit
+
+    def wall(self) -> float:
+        return self.pos.seconds + (time.time() - self.t0 if self.t0 else 0.0)
+
+
+def checkpoint_state(rs: RunState) -> dict | None:
+    """Gather every rank's RNG state; rank 0 gets the full state to save, the others None."""
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
+           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, rng)
+    sync_buffers(rs.model)
+    if not rs.rank0:
+        return None
+    return {"model": rs.model.state_dict(), "optimizer": rs.optimizer.state_dict(),
+            "scaler": rs.scaler.state_dict() if rs.scaler else None, "position": vars(rs.pos).copy(),
+            "rng": every, "grid": str(rs.boot.grid), "world_size": rs.boot.info.world_size,
+            "spec": rs.spec.to_dict()}
+
+
+def save(rs: RunState, why: str) -> None:
+    # fold the time since the last fold into pos.seconds and restart the clock (counted once)
+    rs.pos.seconds, rs.t0 = rs.wall(), time.time()
+    state = checkpoint_state(rs)
+    if rs.rank0:
+        pt = ckpt.save_checkpoint(rs.out / "checkpoints", rs.pos.global_step, state,
+                                  {"epoch": rs.pos.epoch, "step_in_epoch": rs.pos.step_in_epoch,
+                                   "world_size": rs.boot.info.world_size, "grid": str(rs.boot.grid), "why": why},
+                                  rs.spec.checkpoint.keep)
+        log.info("checkpoint %s (%s)", pt, why)
+    dist.barrier()  # nobody runs ahead of a checkpoint that is still being written
+
+
+def resume(rs: RunState) -> bool:
+    """Load the newest intact checkpoint of OUT/checkpoints; every rank reads the same file."""
+    ref = ckpt.find_latest(rs.out / "checkpoints", warn=log.warning)
+    if ref is None:
+        log.info("resume: no checkpoint in %s, starting from scratch", rs.out / "checkpoints")
+        return False
+    state = ckpt.load_checkpoint(ref)
+    rs.model.load_state_dict(state["model"])
+    rs.optimizer.load_state_dict(state["optimizer"])
+    if rs.scaler is not None and state.get("scaler"):
+        rs.scaler.load_state_dict(state["scaler"])
+    rs.pos = Position(**state["position"])
+    restore_rng(state.get("rng") or [], rs.boot.info.rank, rs.boot.info.world_size)
+    log.info("resumed from %s: epoch %d, step %d", ref.path, rs.pos.epoch, rs.pos.global_step)
+    return True
+
+
+def restore_rng(rng: list, rank: int, world_size: int) -> None:
+    if len(rng) != world_size:
+        log.warning("resume: checkpoint was written by %d ranks, this job has %d; RNG states start fresh",
+                    len(rng), world_size)
+        return
+    mine = rng[rank]
+    torch.set_rng_state(mine["torch"])
+    random.setstate(mine["python"])
+    if mine.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(mine["cuda"])
