@@ -11,8 +11,8 @@ torus (Mikami et al. 2018, Fig. 2), for a grid of Y rows of X ranks:
 hierarchical (the scheme the paper compares against):
   1. reduce to the row leader (column 0); 2. all-reduce among the leaders along column 0;
   3. broadcast from the leader along the row. Its step 2 carries the whole tensor, X times the torus's chunk.
-Rows inside one host go through shared memory in pieces (torus_train.comm.shm), so only the columns touch
-the network backend; rows that span hosts use the backend's own row collectives.
+On gloo, rows inside one host go through shared memory in pieces (torus_train.comm.shm), so only the columns
+touch the network backend; other rows use the transport's own row exchange (docs/comm.md).
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def allreduce(tensor: torch.Tensor, algo: str, comm) -> torch.Tensor:
 # The algorithms take the flat buffer that comm.buffer(tensor) gives and slice it: a 1-D view of the tensor
 # for torch.distributed, numpy views for MPI, cached for a tensor reduced again (DDP's buckets, the bench).
 # comm.run(algorithm, buf) calls the algorithm; MPI records the calls it makes once per buffer and replays
-# them, because with ranks outnumbering cores every Python-side step between two MPI calls was measured to
-# cost several times its own time (a dict lookup and three tensor attributes: 15 to 25 us per all-reduce).
+# them, because with ranks outnumbering cores every Python-side step between two MPI calls costs many times
+# its own duration (figures in docs/comm.md).
 
 def _nothing_to_do(buf, comm) -> bool:
     return len(buf) == 0 or comm.grid.size == 1

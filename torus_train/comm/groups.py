@@ -45,18 +45,6 @@ class GridGroups:
     notes: list = field(default_factory=list)
     """What was decided while building, for logs."""
 
-    @property
-    def world_size(self) -> int:
-        return self.grid.size
-
-    @property
-    def is_row_leader(self) -> bool:
-        return self.col == 0
-
-    @property
-    def row_transport(self) -> str:
-        return "shared memory" if self.shm_row is not None else self.backend
-
     # --- the transport interface used by torus_train.comm.algos -----------------------------------
     @staticmethod
     def buffer(tensor):

@@ -1,10 +1,10 @@
 """A horizontal ring inside one node, exchanged through shared memory.
 
-Why this exists: gloo has no shared-memory transport, and its reduce-scatter and all-gather over loopback TCP
-were measured here at about half the speed of its own all-reduce of the full tensor (64 MiB on a 2-rank row:
-reduce_scatter 162 ms, all_gather 139 ms, all_reduce 74 ms). The 2D torus exists to run the horizontal rings
-over the fast links inside a node (NVLink in the paper); on a CPU node the fast link is memory, so the rows
-go through one shared segment per row and only the vertical rings use the network backend.
+Why: gloo has no shared-memory transport, and its reduce-scatter and all-gather over loopback TCP cost more
+than its own all-reduce of the whole tensor, which they are meant to halve (figures in docs/comm.md). The 2D
+torus exists to run the horizontal rings over the fast links inside a node (NVLink in the paper); on a CPU
+node the fast link is memory, so the rows go through one shared segment per row and only the vertical rings
+use the network backend.
 
 Layout of a segment (one per row, created by the row's first rank, unlinked as soon as all members mapped it):
     header: one 64-byte line per member: [arrival counter, pid]

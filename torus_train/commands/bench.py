@@ -176,11 +176,10 @@ def _torch_grid(grid, backend, timeout):
 
     info = rank_info()
     addr, port = rendezvous(info)
-    kwargs = {}
     if backend == "nccl":
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
-                            world_size=info.world_size, timeout=timedelta(seconds=timeout), **kwargs)
+                            world_size=info.world_size, timeout=timedelta(seconds=timeout))
     groups = build_grid_groups(grid, timeout=timeout)
 
     def finish():

@@ -1,4 +1,4 @@
-"""`torus-train bench input`: DALI against the torchvision fallback on the same files and cores, one run."""
+"""`torus-train bench input`: DALI against the torchvision fallback on the same files and cores, alternating."""
 from __future__ import annotations
 
 import json

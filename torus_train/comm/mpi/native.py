@@ -1,9 +1,8 @@
 """The native replay of recorded MPI all-reduces: native.c, built on first use with mpicc and loaded by ctypes.
 
-Why: with ranks outnumbering cores, every Python-side step between two MPI calls was measured to cost several
-times its own duration, and a torus makes three to four dependent MPI calls where OpenMPI's own Allreduce makes
-one C call. Replaying the same recorded calls from C, 2x2 at 64 KiB went from 0.70 to 1.01 times OpenMPI's
-Allreduce in a side-by-side micro-benchmark (see docs/bench).
+Why: with ranks outnumbering cores, every Python-side step between two MPI calls costs many times its own
+duration, and a torus makes three to four dependent MPI calls where OpenMPI's own Allreduce makes one C call.
+Replaying the recorded calls from C removes the Python between them (figures in docs/comm.md).
 
 The library is built once per (source, MPI library, mpicc, machine) into $TORUS_TRAIN_CACHE/native (default
 ~/.cache/torus-train/native), under a file lock so that the ranks of one node build it once, and loaded only if

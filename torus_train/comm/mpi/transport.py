@@ -3,10 +3,10 @@
 Rows and columns come from Comm.Split (color = row or column index, key = position in the ring). Columns use
 MPI_Allreduce on the column communicator. Rows exchange chunks point to point (the direct pairwise
 reduce-scatter and all-gather: each member sends every other member the chunk it owns and receives its own
-chunk from all of them at once), because OpenMPI's own Reduce_scatter and Allgatherv were measured here at 0.36
-to 0.49 times its Allreduce for the whole torus, while its point-to-point path inside a node moves a large
-message with a single copy (cross-memory attach, smsc/cma), no slower than a hand-made shared-memory segment
-and without the barriers one needs. Half types travel as 16-bit words; sums of half types accumulate in
+chunk from all of them at once), because a torus on OpenMPI's own Reduce_scatter and Allgatherv runs well
+below its Allreduce, while its point-to-point path inside a node moves a large message with a single copy
+(cross-memory attach, smsc/cma), no slower than a hand-made shared-memory segment and without the barriers
+one needs (figures in docs/comm.md). Half types travel as 16-bit words; sums of half types accumulate in
 float32 and round once, in the row (torus_train.comm.arith) and in the column (a user-defined MPI operation:
 MPI has no standard float16/bfloat16 sum).
 """
@@ -147,10 +147,6 @@ class MpiGrid:
         self.notes: list[str] = ["rows: MPI point-to-point (pairwise exchange); columns: MPI_Allreduce",
                                  f"replay: C for float32/float64 ({why}), Python for half types" if self.native
                                  else f"replay: Python; {why}"]
-
-    @property
-    def world_size(self) -> int:
-        return self.grid.size
 
     # --- the transport interface used by torus_train.comm.algos -----------------------------------
     def buffer(self, tensor: torch.Tensor) -> _Buf:
