@@ -27,8 +27,7 @@ def default_schedule() -> dict:
 
 
 def stages_toml(stages: list[dict]) -> str:
-    return "[" + ", ".join(f"{{until_epoch = {s['until_epoch']}, global_batch = {s['global_batch']}}}"
-                           for s in stages) + "]"
+    return "[" + ", ".join("{" + ", ".join(f"{k} = {v}" for k, v in s.items()) + "}" for s in stages) + "]"
 
 
 def run_one(name: str, stages: list[dict], out: Path, extra: list[str]) -> dict:
@@ -59,21 +58,21 @@ def main() -> None:
     sched = default_schedule()
     stages = sched["stages"]
     epochs = sched["epochs"]
-    small, large = stages[0]["global_batch"], stages[-1]["global_batch"]
+    small, large = stages[0]["per_rank_batch"], stages[-1]["per_rank_batch"]
     extra = [x for s in args.sets for x in ("--set", s)]
     out = Path(args.out)
-    configs = [("a: fixed small", [{"until_epoch": epochs, "global_batch": small}]),
-               ("b: fixed large", [{"until_epoch": epochs, "global_batch": large}]),
+    configs = [("a: fixed small", [{"until_epoch": epochs, "per_rank_batch": small}]),
+               ("b: fixed large", [{"until_epoch": epochs, "per_rank_batch": large}]),
                ("c: batch-size control", stages)]
     results = [run_one(n.split(":")[0], s, out, extra) | {"label": n} for n, s in configs]
     print(f"\n{epochs} epochs each, base_lr {sched['base_lr']} per {sched['lr_reference_batch']} samples "
           f"({sched['lr_policy']}), warm-up {sched['warmup_epochs']}, decay {sched['decay']}\n")
-    head = "| run | global batch | steps | val top-1 per epoch | final top-1 | best | wall s | to target |"
+    head = "| run | batch per rank | steps | val top-1 per epoch | final top-1 | best | wall s | to target |"
     print(head)
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         s = r["summary"]
-        batch = " -> ".join(str(x["global_batch"]) for x in r["stages"])
+        batch = " -> ".join(str(x["per_rank_batch"]) for x in r["stages"])
         per_epoch = " ".join(f"{100 * v:.1f}" for _, v in r["evals"] if v is not None)
         tt = s.get("time_to_target_seconds")
         target = f"epoch {s.get('time_to_target_epoch')}, {tt:.0f} s" if tt is not None else "not reached"

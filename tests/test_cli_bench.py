@@ -42,6 +42,7 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
     assert lines[0].startswith("torus-train: error:") and needle in lines[0]
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(180)
 def test_bench_runs_four_local_ranks_and_writes_json(tmp_path):
     path = tmp_path / "b.json"

@@ -82,6 +82,7 @@ def test_the_c_source_and_python_agree_on_the_op_kinds():
 
 
 @needs_mpicc
+@pytest.mark.dist
 def test_parallel_builds_on_one_node_produce_one_library(cache):
     """Ranks of one node start together: the lock makes one build, the others load it."""
     version = _mpi_version()
