@@ -57,59 +57,76 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
     overrides += [parse_override(s) for s in sets]
     spec = load_spec(spec_path, overrides)
 
-    from torus_train.job.launch import inside_launched_rank, plan_launch
-    from torus_train.ranks.supervisor import echo_err
+    from torus_train.job.launch import inside_launched_rank
 
-    environ = dict(os.environ)
-    if not dry_run and spec.launch.launcher == "auto" and inside_launched_rank(environ):
+    if not dry_run and spec.launch.launcher == "auto" and inside_launched_rank(dict(os.environ)):
         return _run_as_rank(spec, resume, overwrite)
-
     out = choose_out(spec, resume, overwrite)
     if out != spec.out_dir.resolve() and not dry_run:
         click.echo(f"{spec.out_dir.resolve()} holds an earlier run; writing this one to {out} (--out to choose, "
                    "--resume to continue)")
     spec.job.out = str(out)
-    job_file = out / "job.json"
+    plan = make_plan(spec, out / "job.json", strict=not dry_run)
+    if dry_run:
+        return dry_run_report(spec, plan)
+    schedule = spec.schedule.at(plan.world_size)
+    prepare_out(out, resume, overwrite)
+    prepare_data(spec)
+    write_job(out / "job.json", spec, plan.grid, resume)
+    announce(spec, plan, schedule, out)
+    launch(plan, out)
+    check_outcome(out)
+
+
+def make_plan(spec: JobSpec, job_file: Path, strict: bool):
+    from torus_train.job.launch import plan_launch
     from torus_train.ranks.bootstrap import free_port
 
-    plan = plan_launch(spec, environ, job_file=str(job_file), python=sys.executable,
+    return plan_launch(spec, dict(os.environ), job_file=str(job_file), python=sys.executable,
                        as_root=hasattr(os, "geteuid") and os.geteuid() == 0, master_port=free_port(),
-                       cpu_count=os.cpu_count() or 1, local_gpus=local_gpu_count(), strict=not dry_run)
-    if dry_run:
-        # The whole plan is printed even when the batch schedule does not fit the world size; the error
-        # then ends the output (exit 2), as it would stop a real run before any rank starts.
-        try:
-            schedule, problem = spec.schedule.at(plan.world_size), None
-        except UserError as e:
-            schedule, problem = None, e
-        click.echo(dry_run_text(spec, plan, schedule, problem))
-        if problem is not None:
-            raise problem
-        return
-    schedule = spec.schedule.at(plan.world_size)
+                       cpu_count=os.cpu_count() or 1, local_gpus=local_gpu_count(), strict=strict)
 
-    prepare_out(out, resume, overwrite)
+
+def dry_run_report(spec: JobSpec, plan) -> None:
+    """The whole plan is printed even when the batch schedule does not fit the world size; the error then
+    ends the output (exit 2), as it would stop a real run before any rank starts."""
+    try:
+        schedule, problem = spec.schedule.at(plan.world_size), None
+    except UserError as e:
+        schedule, problem = None, e
+    click.echo(dry_run_text(spec, plan, schedule, problem))
+    if problem is not None:
+        raise problem
+
+
+def prepare_data(spec: JobSpec) -> None:
+    """The demo set is generated here, once, not by N ranks at the same time; a data folder must exist."""
     if spec.data.source == "demo":
-        from torus_train.data.demo import ensure_demo_dataset  # once here, not in N ranks at the same time
+        from torus_train.data.demo import ensure_demo_dataset
+        from torus_train.ranks.supervisor import echo_err
 
         ensure_demo_dataset(seed=0, log=echo_err)
     elif spec.data.source != "synthetic" and not Path(spec.data.source).is_dir():
         raise UserError(f"data.source: {spec.data.source}: no such folder (expected train/ and val/ inside)")
-    write_job(job_file, spec, plan.grid, resume)
+
+
+def announce(spec: JobSpec, plan, schedule, out: Path) -> None:
     g = plan.grid
     click.echo(f"torus-train run: {g.size} ranks on grid {g} ({g.x} per row, {g.y} per column), "
                f"{plan.launcher} launcher ({plan.why}); comm {spec.comm.algo}; output {out}")
     for note in plan.notes:
         click.echo(note)
     click.echo(schedule.table())
-    from torus_train.ranks.supervisor import run_command, run_local
+
+
+def launch(plan, out: Path) -> None:
+    from torus_train.ranks.supervisor import echo_err, run_command, run_local
 
     if plan.launcher == "local":
         run_local(plan, out, echo_err)
     else:
         click.echo(f"$ {plan.command_text()}")
         run_command(plan.argv, plan.env, plan.launcher)
-    check_outcome(out)
 
 
 def local_gpu_count() -> int:
