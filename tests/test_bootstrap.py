@@ -1,9 +1,12 @@
 """Inside a rank: rank / world size / local rank from each launcher's environment, and the rendezvous."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from torus_train.ranks.bootstrap import RankInfo, rank_info, rendezvous
+from torus_train.job.launch import rendezvous_port
+from torus_train.ranks.bootstrap import RankInfo, rank_info, rendezvous, slurm_rendezvous
 from torus_train.errors import RunFailed
 
 
@@ -38,3 +41,39 @@ def test_rendezvous_from_the_environment():
     assert addr == "127.0.0.1" and 0 < port < 65536
     with pytest.raises(RunFailed, match="no MASTER_ADDR/MASTER_PORT"):
         rendezvous(info, {})
+
+
+def test_ranks_launched_by_the_plan_need_no_mpi(monkeypatch):
+    """mpirun -x hands every rank MASTER_ADDR/MASTER_PORT: an OpenMPI rank must not import mpi4py."""
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # any `import mpi4py` now fails
+    env = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "2176", "MASTER_ADDR": "host001",
+           "MASTER_PORT": "21473"}
+    assert rendezvous(rank_info(env), env) == ("host001", 21473)
+
+
+SRUN = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3", "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[007-008],gpu010"}
+
+
+def test_srun_by_hand_derives_the_rendezvous(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    info = rank_info(SRUN)
+    # first node of the list, port from job id x 16 + step id (rendezvous_port of the digits)
+    assert slurm_rendezvous(SRUN, (32768, 60999)) == ("gpu007", rendezvous_port(str(4242 * 16), (32768, 60999)))
+    assert rendezvous_port(str(4242 * 16)) == 20000 + 4242 * 16 % 12768
+    addr, port = rendezvous(info, SRUN)
+    assert addr == "gpu007" and 1024 <= port < 65536
+    # every rank of the step computes the same; the next step of the job another one
+    other = {**SRUN, "SLURM_PROCID": "7", "SLURM_LOCALID": "1"}
+    assert rendezvous(rank_info(other), other) == (addr, port)
+    step1 = {**SRUN, "SLURM_STEP_ID": "1"}
+    assert rendezvous(rank_info(step1), step1)[1] != port
+    # the step's own node list wins over the allocation's
+    step_nodes = {**SRUN, "SLURM_STEP_NODELIST": "gpu[008,010]"}
+    assert rendezvous(rank_info(step_nodes), step_nodes)[0] == "gpu008"
+
+
+def test_srun_by_hand_without_a_node_list_is_refused():
+    env = {k: v for k, v in SRUN.items() if k != "SLURM_JOB_NODELIST"}
+    with pytest.raises(RunFailed, match="no MASTER_ADDR/MASTER_PORT"):
+        rendezvous(rank_info(env), env)

@@ -9,8 +9,9 @@ import pytest
 
 from torus_train.errors import UserError
 from torus_train.job.hosts import Host, HostsError
-from torus_train.job.launch import (LaunchError, build_plan, check_capacity, choose_launcher, inside_launched_rank,
-                                plan_launch, resolve_grid, srun_port, threads_per_rank)
+from torus_train.job.launch import (LaunchError, build_plan, check_capacity, choose_launcher, ephemeral_range,
+                                   inside_launched_rank, job_key, plan_launch, port_band, rendezvous_port,
+                                   resolve_grid, threads_per_rank)
 from torus_train.job.spec import load_spec
 from torus_train.job.topology import Grid
 
@@ -33,6 +34,7 @@ def test_mpirun_argv_exact():
     assert plan.argv == [
         "mpirun", "-np", "8", "--map-by", "ppr:4:node", "--bind-to", "none", "--hostfile", "hosts.txt",
         "-x", "OMP_NUM_THREADS=4", "-x", "NCCL_DEBUG=INFO", "-x", "A=1",
+        "-x", "MASTER_ADDR=node001", "-x", "MASTER_PORT=21473",  # rank 0's host; rendezvous_port(":" + JOB)
         "--mca", "btl", "^openib",
         PY, "-m", "torus_train.ranks.worker", "--job", JOB]
     assert plan.world_size == 8 and plan.hosts == hosts(2)
@@ -45,6 +47,7 @@ def test_mpirun_with_container_as_root():
     assert plan.argv == [
         "mpirun", "--allow-run-as-root", "-np", "4", "--map-by", "ppr:2:node", "--bind-to", "none",
         "--hostfile", "/var/pbs/nodes", "-x", "OMP_NUM_THREADS=4",
+        "-x", "MASTER_ADDR=node001", "-x", "MASTER_PORT=21473",  # singularity passes the host environment on
         "singularity", "exec", "--nv", "/images/torus.sif", "python3", "-m", "torus_train.ranks.worker", "--job", JOB]
 
 
@@ -54,9 +57,36 @@ def test_srun_argv_exact():
                       environ={"SLURM_JOB_ID": "4242"}, cpu_count=16)
     assert plan.argv == [
         "srun", "--nodes=8", "--ntasks=32", "--ntasks-per-node=4", "--kill-on-bad-exit=1",
-        f"--export=ALL,OMP_NUM_THREADS=4,X=2,MASTER_ADDR=node001,MASTER_PORT={29500 + 4242}",
+        "--export=ALL,OMP_NUM_THREADS=4,X=2,MASTER_ADDR=node001,MASTER_PORT=26476",  # port of "4242:" + JOB
         "apptainer", "exec", "--nv", "img.sif", "python3", "-m", "torus_train.ranks.worker", "--job", JOB]
-    assert srun_port({"SLURM_JOB_ID": "4242"}) == 29500 + 4242
+    assert rendezvous_port(job_key({"SLURM_JOB_ID": "4242"}, JOB)) == 26476
+
+
+def test_launch_env_may_name_the_rendezvous_host():
+    s = spec(**{"launch.env": ["MASTER_ADDR=node001-ib"]})
+    plan = build_plan(s, Grid(2, 2, 2), "mpirun", "why", hosts(2, 2), hostfile="h", job_file=JOB, python=PY,
+                      environ={}, cpu_count=8)
+    assert plan.argv[9:17] == ["-x", "OMP_NUM_THREADS=4", "-x", "MASTER_ADDR=node001-ib", "-x",
+                               "MASTER_PORT=21473", PY, "-m"]
+
+
+def test_rendezvous_port_rule(tmp_path):
+    # below the default ephemeral range, the same in every process, spread by the job
+    assert port_band() == (20000, 32767)
+    assert rendezvous_port("4242") == 20000 + 4242 and rendezvous_port("4243") == 20000 + 4243
+    assert rendezvous_port(str(12768 + 5)) == 20005
+    assert rendezvous_port("7:/a/job.json") == rendezvous_port("7:/a/job.json") != rendezvous_port("7:/b/job.json")
+    ports = {rendezvous_port(f":/runs/{i}/job.json") for i in range(1000)}
+    assert min(ports) >= 20000 and max(ports) <= 32767 and len(ports) > 900
+    # a host whose ephemeral range overlaps the band: the band shrinks to what stays outside it
+    assert port_band((15000, 25000)) == (25001, 32767)
+    assert all(25001 <= rendezvous_port(str(j), (15000, 25000)) <= 32767 for j in range(0, 20000, 7))
+    assert port_band((10000, 40000)) == (40001, 65535)
+    assert port_band((1024, 65535)) == (20000, 32767)  # nothing is outside: keep the band
+    f = tmp_path / "range"
+    f.write_text("40000\t50000\n")
+    assert ephemeral_range(str(f)) == (40000, 50000)
+    assert ephemeral_range(str(tmp_path / "missing")) == (32768, 60999)
 
 
 def test_local_plan_env_per_rank():
@@ -116,6 +146,8 @@ def test_plan_launch_reads_the_hostfile(tmp_path):
     plan = plan_launch(s, {}, job_file=JOB, python=PY, as_root=False, master_port=1, cpu_count=2, local_gpus=0)
     assert plan.argv[:9] == ["mpirun", "-np", "2176", "--map-by", "ppr:4:node", "--bind-to", "none",
                              "--hostfile", str(f)]
+    port = rendezvous_port(f":{JOB}", ephemeral_range())
+    assert plan.argv[11:15] == ["-x", "MASTER_ADDR=host001", "-x", f"MASTER_PORT={port}"]
     with pytest.raises(LaunchError, match="needs a hostfile"):
         plan_launch(spec(**{"launch.launcher": "mpirun"}), {}, job_file=JOB, python=PY, as_root=False,
                     master_port=1, cpu_count=2, local_gpus=0)
@@ -142,6 +174,7 @@ def test_dry_run_at_2176_gpus_is_fast_and_complete(tmp_path):
     assert "column 0: ranks 0, 32, ..., 2144" in out
     assert f"mpirun -np 2176 --map-by ppr:4:node --bind-to none --hostfile {f}" in out.replace(
         "--allow-run-as-root ", "")
+    assert "-x MASTER_ADDR=host001 -x MASTER_PORT=" in out
     assert "34816" in out and "69632" in out and "peak LR" in out  # the batch table
     assert "torus 2(32-1) + 2(68-1) = 196" in out
 

@@ -4,10 +4,14 @@ Three launchers:
 
 - ``local``: N worker processes on this machine, each with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR /
   MASTER_PORT (the run command spawns and supervises them);
-- ``mpirun``: one OpenMPI command, ``-np N --map-by ppr:K:node --hostfile F -x VAR ... [singularity exec --nv
-  IMAGE] python -m torus_train.ranks.worker --job OUT/job.json``; rank 0 broadcasts the rendezvous address with mpi4py;
-- ``srun``: one Slurm step, ``--nodes --ntasks --ntasks-per-node --kill-on-bad-exit=1 --export=ALL,...``; the
-  rendezvous is the first node of the allocation and a port derived from the job id.
+- ``mpirun``: one OpenMPI command, ``-np N --map-by ppr:K:node --hostfile F -x VAR ... -x MASTER_ADDR=host
+  -x MASTER_PORT=port [singularity exec --nv IMAGE] python -m torus_train.ranks.worker --job OUT/job.json``;
+- ``srun``: one Slurm step, ``--nodes --ntasks --ntasks-per-node --kill-on-bad-exit=1 --export=ALL,...``.
+
+Under mpirun and srun the rendezvous travels in the environment, so ranks need no MPI library to find rank 0:
+MASTER_ADDR is the first host used (ranks are placed K per node in host order, so rank 0 runs there) and
+MASTER_PORT comes from ``rendezvous_port``, a function of the job, outside the ephemeral port range. Singularity
+and Apptainer pass the host environment into ``exec`` by default, so containers see the same two variables.
 
 ``auto`` picks srun inside a Slurm job, mpirun inside a PBS job (``$PBS_NODEFILE``) or with a hostfile, and
 local otherwise. Reading a hostfile is the only I/O here (``resolve_hosts``); ``build_plan`` is a pure function
@@ -15,6 +19,7 @@ that the tests check argv for argv.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import shlex
 from dataclasses import dataclass, field
@@ -28,6 +33,10 @@ from torus_train.job.topology import Grid, check_grid_size, choose_grid, parse_g
 WORKER = ["-m", "torus_train.ranks.worker"]
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 MAX_LOCAL_CPU_RANKS = 8
+PORT_BAND = (20000, 32767)
+"""Where rendezvous ports are drawn from: below Linux's default ephemeral range (32768-60999)."""
+DEFAULT_EPHEMERAL = (32768, 60999)
+EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
 class LaunchError(UserError):
@@ -174,16 +183,58 @@ def _container(spec: JobSpec) -> list[str]:
     return [spec.launch.container_runtime, "exec", "--nv", spec.launch.container]
 
 
-def srun_port(environ: Mapping[str, str]) -> int:
-    """Rendezvous port under srun, derived from the job id so that every rank computes the same one."""
-    job = environ.get("SLURM_JOB_ID", "0")
-    return 29500 + (int(job) % 20000 if job.isdigit() else 0)
+def ephemeral_range(path: str = EPHEMERAL_FILE) -> tuple[int, int]:
+    """This host's ephemeral (outgoing) port range, or Linux's default when the file cannot be read."""
+    try:
+        with open(path) as f:
+            lo, hi = (int(v) for v in f.read().split()[:2])
+        return lo, hi
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+
+
+def port_band(ephemeral: tuple[int, int] = DEFAULT_EPHEMERAL) -> tuple[int, int]:
+    """The ports rendezvous_port draws from: PORT_BAND minus the ephemeral range, else the wider free side of
+    the ephemeral range (above 1023), else PORT_BAND when the ephemeral range covers every port."""
+    lo, hi = PORT_BAND
+    elo, ehi = ephemeral
+    pieces = [(lo, min(hi, elo - 1)), (max(lo, ehi + 1), hi)]
+    pieces = [(a, b) for a, b in pieces if a <= b]
+    if not pieces:
+        pieces = [(a, b) for a, b in ((1024, elo - 1), (ehi + 1, 65535)) if a <= b]
+    return max(pieces, key=lambda p: p[1] - p[0]) if pieces else PORT_BAND
+
+
+def rendezvous_port(key: str, ephemeral: tuple[int, int] = DEFAULT_EPHEMERAL) -> int:
+    """The rendezvous port of a job: every process that knows `key` computes the same one, in port_band().
+
+    A key of digits (a Slurm job id) maps to lo + id mod width, so consecutive jobs get consecutive ports;
+    any other key (the job file path) through sha256, which, unlike hash(), is the same in every process."""
+    lo, hi = port_band(ephemeral)
+    n = int(key) if key.isdigit() else int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return lo + n % (hi - lo + 1)
+
+
+def job_key(environ: Mapping[str, str], job_file: str) -> str:
+    """What names this launch: the scheduler's job id (if any) and the job file, which lives in the run's own
+    output folder, so two runs inside one allocation get different ports."""
+    job = environ.get("SLURM_JOB_ID") or environ.get("PBS_JOBID") or ""
+    return f"{job}:{job_file}"
+
+
+def rendezvous_env(hosts: list[Host], port: int) -> dict[str, str]:
+    """MASTER_ADDR/MASTER_PORT for every rank: the first host (rank 0 runs there) and the job's port."""
+    return {"MASTER_ADDR": hosts[0].name, "MASTER_PORT": str(port)}
 
 
 def build_plan(spec: JobSpec, grid: Grid, launcher: str, why: str, hosts: list[Host], *, hostfile: str,
                job_file: str, python: str, environ: Mapping[str, str], as_root: bool = False,
-               master_port: int = 29500, cpu_count: int = 1, local_gpus: int = 0) -> LaunchPlan:
-    """The exact command(s) and environment for the chosen launcher (pure)."""
+               master_port: int = 29500, cpu_count: int = 1, local_gpus: int = 0,
+               ephemeral: tuple[int, int] = DEFAULT_EPHEMERAL) -> LaunchPlan:
+    """The exact command(s) and environment for the chosen launcher (pure).
+
+    master_port: the local launcher's port (a free one on this machine); mpirun and srun use
+    rendezvous_port(job_key(environ, job_file), ephemeral) instead, since rank 0 runs on another host."""
     n, k = grid.size, grid.gpus_per_node
     python = spec.launch.python or ("python3" if spec.launch.container else python)
     worker = [*_container(spec), python, *WORKER, "--job", job_file]
@@ -202,17 +253,18 @@ def build_plan(spec: JobSpec, grid: Grid, launcher: str, why: str, hosts: list[H
     used = hosts[: grid.nodes]
     threads = threads_per_rank(k, cpu_count) if all(h.name in LOCAL_NAMES for h in used) else 4
     env = {"OMP_NUM_THREADS": str(threads), **passed}
+    rdv = rendezvous_env(used, rendezvous_port(job_key(environ, job_file), ephemeral))
+    rdv = {k: v for k, v in rdv.items() if k not in passed}  # launch.env may name rank 0's host on another network
     if launcher == "mpirun":
         argv = ["mpirun"] + (["--allow-run-as-root"] if as_root else [])
         argv += ["-np", str(n), "--map-by", f"ppr:{k}:node", "--bind-to", "none"]
         argv += ["--hostfile", hostfile]
-        for name, value in env.items():
+        for name, value in {**env, **rdv}.items():
             argv += ["-x", f"{name}={value}"]
         argv += [*spec.launch.launcher_args, *worker]
         return LaunchPlan("mpirun", why, grid, used, argv, {}, [], hostfile, notes)
 
     if launcher == "srun":
-        rdv = {"MASTER_ADDR": used[0].name, "MASTER_PORT": str(srun_port(environ))}
         export = ",".join(["ALL", *(f"{a}={b}" for a, b in {**env, **rdv}.items())])
         argv = ["srun", f"--nodes={grid.nodes}", f"--ntasks={n}", f"--ntasks-per-node={k}",
                 "--kill-on-bad-exit=1", f"--export={export}"]
@@ -241,7 +293,7 @@ def plan_launch(spec: JobSpec, environ: Mapping[str, str], *, job_file: str, pyt
         problem = f"cannot start here: {e}"
     plan = build_plan(spec, grid, launcher, why, hosts, hostfile=hostfile, job_file=job_file, python=python,
                       environ=environ, as_root=as_root, master_port=master_port, cpu_count=cpu_count,
-                      local_gpus=local_gpus)
+                      local_gpus=local_gpus, ephemeral=ephemeral_range())
     if problem:
         plan.notes.append(problem.replace(", or add --dry-run to only print the plan", ""))
     return plan

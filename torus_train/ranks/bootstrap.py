@@ -2,8 +2,10 @@
 
 Rank, world size and local rank come from torchrun / our local launcher (RANK, WORLD_SIZE, LOCAL_RANK),
 OpenMPI (OMPI_COMM_WORLD_*), Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or PMI (PMI_RANK, PMI_SIZE).
-The rendezvous address is MASTER_ADDR/MASTER_PORT when set; under mpirun without them, rank 0 picks a free
-port on its host and broadcasts (host, port) with mpi4py.
+The rendezvous address is MASTER_ADDR/MASTER_PORT, which `torus-train run` hands every rank it launches
+(local, mpirun -x, srun --export). Ranks started by hand: under `srun` the first node of the step's node list
+and a port from the Slurm job and step id (no MPI needed); under `mpirun` rank 0 picks a free port on its
+host and broadcasts (host, port) with mpi4py, the only place a rank needs MPI to start.
 """
 from __future__ import annotations
 
@@ -63,13 +65,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def slurm_rendezvous(env: Mapping[str, str], ephemeral: tuple[int, int] | None = None) -> tuple[str, int] | None:
+    """(first node of the step, port from job and step id) for ranks started by `srun` by hand; None outside
+    a Slurm step. srun places rank 0 on the first node of the step's list (block and cyclic distributions)."""
+    from torus_train.job.hosts import expand_nodelist
+    from torus_train.job.launch import ephemeral_range, rendezvous_port
+
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    job = env.get("SLURM_JOB_ID", "")
+    if not nodes or not job.isdigit():
+        return None
+    step = env.get("SLURM_STEP_ID", "0")
+    # job id x 16 + step: consecutive steps of one allocation get different ports; every node of a cluster
+    # shares the ephemeral range, so every rank computes the same port
+    key = str(int(job) * 16 + (int(step) % 16 if step.isdigit() else 0))
+    return expand_nodelist(nodes)[0], rendezvous_port(key, ephemeral or ephemeral_range())
+
+
 def rendezvous(info: RankInfo, environ: Mapping[str, str] | None = None) -> tuple[str, int]:
-    """(MASTER_ADDR, MASTER_PORT): from the environment, else rank 0's host and a free port via mpi4py."""
+    """(MASTER_ADDR, MASTER_PORT): from the environment; under srun by hand from the Slurm variables; under
+    mpirun by hand rank 0's host and a free port broadcast with mpi4py."""
     env = os.environ if environ is None else environ
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return env["MASTER_ADDR"], int(env["MASTER_PORT"])
     if info.world_size == 1:
         return "127.0.0.1", free_port()
+    if info.source == "slurm" and (found := slurm_rendezvous(env)) is not None:
+        return found
     if info.source in ("openmpi", "pmi"):
         from mpi4py import MPI  # only ranks started by an MPI launcher get here
 
