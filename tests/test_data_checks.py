@@ -1,15 +1,14 @@
-"""Data-folder validation (errors name the path) and the sharding rule (exactly once, equal steps)."""
+"""Data-folder validation: errors name the path."""
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
-from collections import Counter
 
 import pytest
 
 from datahelp import make_index_set
-from torus_train.data.checks import DataError, scan, shard
+from torus_train.data.checks import DataError, scan
 
 
 @pytest.fixture()
@@ -62,29 +61,6 @@ def test_truncated_and_fake_jpeg(folder):
         scan(folder, "train")
 
 
-@pytest.mark.parametrize("n, world, batch", [(100, 4, 8), (10_000, 4, 32), (7, 3, 4), (64, 4, 16), (1, 2, 1)])
-def test_shard_exactly_once_apart_from_padding(n, world, batch):
-    for epoch in (0, 1):
-        shards = [shard(n, r, world, batch, epoch=epoch, seed=3) for r in range(world)]
-        assert len({s.steps for s in shards}) == 1
-        assert all(len(s.indices) == s.steps * batch for s in shards)
-        seen = Counter(i for s in shards for i in s.indices)
-        assert set(seen) == set(range(n))
-        pad = sum(s.pad for s in shards)
-        assert sum(seen.values()) == n + pad and pad < world * batch
-        # the unpadded prefix of every shard holds distinct samples that no other shard holds
-        prefix = [i for s in shards for i in s.indices[: len(s.indices) - s.pad]]
-        assert sorted(prefix) == list(range(n))
-
-
-def test_shard_reshuffles_per_epoch_and_is_shared():
-    a0 = shard(1000, 1, 4, 10, epoch=0, seed=0).indices
-    a1 = shard(1000, 1, 4, 10, epoch=1, seed=0).indices
-    assert a0 != a1
-    assert shard(1000, 1, 4, 10, epoch=0, seed=0).indices == a0
-    assert shard(1000, 1, 4, 10, epoch=0, seed=0, shuffle=False).indices == tuple(range(250, 500))
-
-
 def test_checks_module_is_pure():
-    code = "import sys, torus_train.data.checks, torus_train.data; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, torus_train.data.checks, torus_train.data.index, torus_train.data.sharding, torus_train.data; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -8,7 +8,8 @@ import torch
 
 from datahelp import decode_indices, make_index_set
 from torus_train.data import make_loader
-from torus_train.data.checks import DataError, scan, shard
+from torus_train.data.checks import DataError, scan
+from torus_train.data.sharding import shard
 from torus_train.data.demo import generate
 from torus_train.errors import UserError
 
@@ -134,3 +135,36 @@ def test_auto_says_once(index_set, capsys):
     b = loader("auto", index_set, "train")
     err = capsys.readouterr().err
     assert err.count("input pipeline:") == 1 and a.kind == b.kind == "dali"
+
+
+def read_epoch(ld, epoch, limit=None):
+    ld.set_epoch(epoch)
+    got = []
+    for step, (x, _) in enumerate(ld):
+        got += decode_indices(x)
+        if limit is not None and step + 1 == limit:
+            break
+    return got
+
+
+def test_dali_pipeline_is_built_once_across_epochs_and_rebuilt_after_an_early_stop(index_set):
+    ld = loader("dali", index_set, "train", rank=1, world_size=4, batch_size=4)
+    expect = [shard(90, 1, 4, 4, epoch=e, seed=0).indices.tolist() for e in (0, 1)]
+    assert read_epoch(ld, 0) == expect[0]
+    pipe = ld._pipe
+    assert read_epoch(ld, 1) == expect[1] and ld._pipe is pipe      # the next epoch came from the same pipeline
+    assert read_epoch(ld, 1, limit=2) == expect[1][:8]                # a pass that stops early (resume, steps)...
+    assert read_epoch(ld, 1) == expect[1] and ld._pipe is not pipe   # ...makes the next pass start afresh
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_file_gone_since_indexing_is_named(kind, tmp_path):
+    root = make_index_set(tmp_path / "d", n_train=12, n_val=6)
+    ld = loader(kind, root, "train", batch_size=4, verify=False)
+    victim = ld.split.files[int(ld.shard.indices[5])]
+    import os
+
+    os.unlink(victim)
+    with pytest.raises(DataError, match=victim.split("/")[-1]):
+        for _ in ld:
+            pass

@@ -1,4 +1,4 @@
-"""`torus-train data ...`: make the demo data set, check a data folder. No torch import."""
+"""`torus-train data ...`: make the demo data set, index a data folder, check it. No torch import."""
 from __future__ import annotations
 
 import sys
@@ -11,7 +11,7 @@ from torus_train.errors import UserError
 
 @click.group()
 def data() -> None:
-    """Data sets: generate the demo set, check an ImageNet-layout folder."""
+    """Data sets: generate the demo set, index and check an ImageNet-layout folder."""
 
 
 @data.command("demo")
@@ -53,13 +53,46 @@ def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: in
                f"  {m['seconds']:.1f} s ({rate:.0f} images/s)")
 
 
+INDEX_HELP = "Index folder (default: DATA/.torus-train-index, or the cache where DATA is read-only)."
+
+
+@data.command("index")
+@click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder.")
+@click.option("--index", "location", default=None, type=click.Path(), help=INDEX_HELP)
+def index(root: str, location: str | None) -> None:
+    """Scan a data folder once and write its file index, which every rank of a run reads instead of the folder."""
+    from torus_train.data.index import build_index, load_index
+
+    dest = build_index(root, location, log=lambda m: click.echo(m, err=True))
+    meta = load_index(dest, root).meta
+    for split, s in meta["splits"].items():
+        click.echo(f"{split}: {len(s['classes'])} classes, {s['count']:,} files")
+    click.echo(f"index: {dest} (checksum {meta['checksum'][:12]}, scanned in {meta['seconds']:.1f} s)")
+
+
 @data.command("check")
 @click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder.")
 @click.option("--split", "splits", multiple=True, default=("train", "val"), show_default=True)
-def check(root: str, splits: tuple[str, ...]) -> None:
-    """Check a data folder the way a run would: layout, empty classes, non-image files, JPEG markers."""
+@click.option("--index", "location", default=None, type=click.Path(), help=INDEX_HELP)
+def check(root: str, splits: tuple[str, ...], location: str | None) -> None:
+    """Check a data folder file by file (layout, empty classes, non-image files, JPEG markers) and, where it
+    has an index, that the index lists exactly its files."""
+    from pathlib import Path
+
     from torus_train.data.checks import scan
+    from torus_train.data.index import DataError, compare_with_folder, default_location, load_index
 
     for split in splits:
         s = scan(root, split, verify=True)
         click.echo(f"{s.root}: {len(s.classes)} classes, {len(s)} images, ok")
+    dest = Path(location) if location else default_location(root)
+    if not (dest / "meta.json").exists():
+        click.echo(f"no index at {dest} (a run builds one; or: torus-train data index --data {root})")
+        return
+    idx = load_index(dest, root)
+    idx.verify_checksum()
+    problems = compare_with_folder(idx)
+    if problems:
+        raise DataError(f"{dest}: index does not match the folder ({'; '.join(problems)}); rebuild it with: "
+                        f"torus-train data index --data {root}")
+    click.echo(f"{dest}: index matches the folder")

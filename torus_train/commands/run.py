@@ -71,7 +71,9 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
         return dry_run_report(spec, plan)
     schedule = spec.schedule.at(plan.world_size)
     prepare_out(out, resume, overwrite)
-    prepare_data(spec)
+    from torus_train.ranks.supervisor import echo_err
+
+    prepare_data(spec, log=echo_err)
     write_job(out / "job.json", spec, plan.grid, resume)
     announce(spec, plan, schedule, out)
     launch(plan, out)
@@ -99,15 +101,22 @@ def dry_run_report(spec: JobSpec, plan) -> None:
         raise problem
 
 
-def prepare_data(spec: JobSpec) -> None:
-    """The demo set is generated here, once, not by N ranks at the same time; a data folder must exist."""
+def prepare_data(spec: JobSpec, log=None) -> None:
+    """Once, before any rank starts: the demo set generated, and the data folder's index built (when missing)
+    and checked; the ranks are handed the index's place in spec.data.index."""
+    if spec.data.source == "synthetic":
+        return
+    from torus_train.data.index import ensure_index
+
     if spec.data.source == "demo":
         from torus_train.data.demo import ensure_demo_dataset
-        from torus_train.ranks.supervisor import echo_err
 
-        ensure_demo_dataset(seed=0, log=echo_err)
-    elif spec.data.source != "synthetic" and not Path(spec.data.source).is_dir():
+        root = ensure_demo_dataset(seed=0, log=log)
+    elif not Path(spec.data.source).is_dir():
         raise UserError(f"data.source: {spec.data.source}: no such folder (expected train/ and val/ inside)")
+    else:
+        root = Path(spec.data.source)
+    spec.data.index = str(ensure_index(root, spec.data.index or None, log=log))
 
 
 def announce(spec: JobSpec, plan, schedule, out: Path) -> None:
@@ -207,12 +216,9 @@ def _run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
     spec.schedule.at(info.world_size)
     out = spec.out_dir.resolve()
     spec.job.out = str(out)
-    if info.rank == 0:
+    if info.rank == 0:  # the others wait for it in the rendezvous
         prepare_out(out, resume, overwrite)
-        if spec.data.source == "demo":
-            from torus_train.data.demo import ensure_demo_dataset
-
-            ensure_demo_dataset(seed=0, log=None)
+        prepare_data(spec)
     execute(spec, grid, resume)
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import sys
 
-from torus_train.data.checks import DataError, scan, shard  # noqa: F401  (pure)
+from torus_train.data.checks import DataError, scan  # noqa: F401  (pure)
+from torus_train.data.sharding import shard  # noqa: F401  (pure)
 from torus_train.errors import UserError
 
 KINDS = ("auto", "dali", "torchvision", "synthetic")
@@ -47,12 +48,14 @@ def resolve_kind(kind: str, rank: int = 0, say=None) -> str:
 
 def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batch_size: int, image_size: int,
                 num_classes: int | None, seed: int, channels_last: bool, device, num_threads: int = 2,
-                verify: bool = True, synthetic_samples: int | None = None):
+                verify: bool = True, synthetic_samples: int | None = None, index: str | None = None):
     """Build the input pipeline ``kind`` for ``split`` of the ImageNet-layout folder ``root``.
 
     ``kind``: dali | torchvision | synthetic | auto. ``batch_size`` is the PER-RANK batch; ``rank`` the GLOBAL
     rank. ``num_classes``: for folders, None or the expected count (an error if the folder has another);
-    for synthetic data, the label range. ``verify`` checks every JPEG's markers before the first step.
+    for synthetic data, the label range. ``index``: the folder's file index (data/index.py), opened as it is;
+    None = its default place, built there when missing (single-process tools; ranks are always given one). ``verify`` checks every JPEG's markers before the first step
+    (a full pass over the files: for tools, never for ranks).
     """
     import torch
 
@@ -76,7 +79,13 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
         return SyntheticLoader(cfg, num_classes or 1000, device, synthetic_samples or SYNTHETIC_SAMPLES)
     if root is None:
         raise UserError(f"data.source: a data folder is needed for the {kind} loader")
-    files = scan(root, split, verify=verify)
+    from torus_train.data.index import ensure_index, load_index
+
+    files = load_index(index or ensure_index(root, log=lambda m: print(m, file=sys.stderr)), root).split(split)
+    if verify:
+        from torus_train.data.checks import verify_files
+
+        verify_files(files)
     if num_classes and num_classes != len(files.classes):
         raise DataError(f"{files.root}: {len(files.classes)} class folders, but the model has {num_classes} classes")
     if kind == "dali":

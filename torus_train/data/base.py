@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torus_train.data.checks import Shard, Split, shard
+from torus_train.data.index import Split
+from torus_train.data.sharding import Shard, shard
 
 # ImageNet channel statistics, in 0..255 and 0..1.
 MEAN = (0.485, 0.456, 0.406)

@@ -1,14 +1,15 @@
 """NVIDIA DALI pipelines: one code path for GPU ("mixed") decoding and CPU-only decoding (``device_id=None``).
 
-Training: ``fn.readers.file`` over the epoch's padded global order, sharded by GLOBAL rank
-(``shard_id=rank, num_shards=world_size``; see checks.shard) -> ``fn.decoders.image_random_crop`` ->
-``fn.resize`` (linear, no antialiasing, as NVIDIA's examples) -> ``fn.crop_mirror_normalize`` with a random
-horizontal flip, NCHW or NHWC. Validation: ``fn.decoders.image`` -> ``fn.resize(resize_shorter=size / 0.875)``
-with antialiasing (to match torchvision's validation transform) -> centre crop -> normalize.
+Training: this rank's shard of the epoch (data/sharding.py) -> ``fn.external_source`` (the encoded files, read
+here) -> ``fn.decoders.image_random_crop`` -> ``fn.resize`` (linear, no antialiasing, as NVIDIA's examples) ->
+``fn.crop_mirror_normalize`` with a random horizontal flip, NCHW or NHWC. Validation: ``fn.decoders.image``
+-> ``fn.resize(resize_shorter=size / 0.875)`` with antialiasing (to match torchvision's validation transform)
+-> centre crop -> normalize.
 
-The reader is given the whole epoch's file order (shuffled with the shared seed, the same on every rank), so
-each shard mixes all classes; the pipeline is rebuilt at each ``set_epoch`` with the new order (a CPU
-pipeline builds in about 50 ms). A corrupt image stops the pipeline; the error names the file.
+The pipeline is built once per loader (the loop builds a loader per batch stage) and fed epoch after epoch
+from a stream of this rank's shards, so it never holds more than one shard's file names and is not rebuilt at
+an epoch boundary; it is rebuilt only when a pass stopped early or the loop jumps to another epoch (resume).
+A corrupt image stops the pipeline; the error names the file.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import numpy as np
 import torch
 
 from torus_train.data.base import MEAN, STD, TRAIN_AREA, TRAIN_RATIO, LoaderConfig, ShardedLoader, val_resize
-from torus_train.data.checks import DataError, Split
+from torus_train.data.index import DataError, Split
+from torus_train.data.sharding import shard
 
 
 def available() -> bool:
@@ -28,8 +30,9 @@ def available() -> bool:
     return True
 
 
-def build_pipeline(files, labels, cfg: LoaderConfig, device_id: int | None, seed: int):
-    """The DALI pipeline for ``cfg.split``; GPU operators when device_id is a GPU, CPU ones when None."""
+def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
+    """The DALI pipeline for ``cfg.split`` fed by ``source`` (an iterator of (encoded files, labels) batches);
+    GPU operators when device_id is a GPU, CPU ones when None."""
     from nvidia.dali import fn, pipeline_def, types
 
     gpu = device_id is not None
@@ -42,9 +45,8 @@ def build_pipeline(files, labels, cfg: LoaderConfig, device_id: int | None, seed
 
     @pipeline_def
     def pipe():
-        jpegs, lab = fn.readers.file(files=list(files), labels=list(labels), shard_id=cfg.rank,
-                                     num_shards=cfg.world_size, stick_to_shard=True, pad_last_batch=True,
-                                     random_shuffle=False, name="Reader")
+        jpegs, lab = fn.external_source(source=source, num_outputs=2, batch=True,
+                                        dtype=[types.UINT8, types.INT32])
         if cfg.split == "train":
             img = fn.decoders.image_random_crop(jpegs, device=decoder_device, output_type=types.RGB,
                                                 random_area=list(TRAIN_AREA), random_aspect_ratio=list(TRAIN_RATIO),
@@ -98,6 +100,29 @@ def _named_error(e: Exception, split: Split, candidates) -> DataError:
     return DataError(f"{split.root}: DALI pipeline failed ({reason[:200]})")
 
 
+def read_batch(files, labels, indices) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The encoded bytes and labels of ``indices``; DataError naming a file that cannot be read."""
+    data = []
+    for i in indices:
+        try:
+            data.append(np.fromfile(files[i], dtype=np.uint8))
+        except OSError as e:
+            raise DataError(f"{files[i]}: cannot read ({e.strerror or e})") from None
+    return data, [np.array([labels[i]], dtype=np.int32) for i in indices]
+
+
+def shard_stream(split: Split, cfg: LoaderConfig, epoch: int):
+    """This rank's batches, epoch after epoch from ``epoch`` (DALI prefetches across an epoch's end); it holds
+    no reference to the loader, so a dropped loader frees its pipeline and DALI's threads at once."""
+    while True:
+        sh = shard(len(split), cfg.rank, cfg.world_size, cfg.batch_size, epoch=epoch, seed=cfg.seed,
+                   shuffle=cfg.split == "train")
+        for step in range(sh.steps):
+            yield read_batch(split.files, split.labels, sh.indices[step * cfg.batch_size:(step + 1) * cfg.batch_size])
+        if cfg.split == "train":
+            epoch += 1
+
+
 class DaliLoader(ShardedLoader):
     """Iterates (images float32 [B,3,H,W], labels int64 [B]) on ``device`` from a DALI pipeline."""
 
@@ -109,41 +134,32 @@ class DaliLoader(ShardedLoader):
         self._device_id = (device.index if device.index is not None else torch.cuda.current_device()) \
             if self._gpu else None
         self._pipe = None
+        self._next_epoch = None  # the epoch whose first batch the pipeline delivers next; None: rebuild
 
-    def _build(self) -> None:
-        # The reader sees the epoch's whole padded order; shard_id=rank makes it read exactly self.shard.
-        order = []
-        for r in range(self.cfg.world_size):
-            order.extend(self._shard_of(r))
-        files = [self.split.files[i] for i in order]
-        labels = [self.split.labels[i] for i in order]
-        self.close()
-        seed = (self.cfg.seed * 7919 + self.cfg.rank * 104729 + self.epoch) % (2 ** 31)
-        self._pipe = build_pipeline(files, labels, self.cfg, self._device_id, seed)
-
-    def _shard_of(self, rank: int):
-        if rank == self.cfg.rank:
-            return self.shard.indices
-        from torus_train.data.checks import shard
-        return shard(self.num_samples, rank, self.cfg.world_size, self.cfg.batch_size, epoch=self.epoch,
-                     seed=self.cfg.seed, shuffle=self.cfg.split == "train").indices
+    def _pipeline(self):
+        if self._pipe is None or self._next_epoch != self.epoch:
+            self.close()
+            seed = (self.cfg.seed * 7919 + self.cfg.rank * 104729 + self.epoch) % (2 ** 31)
+            self._pipe = build_pipeline(shard_stream(self.split, self.cfg, self.epoch), self.cfg, self._device_id, seed)
+        self._next_epoch = None
+        return self._pipe
 
     def __iter__(self):
-        # A fresh pipeline per pass: the reader starts at the shard's first sample even if the previous
-        # pass stopped early, and prefetching past the shard end is thrown away.
-        self._build()
-        pipe = self._pipe
+        pipe = self._pipeline()
         for step in range(len(self)):
             try:
                 images, labels = pipe.run()
-            except RuntimeError as e:
+            except (RuntimeError, StopIteration) as e:
                 self.close()
+                if isinstance(e.__cause__ or e.__context__, DataError):
+                    raise e.__cause__ or e.__context__ from None
                 window = self.shard.indices[step * self.batch_size:(step + 3) * self.batch_size]
                 raise _named_error(e, self.split, [self.split.files[i] for i in window]) from None
             x = self._to_torch(images)
             y = torch.from_numpy(np.array(labels.as_tensor(), dtype=np.int64).reshape(-1))
             y = self._mark_padding(step, y)
             yield x, y.to(self.device, non_blocking=True)
+        self._next_epoch = self.epoch + 1 if self.cfg.split == "train" else self.epoch
 
     def _to_torch(self, images) -> torch.Tensor:
         t = images.as_tensor()

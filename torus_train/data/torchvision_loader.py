@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from torus_train.data.base import MEAN, STD, TRAIN_AREA, TRAIN_RATIO, LoaderConfig, ShardedLoader, val_resize
-from torus_train.data.checks import DataError, Split
+from torus_train.data.index import DataError, Split
 
 
 def transform(split: str, image_size: int):

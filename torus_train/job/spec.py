@@ -88,6 +88,9 @@ class DataSection:
     """auto | dali | torchvision (auto = dali when importable)."""
     image_size: int = 224
     """Training crop side in pixels."""
+    index: str = ""
+    """The data folder's file index (`torus-train data index`); empty = DATA/.torus-train-index, or a folder in
+    the cache where DATA is read-only. `run` builds it there when missing and checks it before launching."""
     num_threads: int = 0
     """Decoding threads per rank; 0 = CPU cores / ranks on the node."""
     synthetic_samples: int = 0

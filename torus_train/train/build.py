@@ -99,7 +99,13 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
 
     kind = "synthetic" if spec.data.source == "synthetic" else spec.data.loader
     threads = spec.data.num_threads or max(1, (os.cpu_count() or 1) // boot.info.local_world_size)
-    return make_loader(kind, data_root(spec), split, rank=boot.info.rank, world_size=boot.info.world_size,
+    root = data_root(spec)
+    index = None
+    if root is not None:  # the launcher checked (or built) the index; a rank only opens it
+        from torus_train.data.index import default_location
+
+        index = spec.data.index or str(default_location(root))
+    return make_loader(kind, root, split, rank=boot.info.rank, world_size=boot.info.world_size, index=index,
                        batch_size=per_rank_batch, image_size=spec.data.image_size,
                        num_classes=spec.model.num_classes, seed=spec.job.seed,
                        channels_last=spec.model.channels_last, device=boot.device, num_threads=threads,

@@ -1,0 +1,288 @@
+"""The file index of an ImageNet-layout folder: scanned once, read by every rank (numpy; no torch import).
+
+A data folder holds ``train/CLASS/*`` and ``val/CLASS/*`` image files. Listing 1.28M files and checking each
+one from every rank of a 2,176-rank job would put billions of metadata operations on a parallel file system,
+so the folder is scanned once (``os.scandir``: names and entry types come with the directory read, no
+per-file ``stat``) and written as an index folder:
+
+    meta.json                       version, data root, classes, counts, the class folders' mtimes, checksum
+    train.names.npy, val.names.npy  the paths relative to the split folder, UTF-8, back to back (uint8)
+    train.offsets.npy, ...          where each path starts in names (int64, n + 1 entries)
+    train.labels.npy, ...           the label of each path (int32; classes sorted, as ImageFolder and DALI)
+
+Ranks open the arrays memory-mapped, so a rank reads only the pages of the entries in its own shard.
+A stale index (a class folder changed after it was built), a foreign one (built for another folder), an
+unknown version or a damaged one (checksum) is a DataError that says how to rebuild it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from torus_train.errors import UserError
+
+VERSION = 1
+INDEX_DIR = ".torus-train-index"
+SPLITS = ("train", "val")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+ARRAYS = ("names", "offsets", "labels")
+
+
+class DataError(UserError):
+    """A data folder, file or index that cannot be read as a data set; the message names the path."""
+
+
+class Names(Sequence):
+    """Paths of one split decoded on demand from the index arrays: ``names[i]`` is the i-th absolute path."""
+
+    def __init__(self, prefix: str, blob: np.ndarray, offsets: np.ndarray):
+        self.prefix, self.blob, self.offsets = prefix, blob, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        return self.prefix + self.blob[self.offsets[i]:self.offsets[i + 1]].tobytes().decode()
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split of a data folder: its classes, and its files and labels in (class, name) order."""
+
+    root: Path
+    """The split folder, e.g. DATA/train."""
+    classes: tuple[str, ...]
+    """Class-folder names in sorted order; label i is classes[i]."""
+    files: Sequence[str]
+    """Absolute image paths."""
+    labels: Sequence[int]
+    """Label of each file."""
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+# --------------------------------------------------------------------------------------------------------
+# scanning a folder
+# --------------------------------------------------------------------------------------------------------
+def list_split(data_root: str | os.PathLike, split: str) -> tuple[tuple[str, ...], list[str], list[int]]:
+    """(classes, paths relative to the split folder, labels) of ``data_root/split``, by directory reads only."""
+    data = Path(data_root)
+    if not data.is_dir():
+        raise DataError(f"{data}: data folder not found" if not data.exists() else f"{data}: not a folder")
+    root = data / split
+    if not root.is_dir():
+        raise DataError(f"{root}: missing (expected {split}/CLASS/*.JPEG under {data})")
+    with os.scandir(root) as it:
+        entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+    stray = [e.name for e in entries if not e.is_dir()]
+    if stray:
+        raise DataError(f"{root / stray[0]}: a file where class folders are expected")
+    classes = tuple(e.name for e in entries)
+    if not classes:
+        raise DataError(f"{root}: no class folders (expected {split}/CLASS/*.JPEG)")
+    names: list[str] = []
+    labels: list[int] = []
+    for label, c in enumerate(classes):
+        with os.scandir(root / c) as it:
+            files = sorted(e.name for e in it if not e.name.startswith("."))
+        if not files:
+            raise DataError(f"{root / c}: empty class folder")
+        for name in files:
+            if os.path.splitext(name)[1].lower() not in IMAGE_EXTENSIONS:
+                raise DataError(f"{root / c / name}: not an image file (expected one of "
+                                f"{', '.join(IMAGE_EXTENSIONS)})")
+        names += [f"{c}/{n}" for n in files]
+        labels += [label] * len(files)
+    return classes, names, labels
+
+
+def class_mtimes(data_root: Path, split: str, classes: Sequence[str]) -> list[int]:
+    """mtime_ns of each class folder: adding, removing or renaming a file in it changes it."""
+    return [os.stat(data_root / split / c).st_mtime_ns for c in classes]
+
+
+# --------------------------------------------------------------------------------------------------------
+# writing and reading the index
+# --------------------------------------------------------------------------------------------------------
+def default_location(data_root: str | os.PathLike) -> Path:
+    """DATA/.torus-train-index where the data folder is writable, else a folder in the cache named after it."""
+    data = Path(data_root).resolve()
+    if os.access(data, os.W_OK):
+        return data / INDEX_DIR
+    from torus_train.cache import cache_root
+
+    return cache_root() / "index" / hashlib.sha256(str(data).encode()).hexdigest()[:16]
+
+
+def _arrays(names: list[str], labels: list[int]) -> dict[str, np.ndarray]:
+    encoded = [n.encode() for n in names]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return {"names": np.frombuffer(b"".join(encoded), dtype=np.uint8), "offsets": offsets,
+            "labels": np.asarray(labels, dtype=np.int32)}
+
+
+def _checksum(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        h.update(key.encode())
+        h.update(np.ascontiguousarray(arrays[key]).data)
+    return h.hexdigest()
+
+
+def build_index(data_root: str | os.PathLike, location: str | os.PathLike | None = None, log=None) -> Path:
+    """Scan ``data_root`` once and write its index (atomically: a finished index or none); its folder."""
+    t0 = time.time()
+    data = Path(data_root).resolve()
+    dest = Path(location) if location else default_location(data)
+    meta: dict = {"version": VERSION, "root": str(data), "splits": {}}
+    arrays: dict[str, np.ndarray] = {}
+    for split in SPLITS:
+        classes, names, labels = list_split(data, split)
+        for key, a in _arrays(names, labels).items():
+            arrays[f"{split}.{key}"] = a
+        meta["splits"][split] = {"classes": list(classes), "count": len(names),
+                                 "class_mtimes": class_mtimes(data, split, classes)}
+    meta["checksum"] = _checksum(arrays)
+    meta["seconds"] = round(time.time() - t0, 3)
+    _write(dest, meta, arrays)
+    if log:
+        counts = ", ".join(f"{s} {meta['splits'][s]['count']:,}" for s in SPLITS)
+        log(f"indexed {data}: {counts} files in {meta['seconds']:.1f} s -> {dest}")
+    return dest
+
+
+def _write(dest: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=False)
+        for key, a in arrays.items():
+            np.save(tmp / f"{key}.npy", a)
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        old = dest.with_name(f"{dest.name}.old{os.getpid()}")
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DataError(f"{dest}: cannot write the index ({e.strerror or e}); pass a writable place with "
+                        "--index") from None
+
+
+def _rebuild_hint(data: str) -> str:
+    return f"rebuild it with: torus-train data index --data {data}"
+
+
+@dataclass(frozen=True)
+class Index:
+    """A loaded index: the meta data and, per split, memory-mapped arrays."""
+
+    path: Path
+    meta: dict
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def root(self) -> Path:
+        return Path(self.meta["root"])
+
+    def split(self, name: str) -> Split:
+        s = self.meta["splits"][name]
+        files = Names(str(self.root / name) + os.sep, self.arrays[f"{name}.names"], self.arrays[f"{name}.offsets"])
+        return Split(self.root / name, tuple(s["classes"]), files, self.arrays[f"{name}.labels"])
+
+    def verify_checksum(self) -> None:
+        if _checksum(self.arrays) != self.meta["checksum"]:
+            raise DataError(f"{self.path}: index is damaged (checksum differs); {_rebuild_hint(str(self.root))}")
+
+    def check_fresh(self) -> None:
+        """Stale if a class folder was added, removed or changed since the index was built (one stat per
+        class folder; the launcher does this once, ranks do not)."""
+        for split, s in self.meta["splits"].items():
+            try:
+                current = _classes(self.root, split)
+                same = current == tuple(s["classes"]) and class_mtimes(self.root, split, current) == s["class_mtimes"]
+            except OSError:
+                same = False
+            if not same:
+                raise DataError(f"{self.path}: index is stale ({self.root / split} changed after it was built); "
+                                f"{_rebuild_hint(str(self.root))}")
+
+
+def _classes(data: Path, split: str) -> tuple[str, ...]:
+    with os.scandir(data / split) as it:
+        return tuple(sorted(e.name for e in it if not e.name.startswith(".") and e.is_dir()))
+
+
+def load_index(path: str | os.PathLike, data_root: str | os.PathLike | None = None) -> Index:
+    """Open an index memory-mapped; DataError if missing, of another version, damaged in shape, or built for
+    another folder than ``data_root``."""
+    p = Path(path)
+    try:
+        meta = json.loads((p / "meta.json").read_text())
+        arrays = {f"{s}.{k}": np.load(p / f"{s}.{k}.npy", mmap_mode="r", allow_pickle=False)
+                  for s in SPLITS for k in ARRAYS}
+    except FileNotFoundError:
+        raise DataError(f"{p}: no index there; build one with: torus-train data index --data "
+                        f"{data_root or 'DIR'}") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"{p}: not a readable index ({e}); {_rebuild_hint(str(data_root or 'DIR'))}") from None
+    if not isinstance(meta, dict) or meta.get("version") != VERSION:
+        raise DataError(f"{p}: index version {meta.get('version') if isinstance(meta, dict) else '?'} is not "
+                        f"{VERSION}; {_rebuild_hint(str(data_root or 'DIR'))}")
+    if data_root is not None and Path(meta["root"]) != Path(data_root).resolve():
+        raise DataError(f"{p}: this index was built for {meta['root']}, not {Path(data_root).resolve()}; "
+                        f"{_rebuild_hint(str(data_root))}")
+    for s in SPLITS:
+        n = meta["splits"][s]["count"]
+        if len(arrays[f"{s}.offsets"]) != n + 1 or len(arrays[f"{s}.labels"]) != n:
+            raise DataError(f"{p}: index is damaged ({s} arrays do not match {n} files); "
+                            f"{_rebuild_hint(meta['root'])}")
+    return Index(p, meta, arrays)
+
+
+def ensure_index(data_root: str | os.PathLike, location: str | os.PathLike | None = None, log=None) -> Path:
+    """The launcher's step before any rank starts: the index of ``data_root`` (built when missing), checked
+    whole (checksum) and fresh; its folder, which the ranks are given."""
+    dest = Path(location) if location else default_location(data_root)
+    if not (dest / "meta.json").is_file():
+        return build_index(data_root, dest, log)
+    index = load_index(dest, data_root)
+    index.verify_checksum()
+    index.check_fresh()
+    return dest
+
+
+def compare_with_folder(index: Index) -> list[str]:
+    """A full rescan against the index (``data check``): the differences, at most a few named."""
+    problems = []
+    for split in SPLITS:
+        classes, names, labels = list_split(index.root, split)
+        s = index.split(split)
+        if classes != s.classes:
+            problems.append(f"{split}: classes differ ({len(classes)} in the folder, {len(s.classes)} indexed)")
+            continue
+        indexed = [s.files[i][len(str(s.root)) + 1:] for i in range(len(s))]
+        if indexed != names:
+            extra = sorted(set(names) - set(indexed))[:3]
+            gone = sorted(set(indexed) - set(names))[:3]
+            problems.append(f"{split}: {len(names)} files in the folder, {len(indexed)} indexed"
+                            + (f"; not indexed: {', '.join(extra)}" if extra else "")
+                            + (f"; gone: {', '.join(gone)}" if gone else ""))
+        elif list(s.labels) != labels:
+            problems.append(f"{split}: labels differ")
+    return problems
