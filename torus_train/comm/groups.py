@@ -4,6 +4,17 @@ Every rank must call build_grid_groups() after dist.init_process_group(), in the
 other collectives: it creates every row group and every column group of the grid (torch requires all ranks to
 take part in creating each group), then finds out whether each row lies inside one host, in which case a
 gloo job exchanges the rows through shared memory (see torus_train.comm.shm).
+
+How the groups are made (``method``):
+- ``split``: two ``dist.split_group`` calls, one for all rows and one for all columns. Needs a backend that can
+  split its communicator and a device bound at init (NCCL with ``device_id``, as bootstrap does): 2 collective
+  communicator splits in all, where one group at a time costs 100 at 32x68 (with a bound device, torch makes
+  every ``new_group`` an NCCL split in which every rank of the world takes part, member or not).
+- ``enumerate``: two ``dist.new_subgroups_by_enumeration`` calls. In torch 2.14 this is one ``new_group`` per
+  group inside torch, so gloo (which connects only the members of each group) costs the same as one at a time.
+- ``per-group``: one ``dist.new_group`` per row and per column, the fallback for a torch without the others.
+``auto`` takes the first that the backend allows; every rank decides alike (same torch, backend and device
+binding), which matters because the group calls are collective.
 """
 from __future__ import annotations
 
@@ -118,11 +129,55 @@ def shm_capacity(x: int) -> int:
     return max(1 << 20, min(DEFAULT_CAPACITY, (256 << 20) // (2 * x)) // 64 * 64)
 
 
-def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 300.0) -> GridGroups:
+def can_split() -> bool:
+    """True when dist.split_group can split the default group here (bound device, backend that splits)."""
+    if not hasattr(dist, "split_group"):
+        return False
+    import torch
+
+    pg = dist.distributed_c10d._get_default_group()
+    device = getattr(pg, "bound_device_id", None)
+    if device is None or not torch.accelerator.is_available():
+        return False
+    try:
+        return bool(pg._get_backend(torch.accelerator.current_accelerator()).supports_splitting)
+    except RuntimeError:
+        return False
+
+
+def group_method(requested: str = "auto") -> str:
+    """split | enumerate | per-group, for `requested` (auto: the first one this torch and backend allow)."""
+    if requested == "auto":
+        if can_split():
+            return "split"
+        return "enumerate" if hasattr(dist, "new_subgroups_by_enumeration") else "per-group"
+    if requested not in ("split", "enumerate", "per-group"):
+        raise ValueError(f"group method {requested!r} is not one of auto, split, enumerate, per-group")
+    return requested
+
+
+def _my_group(method: str, members: list[list[int]], mine: int, tmo: timedelta):
+    """Create the groups `members` (each a list of global ranks; together a partition of the world) and return
+    the one with index `mine`, this rank's."""
+    if method == "split":
+        return dist.split_group(split_ranks=members, timeout=tmo)
+    if method == "enumerate":
+        return dist.new_subgroups_by_enumeration(members, timeout=tmo)[0]
+    found = None
+    for i, ranks in enumerate(members):
+        pg = dist.new_group(ranks, timeout=tmo)
+        if i == mine:
+            found = pg
+    return found
+
+
+def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 300.0,
+                      method: str = "auto") -> GridGroups:
     """Create the row and column groups of `grid` (collective over the whole world) and return this rank's view.
 
     use_shm: None = shared-memory rows wherever a gloo row lies inside one host; False = never.
     timeout: seconds a shared-memory row waits for a peer before failing with the peer's rank.
+    method: auto | split | enumerate | per-group (see the module docstring).
     """
     if not dist.is_initialized():
         raise RuntimeError("build_grid_groups needs torch.distributed to be initialised first")
@@ -134,14 +189,12 @@ def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 
     row, col = grid.position(rank)
     g = GridGroups(grid=grid, rank=rank, row=row, col=col, backend=backend, row_leader=grid.rank_at(row, 0))
     tmo = timedelta(seconds=max(timeout, 1.0))
-    for r in range(grid.y):
-        pg = dist.new_group(grid.row_ranks(r), timeout=tmo) if grid.x > 1 else None
-        if r == row:
-            g.row_group = pg
-    for c in range(grid.x):
-        pg = dist.new_group(grid.col_ranks(c), timeout=tmo) if grid.y > 1 else None
-        if c == col:
-            g.col_group = pg
+    how = group_method(method)
+    if grid.x > 1:
+        g.row_group = _my_group(how, [grid.row_ranks(r) for r in range(grid.y)], row, tmo)
+    if grid.y > 1:
+        g.col_group = _my_group(how, [grid.col_ranks(c) for c in range(grid.x)], col, tmo)
+    g.notes.append(f"row and column groups: {how}")
 
     if use_shm is None:
         use_shm = backend == "gloo" and os.environ.get("TORUS_TRAIN_SHM", "1") != "0"
