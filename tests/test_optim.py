@@ -85,3 +85,43 @@ def test_bad_settings(kw, match):
     args.update(kw)
     with pytest.raises(UserError, match=match):
         build_optimizer(small_net(), **args)
+
+
+def reference_lars_step(params_groups, state):
+    """LARS as a per-tensor loop, written out as in the class docstring: the multi-tensor step must equal it."""
+    for group in params_groups:
+        lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
+        for p in group["params"]:
+            g = p.grad
+            if group["lars"]:
+                w_norm, g_norm = p.norm(), g.norm()
+                trust = group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm) if w_norm > 0 and g_norm > 0 \
+                    else torch.tensor(1.0)
+                scaled = (g + wd * p) * (trust * lr)
+            else:
+                scaled = g * lr
+            buf = state.get(p)
+            state[p] = buf = scaled.clone() if buf is None else buf.mul(mom).add(scaled)
+            p.sub_(buf.mul(mom).add(scaled) if group["nesterov"] else buf)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_lars_multi_tensor_step_equals_the_per_tensor_loop(nesterov):
+    torch.manual_seed(0)
+    a, b = small_net(), small_net()
+    b.load_state_dict(a.state_dict())
+    opt = build_optimizer(a, "lars", lr=0.5, momentum=0.9, weight_decay=1e-4, nesterov=nesterov,
+                          trust_coefficient=0.02)
+    ref_groups = [dict(g, params=[dict(b.named_parameters())[n] for n, q in a.named_parameters()
+                                  if any(q is x for x in g["params"])]) for g in opt.param_groups]
+    state = {}
+    x = torch.randn(16, 3, 8, 8)
+    for _ in range(5):
+        for net in (a, b):
+            net.zero_grad()
+            net(x).square().mean().backward()
+        opt.step()
+        with torch.no_grad():
+            reference_lars_step(ref_groups, state)
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6, msg=n)

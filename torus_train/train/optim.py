@@ -54,31 +54,38 @@ class LARS(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                if group["lars"]:
-                    w_norm = torch.linalg.vector_norm(p)
-                    g_norm = torch.linalg.vector_norm(g)
-                    trust = torch.where(
-                        (w_norm > 0) & (g_norm > 0),
-                        group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm + group["eps"]),
-                        torch.ones_like(w_norm))
-                    if wd:
-                        g = g.add(p, alpha=wd)
-                    scaled = g.mul(trust * lr)
-                else:
-                    scaled = g.mul(lr)
-                state = self.state[p]
-                buf = state.get("momentum_buffer")
-                if buf is None:
-                    buf = state["momentum_buffer"] = scaled.clone()
-                else:
-                    buf.mul_(mom).add_(scaled)
-                p.sub_(buf.mul(mom).add(scaled) if group["nesterov"] else buf)
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._step_group(group, params)
         return loss
+
+    def _step_group(self, group: dict, params: list) -> None:
+        """One group in a few multi-tensor kernels (torch._foreach_*), not a handful per parameter tensor."""
+        lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
+        grads = [p.grad for p in params]
+        if group["lars"]:
+            w_norm = torch.stack(torch._foreach_norm(params))
+            g_norm = torch.stack(torch._foreach_norm(grads))
+            trust = torch.where((w_norm > 0) & (g_norm > 0),
+                                group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm + group["eps"]),
+                                torch.ones_like(w_norm))
+            if wd:
+                grads = torch._foreach_add(grads, params, alpha=wd)
+            scaled = torch._foreach_mul(grads, list((trust * lr).unbind()))
+        else:
+            scaled = torch._foreach_mul(grads, lr)
+        bufs = [self.state[p].get("momentum_buffer") for p in params]
+        if any(b is None for b in bufs):
+            bufs = [s.clone() for s in scaled]
+            for p, b in zip(params, bufs):
+                self.state[p]["momentum_buffer"] = b
+        else:
+            torch._foreach_mul_(bufs, mom)
+            torch._foreach_add_(bufs, scaled)
+        if group["nesterov"]:
+            torch._foreach_sub_(params, torch._foreach_add(torch._foreach_mul(bufs, mom), scaled))
+        else:
+            torch._foreach_sub_(params, bufs)
 
 
 def build_optimizer(model: torch.nn.Module, name: str, lr: float, momentum: float = 0.9,
