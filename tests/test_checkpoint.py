@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from torus_train.train.checkpoint import find_latest, list_checkpoints, load_checkpoint, prune, save_checkpoint, verify
+from torus_train.train.checkpoint import (find_latest, list_checkpoints, load_checkpoint, prune, ref_from_verdict,
+                                          same_choice, save_checkpoint, verdict, verify)
 from torus_train.errors import RunFailed
 
 
@@ -76,3 +77,31 @@ def test_manifest_records_size_and_hash(tmp_path):
     m = json.loads((tmp_path / "step-00000003.json").read_text())
     assert m["bytes"] == (tmp_path / "step-00000003.pt").stat().st_size
     assert len(m["sha256"]) == 64 and m["grid"] == "2x2"
+
+
+def test_verdict_names_the_choice_and_loads_without_hashing(tmp_path, monkeypatch):
+    assert verdict(tmp_path / "none") == {"step": None} and ref_from_verdict(tmp_path, {"step": None}) is None
+    for step in (5, 7):
+        save_checkpoint(tmp_path, step, state(step), {"epoch": 1}, keep=5)
+    v = verdict(tmp_path)
+    assert v["step"] == 7 and v["file"] == "step-00000007.pt" and v["manifest"]["epoch"] == 1
+    assert len(json.dumps(v)) < 400  # small enough for one broadcast
+    import torus_train.train.checkpoint as ckpt
+
+    monkeypatch.setattr(ckpt, "_sha256", lambda path: pytest.fail("a rank that loads a verdict must not hash"))
+    ref = ref_from_verdict(tmp_path, v)
+    assert ref.path == tmp_path / "step-00000007.pt"
+    assert torch.equal(load_checkpoint(ref)["model"]["w"], state(7)["model"]["w"])
+
+
+def test_verdict_refusal_and_comparison(tmp_path):
+    save_checkpoint(tmp_path, 3, state(3), {}, keep=5)
+    (tmp_path / "step-00000003.pt").write_bytes(b"garbage")
+    v = verdict(tmp_path, warn=lambda m: None)
+    assert "no checkpoint in" in v["error"] and "is intact" in v["error"]
+    with pytest.raises(RunFailed, match="is intact"):
+        ref_from_verdict(tmp_path, v)
+    a = {"step": 7, "file": "f", "manifest": {"sha256": "ab"}}
+    assert same_choice(a, dict(a)) and same_choice({"step": None}, {"step": None})
+    assert not same_choice(a, {**a, "manifest": {"sha256": "cd"}}) and not same_choice(a, {"step": None})
+    assert not same_choice({"step": None}, v)

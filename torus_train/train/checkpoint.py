@@ -5,6 +5,9 @@ every rank's RNG state) and ``step-00000120.json`` (its manifest: step, size, sh
 temporary file, fsynced and renamed; the manifest is renamed last and is the commit point, so a checkpoint
 whose manifest is missing was never completed and is never loaded. On resume the newest checkpoint whose file
 matches its manifest's size and sha256 is used; a corrupt newer one is skipped with a warning naming it.
+
+At scale one rank per node verifies (``verdict``: the choice as a small picklable dict) and every rank loads
+what the verdict names (``ref_from_verdict``), without hashing the file again; see train/state.resume.
 """
 from __future__ import annotations
 
@@ -117,6 +120,36 @@ def find_latest(folder: str | Path, warn: Callable[[str], None] = print) -> Chec
     if problems:
         raise RunFailed(f"no checkpoint in {folder} is intact ({len(problems)} bad: {problems[0]})")
     return None
+
+
+def verdict(folder: str | Path, warn: Callable[[str], None] = print) -> dict:
+    """find_latest as a small picklable verdict to share with other ranks: {"step", "file", "manifest"} for the
+    chosen checkpoint, {"step": None} when none was ever committed, {"error": why} when none is intact."""
+    try:
+        ref = find_latest(folder, warn=warn)
+    except RunFailed as e:
+        return {"error": str(e)}
+    except OSError as e:  # an unreadable folder: a verdict too, so that no rank is left waiting
+        return {"error": f"checkpoints in {folder} cannot be read ({e})"}
+    if ref is None:
+        return {"step": None}
+    return {"step": ref.step, "file": ref.path.name, "manifest": ref.manifest}
+
+
+def same_choice(a: dict, b: dict) -> bool:
+    """Two verdicts choose the same checkpoint (step and sha256), or both choose none."""
+    key = lambda v: (v.get("error") is None, v.get("step"), (v.get("manifest") or {}).get("sha256"))  # noqa: E731
+    return key(a) == key(b)
+
+
+def ref_from_verdict(folder: str | Path, v: dict) -> CheckpointRef | None:
+    """The checkpoint a verdict chose (None: start from scratch); RunFailed with the verdict's reason if it
+    refused. Nothing is read or hashed here: the rank(s) that gave the verdict did that."""
+    if v.get("error"):
+        raise RunFailed(v["error"])
+    if v.get("step") is None:
+        return None
+    return CheckpointRef(int(v["step"]), Path(folder) / v["file"], v["manifest"])
 
 
 def load_checkpoint(ref: CheckpointRef, map_location: Any = "cpu") -> dict:
