@@ -23,7 +23,8 @@ def test_usage_error_exits_2():
 def test_dry_run_of_the_default_job(tmp_path):
     r = CliRunner().invoke(cli, ["run", "--dry-run", "--out", str(tmp_path / "x")])
     assert r.exit_code == 0, r.output
-    assert "grid 2x2: 4 ranks" in r.output and "MASTER_PORT=" in r.output and "peak LR" in r.output
+    assert "grid 2x1: 2 ranks" in r.output and "MASTER_PORT=" in r.output and "peak LR" in r.output
+    assert f"output would go to {tmp_path / 'x'}" in r.output
     assert not (tmp_path / "x").exists()  # a dry run writes nothing
 
 
@@ -71,5 +72,5 @@ def test_dry_run_at_2176_gpus_keeps_the_default_per_rank_batches(tmp_path):
                                  "--launcher", "mpirun", "--hostfile", str(f)])
     assert r.exit_code == 0, r.output
     table = r.output.split("# batch schedule")[1].splitlines()
-    assert [line.split()[2:4] for line in table[2:5]] == [["69632", "32"], ["139264", "64"], ["278528", "128"]]
+    assert [line.split()[2:4] for line in table[2:5]] == [["139264", "64"], ["278528", "128"], ["557056", "256"]]
     assert "mpirun" in r.output and "-np 2176" in r.output

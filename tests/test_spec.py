@@ -14,7 +14,7 @@ def write(tmp_path, text):
 
 def test_embedded_default_is_the_demo_job():
     s = load_spec(None)
-    assert (s.grid.gpus, s.grid.grid, s.data.source) == (4, "2x2", "demo")
+    assert (s.grid.gpus, s.grid.grid, s.data.source) == (2, "2x1", "demo")
     assert s.eval.every_epochs >= 1 and len(s.schedule.stages) >= 2
 
 
