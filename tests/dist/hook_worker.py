@@ -1,9 +1,14 @@
-"""One rank of the DDP hook check (started by tests/dist/test_hook.py).
+"""One rank of the DDP hook checks (started by tests/dist/test_hook.py).
 
-Two copies of a model with the same initial weights, one under DDP's default all-reduce and one under
+CHECK=grads (default): two copies of a model with the same initial weights, one under DDP's default all-reduce and one under
 torus_train's hook; every rank feeds different data, so the gradients differ per rank and a wrong
-reduction (a missing rank, a sum instead of a mean, a misplaced chunk) cannot pass by accident.
+reduction (a missing rank, a sum instead of a mean, a misplaced chunk) cannot pass by accident. Each
+algorithm and wire precision runs with the asynchronous hook and with the synchronous one.
+CHECK=future: the hook called directly on one bucket while rank 1 joins a second late; on every other rank the
+Future must still be pending when the hook returns, and complete with the average (a hook that returned a
+completed Future before the exchange, or completed it early, fails here).
 """
+import time
 import os
 import sys
 from datetime import timedelta
@@ -35,13 +40,47 @@ def grads(ddp, rank, steps=2):
     return out
 
 
-def main():
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    grid = parse_grid(os.environ["GRID"])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
-    groups = build_grid_groups(grid, timeout=60)
+class Bucket:
+    """What the hook reads of DDP's GradBucket."""
+
+    def __init__(self, buffer):
+        self._buffer = buffer
+
+    def buffer(self):
+        return self._buffer
+
+    def index(self):
+        return 0
+
+
+def future_check(groups, rank, world) -> int:
+    checks = 0
+    for algo in ("torus", "hierarchical", "flat"):
+        for asynchronous in (True, False):
+            state = TorusHookState(groups, algo=algo, asynchronous=asynchronous, timeline=True)
+            dist.barrier()
+            buffer = torch.full((1001,), float(rank + 1))
+            if rank == 1:
+                time.sleep(1.0)  # the exchange cannot finish before this rank joins
+            fut = allreduce_hook(state, Bucket(buffer))
+            pending = not fut.done()
+            value = fut.wait()
+            expected = (world + 1) / 2  # mean of 1..world
+            if rank != 1 and asynchronous and not pending:
+                sys.exit(f"rank {rank}: {algo}: the hook returned a completed Future before the exchange")
+            if not asynchronous and not fut.done():
+                sys.exit(f"rank {rank}: {algo}: the synchronous hook returned a pending Future")
+            if value is not buffer or not torch.allclose(buffer, torch.full_like(buffer, expected)):
+                sys.exit(f"rank {rank}: {algo}: Future completed with {value[:3].tolist()}, expected {expected}")
+            row = state.timeline[0]
+            if not row["ready"] <= row["start"] <= row["end"]:
+                sys.exit(f"rank {rank}: timeline out of order: {row}")
+            state.close()
+            checks += 1
+    return checks
+
+
+def grads_check(groups, rank) -> int:
     # small buckets so the model spans several (the hook runs per bucket, buckets finish out of order)
     ref = grads(DDP(model(), bucket_cap_mb=0.002), rank)
     local = grads(model(), rank)
@@ -50,18 +89,31 @@ def main():
     checks = 0
     for algo in ("torus", "hierarchical", "flat"):
         for compression, rtol in ((None, 1e-5), ("fp16", 2e-3), ("bf16", 2e-2)):
-            ddp = DDP(model(), bucket_cap_mb=0.002)
-            state = TorusHookState(groups, algo=algo, compression=compression)
-            ddp.register_comm_hook(state, allreduce_hook)
-            got = grads(ddp, rank)
-            state.close()
-            for a, b in zip(got, ref):
-                err = ((a - b).abs() / (b.abs().max() + 1e-12)).max().item()
-                if err > rtol:
-                    sys.exit(f"rank {rank}: hook {algo}/{compression}: relative error {err:.2e} > {rtol}")
-            if state.buckets_reduced < 3:  # 2 steps, the second with rebuilt (several) buckets
-                sys.exit(f"rank {rank}: hook {algo}: only {state.buckets_reduced} buckets went through the hook")
-            checks += 1
+            for asynchronous in (True, False):
+                ddp = DDP(model(), bucket_cap_mb=0.002)
+                state = TorusHookState(groups, algo=algo, compression=compression, asynchronous=asynchronous)
+                ddp.register_comm_hook(state, allreduce_hook)
+                got = grads(ddp, rank)
+                state.close()
+                what = f"hook {algo}/{compression}/{'async' if asynchronous else 'sync'}"
+                for a, b in zip(got, ref):
+                    err = ((a - b).abs() / (b.abs().max() + 1e-12)).max().item()
+                    if err > rtol:
+                        sys.exit(f"rank {rank}: {what}: relative error {err:.2e} > {rtol}")
+                if state.buckets_reduced < 3:  # 2 steps, the second with rebuilt (several) buckets
+                    sys.exit(f"rank {rank}: {what}: only {state.buckets_reduced} buckets went through the hook")
+                checks += 1
+    return checks
+
+
+def main():
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    grid = parse_grid(os.environ["GRID"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    groups = build_grid_groups(grid, timeout=60)
+    checks = future_check(groups, rank, world) if os.environ.get("CHECK") == "future" else grads_check(groups, rank)
     dist.destroy_process_group()
     with open(os.environ["CHECK_OUT"] + f".{rank}", "w") as f:
         f.write(str(checks))

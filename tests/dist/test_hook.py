@@ -1,4 +1,5 @@
-"""The DDP hook's gradients equal DDP's default all-reduce on a model whose gradients differ per rank."""
+"""The DDP hook: its gradients equal DDP's default all-reduce on a model whose gradients differ per rank (the
+asynchronous and the synchronous hook), and its Future completes only when the exchange has."""
 import sys
 from pathlib import Path
 
@@ -10,14 +11,25 @@ from torus_train.ranks.localrun import run_local_ranks
 WORKER = str(Path(__file__).with_name("hook_worker.py"))
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("grid", ["2x2", "3x2"])
-def test_hook_matches_ddp_default(grid, tmp_path):
+def run_check(check: str, grid: str, out: Path) -> list[int]:
     x, y = map(int, grid.split("x"))
     world = x * y
-    out = tmp_path / "checks"
     port = str(free_port())
     envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "MASTER_PORT": port, "GRID": grid, "CHECK_OUT": str(out),
-             "OMP_NUM_THREADS": "1"} for r in range(world)]
-    run_local_ranks([[sys.executable, WORKER]] * world, envs, what=f"hook check on {grid}")
-    assert [int(Path(f"{out}.{r}").read_text()) for r in range(world)] == [9] * world
+             "CHECK": check, "OMP_NUM_THREADS": "1"} for r in range(world)]
+    run_local_ranks([[sys.executable, WORKER]] * world, envs, what=f"hook {check} check on {grid}")
+    return [int(Path(f"{out}.{r}").read_text()) for r in range(world)]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("grid", ["2x2", "3x2"])
+def test_hook_matches_ddp_default(grid, tmp_path):
+    world = int(grid[0]) * int(grid[2])
+    assert run_check("grads", grid, tmp_path / "checks") == [18] * world  # 3 algos x 3 precisions x async/sync
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("grid", ["2x2", "3x2"])
+def test_future_completes_with_the_exchange(grid, tmp_path):
+    world = int(grid[0]) * int(grid[2])
+    assert run_check("future", grid, tmp_path / "checks") == [6] * world  # 3 algos x async/sync

@@ -1,23 +1,34 @@
 """A DDP communication hook that averages each gradient bucket with the torus (or flat, or hierarchical) all-reduce.
 
-    state = TorusHookState(groups, algo="torus", compression=None)   # or "fp16" / "bf16"
+    state = TorusHookState(groups, algo="torus", compression=None)   # or "fp16" / "bf16"; asynchronous=False
     ddp_model.register_comm_hook(state, allreduce_hook)
 
 DDP keeps doing what it is good at (bucketing gradients in reverse order, launching a bucket as soon as it is
-ready, overlapping with the rest of the backward pass); the hook only replaces the exchange:
+ready); the hook only replaces the exchange, and returns at once with a Future that completes when the bucket's
+exchange does, so the backward pass of bucket k+1 runs while bucket k is on the wire:
   1. divide the bucket by the world size first, in its own precision (the average of the gradients can never
      overflow where the sum could: fp16 tops out at 65504);
   2. compress to fp16 or bf16 if asked (what crosses the wire is then half the bytes);
-  3. sum with the chosen algorithm (torus_train.comm.algos), which accumulates shared-memory partial sums in fp32;
+  3. sum with the chosen algorithm (torus_train.comm.algos; on NCCL the torus runs as three collectives on equal
+     chunks, see exchange_cuda);
   4. decompress into the bucket.
-On CPU (gloo) the exchange runs on one background thread per process, buckets in submission order, so the
-backward pass goes on while a bucket is in flight, as with DDP's own asynchronous all-reduce. Every rank
-submits the same buckets in the same order, so the collectives match across ranks.
+Where the exchange runs:
+- CUDA tensors on NCCL: on a side stream that first waits for the backward stream (the bucket is written
+  there). NCCL calls only queue kernels, so the hook returns at once; the Future is completed on the side
+  stream (a CUDA-aware Future: DDP's stream waits on its event, the host never waits).
+- CPU tensors (gloo, shared-memory rows): on one background thread per process, buckets in submission order.
+  One thread, not chained async_op callbacks: every rank must issue the row and column collectives in the same
+  order, and the shared-memory rows are host code anyway. gloo and the shared-memory copies release the GIL.
+- CUDA tensors on gloo (several ranks sharing one GPU): the same thread, staging the bucket through host memory.
+`asynchronous=False` runs the exchange inside the hook and returns a completed Future (the synchronous hook the
+benchmark compares against). Every rank submits the same buckets in the same order, so the collectives match.
 """
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+import torch.distributed as dist
 
 from torus_train.comm import ALGOS
 from torus_train.comm.algos import allreduce
@@ -26,9 +37,10 @@ _COMPRESS = {None: None, "none": None, "fp16": torch.float16, "bf16": torch.bflo
 
 
 class TorusHookState:
-    """What the hook needs: the grid communicator, the algorithm and the wire precision."""
+    """What the hook needs: the grid communicator, the algorithm, the wire precision and where to run."""
 
-    def __init__(self, groups, algo: str = "torus", compression: str | None = None, background: bool | None = None):
+    def __init__(self, groups, algo: str = "torus", compression: str | None = None, asynchronous: bool = True,
+                 timeline: bool = False):
         if algo not in ALGOS:
             raise ValueError(f"comm.algo {algo!r} is not one of {', '.join(ALGOS)}")
         if compression not in _COMPRESS:
@@ -40,9 +52,12 @@ class TorusHookState:
         self.wire_dtype = _COMPRESS[compression]
         """dtype exchanged, or None to exchange the bucket's own dtype."""
         self.world_size = groups.grid.size
-        self.background = background
-        """Run CPU exchanges on a background thread (None: yes for CPU buckets)."""
+        self.asynchronous = asynchronous
+        """Return before the exchange is done (side stream / background thread); False: exchange in the hook."""
+        self.timeline: list[dict] | None = [] if timeline else None
+        """Per bucket: when it was ready, when its exchange started and ended (perf_counter seconds), if kept."""
         self._pool: ThreadPoolExecutor | None = None
+        self._stream = None
         self._lock = threading.Lock()
         self.buckets_reduced = 0
         """How many buckets went through the hook (for tests and logs)."""
@@ -53,6 +68,12 @@ class TorusHookState:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torus-allreduce")
             return self._pool
 
+    def stream(self, device: torch.device):
+        """The side stream the CUDA exchange runs on (one per state)."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=device)
+        return self._stream
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
@@ -62,6 +83,11 @@ class TorusHookState:
 def reduce_bucket(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
     """Average `buffer` over all ranks in place (the steps of the module docstring); returns it."""
     buffer.div_(state.world_size)                       # 1. divide first: no overflow in a half-precision sum
+    return sum_divided(state, buffer)
+
+
+def sum_divided(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
+    """Steps 2-4 for a buffer already divided by the world size."""
     if state.wire_dtype is not None and buffer.dtype != state.wire_dtype:
         wire = buffer.to(state.wire_dtype)              # 2. compress
         allreduce(wire, state.algo, state.groups)       # 3. sum
@@ -72,20 +98,104 @@ def reduce_bucket(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
     return buffer
 
 
+def exchange_cuda(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
+    """Average a CUDA bucket on NCCL, on the current (side) stream; returns `buffer`.
+
+    torus: the bucket (divided, compressed) is laid out as X equal chunks of one buffer, padded with zeros at
+    the end when X does not divide its length, so each phase is one collective on whole aligned tensors:
+      1. reduce_scatter_tensor along the row -> my chunk of the row's sum;
+      2. all_reduce of that chunk along the column;
+      3. all_gather_into_tensor along the row -> the whole sum; one copy back into the bucket.
+    Without padding or compression the bucket itself is the buffer and nothing is copied but the chunk.
+    """
+    g = state.groups
+    buffer.div_(state.world_size)                       # divide first, in the bucket's precision
+    if state.algo != "torus" or g.grid.x == 1:
+        return sum_divided(state, buffer)
+    x, n = g.grid.x, buffer.numel()
+    m = -(-n // x)
+    dtype = state.wire_dtype or buffer.dtype
+    flat = buffer.view(-1)
+    if m * x != n or dtype != buffer.dtype:
+        padded = torch.empty(m * x, dtype=dtype, device=buffer.device)
+        padded[:n].copy_(flat)
+        padded[n:].zero_()
+    else:
+        padded = flat
+    chunk = torch.empty(m, dtype=dtype, device=buffer.device)
+    dist.reduce_scatter_tensor(chunk, padded, group=g.row_group)     # 1.
+    if g.grid.y > 1:
+        dist.all_reduce(chunk, group=g.col_group)                    # 2.
+    dist.all_gather_into_tensor(padded, chunk, group=g.row_group)    # 3.
+    if padded is not flat:
+        flat.copy_(padded[:n])                                       # the one copy back
+    state.buckets_reduced += 1
+    return buffer
+
+
+def _reduce_through_host(state: TorusHookState, buffer: torch.Tensor, ready) -> torch.Tensor:
+    """A CUDA bucket on a host backend (gloo): wait for the backward stream's event, reduce a host copy, copy back."""
+    ready.synchronize()
+    host = buffer.to("cpu")
+    reduce_bucket(state, host)
+    stream = state.stream(buffer.device)
+    with torch.cuda.stream(stream):
+        buffer.copy_(host, non_blocking=False)
+    stream.synchronize()
+    return buffer
+
+
+def _record(state: TorusHookState, bucket, ready: float, start: float) -> None:
+    if state.timeline is not None:
+        state.timeline.append({"bucket": bucket.index(), "numel": bucket.buffer().numel(), "ready": ready,
+                               "start": start, "end": time.perf_counter()})
+
+
 def allreduce_hook(state: TorusHookState, bucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: average the bucket with state.algo; returns a Future of the reduced buffer."""
+    """DDP communication hook: average the bucket with state.algo; returns a Future of the reduced buffer that
+    completes when the exchange does (at once when state.asynchronous is False)."""
     buffer = bucket.buffer()
-    fut = torch.futures.Future()
-    background = state.background if state.background is not None else not buffer.is_cuda
-    if not background:
-        fut.set_result(reduce_bucket(state, buffer))
+    ready = time.perf_counter()
+    if buffer.is_cuda and state.groups.backend == "nccl":
+        if not state.asynchronous:
+            fut = torch.futures.Future(devices=[buffer.device])
+            fut.set_result(exchange_cuda(state, buffer))
+            _record(state, bucket, ready, ready)
+            return fut
+        side = state.stream(buffer.device)
+        side.wait_stream(torch.cuda.current_stream(buffer.device))  # the backward stream wrote the bucket
+        with torch.cuda.stream(side):
+            fut = torch.futures.Future(devices=[buffer.device])
+            fut.set_result(exchange_cuda(state, buffer))  # records an event on the side stream; DDP waits on it
+        _record(state, bucket, ready, ready)  # host times: when the work was queued (GPU times need a profiler)
+        return fut
+
+    fut = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
+    if buffer.is_cuda:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(buffer.device))
+
+        def exchange():
+            return _reduce_through_host(state, buffer, event)
+    else:
+        def exchange():
+            return reduce_bucket(state, buffer)
+
+    if not state.asynchronous:
+        start = time.perf_counter()
+        fut.set_result(exchange())
+        _record(state, bucket, ready, start)
         return fut
 
     def work():
+        start = time.perf_counter()
         try:
-            fut.set_result(reduce_bucket(state, buffer))
+            result = exchange()
         except BaseException as exc:  # surface the error in the training thread, at DDP's wait
             fut.set_exception(exc)
+            return
+        _record(state, bucket, ready, start)
+        fut.set_result(result)
 
     state.pool().submit(work)
     return fut

@@ -59,7 +59,9 @@ class LaunchSection:
     container: str = ""
     """Singularity/Apptainer image; when set every rank runs inside `<container_runtime> exec --nv IMAGE`."""
     container_runtime: str = "singularity"
-    """Container command: singularity or apptainer."""
+    """Container command: singularity or apptainer (singularity falls back to apptainer where only that is found)."""
+    binds: list[str] = field(default_factory=list)
+    """Extra container bind mounts, SRC[:DST[:OPTS]]; the data and output folders are always bound."""
     launcher_args: list[str] = field(default_factory=list)
     """Extra arguments put right after mpirun/srun (e.g. ["--mca", "btl", "^openib"])."""
     env: list[str] = field(default_factory=list)
@@ -174,8 +176,13 @@ class JobSpec:
         _choice("model.precision", self.model.precision, ("fp32", "fp16", "bf16"))
         _choice("data.loader", self.data.loader, ("auto", "dali", "torchvision"))
         _choice("optimizer.name", self.optimizer.name, ("sgd", "lars"))
-        _choice("comm.algo", self.comm.algo, ("torus", "hierarchical", "flat", "ddp"))
+        _choice("comm.algo", self.comm.algo, ("torus", "hierarchical", "flat", "ddp", "torus-sync"))
         _choice("comm.compression", self.comm.compression, ("none", "fp16", "bf16"))
+        if self.comm.compression == "fp16" and self.model.precision != "fp16":
+            # divided by the world size before rounding to fp16, small gradients flush to zero without the
+            # GradScaler that only model.precision = fp16 brings
+            raise SpecError(f"comm.compression = fp16 needs model.precision = fp16 (its loss scaler), not "
+                            f"{self.model.precision!r}; use comm.compression = bf16 or none")
         for path, value, low in (
             ("job.log_every", self.job.log_every, 1), ("grid.gpus", self.grid.gpus, 0),
             ("grid.gpus_per_node", self.grid.gpus_per_node, 0), ("model.num_classes", self.model.num_classes, 2),

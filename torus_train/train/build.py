@@ -31,6 +31,8 @@ def build_model(spec: JobSpec, device: torch.device) -> nn.Module:
         raise UserError(f"model.arch: {spec.model.arch!r} is not a torchvision classification model "
                         "(e.g. resnet18, resnet50)") from None
     model = model.to(device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed input shapes per stage: pick the fastest kernels once
     if spec.model.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
@@ -45,11 +47,16 @@ def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
 
 
 def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
-    """DDP (buckets, overlap with backward) with the gradient exchange of comm.algo as its comm hook."""
+    """DDP (buckets, overlap with backward) with the gradient exchange of comm.algo as its comm hook.
+
+    comm.algo = torus-sync is the torus hook exchanging inside the hook (no overlap), for comparisons.
+    broadcast_buffers=False: no broadcast of the BatchNorm statistics before every forward (training uses batch
+    statistics); step.sync_buffers makes them rank 0's before evaluation and checkpoints.
+    """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp = DDP(model, device_ids=[boot.device] if boot.device.type == "cuda" else None,
-              bucket_cap_mb=spec.comm.bucket_mb, gradient_as_bucket_view=True)
+              bucket_cap_mb=spec.comm.bucket_mb, gradient_as_bucket_view=True, broadcast_buffers=False)
     compression = None if spec.comm.compression == "none" else spec.comm.compression
     if spec.comm.algo == "ddp":
         if compression:
@@ -60,7 +67,8 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
         return ddp
     from torus_train.comm.hooks import TorusHookState, allreduce_hook
 
-    state = TorusHookState(boot.groups, algo=spec.comm.algo, compression=compression)
+    algo, sync = spec.comm.algo.removesuffix("-sync"), spec.comm.algo.endswith("-sync")
+    state = TorusHookState(boot.groups, algo=algo, compression=compression, asynchronous=not sync)
     ddp.register_comm_hook(state, allreduce_hook)
     ddp.torus_hook_state = state  # closed (its exchange thread joined) when training ends
     return ddp
