@@ -61,3 +61,12 @@ def test_slurm_tasks_per_node_and_allocation():
     assert slurm_hosts(env) == [Host("n1", 8), Host("n2", 8)]
     with pytest.raises(HostsError, match="SLURM_JOB_NODELIST"):
         slurm_hosts({"SLURM_JOB_ID": "7"})
+
+
+def test_pbs_pro_node_file_shapes():
+    """select=2:ncpus=40:ngpus=4:mpiprocs=4 lists each host 4 times (fully qualified names as PBS writes
+    them); without mpiprocs each host once, which offers 1 slot per node, not 4."""
+    with_mpiprocs = "".join(f"r{n}i0n{n}.ib0.cluster\n" for n in (1, 2) for _ in range(4))
+    assert parse_hostfile(with_mpiprocs) == [Host("r1i0n1.ib0.cluster", 4), Host("r2i0n2.ib0.cluster", 4)]
+    assert parse_hostfile("r1i0n1.ib0.cluster\nr2i0n2.ib0.cluster\n") == [
+        Host("r1i0n1.ib0.cluster", 1), Host("r2i0n2.ib0.cluster", 1)]

@@ -48,7 +48,8 @@ def test_mpirun_with_container_as_root():
         "mpirun", "--allow-run-as-root", "-np", "4", "--map-by", "ppr:2:node", "--bind-to", "none",
         "--hostfile", "/var/pbs/nodes", "-x", "OMP_NUM_THREADS=4",
         "-x", "MASTER_ADDR=node001", "-x", "MASTER_PORT=21473",  # singularity passes the host environment on
-        "singularity", "exec", "--nv", "/images/torus.sif", "python3", "-m", "torus_train.ranks.worker", "--job", JOB]
+        "singularity", "exec", "--nv", "--bind", "/shared/run",  # the output folder, which holds job.json
+        "/images/torus.sif", "python3", "-m", "torus_train.ranks.worker", "--job", JOB]
 
 
 def test_srun_argv_exact():
@@ -56,9 +57,12 @@ def test_srun_argv_exact():
     plan = build_plan(s, Grid(8, 4, 4), "srun", "why", hosts(8), hostfile="", job_file=JOB, python=PY,
                       environ={"SLURM_JOB_ID": "4242"}, cpu_count=16)
     assert plan.argv == [
-        "srun", "--nodes=8", "--ntasks=32", "--ntasks-per-node=4", "--kill-on-bad-exit=1",
-        "--export=ALL,OMP_NUM_THREADS=4,X=2,MASTER_ADDR=node001,MASTER_PORT=26476",  # port of "4242:" + JOB
-        "apptainer", "exec", "--nv", "img.sif", "python3", "-m", "torus_train.ranks.worker", "--job", JOB]
+        "srun", "--nodes=8", "--ntasks=32", "--ntasks-per-node=4", "--kill-on-bad-exit=1", "--export=ALL",
+        "apptainer", "exec", "--nv", "--bind", "/shared/run", "img.sif", "python3", "-m",
+        "torus_train.ranks.worker", "--job", JOB]
+    # the ranks' variables travel in srun's own environment (--export=ALL), never inside --export
+    assert plan.env == {"OMP_NUM_THREADS": "4", "X": "2", "MASTER_ADDR": "node001",
+                        "MASTER_PORT": "26476"}  # port of "4242:" + JOB
     assert rendezvous_port(job_key({"SLURM_JOB_ID": "4242"}, JOB)) == 26476
 
 
@@ -221,3 +225,118 @@ def test_dry_run_prints_the_plan_even_when_the_schedule_does_not_fit(tmp_path):
     assert "cannot be built for 2176 ranks" in r.stdout
     assert r.stderr == ("torus-train: error: schedule.stages[0].global_batch: 128 does not divide by world size "
                         "2176\n")
+
+
+# ---- what a first cluster run would have found (issue 14) -------------------------------------------------
+def test_srun_passes_values_with_commas_whole():
+    """srun splits --export on commas: NCCL_IB_HCA=mlx5_0,mlx5_1 inside it reached the ranks as mlx5_0."""
+    s = spec(**{"launch.env": ["NCCL_IB_HCA"]})
+    plan = build_plan(s, Grid(4, 2, 4), "srun", "why", hosts(2), hostfile="", job_file=JOB, python=PY,
+                      environ={"SLURM_JOB_ID": "7", "NCCL_IB_HCA": "mlx5_0,mlx5_1"}, cpu_count=8)
+    exports = [a for a in plan.argv if a.startswith("--export")]
+    assert exports == ["--export=ALL"]
+    assert plan.env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert plan.command_text().startswith("OMP_NUM_THREADS=4 NCCL_IB_HCA=mlx5_0,mlx5_1 MASTER_ADDR=node001 ")
+
+
+def test_srun_step_gets_the_jobs_cpus_per_task_and_threads():
+    """Since Slurm 22.05 a step does not inherit --cpus-per-task; OMP_NUM_THREADS follows it (was 4 for 1)."""
+    for per_task in ("1", "8"):
+        plan = build_plan(spec(), Grid(4, 2, 4), "srun", "why", hosts(2), hostfile="", job_file=JOB, python=PY,
+                          environ={"SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": per_task}, cpu_count=64)
+        assert plan.argv[:7] == ["srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4",
+                                 f"--cpus-per-task={per_task}", "--cpu-bind=cores", "--kill-on-bad-exit=1"]
+        assert plan.env["OMP_NUM_THREADS"] == per_task
+
+
+def test_mpirun_carries_path_and_library_path():
+    """Remote ranks start from the remote shell's environment: without -x PATH the activated environment and
+    the loaded modules are missing there."""
+    plan = build_plan(spec(), Grid(2, 2, 2), "mpirun", "why", hosts(2, 2), hostfile="h", job_file=JOB, python=PY,
+                      environ={"PATH": "/venv/bin:/usr/bin", "LD_LIBRARY_PATH": "/opt/cuda/lib64"}, cpu_count=8)
+    assert plan.argv[9:13] == ["-x", "PATH", "-x", "LD_LIBRARY_PATH"]
+    plan = build_plan(spec(), Grid(2, 2, 2), "mpirun", "why", hosts(2, 2), hostfile="h", job_file=JOB, python=PY,
+                      environ={}, cpu_count=8)
+    assert "PATH" not in plan.argv
+
+
+def test_mpirun_under_pbs_binds_each_rank_to_its_cores():
+    environ = {"PBS_JOBID": "1.pbs", "PBS_NODEFILE": "/var/spool/pbs/aux/1.pbs", "NCPUS": "40"}
+    plan = build_plan(spec(), Grid(4, 2, 4), "mpirun", "why", hosts(2), hostfile="/var/spool/pbs/aux/1.pbs",
+                      job_file=JOB, python=PY, environ=environ, as_root=False, cpu_count=2)
+    assert plan.argv[:7] == ["mpirun", "-np", "8", "--map-by", "ppr:4:node:PE=10", "--bind-to", "core"]
+    assert "OMP_NUM_THREADS=10" in plan.argv
+
+
+def test_container_binds_data_output_and_extra_folders():
+    s = spec(**{"launch.container": "/img/t.sif", "data.source": "/groups/x/imagenet",
+                "data.index": "/scratch/idx", "launch.binds": ["/opt/site:/opt/site:ro"]})
+    plan = build_plan(s, Grid(2, 2, 2), "mpirun", "why", hosts(2, 2), hostfile="h", job_file=JOB, python=PY,
+                      environ={}, cpu_count=8, runtime="apptainer")
+    i = plan.argv.index("apptainer")
+    assert plan.argv[i:i + 12] == ["apptainer", "exec", "--nv", "--bind", "/groups/x/imagenet", "--bind",
+                                   "/scratch/idx", "--bind", "/shared/run", "--bind", "/opt/site:/opt/site:ro",
+                                   "/img/t.sif"]
+
+
+def test_apptainer_where_only_that_is_found():
+    from torus_train.job.launch import container_runtime
+
+    only_apptainer = {"apptainer": "/usr/bin/apptainer"}.get
+    assert container_runtime("singularity", only_apptainer) == "apptainer"
+    assert container_runtime("singularity", {"singularity": "/x", "apptainer": "/y"}.get) == "singularity"
+    assert container_runtime("apptainer", lambda name: None) == "apptainer"
+
+
+def test_usable_cpus_reads_the_cgroup_quota(tmp_path):
+    from torus_train.job.launch import usable_cpus
+
+    (tmp_path / "cpu.max").write_text("300000 100000\n")
+    assert usable_cpus(cgroup_root=str(tmp_path)) == min(3, len(__import__("os").sched_getaffinity(0)))
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert usable_cpus(cgroup_root=str(tmp_path)) == len(__import__("os").sched_getaffinity(0))
+
+
+def _script_examples(path, command):
+    """The `command SCRIPT ARGS...` lines in a job script's header comment."""
+    import shlex as _shlex
+    from pathlib import Path as _Path
+
+    out = []
+    for line in (_Path(__file__).parents[1] / path).read_text().splitlines():
+        words = _shlex.split(line.lstrip("# ").split("  #")[0]) if line.startswith("#   " + command) else []
+        if words:
+            out.append(words)
+    return out
+
+
+def test_sbatch_examples_are_accepted():
+    """Each example in the sbatch script's header, dry-run inside an allocation of that many nodes x 4."""
+    from pathlib import Path as _Path
+
+    examples = _script_examples("scripts/slurm/torus_train.sbatch", "sbatch")
+    assert len(examples) >= 3
+    root = _Path(__file__).parents[1]
+    for words in examples:
+        nodes = int(next(w for w in words if w.startswith("--nodes=")).split("=")[1])
+        i = next(j for j, w in enumerate(words) if w.endswith(".sbatch"))
+        spec_file, rest = words[i + 1], words[i + 2:]
+        env = {**__import__("os").environ, "SLURM_JOB_ID": "99", "SLURM_JOB_NODELIST": f"n[1-{nodes}]",
+               "SLURM_TASKS_PER_NODE": f"4(x{nodes})", "SLURM_JOB_NUM_NODES": str(nodes)}
+        r = subprocess.run([sys.executable, "-m", "torus_train", "run", "--spec", str(root / spec_file),
+                            "--launcher", "srun", "--dry-run", *rest], capture_output=True, text=True, timeout=30,
+                           env=env, cwd=root)
+        assert r.returncode == 0, (words, r.stderr)
+
+
+def test_pbs_script_asks_for_one_line_per_rank_and_pins_modules():
+    from pathlib import Path as _Path
+
+    text = (_Path(__file__).parents[1] / "scripts/pbs/abci_torus_train.sh").read_text()
+    select = next(line for line in text.splitlines() if line.startswith("#PBS -l select="))
+    fields = dict(f.split("=") for f in select.split("select=")[1].split(":")[1:])
+    assert fields["mpiprocs"] == fields["ngpus"], select  # else $PBS_NODEFILE lists each host once
+    assert "|| true" not in text
+    modules = text.split('TORUS_TRAIN_MODULES-"')[1].split('"')[0].split()
+    assert modules and all("/" in m for m in modules), modules  # name/version, never a moving default
+    assert "TORUS_TRAIN_ACTIVATE" in text

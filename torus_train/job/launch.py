@@ -4,9 +4,18 @@ Three launchers:
 
 - ``local``: N worker processes on this machine, each with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR /
   MASTER_PORT (the run command spawns and supervises them);
-- ``mpirun``: one OpenMPI command, ``-np N --map-by ppr:K:node --hostfile F -x VAR ... -x MASTER_ADDR=host
-  -x MASTER_PORT=port [singularity exec --nv IMAGE] python -m torus_train.ranks.worker --job OUT/job.json``;
-- ``srun``: one Slurm step, ``--nodes --ntasks --ntasks-per-node --kill-on-bad-exit=1 --export=ALL,...``.
+- ``mpirun``: one OpenMPI command, ``-np N --map-by ppr:K:node --hostfile F -x PATH -x LD_LIBRARY_PATH -x VAR=...
+  -x MASTER_ADDR=host -x MASTER_PORT=port [singularity exec --nv --bind DATA --bind OUT IMAGE] python -m
+  torus_train.ranks.worker --job OUT/job.json``; with the CPUs per node known (PBS ``NCPUS``) each rank is bound
+  to its share of cores (``ppr:K:node:PE=C --bind-to core``);
+- ``srun``: one Slurm step, ``--nodes --ntasks --ntasks-per-node [--cpus-per-task=C --cpu-bind=cores]
+  --kill-on-bad-exit=1 --export=ALL``, with the variables for the ranks in srun's own environment: srun splits
+  ``--export`` on commas, so a value such as ``NCCL_IB_HCA=mlx5_0,mlx5_1`` cannot travel inside it. Since Slurm
+  22.05 a step does not inherit ``--cpus-per-task`` from the batch job, so it is passed on explicitly.
+
+Threads per rank (OMP_NUM_THREADS): the step's CPUs per task (``SLURM_CPUS_PER_TASK``), else the node's CPUs
+(PBS ``NCPUS``) divided among its ranks, else this machine's usable CPUs (affinity and cgroup quota, not
+``os.cpu_count()``) divided among the ranks when every host is this one, else 4.
 
 Under mpirun and srun the rendezvous travels in the environment, so ranks need no MPI library to find rank 0:
 MASTER_ADDR is the first host used (ranks are placed K per node in host order, so rank 0 runs there) and
@@ -21,7 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import shlex
+import shutil
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -76,7 +87,8 @@ class LaunchPlan:
             first = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**self.rank_env[0], **self.env}.items())
             return (f"{first} {shlex.join(self.argv)}\n  (x{self.world_size} ranks, RANK/LOCAL_RANK 0.."
                     f"{self.world_size - 1})")
-        return shlex.join(self.argv)
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())
+        return prefix + shlex.join(self.argv)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -166,6 +178,44 @@ def threads_per_rank(ranks_on_node: int, cpu_count: int) -> int:
     return max(1, cpu_count // max(1, ranks_on_node))
 
 
+def usable_cpus(cpu_count: int | None = None, cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process may really use: its affinity mask, capped by a cgroup CPU quota (v2 cpu.max or v1
+    cpu.cfs_quota_us / cpu.cfs_period_us); os.cpu_count() counts the whole machine and ignores both."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = cpu_count or os.cpu_count() or 1
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us"),
+                                    ("cpu,cpuacct/cpu.cfs_quota_us", "cpu,cpuacct/cpu.cfs_period_us")):
+        try:
+            with open(os.path.join(cgroup_root, quota_file)) as f:
+                fields = f.read().split()
+            if period_file:
+                with open(os.path.join(cgroup_root, period_file)) as f:
+                    fields = fields[:1] + f.read().split()[:1]
+            quota, period = fields[0], fields[1]
+        except (OSError, IndexError):
+            continue
+        if quota not in ("max", "-1") and int(quota) > 0 and int(period) > 0:
+            n = min(n, max(1, int(quota) // int(period)))
+        break
+    return max(1, n)
+
+
+def cpus_per_rank(launcher: str, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int,
+                  all_local: bool) -> tuple[int, str]:
+    """(threads per rank, where that number came from); see the module docstring for the order."""
+    per_task = environ.get("SLURM_CPUS_PER_TASK", "")
+    if launcher == "srun" and per_task.isdigit() and int(per_task) > 0:
+        return int(per_task), "SLURM_CPUS_PER_TASK"
+    ncpus = environ.get("NCPUS", "")
+    if launcher == "mpirun" and environ.get("PBS_JOBID") and ncpus.isdigit() and int(ncpus) > 0:
+        return threads_per_rank(ranks_on_node, int(ncpus)), "NCPUS"
+    if all_local:
+        return threads_per_rank(ranks_on_node, cpu_count), "usable CPUs"
+    return 4, "default"
+
+
 def _passed_env(spec: JobSpec, environ: Mapping[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in spec.launch.env:
@@ -177,10 +227,40 @@ def _passed_env(spec: JobSpec, environ: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _container(spec: JobSpec) -> list[str]:
+def container_binds(spec: JobSpec, job_file: str) -> list[str]:
+    """Folders the ranks must see inside the container: the data folder (and its index, where that lies
+    elsewhere), the output folder (it holds job.json) and launch.binds. Many sites bind only $HOME and the
+    working directory by default, so a data set on /groups or /scratch would be invisible without these."""
+    binds: list[str] = []
+    if spec.data.source not in ("synthetic", "demo"):
+        binds.append(spec.data.source)
+    if spec.data.index and not spec.data.index.startswith(spec.data.source.rstrip("/") + "/"):
+        binds.append(spec.data.index)
+    out = os.path.dirname(job_file) or "."
+    binds.append(out)
+    binds += spec.launch.binds
+    seen: list[str] = []
+    for b in binds:
+        if b not in seen:
+            seen.append(b)
+    return seen
+
+
+def container_runtime(requested: str, which=shutil.which) -> str:
+    """The container command: as asked, except that `singularity` becomes `apptainer` on a host that has only
+    Apptainer (which no longer installs a `singularity` alias everywhere)."""
+    if requested == "singularity" and not which("singularity") and which("apptainer"):
+        return "apptainer"
+    return requested
+
+
+def _container(spec: JobSpec, job_file: str, runtime: str) -> list[str]:
     if not spec.launch.container:
         return []
-    return [spec.launch.container_runtime, "exec", "--nv", spec.launch.container]
+    argv = [runtime, "exec", "--nv"]
+    for b in container_binds(spec, job_file):
+        argv += ["--bind", b]
+    return argv + [spec.launch.container]
 
 
 def ephemeral_range(path: str = EPHEMERAL_FILE) -> tuple[int, int]:
@@ -230,14 +310,16 @@ def rendezvous_env(hosts: list[Host], port: int) -> dict[str, str]:
 def build_plan(spec: JobSpec, grid: Grid, launcher: str, why: str, hosts: list[Host], *, hostfile: str,
                job_file: str, python: str, environ: Mapping[str, str], as_root: bool = False,
                master_port: int = 29500, cpu_count: int = 1, local_gpus: int = 0,
-               ephemeral: tuple[int, int] = DEFAULT_EPHEMERAL) -> LaunchPlan:
+               ephemeral: tuple[int, int] = DEFAULT_EPHEMERAL, runtime: str = "") -> LaunchPlan:
     """The exact command(s) and environment for the chosen launcher (pure).
 
     master_port: the local launcher's port (a free one on this machine); mpirun and srun use
-    rendezvous_port(job_key(environ, job_file), ephemeral) instead, since rank 0 runs on another host."""
+    rendezvous_port(job_key(environ, job_file), ephemeral) instead, since rank 0 runs on another host.
+    runtime: the container command (container_runtime()); empty = launch.container_runtime as written."""
     n, k = grid.size, grid.gpus_per_node
     python = spec.launch.python or ("python3" if spec.launch.container else python)
-    worker = [*_container(spec), python, *WORKER, "--job", job_file]
+    worker = [*_container(spec, job_file, runtime or spec.launch.container_runtime), python, *WORKER, "--job",
+              job_file]
     passed = _passed_env(spec, environ)
     notes: list[str] = []
 
@@ -251,27 +333,38 @@ def build_plan(spec: JobSpec, grid: Grid, launcher: str, why: str, hosts: list[H
         return LaunchPlan("local", why, grid, [Host("localhost", n)], worker, env, rank_env, "", notes)
 
     used = hosts[: grid.nodes]
-    threads = threads_per_rank(k, cpu_count) if all(h.name in LOCAL_NAMES for h in used) else 4
+    threads, source = cpus_per_rank(launcher, environ, k, cpu_count, all(h.name in LOCAL_NAMES for h in used))
     env = {"OMP_NUM_THREADS": str(threads), **passed}
     rdv = rendezvous_env(used, rendezvous_port(job_key(environ, job_file), ephemeral))
     rdv = {k: v for k, v in rdv.items() if k not in passed}  # launch.env may name rank 0's host on another network
     if launcher == "mpirun":
         argv = ["mpirun"] + (["--allow-run-as-root"] if as_root else [])
-        argv += ["-np", str(n), "--map-by", f"ppr:{k}:node", "--bind-to", "none"]
+        if source == "NCPUS":  # the node's cores are known: each rank gets its own share
+            argv += ["-np", str(n), "--map-by", f"ppr:{k}:node:PE={threads}", "--bind-to", "core"]
+        else:
+            argv += ["-np", str(n), "--map-by", f"ppr:{k}:node", "--bind-to", "none"]
         argv += ["--hostfile", hostfile]
+        # the ranks on other nodes start from the remote shell's environment: carry this one's PATH (the
+        # activated environment) and LD_LIBRARY_PATH (modules) with them
+        for name in ("PATH", "LD_LIBRARY_PATH"):
+            if name in environ and name not in env:
+                argv += ["-x", name]
         for name, value in {**env, **rdv}.items():
             argv += ["-x", f"{name}={value}"]
         argv += [*spec.launch.launcher_args, *worker]
         return LaunchPlan("mpirun", why, grid, used, argv, {}, [], hostfile, notes)
 
     if launcher == "srun":
-        export = ",".join(["ALL", *(f"{a}={b}" for a, b in {**env, **rdv}.items())])
-        argv = ["srun", f"--nodes={grid.nodes}", f"--ntasks={n}", f"--ntasks-per-node={k}",
-                "--kill-on-bad-exit=1", f"--export={export}"]
+        argv = ["srun", f"--nodes={grid.nodes}", f"--ntasks={n}", f"--ntasks-per-node={k}"]
+        if source == "SLURM_CPUS_PER_TASK":  # a step does not inherit it from the job (Slurm >= 22.05)
+            argv += [f"--cpus-per-task={threads}", "--cpu-bind=cores"]
+        # the ranks' variables go in srun's environment and --export=ALL carries them: srun splits --export
+        # on commas, so NCCL_IB_HCA=mlx5_0,mlx5_1 inside it would lose everything after the first HCA
+        argv += ["--kill-on-bad-exit=1", "--export=ALL"]
         if hostfile:
             argv.append(f"--nodelist={','.join(h.name for h in used)}")
         argv += [*spec.launch.launcher_args, *worker]
-        return LaunchPlan("srun", why, grid, used, argv, {}, [], hostfile, notes)
+        return LaunchPlan("srun", why, grid, used, argv, {**env, **rdv}, [], hostfile, notes)
 
     raise LaunchError(f"launch.launcher: {launcher!r} is not one of local, mpirun, srun, auto")
 
@@ -292,8 +385,9 @@ def plan_launch(spec: JobSpec, environ: Mapping[str, str], *, job_file: str, pyt
             raise
         problem = f"cannot start here: {e}"
     plan = build_plan(spec, grid, launcher, why, hosts, hostfile=hostfile, job_file=job_file, python=python,
-                      environ=environ, as_root=as_root, master_port=master_port, cpu_count=cpu_count,
-                      local_gpus=local_gpus, ephemeral=ephemeral_range())
+                      environ=environ, as_root=as_root, master_port=master_port,
+                      cpu_count=min(cpu_count, usable_cpus(cpu_count)), local_gpus=local_gpus,
+                      ephemeral=ephemeral_range(), runtime=container_runtime(spec.launch.container_runtime))
     if problem:
         plan.notes.append(problem.replace(", or add --dry-run to only print the plan", ""))
     return plan
