@@ -86,9 +86,11 @@ class TorchvisionLoader(ShardedLoader):
                 msg = lines[-1].split("DataError: ", 1)[-1] if lines else str(e)
                 raise DataError(msg) from None
             y = self._mark_padding(step, y.to(torch.int64))
+            # copy the pinned batch as it is (asynchronous), then change the layout on the device
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             if self.cfg.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
-            yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            yield x, y
 
     def close(self) -> None:
         it = getattr(self._loader, "_iterator", None)

@@ -55,8 +55,13 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    import inspect
+
+    # torch >= 2.14 names the switch forward_sync_buffers (broadcast_buffers warns); both still sync at init
+    no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
+               else "broadcast_buffers")
     ddp = DDP(model, device_ids=[boot.device] if boot.device.type == "cuda" else None,
-              bucket_cap_mb=spec.comm.bucket_mb, gradient_as_bucket_view=True, broadcast_buffers=False)
+              bucket_cap_mb=spec.comm.bucket_mb, gradient_as_bucket_view=True, **{no_sync: False})
     compression = None if spec.comm.compression == "none" else spec.comm.compression
     if spec.comm.algo == "ddp":
         if compression:

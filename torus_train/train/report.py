@@ -71,8 +71,10 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> 
     and updates the progress."""
     seconds = max(time.time() - interval["t"], 1e-9)
     n = max(interval["steps"], 1)
-    t = torch.tensor([interval["loss"] / n, 1.0 if rs.stop.signal else 0.0], dtype=torch.float64,
-                     device=rs.boot.device)
+    # the interval's loss was summed on the device (no host read per step); one all-reduce, one read here
+    loss = torch.as_tensor(interval["loss"], dtype=torch.float64, device=rs.boot.device).reshape(1) / n
+    stop = torch.tensor([1.0 if rs.stop.signal else 0.0], dtype=torch.float64, device=rs.boot.device)
+    t = torch.cat([loss, stop])
     dist.all_reduce(t)
     loss_sum, stops = t.tolist()
     rs.stop_agreed = stops > 0

@@ -23,15 +23,24 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def grads_finite(model: nn.Module) -> bool:
-    """After DDP's all-reduce the gradients are identical on every rank, so every rank decides alike."""
-    norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
-    return bool(torch.isfinite(torch.stack(norms).sum()).item()) if norms else True
+    """After DDP's all-reduce the gradients are identical on every rank, so every rank decides alike.
+
+    One multi-tensor norm kernel per dtype group and one host read per step: the read stays because whether
+    optimizer.step runs is decided on the host (as GradScaler does), and a skipped step must be skipped on
+    every rank in the same step.
+    """
+    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return True
+    norms = torch._foreach_norm(grads)
+    return bool(torch.isfinite(torch.stack([n.float() for n in norms]).sum()).item())
 
 
-def train_step(rs, images, labels, accumulation: int) -> float:
-    """One optimizer step over ``accumulation`` micro-batches; returns the mean loss on this rank."""
+def train_step(rs, images, labels, accumulation: int) -> torch.Tensor:
+    """One optimizer step over ``accumulation`` micro-batches; returns the mean loss on this rank as a float64
+    tensor on the device (read once per logging interval, not per step)."""
     rs.optimizer.zero_grad(set_to_none=True)
-    total = 0.0
+    total = torch.zeros((), dtype=torch.float64, device=images.device)
     for i, (x, y) in enumerate(zip(images.chunk(accumulation), labels.chunk(accumulation))):
         # DDP exchanges gradients only on the last micro-batch; the others accumulate locally
         with rs.ddp.no_sync() if i < accumulation - 1 else contextlib.nullcontext():
@@ -40,7 +49,7 @@ def train_step(rs, images, labels, accumulation: int) -> float:
             if fault_here("nan", rs.boot.info.rank, rs.pos.global_step + 1):
                 loss = loss * float("nan")  # a non-finite gradient on this rank only
             (rs.scaler.scale(loss) if rs.scaler else loss).backward()
-        total += loss.detach().float().item()
+        total += loss.detach().float()
     if rs.scaler is not None:
         rs.scaler.step(rs.optimizer)  # skips the step on inf/NaN; identical on every rank after the all-reduce
         rs.scaler.update()
