@@ -130,7 +130,8 @@ def test_module_is_pure():
      "schedule.stages[1].until_epoch: 2 "),
 ])
 def test_cli_rejects_bad_stages_with_exit_2(stages, field):
-    r = subprocess.run([sys.executable, "-m", "torus_train", "run", "--dry-run", "--set", f"schedule.stages={stages}"],
+    r = subprocess.run([sys.executable, "-m", "torus_train", "run", "--dry-run", "--gpus", "4", "--grid", "2x2",
+                        "--set", f"schedule.stages={stages}"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert field in r.stderr
