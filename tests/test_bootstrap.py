@@ -77,3 +77,12 @@ def test_srun_by_hand_without_a_node_list_is_refused():
     env = {k: v for k, v in SRUN.items() if k != "SLURM_JOB_NODELIST"}
     with pytest.raises(RunFailed, match="no MASTER_ADDR/MASTER_PORT"):
         rendezvous(rank_info(env), env)
+
+
+def test_rank_threads_from_the_launcher_or_slurm():
+    from torus_train.ranks.worker import rank_threads
+
+    assert rank_threads({"OMP_NUM_THREADS": "4", "SLURM_CPUS_PER_TASK": "8"}) == 4
+    assert rank_threads({"SLURM_CPUS_PER_TASK": "8"}) == 8   # srun by hand: Slurm sets no OMP_NUM_THREADS
+    assert rank_threads({"OMP_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": "x"}) is None
+    assert rank_threads({}) is None

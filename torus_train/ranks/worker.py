@@ -72,13 +72,23 @@ def signal_handler(stop: StopRequest):
     return on_signal
 
 
+def rank_threads(environ) -> int | None:
+    """Compute threads of this rank: OMP_NUM_THREADS as the launcher set it, else the CPUs Slurm gave the
+    task (`srun -n 4 torus-train run` by hand sets SLURM_CPUS_PER_TASK but no OMP_NUM_THREADS)."""
+    for name in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):
+        value = environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
 def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest) -> dict:
     """Start-up, training, shutdown of one rank (torch imported here)."""
-    threads = os.environ.get("OMP_NUM_THREADS")
+    threads = rank_threads(os.environ)
     import torch
 
-    if threads and threads.isdigit():
-        torch.set_num_threads(int(threads))
+    if threads:
+        torch.set_num_threads(threads)
     from torus_train.ranks.bootstrap import init_distributed, shutdown
     from torus_train.train.loop import run_training
 
