@@ -81,12 +81,12 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
 
 
 def make_plan(spec: JobSpec, job_file: Path, strict: bool):
-    from torus_train.job.launch import plan_launch
+    from torus_train.job.launch import plan_launch, usable_cpus
     from torus_train.ranks.bootstrap import free_port
 
     return plan_launch(spec, dict(os.environ), job_file=str(job_file), python=sys.executable,
                        as_root=hasattr(os, "geteuid") and os.geteuid() == 0, master_port=free_port(),
-                       cpu_count=os.cpu_count() or 1, local_gpus=local_gpu_count(), strict=strict)
+                       cpu_count=usable_cpus(), local_gpus=local_gpu_count(), strict=strict)
 
 
 def dry_run_report(spec: JobSpec, plan) -> None:

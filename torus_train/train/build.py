@@ -1,7 +1,6 @@
 """The parts a rank trains with, each built from the spec: model, DDP with the torus hook, loaders, AMP."""
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
@@ -111,7 +110,9 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
     from torus_train.data import make_loader
 
     kind = "synthetic" if spec.data.source == "synthetic" else spec.data.loader
-    threads = spec.data.num_threads or max(1, (os.cpu_count() or 1) // boot.info.local_world_size)
+    from torus_train.job.launch import usable_cpus  # affinity and cgroup quota, not the machine's count
+
+    threads = spec.data.num_threads or max(1, usable_cpus() // boot.info.local_world_size)
     root = data_root(spec)
     index = None
     if root is not None:  # the launcher checked (or built) the index; a rank only opens it
