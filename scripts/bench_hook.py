@@ -1,75 +1,232 @@
 #!/usr/bin/env python3
-"""Side-by-side speed of the torus comm hook against DDP's own all-reduce, on the same `torus-train run`.
+"""Side by side: DDP's own all-reduce, the synchronous torus hook and the asynchronous one, on `torus-train run`.
 
-    python scripts/bench_hook.py                       # 4 CPU ranks on 2x2, resnet18 at 64 px, 30 steps, 2 rounds
-    python scripts/bench_hook.py --algos ddp,torus,flat --rounds 3 --json bench_hook.json
+    python scripts/bench_hook.py --grid 2x2 --rounds 3 --json hook-2x2.json
+    python scripts/bench_hook.py --grid 2x4 --gpus 8 --rounds 3 --json hook-2x4.json
 
-Each round runs every algorithm once, in turn (so a noisy neighbour hurts all of them alike). A run's speed is
-the median images/s of its metrics.jsonl intervals after the first (warm-up) one; an algorithm's figure is the
-best of its rounds. The ratio is each algorithm's img/s over DDP's.
+Hooks: ddp (comm.algo = ddp), torus-sync (comm.algo = torus-sync: the exchange inside the hook, no overlap),
+torus-async (comm.algo = torus: the hook returns a pending Future, the exchange runs while backward goes on).
+Each round runs every hook once, the order reversed every other round (so drift and noisy neighbours hurt all
+alike). A run's speed is the median images/s of its metrics.jsonl intervals after the first (warm-up) one; a
+hook's figure is the median over its rounds. Ratios: async / ddp and async / sync.
+Then a timeline of one training step per hook (rank 0; ResNet at the same size and per-rank batch, DDP's
+default 25 MiB buckets): for each bucket when it was ready (the hook was called), when its exchange started and
+when it ended, relative to the start of the backward pass; written as JSON next to --json and drawn as a PNG.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+HOOKS = {"ddp": "ddp", "torus-sync": "torus-sync", "torus-async": "torus"}
+"""Benchmark name -> comm.algo."""
 
-def run_once(algo: str, args, out: Path) -> dict:
+
+def run_once(hook: str, args, out: Path) -> dict:
     cmd = [sys.executable, "-m", "torus_train", "run", "--gpus", str(args.gpus), "--grid", args.grid,
            "--data", "synthetic", "--model", args.model, "--image-size", str(args.image_size),
-           "--steps", str(args.steps), "--out", str(out), "--set", f"comm.algo={algo}",
+           "--steps", str(args.steps), "--out", str(out), "--set", f"comm.algo={HOOKS[hook]}",
            "--set", f"job.log_every={args.log_every}", "--set", "checkpoint.at_end=false",
            "--set", "checkpoint.every_epochs=0", "--set", "eval.every_epochs=0",
            "--set", f"schedule.stages=[{{until_epoch=4,global_batch={args.global_batch}}}]"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if r.returncode != 0:
-        sys.exit(f"bench_hook: {algo} run failed:\n{r.stderr[-2000:]}")
+        sys.exit(f"bench_hook: {hook} run failed:\n{r.stderr[-2000:]}")
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rates = [m["images_per_second"] for m in lines if "images_per_second" in m][1:]
     summary = json.loads((out / "summary.json").read_text())
-    return {"algo": algo, "img_s": statistics.median(rates), "intervals": len(rates),
+    return {"hook": hook, "images_per_s": statistics.median(rates), "intervals": len(rates),
             "wall_seconds": summary["wall_seconds"], "digests_agree": summary["param_digests_agree"]}
+
+
+# --- timeline of one step (each rank runs this file with --worker) --------------------------------------
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torus_train.comm.groups import build_grid_groups
+    from torus_train.comm.hooks import TorusHookState, allreduce_hook
+    from torus_train.job.topology import parse_grid
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
+                            world_size=world)
+    groups = build_grid_groups(parse_grid(args.grid), timeout=120)
+    batch = max(1, args.global_batch // world)
+    x = torch.randn(batch, 3, args.image_size, args.image_size, generator=torch.Generator().manual_seed(rank))
+    y = torch.randint(0, 1000, (batch,), generator=torch.Generator().manual_seed(rank))
+    steps = {}
+    import inspect  # as train/build.py: torch >= 2.14 names the switch forward_sync_buffers
+    no_buffer_sync = {"forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                      else "broadcast_buffers": False}
+    for hook in args.hooks.split(","):
+        torch.manual_seed(0)
+        ddp = DDP(torchvision.models.get_model(args.model, num_classes=1000), **no_buffer_sync)
+        if hook == "ddp":
+            state = {"timeline": []}
+            ddp.register_comm_hook(state, _timed_ddp_hook)
+        else:
+            state = TorusHookState(groups, algo="torus", asynchronous=hook == "torus-async", timeline=True)
+            ddp.register_comm_hook(state, allreduce_hook)
+        timeline = state["timeline"] if hook == "ddp" else state.timeline
+        loss_fn = torch.nn.CrossEntropyLoss()
+        for step in range(args.timeline_step + 1):  # the first steps rebuild the buckets and warm up
+            dist.barrier()
+            timeline.clear()
+            t_fwd = time.perf_counter()
+            loss = loss_fn(ddp(x), y)
+            t0 = time.perf_counter()
+            loss.backward()  # returns after DDP waited for every bucket's Future
+            t_end = time.perf_counter()
+            ddp.zero_grad(set_to_none=True)
+        steps[hook] = {"forward_s": t0 - t_fwd, "backward_and_exchange_s": t_end - t0,
+                       "buckets": [{**{k: v for k, v in row.items() if k in ("bucket", "numel")},
+                                    **{k: row[k] - t0 for k in ("ready", "start", "end")}}
+                                   for row in sorted(timeline, key=lambda r: r["ready"])]}
+        if hook != "ddp":
+            state.close()
+    if rank == 0:
+        Path(args.worker_out).write_text(json.dumps({"grid": args.grid, "model": args.model,
+                                                     "image_size": args.image_size, "per_rank_batch": batch,
+                                                     "step": args.timeline_step, "hooks": steps}, indent=1))
+    dist.destroy_process_group()
+
+
+def _timed_ddp_hook(state, bucket):
+    """DDP's own all-reduce (gloo, asynchronous), with the times the timeline needs."""
+    import torch.distributed as dist
+
+    ready = time.perf_counter()
+    buf = bucket.buffer().div_(dist.get_world_size())
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+    row = {"bucket": bucket.index(), "numel": buf.numel(), "ready": ready, "start": ready}
+
+    def done(f):
+        row["end"] = time.perf_counter()
+        state["timeline"].append(row)
+        return f.value()[0]
+    return fut.then(done)
+
+
+def timeline(args, path: Path) -> dict:
+    from torus_train.ranks.bootstrap import free_port
+    from torus_train.ranks.localrun import run_local_ranks
+
+    x, y = map(int, args.grid.split("x"))
+    world = x * y
+    argv = [sys.executable, __file__, "--worker", "--worker-out", str(path), "--grid", args.grid,
+            "--model", args.model, "--image-size", str(args.image_size), "--global-batch", str(args.global_batch),
+            "--hooks", args.hooks, "--timeline-step", str(args.timeline_step)]
+    port = str(free_port())
+    envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+            for r in range(world)]
+    run_local_ranks([argv] * world, envs, what="hook timeline")
+    return json.loads(path.read_text())
+
+
+def draw(tl: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hooks = list(tl["hooks"])
+    fig, axes = plt.subplots(len(hooks), 1, figsize=(10, 1.2 + 1.3 * len(hooks)), sharex=True, squeeze=False)
+    for ax, hook in zip(axes[:, 0], hooks):
+        h = tl["hooks"][hook]
+        rows = h["buckets"]
+        for i, b in enumerate(rows):
+            ax.barh(i, b["end"] - b["start"], left=b["start"], height=0.6, color="tab:blue")
+            ax.plot([b["ready"]], [i], "k|", markersize=12)
+        ax.axvline(h["backward_and_exchange_s"], color="tab:red", lw=1)
+        ax.set_yticks(range(len(rows)), [f"b{b['bucket']} ({b['numel'] * 4 / 2**20:.1f} MiB)" for b in rows],
+                      fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"{hook}: backward + exchange {h['backward_and_exchange_s'] * 1e3:.0f} ms", fontsize=9)
+    axes[-1, 0].set_xlabel("seconds from the start of backward (|: bucket ready, bar: exchange, red: "
+                           "backward returns)")
+    fig.suptitle(f"one step on {tl['grid']} (rank 0), {tl['model']} at {tl['image_size']} px, "
+                 f"{tl['per_rank_batch']} images per rank", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--algos", default="ddp,torus", help="comma list of comm.algo values; ddp is the baseline")
-    ap.add_argument("--gpus", type=int, default=4)
+    ap.add_argument("--hooks", default="ddp,torus-sync,torus-async", help=f"comma list of {', '.join(HOOKS)}")
+    ap.add_argument("--gpus", type=int, default=0, help="ranks (default: X*Y of --grid)")
     ap.add_argument("--grid", default="2x2")
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--global-batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--log-every", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--json", default=None, help="write the rows and ratios here")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--timeline-step", type=int, default=3, help="which step's timeline to keep (0-based)")
+    ap.add_argument("--no-timeline", action="store_true")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--json", default=None, help="write the results here (the timeline next to it: "
+                                                 "STEM-timeline.json and .png)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    algos = args.algos.split(",")
+    if args.worker:
+        return worker(args)
+    x, y = map(int, args.grid.split("x"))
+    args.gpus = args.gpus or x * y
+    hooks = args.hooks.split(",")
+    unknown = [h for h in hooks if h not in HOOKS]
+    if unknown:
+        sys.exit(f"bench_hook: unknown hook {unknown[0]!r}; choose from {', '.join(HOOKS)}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
-            for algo in algos:
-                row = run_once(algo, args, Path(tmp) / f"{algo}-{rnd}")
+            for hook in (hooks if rnd % 2 == 0 else hooks[::-1]):
+                row = run_once(hook, args, Path(tmp) / f"{hook}-{rnd}")
                 row["round"] = rnd
                 rows.append(row)
-                print(f"round {rnd} {algo:>12}: {row['img_s']:8.1f} img/s (median of {row['intervals']} "
+                print(f"round {rnd} {hook:>12}: {row['images_per_s']:8.1f} img/s (median of {row['intervals']} "
                       f"intervals), wall {row['wall_seconds']:.1f} s", flush=True)
-    best = {a: max(r["img_s"] for r in rows if r["algo"] == a) for a in algos}
-    base = best.get("ddp", best[algos[0]])
+    med = {h: statistics.median(r["images_per_s"] for r in rows if r["hook"] == h) for h in hooks}
+    ratios = {}
+    if "torus-async" in med and "ddp" in med:
+        ratios["async/ddp"] = med["torus-async"] / med["ddp"]
+    if "torus-async" in med and "torus-sync" in med:
+        ratios["async/sync"] = med["torus-async"] / med["torus-sync"]
     print(f"\n# {args.gpus} ranks on {args.grid}, {args.model} at {args.image_size} px, global batch "
-          f"{args.global_batch}, {args.steps} steps, best of {args.rounds} round(s)")
-    print(f"{'algo':>12}  {'img/s':>9}  {'ratio vs ddp':>12}")
-    for a in algos:
-        print(f"{a:>12}  {best[a]:9.1f}  {best[a] / base:12.3f}")
+          f"{args.global_batch}, {args.steps} steps, median of {args.rounds} alternating round(s)")
+    print(f"{'hook':>12}  {'img/s':>9}  rounds")
+    for h in hooks:
+        print(f"{h:>12}  {med[h]:9.1f}  " + " ".join(f"{r['images_per_s']:.1f}" for r in rows if r["hook"] == h))
+    for k, v in ratios.items():
+        print(f"{k:>12}  {v:9.3f}")
+    result = {"config": {k: v for k, v in vars(args).items() if not k.startswith("worker")},
+              "results": [{"hook": h, "images_per_s": med[h],
+                           "rounds": [r["images_per_s"] for r in rows if r["hook"] == h]} for h in hooks],
+              "ratios": ratios, "runs": rows, "date": time.strftime("%Y-%m-%d")}
+    if not args.no_timeline:
+        stem = Path(args.json).with_suffix("") if args.json else Path(f"bench_hook-{args.grid}")
+        tl_json, tl_png = Path(f"{stem}-timeline.json"), Path(f"{stem}-timeline.png")
+        tl = timeline(args, tl_json)
+        draw(tl, tl_png)
+        result["timeline"] = {"json": str(tl_json), "png": str(tl_png)}
+        for h, v in tl["hooks"].items():
+            print(f"# timeline {h:>12}: backward + exchange {v['backward_and_exchange_s'] * 1e3:7.1f} ms, "
+                  f"{len(v['buckets'])} buckets")
+        print(f"# wrote {tl_json} and {tl_png}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"config": vars(args), "rows": rows, "best_img_s": best,
-                                               "ratio_vs_ddp": {a: best[a] / base for a in algos}}, indent=1))
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"# wrote {args.json}")
 
 
