@@ -116,7 +116,8 @@ class OptimizerSection:
 @dataclass
 class CommSection:
     algo: str = "torus"
-    """Gradient all-reduce inside DDP: torus | hierarchical | flat | ddp (DDP's own all-reduce)."""
+    """Gradient all-reduce inside DDP: torus | hierarchical | flat | ddp (DDP's own all-reduce) | torus-sync (the
+    torus hook without overlap, for comparison)."""
     compression: str = "none"
     """Gradient compression on the wire: none | fp16 | bf16."""
     bucket_mb: float = 25.0
