@@ -1,0 +1,87 @@
+"""The bucket timeline (torus_train.plan.timeline): a hand-computed two-bucket step, and DDP's own buckets."""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from torus_train.plan.timeline import Layer, bucket_plan, ddp_buckets, model_layers, timeline
+
+
+def test_ddp_bucket_caps_close_when_reached():
+    # caps 4 then 10: [3, 2] reaches 4 -> closes; [6, 4] reaches 10; [5] is the remainder
+    assert ddp_buckets([3, 2, 6, 4, 5], bucket_cap=10, first_bucket_cap=4) == [[0, 1], [2, 3], [4]]
+
+
+def test_two_bucket_timeline_by_hand():
+    # Parameter order a, b, c; DDP order c, b, a. fp32 caps: first 8 bytes, then 1000.
+    # c: 2 values (8 B) -> bucket 0 = [c]; bucket 1 = [b, a].
+    layers = [Layer("a", 10, 50.0), Layer("b", 5, 30.0), Layer("c", 2, 20.0)]
+    assert [[l.name for l in b] for b in bucket_plan(layers, 1000, 8)] == [["c"], ["b", "a"]]
+    # compute 0.3 s, backward 2/3 of it = 0.2 s; FLOP shares: c 0.2, b 0.3, a 0.5.
+    # bucket 0 ready 0.04, exchange 2 values x 2 B = 4 B -> 0.1 s: 0.04..0.14
+    # bucket 1 ready 0.04 + 0.16 = 0.2, exchange 30 B -> 0.05 s: starts 0.2, ends 0.25
+    t = timeline(layers, 0.3, 2 / 3, lambda nbytes: {4: 0.1, 30: 0.05}[nbytes], 2, "x", 1000, 8)
+    b0, b1 = t.buckets
+    assert (b0.ready_seconds, b0.start_seconds, b0.end_seconds) == pytest.approx((0.04, 0.04, 0.14))
+    assert (b1.ready_seconds, b1.start_seconds, b1.end_seconds) == pytest.approx((0.2, 0.2, 0.25))
+    assert t.exposed_seconds == pytest.approx(0.05) and t.step_seconds == pytest.approx(0.35)
+    assert t.scaling_efficiency == pytest.approx(0.3 / 0.35)
+    assert t.derived_overlap == pytest.approx((0.15 - 0.05) / 0.2)
+    # A slow first exchange queues the second: bucket 0 ends at 0.34, bucket 1 runs 0.34..0.39.
+    q = timeline(layers, 0.3, 2 / 3, lambda nbytes: {4: 0.3, 30: 0.05}[nbytes], 2, "x", 1000, 8)
+    assert q.buckets[1].start_seconds == pytest.approx(0.34) and q.exposed_seconds == pytest.approx(0.19)
+    assert q.to_json()["buckets"][1]["parameter_count"] == 2
+
+
+def test_model_layers_resnet50_counts_and_flops():
+    layers = model_layers("resnet50")
+    assert len(layers) == 161 and sum(l.numel for l in layers) == 25_557_032
+    # about 4.1 GMACs per image = 8.2 GFLOPs forward
+    assert 7.5e9 < sum(l.flops for l in layers) < 8.8e9
+
+
+@pytest.mark.timeout(300)
+def test_buckets_equal_a_real_ddp_on_one_gloo_rank(monkeypatch):
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        m = torchvision.models.resnet50()
+        ddp = DDP(m)                              # defaults: bucket_cap_mb 25, first bucket 1 MiB
+        names = {p: n for n, p in m.named_parameters()}
+        seen = {}
+
+        def record(state, bucket):
+            seen[bucket.index()] = ([names[p] for p in bucket.parameters()], bucket.buffer().numel())
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        ddp.register_comm_hook(None, record)
+        x = torch.randn(2, 3, 64, 64)
+        for _ in range(2):                        # DDP rebuilds its buckets in gradient-ready order after step 1
+            seen.clear()
+            ddp(x).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    ddp_side = [seen[i] for i in sorted(seen)]
+    mine = bucket_plan(model_layers("resnet50"))
+    assert len(mine) == len(ddp_side) == 5
+    for ours, (theirs, numel) in zip(mine, ddp_side):
+        # same members and sizes; inside a bucket DDP may list a BatchNorm's bias before its weight
+        assert {l.name for l in ours} == set(theirs)
+        assert sum(l.numel for l in ours) == numel
+    # and the order of the members agrees up to those weight/bias pairs
+    flat_ours = [l.name.rsplit(".", 1)[0] for b in mine for l in b]
+    flat_theirs = [n.rsplit(".", 1)[0] for names_, _ in ddp_side for n in names_]
+    assert flat_ours == flat_theirs

@@ -1,0 +1,200 @@
+"""The bucket timeline of one training step: the overlap of communication and backward as an output (pure, no
+torch at import; only ``model_layers`` imports torch and torchvision to build the model on the meta device).
+
+What it computes, for one model, one all-reduce algorithm and one network:
+
+* the parameters in DDP's bucket order: DDP rebuilds its buckets after the first iteration in the order the
+  gradients became ready, which for a feed-forward model is the reverse of the parameter order
+  (``Reducer::rebuild_buckets``); a bucket closes as soon as its bytes reach its cap, the first cap
+  ``first_bucket_cap`` (DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB), every later one ``bucket_cap``
+  (``bucket_cap_mb`` = 25 MiB); the caps count the parameters' own bytes (fp32), whatever dtype the exchange
+  uses (a compression hook casts a bucket, it does not re-bucket);
+* each parameter's share of the backward time: its module's forward FLOPs at one image (convolutions and
+  linear layers: 2 x multiply-adds; BatchNorm: 4 per output value) over the model's total, split evenly over the
+  module's parameter tensors. Stated simplification: elementwise layers without parameters (ReLU, pooling, the
+  residual add) cost nothing, and the backward of every layer is its forward FLOPs times the same factor;
+* bucket k is ready when its last gradient is (the backward time summed over the parameters up to it);
+* its exchange starts at max(ready_k, end_{k-1}) (exchanges queue one after another on the network) and lasts
+  ``allreduce_cost(algo, grid, net, bucket bytes)`` (the same alpha-beta-gamma model as the fused all-reduce,
+  so every bucket pays its own latency terms);
+* exposed communication = max(0, end of the last exchange - end of the backward pass); step = compute +
+  exposed; scaling efficiency = compute / step; the derived overlap = (sum of exchanges - exposed) / backward,
+  the fraction of the backward pass that hid communication (what the old ``--overlap`` knob set by hand).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+from torus_train.errors import UserError
+
+DDP_BUCKET_CAP = 25 * 2**20
+"""DDP's default bucket_cap_mb = 25 (MiB)."""
+DDP_FIRST_BUCKET_CAP = 1 * 2**20
+"""DDP's default first bucket cap (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB)."""
+PARAM_BYTES = 4
+"""Bytes per parameter as DDP's caps count them (fp32 master parameters)."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One parameter tensor as the timeline needs it."""
+
+    name: str
+    """Parameter name, e.g. 'layer4.2.conv3.weight'."""
+    numel: int
+    """Values in the tensor (= gradient values)."""
+    flops: float
+    """Forward FLOPs at one image attributed to this tensor (its module's FLOPs over its parameter tensors)."""
+
+
+@lru_cache(maxsize=8)
+def model_layers(model: str, image_size: int = 224) -> tuple[Layer, ...]:
+    """The parameters of torchvision `model` in parameter order with their forward FLOPs at one image, from the
+    model built on the meta device (no memory, no weights) and one meta forward pass that records every
+    module's output shape."""
+    try:
+        import torch
+        import torchvision
+    except ModuleNotFoundError:
+        raise UserError("the bucket timeline needs torch and torchvision (or give --overlap)") from None
+    try:
+        ctor = getattr(torchvision.models, model)
+    except AttributeError:
+        raise UserError(f"--model: torchvision has no model {model!r}") from None
+    with torch.device("meta"):
+        m = ctor()
+    flops: dict[str, float] = {}
+
+    def hook(name):
+        def record(mod, inputs, output):
+            out = output.numel()
+            if isinstance(mod, torch.nn.Conv2d):
+                k = mod.kernel_size[0] * mod.kernel_size[1] * mod.in_channels // mod.groups
+                flops[name] = 2.0 * k * out
+            elif isinstance(mod, torch.nn.Linear):
+                flops[name] = 2.0 * mod.in_features * out
+            else:                                   # BatchNorm and other parameterised elementwise layers
+                flops[name] = 4.0 * out
+        return record
+
+    handles = [mod.register_forward_hook(hook(name)) for name, mod in m.named_modules()
+               if any(True for _ in mod.parameters(recurse=False))]
+    with torch.no_grad():
+        m(torch.empty(1, 3, image_size, image_size, device="meta"))
+    for h in handles:
+        h.remove()
+    layers = []
+    for mname, mod in m.named_modules():
+        own = [(n, p) for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
+        for n, p in own:
+            layers.append((f"{mname}.{n}" if mname else n, p.numel(), flops.get(mname, 0.0) / len(own)))
+    # named_modules + own parameters gives the same order as model.parameters() for torchvision models; keep it.
+    order = {n: i for i, (n, _) in enumerate(m.named_parameters())}
+    layers.sort(key=lambda t: order[t[0]])
+    return tuple(Layer(n, int(k), float(f)) for n, k, f in layers)
+
+
+def ddp_buckets(sizes_bytes: list[int], bucket_cap: int = DDP_BUCKET_CAP,
+                first_bucket_cap: int = DDP_FIRST_BUCKET_CAP) -> list[list[int]]:
+    """DDP's bucket assignment (compute_bucket_assignment_by_size, one dtype and device) of tensors given in
+    gradient-ready order: indices into sizes_bytes per bucket. A bucket closes when its bytes reach its cap."""
+    buckets, cur, size, cap = [], [], 0, first_bucket_cap
+    for i, s in enumerate(sizes_bytes):
+        cur.append(i)
+        size += s
+        if size >= cap:
+            buckets.append(cur)
+            cur, size, cap = [], 0, bucket_cap
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+@dataclass
+class Bucket:
+    """One bucket of the step's timeline (seconds from the start of the backward pass)."""
+
+    index: int
+    """Position in DDP's order (0 = first to be exchanged)."""
+    parameters: list
+    """Parameter names, in gradient-ready order."""
+    numel: int
+    """Gradient values in the bucket."""
+    nbytes: int
+    """Bytes exchanged (numel x the exchange dtype's bytes)."""
+    ready_seconds: float
+    """When the backward pass has produced the bucket's last gradient."""
+    start_seconds: float
+    """When its exchange starts: max(ready, end of the previous exchange)."""
+    allreduce_seconds: float
+    """Its all-reduce time from the cost model."""
+    end_seconds: float
+    """start + all-reduce."""
+
+
+@dataclass
+class Timeline:
+    """One step's bucket timeline for one algorithm."""
+
+    algo: str
+    """The all-reduce algorithm."""
+    backward_seconds: float
+    """Length of the backward pass."""
+    compute_seconds: float
+    """Forward + backward."""
+    communication_seconds: float
+    """Sum of the buckets' all-reduce times."""
+    exposed_seconds: float
+    """Communication after the end of the backward pass."""
+    step_seconds: float
+    """compute + exposed."""
+    scaling_efficiency: float
+    """compute / step."""
+    derived_overlap: float
+    """(communication - exposed) / backward: the fraction of the backward pass that hid communication."""
+    buckets: list = field(default_factory=list)
+    """The buckets."""
+
+    def to_json(self) -> dict:
+        """The timeline as JSON (bucket parameter lists shortened to their count and ends)."""
+        d = asdict(self)
+        for b in d["buckets"]:
+            names = b.pop("parameters")
+            b["parameter_count"] = len(names)
+            b["first_parameter"], b["last_parameter"] = names[0], names[-1]
+        return d
+
+
+def bucket_plan(layers: tuple[Layer, ...] | list[Layer], bucket_cap: int = DDP_BUCKET_CAP,
+                first_bucket_cap: int = DDP_FIRST_BUCKET_CAP) -> list[list[Layer]]:
+    """The layers in DDP's buckets: reverse parameter order, bucketed by their fp32 bytes."""
+    ready = list(reversed(list(layers)))
+    return [[ready[i] for i in b]
+            for b in ddp_buckets([l.numel * PARAM_BYTES for l in ready], bucket_cap, first_bucket_cap)]
+
+
+def timeline(layers, compute_seconds: float, backward_fraction: float, allreduce_seconds_of, exchange_bytes: int,
+             algo: str = "", bucket_cap: int = DDP_BUCKET_CAP, first_bucket_cap: int = DDP_FIRST_BUCKET_CAP
+             ) -> Timeline:
+    """The step's timeline. allreduce_seconds_of(nbytes) gives one bucket's exchange time; exchange_bytes is
+    the bytes per gradient value exchanged (2 for fp16). Backward time is shared over layers by their FLOPs."""
+    backward = backward_fraction * compute_seconds
+    total_flops = sum(l.flops for l in layers)
+    if total_flops <= 0:
+        raise UserError("timeline: the layers have no FLOPs to share the backward pass by")
+    t, end, buckets, comm = 0.0, 0.0, [], 0.0
+    for k, group in enumerate(bucket_plan(layers, bucket_cap, first_bucket_cap)):
+        t += backward * sum(l.flops for l in group) / total_flops
+        numel = sum(l.numel for l in group)
+        nbytes = numel * exchange_bytes
+        c = float(allreduce_seconds_of(nbytes))
+        start = max(t, end)
+        end = start + c
+        comm += c
+        buckets.append(Bucket(k, [l.name for l in group], numel, nbytes, t, start, c, end))
+    exposed = max(0.0, end - backward)
+    step = compute_seconds + exposed
+    derived = min(1.0, max(0.0, (comm - exposed) / backward)) if backward > 0 else 0.0
+    return Timeline(algo, backward, compute_seconds, comm, exposed, step,
+                    compute_seconds / step if step else 1.0, derived, buckets)
