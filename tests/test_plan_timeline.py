@@ -85,3 +85,34 @@ def test_buckets_equal_a_real_ddp_on_one_gloo_rank(monkeypatch):
     flat_ours = [l.name.rsplit(".", 1)[0] for b in mine for l in b]
     flat_theirs = [n.rsplit(".", 1)[0] for names_, _ in ddp_side for n in names_]
     assert flat_ours == flat_theirs
+
+
+def test_plan_json_carries_the_timeline_and_the_override_is_labelled(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from torus_train.commands.plan import plan
+
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(plan, ["--gpus", "1088", "--grid", "32x34", "--network", "abci-v100", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "exposed ms" in r.output and "overlap derived from the bucket timeline" in r.output
+    d = json.loads(out.read_text())
+    assert d["overlap"] is None and d["overlap_source"] == "bucket timeline"
+    for algo, a in d["algorithms"].items():
+        t = a["timeline"]
+        assert t["algo"] == algo and 0 <= a["derived_overlap"] <= 1
+        assert a["exposed_seconds"] == pytest.approx(t["exposed_seconds"])
+        assert a["scaling_efficiency"] == pytest.approx(t["scaling_efficiency"])
+        assert sum(b["numel"] for b in t["buckets"]) == 25_557_032
+        ends = [b["end_seconds"] for b in t["buckets"]]
+        assert ends == sorted(ends)
+        assert set(t["buckets"][0]) >= {"index", "nbytes", "ready_seconds", "start_seconds", "allreduce_seconds",
+                                       "end_seconds", "parameter_count"}
+    r2 = CliRunner().invoke(plan, ["--gpus", "1088", "--grid", "32x34", "--overlap", "0.5", "--json", str(out)])
+    assert r2.exit_code == 0, r2.output
+    assert "OVERRIDE" in r2.output
+    d2 = json.loads(out.read_text())
+    assert d2["overlap"] == 0.5 and d2["overlap_source"].startswith("override")
+    assert d2["algorithms"]["torus"]["timeline"] is None

@@ -33,7 +33,8 @@ def _mb(nbytes: float) -> str:
 @click.option("--images-per-second", type=float, default=None,
               help="Single-GPU training throughput; default: the network preset's figure for the model.")
 @click.option("--overlap", type=float, default=None,
-              help="Fraction of the backward pass that hides communication, 0..1 [default: 0.5].")
+              help="OVERRIDE: fraction of the backward pass that hides communication, 0..1 (the gradient as one "
+                   "all-reduce); default: derived from the bucket timeline of DDP's buckets.")
 @click.option("--placement", type=click.Choice(["rows", "columns"]), default="rows", show_default=True,
               help="How ranks fill nodes: rows (a node's GPUs sit in one row, as in the paper) or columns.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the plan as JSON.")
@@ -71,7 +72,6 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
       torus-train plan --calibrate bench_2x2.json --compare bench_2x4.json
     """
     from torus_train.job.topology import parse_grid
-    from torus_train.plan.cost import DEFAULT_OVERLAP
     from torus_train.plan.networks import load_network
     from torus_train.plan.search import make_plan
 
@@ -84,9 +84,7 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
         gpus = parse_grid(grid_text).size
     if per_gpu_batch < 1:
         raise UserError(f"--per-gpu-batch: {per_gpu_batch} must be a positive integer")
-    if overlap is None:
-        overlap = DEFAULT_OVERLAP
-    if not 0.0 <= overlap <= 1.0:
+    if overlap is not None and not 0.0 <= overlap <= 1.0:
         raise UserError(f"--overlap: {overlap} must be between 0 and 1")
     if plot_path is not None:
         _require_matplotlib()
@@ -118,18 +116,27 @@ def _print_plan(p) -> None:
                f"gradients = {_mb(p.gradient_bytes)} MB), {p.per_gpu_batch} images per GPU")
     for line in net.describe():
         click.echo(f"# {line}")
+    how = (f"overlap OVERRIDE (--overlap) {p.overlap:g} of the backward pass hides communication"
+           if p.overlap is not None else
+           "overlap derived from the bucket timeline: DDP buckets (1 MiB first, then 25 MiB, reverse parameter "
+           "order), backward shared by layer FLOPs, each bucket all-reduced in turn")
     click.echo(f"# compute per step: {p.per_gpu_batch} / {p.images_per_second:g} img/s = "
-               f"{p.compute_seconds * 1e3:.2f} ms; backward {BACKWARD_FRACTION:.2f} of it; "
-               f"overlap {p.overlap:g} of the backward pass hides communication")
+               f"{p.compute_seconds * 1e3:.2f} ms; backward {BACKWARD_FRACTION:.2f} of it; {how}")
     click.echo(f"# grid {p.grid}: {p.grid_why}; ranks fill nodes by {p.placement}")
     click.echo("#")
     head = (f"{'algorithm':>13} {'steps':>6} {'MB across nodes':>16} {'all-reduce ms':>14} {'busbw GB/s':>11} "
-            f"{'step ms':>9} {'efficiency':>11}")
+            f"{'exposed ms':>11} {'overlap':>8} {'step ms':>9} {'efficiency':>11}")
     click.echo(head)
     for a in p.algorithms.values():
         click.echo(f"{a.algo:>13} {a.steps:>6} {_mb(a.bytes_across_nodes):>16} {a.allreduce_seconds * 1e3:>14.3f} "
-                   f"{a.busbw_gbytes_per_s:>11.2f} {a.step_seconds * 1e3:>9.2f} {a.scaling_efficiency * 100:>10.2f}%")
+                   f"{a.busbw_gbytes_per_s:>11.2f} {a.exposed_seconds * 1e3:>11.3f} "
+                   f"{_overlap_text(a, p):>8} {a.step_seconds * 1e3:>9.2f} {a.scaling_efficiency * 100:>10.2f}%")
     t = p.algorithms["torus"]
+    if t.timeline is not None:
+        for b in t.timeline["buckets"]:
+            click.echo(f"# torus bucket {b['index']}: {b['parameter_count']} tensors ({b['last_parameter']} .. "
+                       f"{b['first_parameter']}), {_mb(b['nbytes'])} MB, ready {b['ready_seconds'] * 1e3:.2f} ms, "
+                       f"exchange {b['start_seconds'] * 1e3:.2f}..{b['end_seconds'] * 1e3:.2f} ms")
     click.echo(f"# summary: torus on {p.grid} predicts {t.allreduce_seconds * 1e3:.3f} ms per all-reduce, "
                f"{t.step_seconds * 1e3:.2f} ms per step, scaling efficiency {t.scaling_efficiency * 100:.2f}% "
                f"(MB across nodes: the busiest rank's bytes sent over NICs per all-reduce)")
@@ -139,6 +146,11 @@ def _print_plan(p) -> None:
     click.echo("# sources:" + ("" if net.sources else " none given"))
     for s in net.sources:
         click.echo(f"#   - {s}")
+
+
+def _overlap_text(a, p) -> str:
+    """The overlap column: derived from the timeline, or the override marked with '*'."""
+    return f"{a.derived_overlap:.3f}" if a.derived_overlap is not None else f"{p.overlap:g}*"
 
 
 def _require_matplotlib() -> None:

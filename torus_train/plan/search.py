@@ -12,9 +12,10 @@ from typing import Iterable
 
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pairs
-from torus_train.plan.cost import (ALGORITHMS, BACKWARD_FRACTION, DEFAULT_OVERLAP, DTYPE_BYTES, MODELS,
+from torus_train.plan.cost import (ALGORITHMS, BACKWARD_FRACTION, DTYPE_BYTES, MODELS,
                                    AllreduceCost, allreduce_cost, step_cost)
 from torus_train.plan.networks import Network
+from torus_train.plan.timeline import DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP, model_layers, timeline
 
 
 def rank_grids(n: int, net: Network, nbytes: int, placement: str = "rows") -> list[tuple[Grid, AllreduceCost]]:
@@ -73,6 +74,12 @@ class AlgoPlan:
     """Predicted scaling efficiency, a fraction."""
     busbw_gbytes_per_s: float
     """Predicted nccl-tests bus bandwidth of the all-reduce."""
+    exposed_seconds: float = 0.0
+    """Communication not hidden behind the backward pass."""
+    derived_overlap: float | None = None
+    """Fraction of the backward pass that hid communication, from the bucket timeline (None with --overlap)."""
+    timeline: dict | None = None
+    """The bucket timeline of one step (torus_train.plan.timeline.Timeline.to_json), when it decided the step."""
 
 
 @dataclass
@@ -97,8 +104,8 @@ class Plan:
     """Images per GPU per step."""
     images_per_second: float
     """Single-GPU training throughput used."""
-    overlap: float
-    """Fraction of the backward pass that hides communication."""
+    overlap: float | None
+    """--overlap override: fraction of the backward pass that hides communication; None = from the timeline."""
     placement: str
     """How ranks fill nodes: rows (a node's ranks in one row) or columns."""
     compute_seconds: float
@@ -113,14 +120,20 @@ class Plan:
         net["sources"] = list(self.network.sources)
         d["network"] = net
         d["backward_fraction"] = BACKWARD_FRACTION
+        d["overlap_source"] = "override (--overlap)" if self.overlap is not None else "bucket timeline"
+        d["bucket_cap_bytes"], d["first_bucket_cap_bytes"] = DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP
         d["algorithms"] = {a: asdict(p) for a, p in self.algorithms.items()}
         return d
 
 
 def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: int = 32,
               grid: Grid | None = None, gradient_dtype: str = "fp16", images_per_second: float | None = None,
-              overlap: float = DEFAULT_OVERLAP, placement: str = "rows") -> Plan:
-    """Predict every algorithm at `gpus` GPUs; with no grid, choose the fastest torus grid."""
+              overlap: float | None = None, placement: str = "rows") -> Plan:
+    """Predict every algorithm at `gpus` GPUs; with no grid, choose the fastest torus grid.
+
+    overlap None (the default): each algorithm's step comes from the bucket timeline (DDP's buckets of the
+    model, each all-reduced with that algorithm, queued; torus_train.plan.timeline). A number: the old stated
+    overlap, an override, with the whole gradient as one all-reduce."""
     _check_plan_inputs(gpus, per_gpu_batch, model, gradient_dtype)
     nbytes = MODELS[model].gradient_bytes(gradient_dtype)
     if grid is None:
@@ -132,11 +145,20 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
     images_per_second = _throughput(net, model, images_per_second)
     compute = per_gpu_batch / images_per_second
     algos = {}
+    layers = model_layers(model) if overlap is None else None
     for algo in ALGORITHMS:
         c = allreduce_cost(algo, grid, net, nbytes, placement)
-        s = step_cost(compute, c.seconds, overlap)
-        algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, s.step_seconds,
-                               s.scaling_efficiency, c.busbw_gbytes_per_s)
+        if overlap is not None:
+            s = step_cost(compute, c.seconds, overlap)
+            algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, s.step_seconds,
+                                   s.scaling_efficiency, c.busbw_gbytes_per_s, s.exposed_seconds)
+            continue
+        t = timeline(layers, compute, BACKWARD_FRACTION,
+                     lambda b, a=algo: allreduce_cost(a, grid, net, b, placement).seconds,
+                     DTYPE_BYTES[gradient_dtype], algo)
+        algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, t.step_seconds,
+                               t.scaling_efficiency, c.busbw_gbytes_per_s, t.exposed_seconds, t.derived_overlap,
+                               t.to_json())
     return Plan(gpus, str(grid), why, net, model, gradient_dtype, nbytes, per_gpu_batch, images_per_second,
                 overlap, placement, compute, algos)
 
