@@ -116,3 +116,27 @@ def test_plan_json_carries_the_timeline_and_the_override_is_labelled(tmp_path):
     d2 = json.loads(out.read_text())
     assert d2["overlap"] == 0.5 and d2["overlap_source"].startswith("override")
     assert d2["algorithms"]["torus"]["timeline"] is None
+
+
+@pytest.mark.timeout(300)
+def test_efficiency_table_json_and_it_agrees_with_plan(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out, plan_json = tmp_path / "eff.json", tmp_path / "plan.json"
+    r = subprocess.run([sys.executable, str(root / "scripts" / "efficiency_table.py"), "--json", str(out)],
+                       capture_output=True, text=True, timeout=240, cwd=root)
+    assert r.returncode == 0, r.stderr
+    table = json.loads(out.read_text())
+    assert [t["work"].split(" (")[0] for t in table] == ["Sony v1", "Sony v2", "Goyal et al. 2017", "Jia et al. 2018"]
+    assert [t["reported_percent"] for t in table] == [91.62, 84.75, 90.0, 87.9]
+    assert all(0 < t["predicted_percent"] <= 100 for t in table)
+    r = subprocess.run([sys.executable, "-m", "torus_train", "plan", "--gpus", "1088", "--grid", "32x34", "--network",
+                        "abci-v100", "--model", "resnet50", "--per-gpu-batch", "32", "--json", str(plan_json)],
+                       capture_output=True, text=True, timeout=240, cwd=root)
+    assert r.returncode == 0, r.stderr
+    eff = json.loads(plan_json.read_text())["algorithms"]["torus"]["scaling_efficiency"]
+    assert table[0]["predicted_percent"] == pytest.approx(eff * 100, abs=0.005)
