@@ -140,3 +140,26 @@ def test_efficiency_table_json_and_it_agrees_with_plan(tmp_path):
     assert r.returncode == 0, r.stderr
     eff = json.loads(plan_json.read_text())["algorithms"]["torus"]["scaling_efficiency"]
     assert table[0]["predicted_percent"] == pytest.approx(eff * 100, abs=0.005)
+
+
+def test_png_timeline_and_bucket_cap(tmp_path):
+    import json
+
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from torus_train.commands.plan import plan
+
+    png, out = tmp_path / "t.png", tmp_path / "p.json"
+    r = CliRunner().invoke(plan, ["--gpus", "1088", "--grid", "32x34", "--png", str(png), "--bucket-cap-mb", "100",
+                                  "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    d = json.loads(out.read_text())
+    assert d["bucket_cap_bytes"] == 100 * 2**20 and "then 100 MiB" in r.output
+    # 1 MiB first bucket (fc), then everything else in one bucket of less than 100 MiB
+    assert [b["parameter_count"] for b in d["algorithms"]["torus"]["timeline"]["buckets"]] == [2, 159]
+    r = CliRunner().invoke(plan, ["--gpus", "64", "--png", str(png), "--overlap", "0.5"])
+    assert r.exit_code != 0 and "--png" in str(r.exception)
+    r = CliRunner().invoke(plan, ["--gpus", "64", "--bucket-cap-mb", "0"])
+    assert r.exit_code != 0 and "--bucket-cap-mb" in str(r.exception)

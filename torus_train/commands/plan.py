@@ -40,6 +40,10 @@ def _mb(nbytes: float) -> str:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the plan as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="PNG of predicted all-reduce time against GPU count (64..4096) per algorithm.")
+@click.option("--bucket-cap-mb", type=float, default=25.0, show_default=True,
+              help="DDP's bucket_cap_mb for the bucket timeline (MiB of fp32 parameters; the first bucket 1 MiB).")
+@click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None,
+              help="PNG of one step's bucket timeline: backward per bucket, each bucket's exchange per algorithm.")
 @click.option("--calibrate", "bench_path", type=click.Path(dir_okay=False), default=None, metavar="BENCH.json",
               help="Fit alpha and beta of this machine from `bench allreduce --json` rows and predict --grid; "
                    "several comma-separated files: the median time per point.")
@@ -61,7 +65,7 @@ def _mb(nbytes: float) -> str:
               help="Run the torus's exact data movement on N virtual ranks with ragged integer tensors.")
 def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_second, overlap, placement, json_path,
          plot_path, bench_path, calibrate_algo, cores, background, llc_mib, compare_path, check_groups,
-         simulate) -> None:
+         simulate, bucket_cap_mb, png_path) -> None:
     """Predict all-reduce time, step time and scaling efficiency per algorithm; choose a grid for N GPUs.
 
     \b
@@ -90,7 +94,14 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
         _require_matplotlib()
     net = load_network(network)
     grid = parse_grid(grid_text, net.gpus_per_node) if grid_text else None
-    p = make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap, placement)
+    if not bucket_cap_mb > 0:
+        raise UserError(f"--bucket-cap-mb: {bucket_cap_mb:g} must be > 0")
+    if png_path is not None:
+        if overlap is not None:
+            raise UserError("--png draws the bucket timeline, which --overlap replaces; leave one out")
+        _require_matplotlib()
+    p = make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap, placement,
+                  int(bucket_cap_mb * 2**20))
     _print_plan(p)
 
     out = p.to_json()
@@ -102,9 +113,47 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
         _plot(net, p.gradient_bytes, plot_path, f"{model} {grad_dtype} gradients ({_mb(p.gradient_bytes)} MB)",
               placement, gpus)
         click.echo(f"# wrote plot {plot_path}")
+    if png_path is not None:
+        _plot_timeline(p, png_path)
+        click.echo(f"# wrote timeline {png_path}")
     if json_path:
         Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
         click.echo(f"# wrote {json_path}")
+
+
+def _plot_timeline(p, path: str) -> None:
+    """One step from the end of the forward pass: the backward pass split at the buckets' ready times, and each
+    algorithm's exchanges (one bar per bucket, queued) on its own row."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    algos = list(p.algorithms)
+    first = p.algorithms[algos[0]].timeline
+    colors = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * (len(algos) + 1)))
+    prev = 0.0
+    for b in first["buckets"]:
+        ax.barh(0, (b["ready_seconds"] - prev) * 1e3, left=prev * 1e3, color=colors(b["index"] % 10),
+                edgecolor="black", height=0.6)
+        prev = b["ready_seconds"]
+    for row, algo in enumerate(algos, start=1):
+        t = p.algorithms[algo].timeline
+        for b in t["buckets"]:
+            ax.barh(row, b["allreduce_seconds"] * 1e3, left=b["start_seconds"] * 1e3,
+                    color=colors(b["index"] % 10), edgecolor="black", height=0.6)
+        ax.text(t["buckets"][-1]["end_seconds"] * 1e3, row, f"  exposed {t['exposed_seconds'] * 1e3:.2f} ms, "
+                f"eff. {t['scaling_efficiency'] * 100:.1f}%", va="center", fontsize=8)
+    ax.axvline(first["backward_seconds"] * 1e3, color="grey", linestyle=":")
+    ax.set_yticks(range(len(algos) + 1))
+    ax.set_yticklabels(["backward (per bucket)"] + [f"{a} all-reduce" for a in algos])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms from the start of the backward pass (dotted: its end)")
+    ax.set_title(f"{p.network.name}, {p.gpus} GPUs, grid {p.grid}: {p.model} {p.gradient_dtype}, "
+                 f"{p.per_gpu_batch}/GPU, {len(first['buckets'])} DDP buckets")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _print_plan(p) -> None:
@@ -118,8 +167,9 @@ def _print_plan(p) -> None:
         click.echo(f"# {line}")
     how = (f"overlap OVERRIDE (--overlap) {p.overlap:g} of the backward pass hides communication"
            if p.overlap is not None else
-           "overlap derived from the bucket timeline: DDP buckets (1 MiB first, then 25 MiB, reverse parameter "
-           "order), backward shared by layer FLOPs, each bucket all-reduced in turn")
+           f"overlap derived from the bucket timeline: DDP buckets (1 MiB first, then "
+           f"{p.bucket_cap_bytes / 2**20:g} MiB, reverse parameter order), backward shared by layer FLOPs, each "
+           f"bucket all-reduced in turn")
     click.echo(f"# compute per step: {p.per_gpu_batch} / {p.images_per_second:g} img/s = "
                f"{p.compute_seconds * 1e3:.2f} ms; backward {BACKWARD_FRACTION:.2f} of it; {how}")
     click.echo(f"# grid {p.grid}: {p.grid_why}; ranks fill nodes by {p.placement}")

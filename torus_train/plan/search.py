@@ -112,6 +112,8 @@ class Plan:
     """Per-step compute on one GPU."""
     algorithms: dict
     """algo -> AlgoPlan."""
+    bucket_cap_bytes: int = DDP_BUCKET_CAP
+    """DDP's bucket cap used by the timeline (the first bucket's is DDP_FIRST_BUCKET_CAP)."""
 
     def to_json(self) -> dict:
         """The plan as JSON: every input (the network with its sources) and every algorithm's line."""
@@ -121,20 +123,22 @@ class Plan:
         d["network"] = net
         d["backward_fraction"] = BACKWARD_FRACTION
         d["overlap_source"] = "override (--overlap)" if self.overlap is not None else "bucket timeline"
-        d["bucket_cap_bytes"], d["first_bucket_cap_bytes"] = DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP
+        d["first_bucket_cap_bytes"] = DDP_FIRST_BUCKET_CAP
         d["algorithms"] = {a: asdict(p) for a, p in self.algorithms.items()}
         return d
 
 
 def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: int = 32,
               grid: Grid | None = None, gradient_dtype: str = "fp16", images_per_second: float | None = None,
-              overlap: float | None = None, placement: str = "rows") -> Plan:
+              overlap: float | None = None, placement: str = "rows", bucket_cap: int = DDP_BUCKET_CAP) -> Plan:
     """Predict every algorithm at `gpus` GPUs; with no grid, choose the fastest torus grid.
 
     overlap None (the default): each algorithm's step comes from the bucket timeline (DDP's buckets of the
     model, each all-reduced with that algorithm, queued; torus_train.plan.timeline). A number: the old stated
     overlap, an override, with the whole gradient as one all-reduce."""
     _check_plan_inputs(gpus, per_gpu_batch, model, gradient_dtype)
+    if not bucket_cap > 0:
+        raise UserError(f"--bucket-cap-mb: {bucket_cap / 2**20:g} must be > 0")
     nbytes = MODELS[model].gradient_bytes(gradient_dtype)
     if grid is None:
         grid, why = best_grid(gpus, net, nbytes, placement)
@@ -155,12 +159,12 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
             continue
         t = timeline(layers, compute, BACKWARD_FRACTION,
                      lambda b, a=algo: allreduce_cost(a, grid, net, b, placement).seconds,
-                     DTYPE_BYTES[gradient_dtype], algo)
+                     DTYPE_BYTES[gradient_dtype], algo, bucket_cap)
         algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, t.step_seconds,
                                t.scaling_efficiency, c.busbw_gbytes_per_s, t.exposed_seconds, t.derived_overlap,
                                t.to_json())
     return Plan(gpus, str(grid), why, net, model, gradient_dtype, nbytes, per_gpu_batch, images_per_second,
-                overlap, placement, compute, algos)
+                overlap, placement, compute, algos, bucket_cap)
 
 
 def _check_plan_inputs(gpus: int, per_gpu_batch: int, model: str, gradient_dtype: str) -> None:
