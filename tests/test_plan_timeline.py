@@ -163,3 +163,24 @@ def test_png_timeline_and_bucket_cap(tmp_path):
     assert r.exit_code != 0 and "--png" in str(r.exception)
     r = CliRunner().invoke(plan, ["--gpus", "64", "--bucket-cap-mb", "0"])
     assert r.exit_code != 0 and "--bucket-cap-mb" in str(r.exception)
+
+
+def test_plan_tries_bucket_caps_and_names_the_fastest(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from torus_train.commands.plan import plan
+    from torus_train.plan.search import BUCKET_CAPS_MB
+
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(plan, ["--gpus", "1088", "--grid", "32x34", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    caps = d["bucket_caps"]
+    assert [c["cap_mb"] for c in caps] == list(BUCKET_CAPS_MB)
+    at25 = next(c for c in caps if c["cap_mb"] == 25)
+    assert at25["step_seconds"] == pytest.approx(d["algorithms"]["torus"]["step_seconds"])
+    assert at25["buckets"] == 5
+    best = min(caps, key=lambda c: c["step_seconds"])
+    assert f"the fastest is {best['cap_mb']:g} MiB" in r.output

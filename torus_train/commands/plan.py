@@ -103,8 +103,21 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     p = make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap, placement,
                   int(bucket_cap_mb * 2**20))
     _print_plan(p)
+    caps = None
+    if p.overlap is None:
+        from torus_train.plan.search import bucket_sweep
+        caps = bucket_sweep(p)
+        best = min(caps, key=lambda c: c["step_seconds"])
+        here = p.algorithms["torus"]
+        click.echo(f"# bucket cap: {p.bucket_cap_bytes / 2**20:g} MiB gives the torus {here.step_seconds * 1e3:.2f} ms "
+                   f"per step; of {', '.join(str(c['cap_mb']) for c in caps)} MiB the fastest is "
+                   f"{best['cap_mb']:g} MiB ({best['buckets']} buckets, {best['step_seconds'] * 1e3:.2f} ms, "
+                   f"{best['scaling_efficiency'] * 100:.2f}%): smaller buckets start exchanging earlier, larger ones "
+                   f"pay fewer latency terms")
 
     out = p.to_json()
+    if caps is not None:
+        out["bucket_caps"] = caps
     if simulate:
         out["simulation"] = _simulate(parse_grid(p.grid))
     if check_groups:

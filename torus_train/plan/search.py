@@ -167,6 +167,25 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
                 overlap, placement, compute, algos, bucket_cap)
 
 
+BUCKET_CAPS_MB = (1, 2, 5, 10, 25, 50, 100, 200)
+"""Bucket caps (MiB) that bucket_sweep tries."""
+
+
+def bucket_sweep(p: Plan, algo: str = "torus", caps_mb=BUCKET_CAPS_MB) -> list[dict]:
+    """The plan's step with each DDP bucket cap for one algorithm (its grid, network, model and batch), from
+    the bucket timeline: [{cap_mb, buckets, exposed_seconds, step_seconds, scaling_efficiency}], in caps order."""
+    g = Grid(*map(int, p.grid.split("x")), p.network.gpus_per_node)
+    layers = model_layers(p.model)
+    out = []
+    for cap in caps_mb:
+        t = timeline(layers, p.compute_seconds, BACKWARD_FRACTION,
+                     lambda b: allreduce_cost(algo, g, p.network, b, p.placement).seconds,
+                     DTYPE_BYTES[p.gradient_dtype], algo, int(cap * 2**20))
+        out.append({"cap_mb": cap, "buckets": len(t.buckets), "exposed_seconds": t.exposed_seconds,
+                    "step_seconds": t.step_seconds, "scaling_efficiency": t.scaling_efficiency})
+    return out
+
+
 def _check_plan_inputs(gpus: int, per_gpu_batch: int, model: str, gradient_dtype: str) -> None:
     """Raise UserError naming the option when a plan input is not usable."""
     if not isinstance(gpus, int) or gpus < 1:
