@@ -184,3 +184,30 @@ def test_plan_tries_bucket_caps_and_names_the_fastest(tmp_path):
     assert at25["buckets"] == 5
     best = min(caps, key=lambda c: c["step_seconds"])
     assert f"the fastest is {best['cap_mb']:g} MiB" in r.output
+
+
+def test_measured_profile_replaces_flops(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from torus_train.commands.plan import plan
+    from torus_train.plan.timeline import layers_with_profile, measure_backward_profile
+
+    prof = measure_backward_profile("resnet18", image_size=32, batch=2, repeats=1)
+    layers = model_layers("resnet18")
+    modules = {l.name.rsplit(".", 1)[0] for l in layers}
+    assert set(prof) == modules and all(v >= 0 for v in prof.values()) and sum(prof.values()) > 0
+    # a profile that puts all the time in fc: the share of every other tensor is 0, fc's two tensors split it
+    fake = {m: 0.0 for m in modules} | {"fc": 1.0}
+    with_p = layers_with_profile(layers, fake)
+    assert [l.flops for l in with_p if l.name.startswith("fc.")] == [0.5, 0.5]
+    with pytest.raises(Exception, match="layer-profile"):
+        layers_with_profile(layers, {"fc": 1.0})
+    f, out = tmp_path / "prof.json", tmp_path / "p.json"
+    f.write_text(json.dumps(prof))
+    r = CliRunner().invoke(plan, ["--grid", "2x2", "--model", "resnet18", "--network", "dgx-h100",
+                                  "--images-per-second", "500", "--layer-profile", str(f), "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "measured --layer-profile" in r.output
+    assert json.loads(out.read_text())["backward_share"] == "measured profile"

@@ -42,6 +42,9 @@ def _mb(nbytes: float) -> str:
               help="PNG of predicted all-reduce time against GPU count (64..4096) per algorithm.")
 @click.option("--bucket-cap-mb", type=float, default=25.0, show_default=True,
               help="DDP's bucket_cap_mb for the bucket timeline (MiB of fp32 parameters; the first bucket 1 MiB).")
+@click.option("--layer-profile", "profile_path", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
+              help="Backward seconds per module ({module: seconds}, from `python -m torus_train.plan.timeline "
+                   "MODEL OUT.json`) to share the backward pass by, instead of layer FLOPs.")
 @click.option("--png", "png_path", type=click.Path(dir_okay=False), default=None,
               help="PNG of one step's bucket timeline: backward per bucket, each bucket's exchange per algorithm.")
 @click.option("--calibrate", "bench_path", type=click.Path(dir_okay=False), default=None, metavar="BENCH.json",
@@ -65,7 +68,7 @@ def _mb(nbytes: float) -> str:
               help="Run the torus's exact data movement on N virtual ranks with ragged integer tensors.")
 def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_second, overlap, placement, json_path,
          plot_path, bench_path, calibrate_algo, cores, background, llc_mib, compare_path, check_groups,
-         simulate, bucket_cap_mb, png_path) -> None:
+         simulate, bucket_cap_mb, png_path, profile_path) -> None:
     """Predict all-reduce time, step time and scaling efficiency per algorithm; choose a grid for N GPUs.
 
     \b
@@ -100,8 +103,9 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
         if overlap is not None:
             raise UserError("--png draws the bucket timeline, which --overlap replaces; leave one out")
         _require_matplotlib()
+    profile = _read_profile(profile_path) if profile_path else None
     p = make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap, placement,
-                  int(bucket_cap_mb * 2**20))
+                  int(bucket_cap_mb * 2**20), profile)
     _print_plan(p)
     caps = None
     if p.overlap is None:
@@ -132,6 +136,17 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     if json_path:
         Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
         click.echo(f"# wrote {json_path}")
+
+
+def _read_profile(path: str) -> dict:
+    """--layer-profile: {module name: backward seconds} from a JSON file."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"--layer-profile: cannot read {path}: {e}") from None
+    if not isinstance(d, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in d.values()):
+        raise UserError(f"--layer-profile: {path} must hold {{module name: seconds >= 0}}")
+    return d
 
 
 def _plot_timeline(p, path: str) -> None:
@@ -181,7 +196,8 @@ def _print_plan(p) -> None:
     how = (f"overlap OVERRIDE (--overlap) {p.overlap:g} of the backward pass hides communication"
            if p.overlap is not None else
            f"overlap derived from the bucket timeline: DDP buckets (1 MiB first, then "
-           f"{p.bucket_cap_bytes / 2**20:g} MiB, reverse parameter order), backward shared by layer FLOPs, each "
+           f"{p.bucket_cap_bytes / 2**20:g} MiB, reverse parameter order), backward shared by "
+           f"{'layer FLOPs' if p.backward_share == 'forward FLOPs' else 'the measured --layer-profile'}, each "
            f"bucket all-reduced in turn")
     click.echo(f"# compute per step: {p.per_gpu_batch} / {p.images_per_second:g} img/s = "
                f"{p.compute_seconds * 1e3:.2f} ms; backward {BACKWARD_FRACTION:.2f} of it; {how}")

@@ -15,7 +15,8 @@ from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pa
 from torus_train.plan.cost import (ALGORITHMS, BACKWARD_FRACTION, DTYPE_BYTES, MODELS,
                                    AllreduceCost, allreduce_cost, step_cost)
 from torus_train.plan.networks import Network
-from torus_train.plan.timeline import DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP, model_layers, timeline
+from torus_train.plan.timeline import (DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP, layers_with_profile, model_layers,
+                                       timeline)
 
 
 def rank_grids(n: int, net: Network, nbytes: int, placement: str = "rows") -> list[tuple[Grid, AllreduceCost]]:
@@ -114,10 +115,14 @@ class Plan:
     """algo -> AlgoPlan."""
     bucket_cap_bytes: int = DDP_BUCKET_CAP
     """DDP's bucket cap used by the timeline (the first bucket's is DDP_FIRST_BUCKET_CAP)."""
+    backward_share: str = "forward FLOPs"
+    """What shares the backward pass over layers: "forward FLOPs" or "measured profile"."""
+    layers: tuple = ()
+    """The layers the timeline used (not in JSON)."""
 
     def to_json(self) -> dict:
         """The plan as JSON: every input (the network with its sources) and every algorithm's line."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("network", "algorithms")}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("network", "algorithms", "layers")}
         net = asdict(self.network)
         net["sources"] = list(self.network.sources)
         d["network"] = net
@@ -130,7 +135,8 @@ class Plan:
 
 def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: int = 32,
               grid: Grid | None = None, gradient_dtype: str = "fp16", images_per_second: float | None = None,
-              overlap: float | None = None, placement: str = "rows", bucket_cap: int = DDP_BUCKET_CAP) -> Plan:
+              overlap: float | None = None, placement: str = "rows", bucket_cap: int = DDP_BUCKET_CAP,
+              layer_profile: dict | None = None) -> Plan:
     """Predict every algorithm at `gpus` GPUs; with no grid, choose the fastest torus grid.
 
     overlap None (the default): each algorithm's step comes from the bucket timeline (DDP's buckets of the
@@ -149,7 +155,9 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
     images_per_second = _throughput(net, model, images_per_second)
     compute = per_gpu_batch / images_per_second
     algos = {}
-    layers = model_layers(model) if overlap is None else None
+    layers = model_layers(model) if overlap is None else ()
+    if layers and layer_profile is not None:
+        layers = layers_with_profile(layers, layer_profile)
     for algo in ALGORITHMS:
         c = allreduce_cost(algo, grid, net, nbytes, placement)
         if overlap is not None:
@@ -164,7 +172,8 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
                                t.scaling_efficiency, c.busbw_gbytes_per_s, t.exposed_seconds, t.derived_overlap,
                                t.to_json())
     return Plan(gpus, str(grid), why, net, model, gradient_dtype, nbytes, per_gpu_batch, images_per_second,
-                overlap, placement, compute, algos, bucket_cap)
+                overlap, placement, compute, algos, bucket_cap,
+                "measured profile" if layer_profile is not None else "forward FLOPs", tuple(layers))
 
 
 BUCKET_CAPS_MB = (1, 2, 5, 10, 25, 50, 100, 200)
@@ -175,7 +184,7 @@ def bucket_sweep(p: Plan, algo: str = "torus", caps_mb=BUCKET_CAPS_MB) -> list[d
     """The plan's step with each DDP bucket cap for one algorithm (its grid, network, model and batch), from
     the bucket timeline: [{cap_mb, buckets, exposed_seconds, step_seconds, scaling_efficiency}], in caps order."""
     g = Grid(*map(int, p.grid.split("x")), p.network.gpus_per_node)
-    layers = model_layers(p.model)
+    layers = p.layers or model_layers(p.model)
     out = []
     for cap in caps_mb:
         t = timeline(layers, p.compute_seconds, BACKWARD_FRACTION,
