@@ -4,6 +4,7 @@ Errors a user can cause print one line (``torus-train: error: ...``) and exit 2;
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -36,9 +37,27 @@ _register()
 
 
 def error(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
-    """Print a one-line error and exit."""
+    """Print a one-line error and exit (line breaks inside the message are shown as spaces)."""
+    message = " ".join(str(message).split("\n"))
     click.echo(f"torus-train: error: {message}", err=True)
     sys.exit(code)
+
+
+def os_error_text(e: OSError) -> str:
+    """One line for an OSError on a user path: 'PATH: what went wrong' (the path cut when very long)."""
+    what = e.strerror or str(e) or type(e).__name__
+    names = [n for n in (e.filename, getattr(e, "filename2", None)) if n is not None]
+    if not names:
+        return what
+    shown = []
+    for n in names:
+        n = os.fsdecode(n) if isinstance(n, bytes) else str(n)
+        shown.append(n if len(n) <= 80 else f"{n[:40]}...{n[-30:]} ({len(n)} characters)")
+    return f"{' -> '.join(shown)}: {what}"
+
+
+def _where(e: UnicodeDecodeError) -> str:
+    return f"byte {e.start}: " if e.start is not None else ""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,6 +78,16 @@ def main(argv: list[str] | None = None) -> None:
         error(str(e), e.exit_code)
     except RunFailed as e:
         error(str(e), e.exit_code)
+    except UnicodeError as e:  # a user file or argument that is not UTF-8
+        error(f"{_where(e)}not UTF-8 text ({e.reason})" if isinstance(e, UnicodeDecodeError) else str(e), 2)
+    except OSError as e:  # a user path: missing folder, a file where a folder belongs, a name too long, ...
+        error(os_error_text(e), 2)
+    except ValueError as e:
+        if "null byte" not in str(e) and "null character" not in str(e):
+            raise
+        error("a path or value contains a NUL character", 2)
+    except (RecursionError, MemoryError) as e:
+        error(f"input too large or nested too deeply ({type(e).__name__})", 2)
     except KeyboardInterrupt:
         click.echo("torus-train: interrupted", err=True)
         sys.exit(130)

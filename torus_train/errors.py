@@ -12,3 +12,69 @@ class RunFailed(RuntimeError):
     """The job started but failed (a dead rank, a diverged replica, a corrupt checkpoint). Exit code 1."""
 
     exit_code = 1
+
+
+def shown_path(path: object, limit: int = 80) -> str:
+    """A user path for a one-line message, cut in the middle when very long."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:40]}...{text[-30:]} ({len(text)} characters)"
+
+
+def check_output_file(path: object, flag: str) -> None:
+    """Before any work: a file the user asked to be written (--json, --plot) can be created, i.e. the name is
+    usable, it is not a folder and its folder exists. UserError naming the flag otherwise."""
+    import os
+    from pathlib import Path
+
+    text = str(path)
+    if "\0" in text:
+        raise UserError(f"{flag}: the file name contains a NUL character")
+    p = Path(text)
+    try:
+        if p.is_dir():
+            raise UserError(f"{flag} {shown_path(text)}: is a folder; give a file name")
+        parent = p.parent if str(p.parent) else Path(".")
+        if not parent.is_dir():
+            why = "is a file, not a folder" if parent.exists() else "does not exist"
+            raise UserError(f"{flag} {shown_path(text)}: its folder {shown_path(parent)} {why}")
+        if any(len(os.fsencode(part)) > 255 for part in p.parts):
+            raise UserError(f"{flag} {shown_path(text)}: a name in the path is longer than 255 bytes")
+    except OSError as e:
+        raise UserError(f"{flag} {shown_path(text)}: {e.strerror or e}") from None
+
+
+def check_output_folder(path: object, flag: str) -> None:
+    """An output folder the user named can be made: no file sits at it or above it, and the names are usable."""
+    import os
+    from pathlib import Path
+
+    text = str(path)
+    if "\0" in text:
+        raise UserError(f"{flag}: the folder name contains a NUL character")
+    p = Path(text)
+    try:
+        if any(len(os.fsencode(part)) > 255 for part in p.parts):
+            raise UserError(f"{flag} {shown_path(text)}: a name in the path is longer than 255 bytes")
+        for q in (p, *p.parents):
+            if q.exists():
+                if not q.is_dir():
+                    where = "" if q == p else f" ({shown_path(q)})"
+                    raise UserError(f"{flag} {shown_path(text)}: a file is in the way{where}; give a folder")
+                break
+    except OSError as e:
+        raise UserError(f"{flag} {shown_path(text)}: {e.strerror or e}") from None
+
+
+def check_number(value: float | None, flag: str, low: float = 0.0, low_ok: bool = False,
+                 high: float | None = None) -> None:
+    """A float flag finite and in range (low exclusive unless low_ok); None (not given) passes."""
+    import math
+
+    if value is None:
+        return
+    if not math.isfinite(value):
+        raise UserError(f"{flag}: {value:g} must be a finite number")
+    if value < low or (value == low and not low_ok):
+        raise UserError(f"{flag}: {value:g} must be {'>=' if low_ok else '>'} {low:g}")
+    if high is not None and value > high:
+        raise UserError(f"{flag}: {value:g} must be <= {high:g}")

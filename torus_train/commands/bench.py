@@ -44,6 +44,15 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
     Run it as it is to spawn local ranks (4 on a 2x2 grid by default), or start it under mpirun / srun to run
     as one rank of many: `mpirun -np 8 torus-train bench allreduce --backend mpi --grid 2x4`.
     """
+    from torus_train.errors import check_number, check_output_file
+
+    if nprocs is not None and not 1 <= nprocs <= MAX_LOCAL_RANKS:
+        raise UserError(f"--nprocs {nprocs} must be at least 1 and at most {MAX_LOCAL_RANKS} (local ranks; start "
+                        "more with mpirun or srun)")
+    check_number(timeout, "--timeout")
+    for path, flag in ((json_path, "--json"), (plot_path, "--plot")):
+        if path is not None:
+            check_output_file(path, flag)
     from torus_train.bench import allreduce as B
     from torus_train.ranks.bootstrap import rank_info
     from torus_train.job.launch import inside_launched_rank
@@ -58,6 +67,9 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
     world = rank_info().world_size if launched else (nprocs or (grid.size if grid else 4))
     if world < 1:
         raise UserError(f"--nprocs {nprocs} must be at least 1")
+    if not launched and world > MAX_LOCAL_RANKS:
+        raise UserError(f"{world} local ranks: at most {MAX_LOCAL_RANKS} are spawned here; start more with "
+                        "mpirun or srun")
     if grid is not None:
         why = "given by --grid"
         check_grid_size(grid, world, "the rank count" if launched else "--nprocs")
@@ -73,6 +85,10 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
         _spawn_local(world, backend)
         return
     _run_rank(cfg, grid, why, backend, timeout, json_path, plot_path)
+
+
+MAX_LOCAL_RANKS = 1024
+"""Local ranks bench spawns on this machine at most (a larger world is started with mpirun or srun)."""
 
 
 def _has_cuda() -> bool:

@@ -72,6 +72,12 @@ def bench_input(root, split, batch_size, image_size, threads, warmup, batches, r
             raise UserError(f"--loaders: {k!r} is not dali or torchvision")
     if batches < 1 or warmup < 0 or batch_size < 1 or image_size < 1 or rounds < 1:
         raise UserError("--batches, --rounds, --batch-size and --image-size must be positive, --warmup >= 0")
+    if threads < 0:
+        raise UserError(f"--threads: {threads} must be >= 0")
+    if json_path is not None:
+        from torus_train.errors import check_output_file
+
+        check_output_file(json_path, "--json")
     threads = threads or os.cpu_count() or 1
     s = scan(root, split)  # fail early, naming the path, before any pipeline starts
     click.echo(f"bench input: {s.root} ({len(s)} images, {len(s.classes)} classes), batch {batch_size}, "

@@ -28,6 +28,14 @@ def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: in
 
     from torus_train.data.demo import generate, read_manifest
 
+    from torus_train.errors import check_output_folder
+
+    check_output_folder(out, "--out")
+    for flag, value, low, high in (("--train-per-class", train_per_class, 1, 1_000_000),
+                                   ("--val-per-class", val_per_class, 0, 1_000_000), ("--size", size, 8, 4096),
+                                   ("--workers", workers, 1, 1024)):
+        if not low <= value <= high:
+            raise UserError(f"{flag}: {value} must be between {low} and {high:,}")
     path = Path(out)
     if read_manifest(path) is not None:
         raise UserError(f"--out: {path} already holds a demo data set (demo.json); choose another folder")

@@ -16,6 +16,11 @@ PLOT_COUNTS = (64, 128, 256, 512, 1024, 1088, 2048, 2176, 3456, 4096)
 """GPU counts on the plot's x axis: powers of two plus the paper's 1,088, 2,176 and 3,456."""
 
 
+MAX_CHECKED_RANKS = 65_536
+"""--simulate and --check-groups build every rank (or every group) in this process; beyond this they take
+minutes and gigabytes."""
+
+
 def _mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:.2f}"
 
@@ -82,6 +87,15 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     from torus_train.plan.networks import load_network
     from torus_train.plan.search import make_plan
 
+    from torus_train.errors import check_number, check_output_file
+
+    for path, flag in ((json_path, "--json"), (plot_path, "--plot")):
+        if path is not None:
+            check_output_file(path, flag)
+    check_number(images_per_second, "--images-per-second")
+    check_number(overlap, "--overlap", 0.0, low_ok=True, high=1.0)
+    check_number(background, "--background", 0.0, low_ok=True)
+    check_number(llc_mib, "--llc-mib")
     if bench_path is not None:
         _calibrate(bench_path, grid_text, calibrate_algo, cores, background, llc_mib, compare_path, json_path)
         return
@@ -97,6 +111,9 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
         _require_matplotlib()
     net = load_network(network)
     grid = parse_grid(grid_text, net.gpus_per_node) if grid_text else None
+    if (simulate or check_groups) and (grid.size if grid else gpus) > MAX_CHECKED_RANKS:
+        raise UserError(f"--simulate and --check-groups run on at most {MAX_CHECKED_RANKS:,} virtual ranks, not "
+                        f"{grid.size if grid else gpus:,}")
     if not bucket_cap_mb > 0:
         raise UserError(f"--bucket-cap-mb: {bucket_cap_mb:g} must be > 0")
     if png_path is not None:

@@ -56,6 +56,7 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
     overrides = [(FLAG_FIELDS[k], v) for k, v in flags.items() if v is not None]
     overrides += [parse_override(s) for s in sets]
     spec = load_spec(spec_path, overrides)
+    check_user_paths(spec)
 
     from torus_train.job.launch import inside_launched_rank
 
@@ -78,6 +79,24 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
     announce(spec, plan, schedule, out)
     launch(plan, out)
     check_outcome(out)
+
+
+def check_user_paths(spec: JobSpec) -> None:
+    """Before anything is planned or launched: the output folder can be made and the hostfile is readable
+    UTF-8 text; each problem is one UserError naming the flag and the path."""
+    from torus_train.errors import check_output_folder, shown_path
+
+    check_output_folder(spec.out_dir, "--out" if spec.job.out else "job.name")
+    if spec.launch.hostfile:
+        hf = spec.launch.hostfile
+        try:
+            Path(hf).read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"--hostfile {shown_path(hf)}: not UTF-8 text (byte {e.start})") from None
+        except FileNotFoundError:
+            raise UserError(f"--hostfile {shown_path(hf)}: no such file") from None
+        except OSError as e:
+            raise UserError(f"--hostfile {shown_path(hf)}: {e.strerror or e}") from None
 
 
 def make_plan(spec: JobSpec, job_file: Path, strict: bool):

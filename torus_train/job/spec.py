@@ -9,7 +9,10 @@ same checks.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import math
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -18,11 +21,38 @@ from pathlib import Path
 from typing import Any
 
 from torus_train.errors import UserError
+from torus_train.job.topology import MAX_WORLD
 from torus_train.train.schedule import Schedule, ScheduleError
 
 
 class SpecError(UserError):
     """A job spec field that is unknown, of the wrong type, or out of range; the message names its path."""
+
+
+MAX_IMAGE_SIZE = 8192
+MAX_SPEC_BYTES = 1 << 20
+MAX_INT = 2**63 - 1
+"""Every integer field fits a signed 64-bit integer (what torch and the native code take)."""
+MAX_BUCKET_MB = 1_048_576.0
+MAX_TIMEOUT_S = 31_536_000.0
+"""One year: torch turns timeout_s into a timedelta, which overflows far above this."""
+
+# torchvision.models.list_models(module=torchvision.models) of torchvision 0.29, kept here so that validating a
+# spec never imports torch; tests/test_input_errors.py compares it with the installed torchvision.
+CLASSIFICATION_ARCHS = (
+    "alexnet", "convnext_base", "convnext_large", "convnext_small", "convnext_tiny", "densenet121", "densenet161",
+    "densenet169", "densenet201", "efficientnet_b0", "efficientnet_b1", "efficientnet_b2", "efficientnet_b3",
+    "efficientnet_b4", "efficientnet_b5", "efficientnet_b6", "efficientnet_b7", "efficientnet_v2_l",
+    "efficientnet_v2_m", "efficientnet_v2_s", "googlenet", "inception_v3", "maxvit_t", "mnasnet0_5", "mnasnet0_75",
+    "mnasnet1_0", "mnasnet1_3", "mobilenet_v2", "mobilenet_v3_large", "mobilenet_v3_small", "regnet_x_16gf",
+    "regnet_x_1_6gf", "regnet_x_32gf", "regnet_x_3_2gf", "regnet_x_400mf", "regnet_x_800mf", "regnet_x_8gf",
+    "regnet_y_128gf", "regnet_y_16gf", "regnet_y_1_6gf", "regnet_y_32gf", "regnet_y_3_2gf", "regnet_y_400mf",
+    "regnet_y_800mf", "regnet_y_8gf", "resnet101", "resnet152", "resnet18", "resnet34", "resnet50",
+    "resnext101_32x8d", "resnext101_64x4d", "resnext50_32x4d", "shufflenet_v2_x0_5", "shufflenet_v2_x1_0",
+    "shufflenet_v2_x1_5", "shufflenet_v2_x2_0", "squeezenet1_0", "squeezenet1_1", "swin_b", "swin_s", "swin_t",
+    "swin_v2_b", "swin_v2_s", "swin_v2_t", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19",
+    "vgg19_bn", "vit_b_16", "vit_b_32", "vit_h_14", "vit_l_16", "vit_l_32", "wide_resnet101_2", "wide_resnet50_2",
+)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -184,27 +214,43 @@ class JobSpec:
             # GradScaler that only model.precision = fp16 brings
             raise SpecError(f"comm.compression = fp16 needs model.precision = fp16 (its loss scaler), not "
                             f"{self.model.precision!r}; use comm.compression = bf16 or none")
-        for path, value, low in (
-            ("job.log_every", self.job.log_every, 1), ("grid.gpus", self.grid.gpus, 0),
-            ("grid.gpus_per_node", self.grid.gpus_per_node, 0), ("model.num_classes", self.model.num_classes, 2),
-            ("data.image_size", self.data.image_size, 8), ("data.num_threads", self.data.num_threads, 0),
-            ("data.synthetic_samples", self.data.synthetic_samples, 0),
-            ("checkpoint.every_steps", self.checkpoint.every_steps, 0),
-            ("checkpoint.every_epochs", self.checkpoint.every_epochs, 0), ("checkpoint.keep", self.checkpoint.keep, 1),
-            ("eval.every_epochs", self.eval.every_epochs, 0),
+        _finite_and_bounded(self, "")
+        for path, value, low, high in (
+            ("job.log_every", self.job.log_every, 1, None), ("grid.gpus", self.grid.gpus, 0, MAX_WORLD),
+            ("grid.gpus_per_node", self.grid.gpus_per_node, 0, MAX_WORLD),
+            ("model.num_classes", self.model.num_classes, 2, None),
+            ("data.image_size", self.data.image_size, 8, MAX_IMAGE_SIZE),
+            ("data.num_threads", self.data.num_threads, 0, 4096),
+            ("data.synthetic_samples", self.data.synthetic_samples, 0, None),
+            ("checkpoint.every_steps", self.checkpoint.every_steps, 0, None),
+            ("checkpoint.every_epochs", self.checkpoint.every_epochs, 0, None),
+            ("checkpoint.keep", self.checkpoint.keep, 1, None),
+            ("eval.every_epochs", self.eval.every_epochs, 0, None),
         ):
             if value < low:
                 raise SpecError(f"{path}: {value!r} must be >= {low}")
-        for path, value in (("comm.bucket_mb", self.comm.bucket_mb),
-                            ("comm.timeout_s", self.comm.timeout_s)):
+            if high is not None and value > high:
+                raise SpecError(f"{path}: {value!r} must be <= {high:,}")
+        for path, value, high in (("comm.bucket_mb", self.comm.bucket_mb, MAX_BUCKET_MB),
+                                  ("comm.timeout_s", self.comm.timeout_s, MAX_TIMEOUT_S)):
             if not value > 0:
                 raise SpecError(f"{path}: {value!r} must be > 0")
-        for path, value in (("optimizer.momentum", self.optimizer.momentum),
-                            ("optimizer.weight_decay", self.optimizer.weight_decay)):
-            if value < 0:
-                raise SpecError(f"{path}: {value!r} must be >= 0")
+            if value > high:
+                raise SpecError(f"{path}: {value!r} must be <= {high:,.0f}")
+        if not 0 <= self.optimizer.momentum < 1:
+            raise SpecError(f"optimizer.momentum: {self.optimizer.momentum!r} must be in [0, 1)")
+        if not self.optimizer.weight_decay >= 0:
+            raise SpecError(f"optimizer.weight_decay: {self.optimizer.weight_decay!r} must be >= 0")
+        if not self.optimizer.trust_coefficient > 0:
+            raise SpecError(f"optimizer.trust_coefficient: {self.optimizer.trust_coefficient!r} must be > 0")
+        if self.optimizer.nesterov and self.optimizer.momentum == 0:
+            raise SpecError("optimizer.nesterov = true needs optimizer.momentum > 0")
         if not 0 <= self.eval.target_top1 <= 1:
             raise SpecError(f"eval.target_top1: {self.eval.target_top1!r} must be a fraction in [0, 1]")
+        if self.model.arch not in CLASSIFICATION_ARCHS:
+            close = difflib.get_close_matches(self.model.arch, CLASSIFICATION_ARCHS, n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "e.g. resnet18, resnet50, vit_b_16"
+            raise SpecError(f"model.arch: {self.model.arch!r} is not a torchvision classification model; {hint}")
         if not self.data.source:
             raise SpecError("data.source: must be synthetic, demo or a folder path")
         try:
@@ -259,6 +305,37 @@ def _toml_value(v: Any) -> str:
     raise TypeError(type(v))
 
 
+def _finite_and_bounded(obj: Any, path: str) -> None:
+    """Every float field of a section (and of its nested sections and lists) finite, every integer within
+    64 bits; the message names the dotted path."""
+    items: list[tuple[str, Any]]
+    if dataclasses.is_dataclass(obj):
+        items = [(f"{path}.{f.name}" if path else f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    elif isinstance(obj, list):
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(obj)]
+    else:
+        return
+    for p, v in items:
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, str) and "\0" in v:
+            raise SpecError(f"{p}: {_short(v)} contains a NUL character")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SpecError(f"{p}: {v!r} must be a finite number")
+        if isinstance(v, int) and not -MAX_INT <= v <= MAX_INT:
+            raise SpecError(f"{p}: {_short(v)} is out of range (at most {MAX_INT:,})")
+        _finite_and_bounded(v, p)
+
+
+def _short(v: Any) -> str:
+    """A value for an error line: long numbers and strings cut in the middle."""
+    try:
+        text = repr(v)
+    except ValueError:  # an int past Python's digit limit
+        return "a number too large to print"
+    return text if len(text) <= 40 else f"{text[:18]}...{text[-18:]} ({len(text)} characters)"
+
+
 def _choice(path: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise SpecError(f"{path}: {value!r} is not one of {', '.join(allowed)}")
@@ -278,7 +355,8 @@ def _build(cls: type, table: Any, path: str) -> Any:
     known = [f.name for f in dataclasses.fields(cls)]
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
-        p = f"{path}.{key}" if path else key
+        shown = key if _KEY_PART.match(key) else _short(key)
+        p = f"{path}.{shown}" if path else shown
         if key not in known:
             raise SpecError(f"{p}: unknown key (known in {where}: {', '.join(known)})")
         kwargs[key] = _convert(hints[key], value, p)
@@ -303,19 +381,36 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
 
 def _shown(value: Any) -> str:
     kind = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list", dict: "table"}
-    return f"{kind.get(type(value), type(value).__name__)} {value!r}"
+    return f"{kind.get(type(value), type(value).__name__)} {_short(value)}"
+
+
+_KEY_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``a.b=value`` -> ("a.b", value); the value is read as TOML (8, 0.5, true, "x", [..]) else as a string."""
+    """``a.b=value`` -> ("a.b", value); the value is read as TOML (8, 0.5, true, "x", [..]) else as a string.
+    A bad token raises SpecError naming it (``--set '=1': ...``)."""
     if "=" not in text:
-        raise SpecError(f"--set {text!r}: expected FIELD=VALUE, e.g. comm.algo=flat")
+        raise SpecError(f"--set {_short(text)}: expected FIELD=VALUE, e.g. comm.algo=flat")
     key, raw = (s.strip() for s in text.split("=", 1))
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
+    if not key:
+        raise SpecError(f"--set {_short(text)}: no field name before '='; expected FIELD=VALUE, e.g. comm.algo=flat")
+    if not all(_KEY_PART.match(part) for part in key.split(".")):
+        raise SpecError(f"--set {_short(text)}: {_short(key)} is not a dotted field name like comm.algo or "
+                        "schedule.epochs")
+    value = _parse_toml_value(raw, f"--set {_short(text)}")
     return key, value
+
+
+def _parse_toml_value(raw: str, where: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+    except (RecursionError, MemoryError):
+        raise SpecError(f"{where}: the value is nested too deeply") from None
+    except ValueError as e:  # an integer past Python's digit limit
+        raise SpecError(f"{where}: {_short(str(e))}") from None
 
 
 def apply_overrides(table: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -333,19 +428,34 @@ def apply_overrides(table: dict[str, Any], overrides: list[tuple[str, Any]]) -> 
 
 
 def read_spec_table(path: str | Path | None) -> dict[str, Any]:
-    """The raw TOML table of a spec file, or of the embedded default spec when path is None."""
+    """The raw TOML table of a spec file, or of the embedded default spec when path is None; every file or
+    decoding problem is a SpecError naming the file."""
     if path is None:
         text = resources.files("torus_train.specs").joinpath("default.toml").read_text()
         source = "default spec"
     else:
+        source = f"--spec {_short(str(path))}"
+        if "\0" in str(path):
+            raise SpecError(f"{source}: the file name contains a NUL character")
         p = Path(path)
-        if not p.is_file():
-            raise SpecError(f"--spec {path}: no such file")
-        text, source = p.read_text(), str(path)
+        try:
+            if not p.is_file():
+                raise SpecError(f"{source}: no such file")
+            if p.stat().st_size > MAX_SPEC_BYTES:
+                raise SpecError(f"{source}: {p.stat().st_size:,} bytes; a job spec is at most {MAX_SPEC_BYTES:,}")
+            text = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SpecError(f"{source}: not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise SpecError(f"{source}: {e.strerror or e}") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{source}: not valid TOML ({e})") from None
+    except (RecursionError, MemoryError):
+        raise SpecError(f"{source}: values nested too deeply") from None
+    except ValueError as e:  # an integer past Python's digit limit
+        raise SpecError(f"{source}: not a usable TOML value ({_short(str(e))})") from None
 
 
 def spec_from_table(table: dict[str, Any]) -> JobSpec:

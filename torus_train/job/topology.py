@@ -13,7 +13,11 @@ from dataclasses import dataclass
 
 from torus_train.errors import UserError
 
-_GRID_RE = re.compile(r"^\s*(\d+)\s*[xX\*]\s*(\d+)\s*$")
+_GRID_RE = re.compile(r"^\s*(\d{1,12})\s*[xX\*]\s*(\d{1,12})\s*$")
+
+MAX_WORLD = 1_000_000
+"""The largest world size (ranks) accepted anywhere: a larger --gpus or --grid is refused at once, before any
+per-rank work (environments, rings, rank tables) is done."""
 
 
 class GridError(UserError):
@@ -35,6 +39,7 @@ class Grid:
         for name, value in (("x", self.x), ("y", self.y), ("gpus_per_node", self.gpus_per_node)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GridError(f"grid.{name} must be a positive integer, got {value!r}")
+        check_world_size(self.x * self.y, f"grid {self.x}x{self.y}")
 
     # --- sizes -------------------------------------------------------------------------------
     @property
@@ -121,11 +126,20 @@ def parse_grid(text: str, gpus_per_node: int = 1) -> Grid:
     """Parse ``XxY`` (e.g. ``32x68``) into a Grid; raise GridError with the accepted form otherwise."""
     m = _GRID_RE.match(str(text))
     if not m:
-        raise GridError(f"grid {text!r} is not of the form XxY with positive integers, e.g. 2x2 or 32x68")
+        shown = repr(text) if len(str(text)) <= 40 else f"{str(text)[:30]!r}... ({len(str(text))} characters)"
+        if re.match(r"^\s*\d+\s*[xX\*]\s*\d+\s*$", str(text)):
+            raise GridError(f"grid {shown}: a side has more than 12 digits; at most {MAX_WORLD:,} ranks in all")
+        raise GridError(f"grid {shown} is not of the form XxY with positive integers, e.g. 2x2 or 32x68")
     x, y = int(m.group(1)), int(m.group(2))
     if x < 1 or y < 1:
         raise GridError(f"grid {text!r} has a zero side; X and Y must both be at least 1, e.g. 2x2")
     return Grid(x, y, gpus_per_node)
+
+
+def check_world_size(n: int, what: str = "--gpus") -> None:
+    """Raise GridError when n ranks exceed MAX_WORLD (checked before anything per-rank is built)."""
+    if n > MAX_WORLD:
+        raise GridError(f"{what}: {n:,} ranks is more than this launcher plans for (at most {MAX_WORLD:,})")
 
 
 def check_grid_size(grid: Grid, n: int, what: str = "--gpus") -> None:
@@ -136,8 +150,11 @@ def check_grid_size(grid: Grid, n: int, what: str = "--gpus") -> None:
 
 
 def factor_pairs(n: int) -> list[tuple[int, int]]:
-    """All (X, Y) with X * Y = n, X ascending."""
-    return [(x, n // x) for x in range(1, n + 1) if n % x == 0]
+    """All (X, Y) with X * Y = n, X ascending; O(sqrt n) trial divisions, n at most MAX_WORLD."""
+    check_world_size(n, "the world size")
+    small = [x for x in range(1, math.isqrt(n) + 1) if n % x == 0]
+    xs = small + [n // x for x in reversed(small) if x * x != n]
+    return [(x, n // x) for x in xs]
 
 
 def choose_grid(n: int, gpus_per_node: int = 1) -> tuple[Grid, str]:
@@ -149,6 +166,7 @@ def choose_grid(n: int, gpus_per_node: int = 1) -> tuple[Grid, str]:
     """
     if not isinstance(n, int) or n < 1:
         raise GridError(f"--gpus must be a positive integer, got {n!r}")
+    check_world_size(n)
     k = gpus_per_node
     pairs = factor_pairs(n)
     aligned = [(x, y) for x, y in pairs if x % k == 0 or (n <= k and k % x == 0)]
