@@ -16,11 +16,13 @@ How links are shared (the one modelling choice that decides the torus against th
   NIC. So the torus's vertical phase (K flows per node, each carrying 1/X of the data) and the hierarchical
   leader's (one flow carrying all of it) differ exactly as Mikami et al. 2018 argue.
 
-A training step (``step_cost``): compute = per-rank batch / single-GPU throughput; the backward pass is a
-stated fraction of it (2/3: backward costs about twice the forward); a stated fraction ``overlap`` of the
-backward pass hides communication; step = compute + max(0, allreduce - overlap * backward); scaling efficiency
-= compute / step (throughput(N) / (N * single-GPU throughput), the definition used in the paper's table).
-Not modelled: stragglers, data loading, BatchNorm statistics, optimizer time, bucketing into several calls.
+A training step with a stated overlap (``step_cost``, what ``plan --overlap`` overrides with): compute =
+per-rank batch / single-GPU throughput; the backward pass is a stated fraction of it (2/3: backward costs
+about twice the forward); a stated fraction ``overlap`` of the backward pass hides one fused all-reduce; step =
+compute + max(0, allreduce - overlap * backward); scaling efficiency = compute / step (throughput(N) / (N *
+single-GPU throughput), the definition used in the paper's table). By default ``plan`` derives the overlap
+from DDP's buckets instead (torus_train.plan.timeline). Not modelled: stragglers, data loading, BatchNorm
+statistics, optimizer time.
 """
 from __future__ import annotations
 
