@@ -65,6 +65,8 @@ def here(tmp_path, monkeypatch):
     ("eval.target_top1=1.5", "eval.target_top1: 1.5 must be a fraction in [0, 1]"),
     ("schedule.label_smoothing=1", "schedule.label_smoothing: 1.0 must be in [0, 1)"),
     ("schedule.base_lr=inf", "schedule.base_lr: inf must be a finite number"),
+    ("schedule.base_lr=" + "9" * 400, "schedule.base_lr: 999999999999999999...999999999999999999 (400 characters) is out "
+     "of range for a number"),
     ("data.image_size=100000", "data.image_size: 100000 must be <= 8,192"),
     ("schedule.epochs=" + "9" * 400, "schedule.epochs: 999999999999999999...999999999999999999 (400 characters) is out"),
     ("model.arch=fcn_resnet50", "model.arch: 'fcn_resnet50' is not a torchvision classification model"),
@@ -274,7 +276,9 @@ def run_args(draw, folder: Path) -> list[str]:
 
 
 PLAN_ARGS = st.lists(st.one_of(
-    st.tuples(st.just("--gpus"), st.one_of(st.integers(-3, 4096), st.integers(-(10**20), 10**20)).map(str)),
+    # a real plan for up to 4,096 GPUs (larger ones take seconds by design), or a count past the bound
+    st.tuples(st.just("--gpus"), st.one_of(st.integers(-3, 4096), st.integers(MAX_WORLD + 1, 10**20),
+                                           st.integers(-(10**20), 0)).map(str)),
     st.tuples(st.just("--grid"), st.one_of(st.builds(lambda x, y: f"{x}x{y}", st.integers(0, 64),
                                                      st.integers(0, 64)), NASTY_TEXT)),
     st.tuples(st.just("--images-per-second"), st.floats().map(repr)),

@@ -373,7 +373,10 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             raise SpecError(f"{path}: expected a list, got {_shown(value)}")
         return [_convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise SpecError(f"{path}: {_short(value)} is out of range for a number") from None
     if (tp in (int, float) and isinstance(value, bool)) or not isinstance(value, tp):
         raise SpecError(f"{path}: expected {_TYPE_NAMES.get(tp, tp.__name__)}, got {_shown(value)}")
     return value
