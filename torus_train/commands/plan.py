@@ -87,15 +87,7 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     from torus_train.plan.networks import load_network
     from torus_train.plan.search import make_plan
 
-    from torus_train.errors import check_number, check_output_file
-
-    for path, flag in ((json_path, "--json"), (plot_path, "--plot")):
-        if path is not None:
-            check_output_file(path, flag)
-    check_number(images_per_second, "--images-per-second")
-    check_number(overlap, "--overlap", 0.0, low_ok=True, high=1.0)
-    check_number(background, "--background", 0.0, low_ok=True)
-    check_number(llc_mib, "--llc-mib")
+    _check_numbers(json_path, plot_path, images_per_second, overlap, background, llc_mib)
     if bench_path is not None:
         _calibrate(bench_path, grid_text, calibrate_algo, cores, background, llc_mib, compare_path, json_path)
         return
@@ -103,42 +95,16 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
         if grid_text is None:
             raise UserError("--gpus is required (or --grid XxY, or --calibrate BENCH.json)")
         gpus = parse_grid(grid_text).size
-    if per_gpu_batch < 1:
-        raise UserError(f"--per-gpu-batch: {per_gpu_batch} must be a positive integer")
-    if overlap is not None and not 0.0 <= overlap <= 1.0:
-        raise UserError(f"--overlap: {overlap} must be between 0 and 1")
-    if plot_path is not None:
-        _require_matplotlib()
     net = load_network(network)
     grid = parse_grid(grid_text, net.gpus_per_node) if grid_text else None
-    if (simulate or check_groups) and (grid.size if grid else gpus) > MAX_CHECKED_RANKS:
-        raise UserError(f"--simulate and --check-groups run on at most {MAX_CHECKED_RANKS:,} virtual ranks, not "
-                        f"{grid.size if grid else gpus:,}")
-    if not bucket_cap_mb > 0:
-        raise UserError(f"--bucket-cap-mb: {bucket_cap_mb:g} must be > 0")
-    if png_path is not None:
-        if overlap is not None:
-            raise UserError("--png draws the bucket timeline, which --overlap replaces; leave one out")
-        _require_matplotlib()
+    _check_plan_args(gpus, grid, per_gpu_batch, overlap, bucket_cap_mb, simulate or check_groups, plot_path, png_path)
     profile = _read_profile(profile_path) if profile_path else None
     p = make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap, placement,
                   int(bucket_cap_mb * 2**20), profile)
     _print_plan(p)
-    caps = None
-    if p.overlap is None:
-        from torus_train.plan.search import bucket_sweep
-        caps = bucket_sweep(p)
-        best = min(caps, key=lambda c: c["step_seconds"])
-        here = p.algorithms["torus"]
-        click.echo(f"# bucket cap: {p.bucket_cap_bytes / 2**20:g} MiB gives the torus {here.step_seconds * 1e3:.2f} ms "
-                   f"per step; of {', '.join(str(c['cap_mb']) for c in caps)} MiB the fastest is "
-                   f"{best['cap_mb']:g} MiB ({best['buckets']} buckets, {best['step_seconds'] * 1e3:.2f} ms, "
-                   f"{best['scaling_efficiency'] * 100:.2f}%): smaller buckets start exchanging earlier, larger ones "
-                   f"pay fewer latency terms")
-
     out = p.to_json()
-    if caps is not None:
-        out["bucket_caps"] = caps
+    if p.overlap is None:
+        out["bucket_caps"] = _bucket_caps(p)
     if simulate:
         out["simulation"] = _simulate(parse_grid(p.grid))
     if check_groups:
@@ -153,6 +119,51 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     if json_path:
         Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
         click.echo(f"# wrote {json_path}")
+
+
+def _check_numbers(json_path, plot_path, images_per_second, overlap, background, llc_mib) -> None:
+    from torus_train.errors import check_number, check_output_file
+
+    for path, flag in ((json_path, "--json"), (plot_path, "--plot")):
+        if path is not None:
+            check_output_file(path, flag)
+    check_number(images_per_second, "--images-per-second")
+    check_number(overlap, "--overlap", 0.0, low_ok=True, high=1.0)
+    check_number(background, "--background", 0.0, low_ok=True)
+    check_number(llc_mib, "--llc-mib")
+
+
+def _check_plan_args(gpus, grid, per_gpu_batch, overlap, bucket_cap_mb, virtual_ranks, plot_path, png_path) -> None:
+    if per_gpu_batch < 1:
+        raise UserError(f"--per-gpu-batch: {per_gpu_batch} must be a positive integer")
+    if overlap is not None and not 0.0 <= overlap <= 1.0:
+        raise UserError(f"--overlap: {overlap} must be between 0 and 1")
+    if plot_path is not None:
+        _require_matplotlib()
+    if virtual_ranks and (grid.size if grid else gpus) > MAX_CHECKED_RANKS:
+        raise UserError(f"--simulate and --check-groups run on at most {MAX_CHECKED_RANKS:,} virtual ranks, not "
+                        f"{grid.size if grid else gpus:,}")
+    if not bucket_cap_mb > 0:
+        raise UserError(f"--bucket-cap-mb: {bucket_cap_mb:g} must be > 0")
+    if png_path is not None:
+        if overlap is not None:
+            raise UserError("--png draws the bucket timeline, which --overlap replaces; leave one out")
+        _require_matplotlib()
+
+
+def _bucket_caps(p) -> list:
+    """The torus step at several DDP bucket caps on the timeline; prints the fastest."""
+    from torus_train.plan.search import bucket_sweep
+
+    caps = bucket_sweep(p)
+    best = min(caps, key=lambda c: c["step_seconds"])
+    here = p.algorithms["torus"]
+    click.echo(f"# bucket cap: {p.bucket_cap_bytes / 2**20:g} MiB gives the torus {here.step_seconds * 1e3:.2f} ms "
+               f"per step; of {', '.join(str(c['cap_mb']) for c in caps)} MiB the fastest is "
+               f"{best['cap_mb']:g} MiB ({best['buckets']} buckets, {best['step_seconds'] * 1e3:.2f} ms, "
+               f"{best['scaling_efficiency'] * 100:.2f}%): smaller buckets start exchanging earlier, larger ones "
+               f"pay fewer latency terms")
+    return caps
 
 
 def _read_profile(path: str) -> dict:
