@@ -94,6 +94,7 @@ def run_epoch(rs: RunState, epoch: int) -> bool:
         set_lr(rs.optimizer, lr)
         interval["loss"] += train_step(rs, images, labels, stage.accumulation)
         advance(rs, interval, i, stage.global_batch)
+        rs.stop.beat(rs.pos.global_step)
         maybe_inject_fault(rs.boot.info.rank, rs.pos.global_step)
         last = i == steps - 1 or rs.steps_done
         if rs.pos.global_step % rs.spec.job.log_every == 0 or last:

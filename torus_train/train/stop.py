@@ -16,6 +16,12 @@ class StopRequest:
     def __init__(self) -> None:
         self.signal: str | None = None
         self.in_loop = False
+        self.on_step = None  # the worker may set a callable(global_step) called after every step (heartbeat)
+
+    def beat(self, global_step: int) -> None:
+        """Called by the loop after every optimizer step."""
+        if self.on_step is not None:
+            self.on_step(global_step)
 
     def request(self, name: str) -> bool:
         """Record the signal; True when the loop will stop by itself, False when the caller must."""
