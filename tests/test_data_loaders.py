@@ -168,3 +168,27 @@ def test_a_file_gone_since_indexing_is_named(kind, tmp_path):
     with pytest.raises(DataError, match=victim.split("/")[-1]):
         for _ in ld:
             pass
+
+
+@pytest.mark.parametrize("kind", KINDS + ["synthetic"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_images_equal_the_float32_ones_rounded(kind, dtype, index_set):
+    """A GPU model computing in fp16/bf16 gets its images in that dtype from the loader (DALI emits float16
+    and casts bf16 on the device); the values are the float32 ones rounded once, and channels_last holds."""
+    root = None if kind == "synthetic" else index_set
+    full = loader(kind, root, "val", channels_last=True, num_classes=3)
+    half = loader(kind, root, "val", channels_last=True, num_classes=3, dtype=dtype)
+    n = 0
+    for (xf, yf), (xh, yh) in zip(full, half):
+        assert xh.dtype == getattr(torch, dtype) and xh.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(yf, yh)
+        # rounding of values below 8 in magnitude: half an ulp at 4..8 is 2**-9 (fp16) and 2**-6 (bf16)
+        tol = 2.0 ** -9 if dtype == "float16" else 2.0 ** -6
+        assert (xh.float() - xf).abs().max().item() <= tol
+        n += 1
+    assert n > 0
+
+
+def test_unknown_image_dtype_is_refused(index_set):
+    with pytest.raises(UserError, match="dtype"):
+        loader("dali", index_set, "val", dtype="int8")

@@ -48,14 +48,16 @@ def resolve_kind(kind: str, rank: int = 0, say=None) -> str:
 
 def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batch_size: int, image_size: int,
                 num_classes: int | None, seed: int, channels_last: bool, device, num_threads: int = 2,
-                verify: bool = True, synthetic_samples: int | None = None, index: str | None = None):
+                verify: bool = True, synthetic_samples: int | None = None, index: str | None = None,
+                dtype: str = "float32"):
     """Build the input pipeline ``kind`` for ``split`` of the ImageNet-layout folder ``root``.
 
     ``kind``: dali | torchvision | synthetic | auto. ``batch_size`` is the PER-RANK batch; ``rank`` the GLOBAL
     rank. ``num_classes``: for folders, None or the expected count (an error if the folder has another);
     for synthetic data, the label range. ``index``: the folder's file index (data/index.py), opened as it is;
     None = its default place, built there when missing (single-process tools; ranks are always given one). ``verify`` checks every JPEG's markers before the first step
-    (a full pass over the files: for tools, never for ranks).
+    (a full pass over the files: for tools, never for ranks). ``dtype``: the images' dtype (float32, float16,
+    bfloat16), the model's autocast dtype on GPUs, so that no full-size float32 batch is made and cast.
     """
     import torch
 
@@ -70,8 +72,12 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
         raise UserError(f"rank: {rank} outside world size {world_size}")
     if num_threads < 0:
         raise UserError(f"data.num_threads: {num_threads} must be >= 0")
+    from torus_train.data.base import IMAGE_DTYPES
+
+    if dtype not in IMAGE_DTYPES:
+        raise UserError(f"dtype: {dtype!r} must be one of {', '.join(IMAGE_DTYPES)}")
     device = torch.device(device)
-    cfg = LoaderConfig(split, rank, world_size, batch_size, image_size, seed, channels_last, num_threads)
+    cfg = LoaderConfig(split, rank, world_size, batch_size, image_size, seed, channels_last, num_threads, dtype)
     kind = resolve_kind(kind, rank)
     if kind == "synthetic":
         from torus_train.data.synthetic import SYNTHETIC_SAMPLES, SyntheticLoader

@@ -50,6 +50,16 @@ class LoaderConfig:
     """Return images in torch.channels_last memory format."""
     num_threads: int
     """Decoding threads (DALI) or worker processes (torchvision) for this rank."""
+    dtype: str = "float32"
+    """Image dtype delivered: float32, float16 or bfloat16 (the model's autocast dtype on GPUs)."""
+
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.dtype)
+
+
+IMAGE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class ShardedLoader:

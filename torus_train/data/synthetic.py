@@ -31,7 +31,7 @@ class SyntheticLoader:
         y = torch.randint(0, num_classes, (cfg.batch_size,), generator=g)
         if cfg.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        self._x, self._y = x.to(device), y.to(device)
+        self._x, self._y = x.to(device, cfg.torch_dtype()), y.to(device)
 
     def __len__(self) -> int:
         return steps_per_epoch(self.num_samples, self.cfg.world_size * self.cfg.batch_size)

@@ -62,7 +62,7 @@ def _worker_seed(seed: int, rank: int):
 
 
 class TorchvisionLoader(ShardedLoader):
-    """Iterates (images float32 [B,3,H,W], labels int64 [B]) on ``device`` through a DataLoader."""
+    """Iterates (images [B,3,H,W] in cfg.dtype, labels int64 [B]) on ``device`` through a DataLoader."""
 
     kind = "torchvision"
 
@@ -88,8 +88,9 @@ class TorchvisionLoader(ShardedLoader):
             y = self._mark_padding(step, y.to(torch.int64))
             # copy the pinned batch as it is (asynchronous), then change the layout on the device
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            if self.cfg.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
+            if self.cfg.channels_last or self.cfg.dtype != "float32":
+                fmt = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
+                x = x.to(dtype=self.cfg.torch_dtype(), memory_format=fmt)  # one kernel for both
             yield x, y
 
     def close(self) -> None:

@@ -123,7 +123,15 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
                        batch_size=per_rank_batch, image_size=spec.data.image_size,
                        num_classes=spec.model.num_classes, seed=spec.job.seed,
                        channels_last=spec.model.channels_last, device=boot.device, num_threads=threads,
-                       verify=False, synthetic_samples=spec.data.synthetic_samples or None)
+                       verify=False, synthetic_samples=spec.data.synthetic_samples or None,
+                       dtype=image_dtype(spec, boot.device))
+
+
+def image_dtype(spec: JobSpec, device: torch.device) -> str:
+    """The dtype the loader delivers: the autocast dtype on GPUs (CPU ranks run fp32)."""
+    if device.type != "cuda":
+        return "float32"
+    return {"fp16": "float16", "bf16": "bfloat16"}.get(spec.model.precision, "float32")
 
 
 def amp_settings(spec: JobSpec, device: torch.device) -> tuple[torch.dtype | None, Any]:
