@@ -68,6 +68,11 @@ class JobSection:
     """Seed for the model initialisation and the data order (the same on every rank)."""
     log_every: int = 10
     """Optimizer steps between two metrics.jsonl lines / progress updates."""
+    check_every_steps: int = 100
+    """Optimizer steps between two replica checks (parameters, step and data position compared over all ranks
+    with one small all-reduce; also before every checkpoint and at the end). 0 = only there."""
+    max_nonfinite_steps: int = 5
+    """Steps in a row with non-finite gradients (skipped) after which the run fails (exit 1)."""
 
 
 @dataclass
@@ -217,6 +222,8 @@ class JobSpec:
         _finite_and_bounded(self, "")
         for path, value, low, high in (
             ("job.log_every", self.job.log_every, 1, None), ("grid.gpus", self.grid.gpus, 0, MAX_WORLD),
+            ("job.check_every_steps", self.job.check_every_steps, 0, None),
+            ("job.max_nonfinite_steps", self.job.max_nonfinite_steps, 1, None),
             ("grid.gpus_per_node", self.grid.gpus_per_node, 0, MAX_WORLD),
             ("model.num_classes", self.model.num_classes, 2, None),
             ("data.image_size", self.data.image_size, 8, MAX_IMAGE_SIZE),
