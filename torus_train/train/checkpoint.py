@@ -1,16 +1,20 @@
 """Checkpoints: atomic save, verification, and finding the latest complete one (torch imported inside).
 
 Layout under OUT/checkpoints/:  ``step-00000120.pt`` (torch.save of model, optimizer, scaler, schedule position,
-every rank's RNG state) and ``step-00000120.json`` (its manifest: step, size, sha256). Both are written to a
-temporary file, fsynced and renamed; the manifest is renamed last and is the commit point, so a checkpoint
-whose manifest is missing was never completed and is never loaded. On resume the newest checkpoint whose file
-matches its manifest's size and sha256 is used; a corrupt newer one is skipped with a warning naming it.
+every rank's RNG state: tensors and plain Python types only, loaded with ``weights_only=True`` so that a
+checkpoint cannot run code) and ``step-00000120.json`` (its manifest: step, size, sha256, the job identity).
+Both are written in full to temporary files and fsynced before either is renamed (a full disk fails there,
+before anything is replaced); then the data is renamed, the folder fsynced, the manifest renamed, the folder
+fsynced. The manifest is the commit point: a checkpoint whose manifest is missing was never completed, is
+never loaded, and is deleted by ``prune_orphans``. On resume the newest checkpoint whose file matches its
+manifest's size and sha256 is used; a corrupt or malformed newer one is skipped with a warning naming it.
 
 At scale one rank per node verifies (``verdict``: the choice as a small picklable dict) and every rank loads
 what the verdict names (``ref_from_verdict``), without hashing the file again; see train/state.resume.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -55,28 +59,64 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
+def _write_temp(path: Path, write: Callable[[Any], None]) -> Path:
+    """Write path's content to a temporary name beside it and fsync it; the temporary goes on any error."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """A result file (summary.json, a manifest) replaced in one step: temporary, fsync, rename, fsync folder."""
+    path = Path(path)
+    os.replace(_write_temp(path, lambda f: f.write(data)), path)
+    _fsync_dir(path.parent)
 
 
 def save_checkpoint(folder: str | Path, step: int, state: dict, info: dict, keep: int) -> Path:
-    """Write state atomically as step-NNNNNNNN.pt, then its manifest (the commit point); prune to `keep`."""
+    """Write state as step-NNNNNNNN.pt, then its manifest (the commit point); prune to `keep`.
+
+    RunFailed with one line when the folder cannot take it (full, read-only): the temporaries are removed and
+    the previous checkpoints stay as they were."""
     import torch
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    pt = folder / f"step-{step:08d}.pt"
-    _write_atomic(pt, lambda f: torch.save(state, f))
-    manifest = {"step": step, "file": pt.name, "bytes": pt.stat().st_size, "sha256": _sha256(pt), **info}
-    _write_atomic(folder / f"step-{step:08d}.json", lambda f: f.write(json.dumps(manifest, indent=1).encode()))
-    _fsync_dir(folder)
+    pt, man = folder / f"step-{step:08d}.pt", folder / f"step-{step:08d}.json"
+    temps: list[Path] = []
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        temps.append(_write_temp(pt, lambda f: torch.save(state, f)))
+        manifest = {"step": step, "file": pt.name, "bytes": temps[0].stat().st_size, "sha256": _sha256(temps[0]),
+                    **info}
+        temps.append(_write_temp(man, lambda f: f.write(json.dumps(manifest, indent=1).encode())))
+        man.unlink(missing_ok=True)  # a checkpoint of this step from before: uncommitted while its data changes
+        os.replace(temps[0], pt)
+        _fsync_dir(folder)
+        os.replace(temps[1], man)
+        _fsync_dir(folder)
+    except OSError as e:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        raise RunFailed(_save_failure(folder, e)) from None
     prune(folder, keep)
     return pt
+
+
+def _save_failure(folder: Path, e: OSError) -> str:
+    why = "no space left" if e.errno == errno.ENOSPC else (e.strerror or str(e)).lower()
+    try:
+        kept = list_checkpoints(folder)
+    except OSError:
+        kept = []
+    previous = f"the previous checkpoint at step {kept[0][0]} is kept" if kept else "no earlier checkpoint"
+    return f"checkpoint folder {folder}: {why}; {previous}"
 
 
 def list_checkpoints(folder: str | Path) -> list[tuple[int, Path]]:
@@ -88,21 +128,42 @@ def list_checkpoints(folder: str | Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def verify(manifest_path: Path) -> CheckpointRef:
-    """Check a checkpoint against its manifest; raise RunFailed naming the file when it does not match."""
+_MANIFEST_TYPES = {"step": int, "file": str, "bytes": int, "sha256": str}
+
+
+def read_manifest(manifest_path: Path) -> dict:
+    """The manifest as a dict of the expected shape; RunFailed naming the file otherwise."""
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as e:
         raise RunFailed(f"checkpoint manifest {manifest_path} is unreadable ({e})") from None
-    pt = manifest_path.with_name(manifest.get("file", ""))
-    if not pt.is_file():
-        raise RunFailed(f"checkpoint {pt} is missing (its manifest {manifest_path.name} is there)")
-    size = pt.stat().st_size
-    if size != manifest.get("bytes"):
-        raise RunFailed(f"checkpoint {pt} has {size} bytes, its manifest says {manifest.get('bytes')} (truncated?)")
-    if _sha256(pt) != manifest.get("sha256"):
-        raise RunFailed(f"checkpoint {pt} does not match the sha256 in its manifest (corrupt)")
-    return CheckpointRef(int(manifest["step"]), pt, manifest)
+    if not isinstance(manifest, dict):
+        raise RunFailed(f"checkpoint manifest {manifest_path} is malformed (a JSON {type(manifest).__name__}, "
+                        "not an object)")
+    for key, kind in _MANIFEST_TYPES.items():
+        if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
+            raise RunFailed(f"checkpoint manifest {manifest_path} is malformed ({key!r} missing or not "
+                            f"{kind.__name__})")
+    if manifest["file"] != manifest_path.with_suffix(".pt").name:  # no path of its choosing is ever opened
+        raise RunFailed(f"checkpoint manifest {manifest_path} is malformed (file {manifest['file']!r})")
+    return manifest
+
+
+def verify(manifest_path: Path) -> CheckpointRef:
+    """Check a checkpoint against its manifest; raise RunFailed naming the file when it does not match."""
+    manifest = read_manifest(manifest_path)
+    pt = manifest_path.with_name(manifest["file"])
+    try:
+        if not pt.is_file():
+            raise RunFailed(f"checkpoint {pt} is missing (its manifest {manifest_path.name} is there)")
+        size = pt.stat().st_size
+        if size != manifest["bytes"]:
+            raise RunFailed(f"checkpoint {pt} has {size} bytes, its manifest says {manifest['bytes']} (truncated?)")
+        if _sha256(pt) != manifest["sha256"]:
+            raise RunFailed(f"checkpoint {pt} does not match the sha256 in its manifest (corrupt)")
+    except OSError as e:
+        raise RunFailed(f"checkpoint {pt} cannot be read ({e.strerror or e})") from None
+    return CheckpointRef(manifest["step"], pt, manifest)
 
 
 def find_latest(folder: str | Path, warn: Callable[[str], None] = print) -> CheckpointRef | None:
@@ -153,16 +214,26 @@ def ref_from_verdict(folder: str | Path, v: dict) -> CheckpointRef | None:
 
 
 def load_checkpoint(ref: CheckpointRef, map_location: Any = "cpu") -> dict:
+    """torch.load with weights_only=True: tensors and plain types; a pickled object is refused, not run."""
+    import pickle
+
     import torch
 
     try:
-        return torch.load(ref.path, map_location=map_location, weights_only=False)
+        state = torch.load(ref.path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise RunFailed(f"checkpoint {ref.path} holds more than tensors and plain values and is not loaded "
+                        f"(loading it could run code): {first}") from None
     except Exception as e:  # a file that passed sha256 but still does not load
         raise RunFailed(f"checkpoint {ref.path} does not load: {e}") from None
+    if not isinstance(state, dict) or not all(isinstance(state.get(k), dict) for k in ("model", "position")):
+        raise RunFailed(f"checkpoint {ref.path} is not a torus-train checkpoint (no model and position)")
+    return state
 
 
 def prune(folder: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` committed checkpoints, and stale temporary files; return what went."""
+    """Delete all but the newest `keep` committed checkpoints, and orphans; return what went."""
     folder = Path(folder)
     gone: list[Path] = []
     for _, manifest_path in list_checkpoints(folder)[max(1, keep):]:
@@ -170,7 +241,21 @@ def prune(folder: str | Path, keep: int) -> list[Path]:
         manifest_path.unlink(missing_ok=True)  # uncommit first, then the data
         pt.unlink(missing_ok=True)
         gone.append(pt)
-    for tmp in folder.glob("*.tmp*"):
-        if not tmp.name.endswith(f".tmp{os.getpid()}"):
-            tmp.unlink(missing_ok=True)
+    return gone + prune_orphans(folder)
+
+
+_DATA = re.compile(r"^step-(\d{8})\.pt$")
+
+
+def prune_orphans(folder: str | Path) -> list[Path]:
+    """Temporaries of other processes and data files without a manifest (a save that was killed) go."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    gone = []
+    for p in folder.iterdir():
+        temp = ".tmp" in p.name and not p.name.endswith(f".tmp{os.getpid()}")
+        if temp or (_DATA.match(p.name) and not p.with_suffix(".json").exists()):
+            p.unlink(missing_ok=True)
+            gone.append(p)
     return gone
