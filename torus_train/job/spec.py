@@ -103,6 +103,9 @@ class LaunchSection:
     """Environment passed to every rank: NAME (current value) or NAME=VALUE."""
     python: str = ""
     """Python on the compute nodes; empty = this interpreter (python3 inside a container)."""
+    watchdog_s: float = 0.0
+    """Local launcher: seconds without a finished step on any rank before it dumps every rank's stack and ends
+    the job; 0 = comm.timeout_s + 60. Until every rank has finished its first step the limit is at least that."""
 
 
 @dataclass
@@ -244,6 +247,8 @@ class JobSpec:
                 raise SpecError(f"{path}: {value!r} must be > 0")
             if value > high:
                 raise SpecError(f"{path}: {value!r} must be <= {high:,.0f}")
+        if self.launch.watchdog_s < 0:
+            raise SpecError(f"launch.watchdog_s: {self.launch.watchdog_s!r} must be >= 0 (0 = comm.timeout_s + 60)")
         if not 0 <= self.optimizer.momentum < 1:
             raise SpecError(f"optimizer.momentum: {self.optimizer.momentum!r} must be in [0, 1)")
         if not self.optimizer.weight_decay >= 0:
