@@ -1,13 +1,14 @@
 """The training loop of one rank (run by torus_train.ranks.worker), as a sequence of named calls:
 
     rs = start(spec, boot, out, stop)       model, DDP with the torus hook, optimizer, schedule, buckets, AMP
-    resume(rs)                              the latest complete checkpoint, when asked
+    resume(rs)                              the latest complete checkpoint of this job, when asked
     for each epoch:
         switch_stage(rs, epoch)             a new loader when the batch grows
-        run_epoch(rs, epoch)                LR, forward/backward/exchange/update, metrics, agreed stop
+        run_epoch(rs, epoch)                LR, forward/backward/exchange/update, metrics, replica checks,
+                                            agreed stop
         maybe_evaluate(rs, epoch)           top-1/top-5 all-reduced
-        maybe_checkpoint(rs, epoch)
-    finish(rs)                              final checkpoint, replica check, summary.json
+        maybe_checkpoint(rs, epoch)         (every save checks the replicas first)
+    finish(rs)                              replica check, final checkpoint, summary.json
 """
 from __future__ import annotations
 
@@ -23,19 +24,24 @@ from torus_train.ranks.bootstrap import Bootstrap
 from torus_train.train.build import (amp_settings, build_loader, build_model, build_optimizer, prime_buckets,
                                      seed_everything, wrap_ddp)
 from torus_train.train.faults import maybe_inject_fault
-from torus_train.train.report import (Progress, log_interval, new_interval, record_eval, record_stage, summary,
-                                      summary_text)
+from torus_train.train.checkpoint import write_atomic
+from torus_train.train.report import (Progress, log_interval, new_interval, record_eval, record_resume,
+                                      record_stage, summary, summary_text)
 from torus_train.train.state import RunState, resume, save
-from torus_train.train.step import check_replicas, evaluate, set_lr, sync_buffers, train_step
+from torus_train.train.step import (check_replicas, evaluate, maybe_perturb, param_digest, set_lr, sync_buffers,
+                                    train_step)
 from torus_train.train.stop import StopRequest, StopRequested
 
 
 def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = False,
-                 stop: StopRequest | None = None) -> dict:
-    """Train as the spec says; rank 0 writes metrics.jsonl and summary.json. Returns the summary."""
+                 stop: StopRequest | None = None, regrid: bool = False) -> dict:
+    """Train as the spec says; rank 0 writes metrics.jsonl and summary.json. Returns the summary.
+
+    regrid: resuming a checkpoint written on another grid is on purpose (the launcher moved the job);
+    without it such a checkpoint is refused."""
     rs = start(spec, boot, out, stop or StopRequest())
-    if resume_run and resume(rs) and rs.rank0:
-        rs.progress.say(f"resumed at epoch {rs.pos.epoch}, step {rs.pos.global_step}")
+    if resume_run and resume(rs, regrid):
+        record_resume(rs)
     rs.t0 = time.time()
     rs.stop.in_loop = True
     for epoch in range(rs.pos.epoch, spec.schedule.epochs):
@@ -96,12 +102,16 @@ def run_epoch(rs: RunState, epoch: int) -> bool:
         advance(rs, interval, i, stage.global_batch)
         rs.stop.beat(rs.pos.global_step)
         maybe_inject_fault(rs.boot.info.rank, rs.pos.global_step)
+        maybe_perturb(rs)
         last = i == steps - 1 or rs.steps_done
         if rs.pos.global_step % rs.spec.job.log_every == 0 or last:
             log_interval(rs, interval, epoch, stage, lr)
             interval = new_interval()
             if rs.stop_agreed:
                 stop_now(rs)
+        check = rs.spec.job.check_every_steps
+        if check and rs.pos.global_step % check == 0:
+            check_replicas(rs, f"the check every {check} steps")
         every = rs.spec.checkpoint.every_steps
         if every and rs.pos.global_step % every == 0 and not last:
             save(rs, f"every {every} steps")
@@ -142,8 +152,7 @@ def stop_now(rs: RunState) -> None:
     """Every rank got here after the same step: checkpoint (when checkpoints are on) and stop."""
     c = rs.spec.checkpoint
     why = f"stopped by {rs.stop.signal or 'a signal on another rank'}"
-    if c.every_steps or c.every_epochs or c.at_end:
-        save(rs, why)
+    if (c.every_steps or c.every_epochs or c.at_end) and save(rs, why):
         why += f"; checkpoint at step {rs.pos.global_step}, continue with --resume"
     if rs.progress:
         rs.progress.say(why)
@@ -151,24 +160,23 @@ def stop_now(rs: RunState) -> None:
 
 
 def finish(rs: RunState) -> dict:
-    """Close the loaders, save the last checkpoint, check that the replicas agree, write summary.json."""
+    """Close the loaders, check that the replicas agree, then save the last checkpoint and summary.json."""
     wall = rs.wall()
     for loader in (rs.loader, rs.val_loader):  # loader workers and DALI pipelines go now, not at exit
         if loader is not None:
             loader.close()
-    if rs.spec.checkpoint.at_end:
-        save(rs, "end of training")
     if getattr(rs.ddp, "torus_hook_state", None) is not None:
         rs.ddp.torus_hook_state.close()
-    digest, agree, everyone = check_replicas(rs.model)
-    result = summary(rs, wall, digest, agree)
+    if rs.spec.checkpoint.at_end:
+        save(rs, "end of training")  # checks the replicas before it writes
+    else:
+        sync_buffers(rs.model)
+        check_replicas(rs, "the check at the end", buffers=True)
+    result = summary(rs, wall, param_digest(rs.model), True)
     if rs.rank0:
-        if not agree:
-            result["param_digests"] = everyone
-        (rs.out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+        try:
+            write_atomic(rs.out / "summary.json", (json.dumps(result, indent=1) + "\n").encode())
+        except OSError as e:
+            raise RunFailed(f"{rs.out / 'summary.json'}: {e.strerror or e}; the final checkpoint is kept") from None
         rs.progress.say(summary_text(result))
-    if not agree:
-        bad = [r for r, d in enumerate(everyone) if d != everyone[0]]
-        raise RunFailed(f"replicas differ after {rs.pos.global_step} steps: ranks {bad} disagree with rank 0's "
-                        f"parameter digest")
     return result

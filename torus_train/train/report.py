@@ -21,6 +21,40 @@ def write_jsonl(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def truncate_metrics(path: Path, step: int) -> int:
+    """Drop the lines after `step` (written after the checkpoint a resume starts from: they will be written
+    again) and any torn last line; rewritten atomically. Returns how many lines went."""
+    from torus_train.train.checkpoint import write_atomic
+
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+            keep = isinstance(rec, dict) and not (isinstance(rec.get("step"), int) and rec["step"] > step)
+        except ValueError:
+            keep = False
+        if keep:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        write_atomic(path, "".join(line + "\n" for line in kept).encode())
+    return dropped
+
+
+def record_resume(rs: RunState) -> None:
+    """After a resume: metrics.jsonl cut back to the checkpoint's step, a resume event, a progress line."""
+    if not rs.rank0:
+        return
+    dropped = truncate_metrics(rs.metrics, rs.pos.global_step)
+    write_jsonl(rs.metrics, {"event": "resume", "step": rs.pos.global_step, "epoch": rs.pos.epoch,
+                             "dropped_lines": dropped})
+    rs.progress.say(f"resumed at epoch {rs.pos.epoch}, step {rs.pos.global_step}"
+                    + (f" ({dropped} metrics lines after it dropped)" if dropped else ""))
+
+
 def _fmt_time(s: float) -> str:
     s = int(max(0, s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

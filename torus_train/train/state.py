@@ -2,6 +2,8 @@
 and resuming both."""
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import random
 import time
@@ -18,7 +20,7 @@ from torus_train.job.spec import JobSpec
 from torus_train.ranks.bootstrap import Bootstrap
 from torus_train.train import checkpoint as ckpt
 from torus_train.train.schedule import BatchSchedule
-from torus_train.train.step import sync_buffers
+from torus_train.train.step import check_replicas, sync_buffers
 from torus_train.train.stop import StopRequest
 
 log = logging.getLogger("torus_train.train")
@@ -64,6 +66,8 @@ class RunState:
     val_loader: Any = None
     nonfinite_in_a_row: int = 0
     skipped_steps: int = 0
+    scaler_counts: Any = None
+    """GradScaler path: device counters of skipped steps (step.count_scaler_skips)."""
     stop_agreed: bool = False
     """Some rank got SIGTERM/SIGINT: every rank stops after this logging interval."""
     last_eval: dict | None = None
@@ -90,13 +94,22 @@ class RunState:
         return self.pos.seconds + (time.time() - self.t0 if self.t0 else 0.0)
 
 
+def job_identity(spec: JobSpec) -> dict:
+    """What makes a checkpoint this job's (saved in its manifest, compared on resume): the model, the optimizer
+    whose state it holds, the data and seed that fix its sample order, and a fingerprint of these."""
+    ident = {"model.arch": spec.model.arch, "model.num_classes": spec.model.num_classes,
+             "optimizer.name": spec.optimizer.name, "data.source": spec.data.source, "job.seed": spec.job.seed}
+    ident["fingerprint"] = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    return ident
+
+
 def checkpoint_state(rs: RunState) -> dict | None:
-    """Gather every rank's RNG state; rank 0 gets the full state to save, the others None."""
+    """Gather every rank's RNG state; rank 0 gets the full state to save (tensors and plain types only, so
+    that it loads with weights_only=True), the others None."""
     rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, rng)
-    sync_buffers(rs.model)
     if not rs.rank0:
         return None
     return {"model": rs.model.state_dict(), "optimizer": rs.optimizer.state_dict(),
@@ -105,17 +118,46 @@ def checkpoint_state(rs: RunState) -> dict | None:
             "spec": rs.spec.to_dict()}
 
 
-def save(rs: RunState, why: str) -> None:
+def save(rs: RunState, why: str) -> bool:
+    """A checkpoint of this step, written by rank 0 only after every rank agrees on it (check_replicas);
+    False when it was not written (inside a run of non-finite steps)."""
     # fold the time since the last fold into pos.seconds and restart the clock (counted once)
     rs.pos.seconds, rs.t0 = rs.wall(), time.time()
+    sync_buffers(rs.model)
+    check_replicas(rs, f"the check before the checkpoint ({why})", buffers=True)
+    if rs.nonfinite_in_a_row:  # the same count on every rank: the gradients were all-reduced
+        skipped_save(rs, why)
+        return False
     state = checkpoint_state(rs)
+    failed = ""
     if rs.rank0:
-        pt = ckpt.save_checkpoint(rs.out / "checkpoints", rs.pos.global_step, state,
-                                  {"epoch": rs.pos.epoch, "step_in_epoch": rs.pos.step_in_epoch,
-                                   "world_size": rs.boot.info.world_size, "grid": str(rs.boot.grid), "why": why},
-                                  rs.spec.checkpoint.keep)
-        log.info("checkpoint %s (%s)", pt, why)
-    dist.barrier()  # nobody runs ahead of a checkpoint that is still being written
+        try:
+            pt = ckpt.save_checkpoint(rs.out / "checkpoints", rs.pos.global_step, state,
+                                      {"epoch": rs.pos.epoch, "step_in_epoch": rs.pos.step_in_epoch,
+                                       "world_size": rs.boot.info.world_size, "grid": str(rs.boot.grid),
+                                       "why": why, "job": job_identity(rs.spec)},
+                                      rs.spec.checkpoint.keep)
+            log.info("checkpoint %s (%s)", pt, why)
+        except RunFailed as e:
+            failed = str(e)
+    # nobody runs ahead of a checkpoint that is still being written, and a failed write fails every rank
+    box = [failed]
+    dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise RunFailed(box[0])
+    return True
+
+
+def skipped_save(rs: RunState, why: str) -> None:
+    """No checkpoint from inside a run of non-finite steps: a warning, or a failure at the end."""
+    kept = ckpt.list_checkpoints(rs.out / "checkpoints") if rs.rank0 else []
+    text = (f"the last {rs.nonfinite_in_a_row} step(s) had non-finite loss or gradients: no checkpoint at step "
+            f"{rs.pos.global_step} ({why})" + (f"; the checkpoint at step {kept[0][0]} is kept" if kept else ""))
+    if why == "end of training":
+        raise RunFailed(text)
+    log.warning("%s", text)
+    if rs.progress:
+        rs.progress.say(text)
 
 
 def agree_on_checkpoint(folder: Path, rank: int, local_rank: int, world_size: int,
@@ -151,23 +193,59 @@ def agree_on_checkpoint(folder: Path, rank: int, local_rank: int, world_size: in
     return ckpt.ref_from_verdict(folder, chosen)
 
 
-def resume(rs: RunState) -> bool:
-    """Load the newest intact checkpoint of OUT/checkpoints, verified once per node (agree_on_checkpoint)."""
+def resume(rs: RunState, regrid: bool = False) -> bool:
+    """Load the newest intact checkpoint of OUT/checkpoints, verified once per node (agree_on_checkpoint) and
+    checked to be this job's (check_identity); every rank decides from the same manifest, so alike."""
     info = rs.boot.info
     folder = rs.out / "checkpoints"
     ref = agree_on_checkpoint(folder, info.rank, info.local_rank, info.world_size, rs.boot.device)
     if ref is None:
         log.info("resume: no checkpoint in %s, starting from scratch", folder)
         return False
+    moved = check_identity(ref, rs, regrid)
     state = ckpt.load_checkpoint(ref)
-    rs.model.load_state_dict(state["model"])
-    rs.optimizer.load_state_dict(state["optimizer"])
-    if rs.scaler is not None and state.get("scaler"):
-        rs.scaler.load_state_dict(state["scaler"])
-    rs.pos = Position(**state["position"])
+    try:
+        rs.model.load_state_dict(state["model"])
+        rs.optimizer.load_state_dict(state["optimizer"])
+        if rs.scaler is not None and state.get("scaler"):
+            rs.scaler.load_state_dict(state["scaler"])
+        rs.pos = Position(**state["position"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise RunFailed(f"checkpoint {ref.path} does not fit this job ({first})") from None
     restore_rng(state.get("rng") or [], rs.boot.info.rank, rs.boot.info.world_size)
     log.info("resumed from %s: epoch %d, step %d", ref.path, rs.pos.epoch, rs.pos.global_step)
+    if moved and rs.rank0:
+        rs.progress.say(moved)
+    if rs.rank0:
+        for p in ckpt.prune_orphans(folder):
+            log.info("resume: removed %s (left by a save that did not complete)", p.name)
     return True
+
+
+def check_identity(ref: ckpt.CheckpointRef, rs: RunState, regrid: bool) -> str:
+    """RunFailed when the checkpoint is another job's, or another grid's unless regrid; with regrid, the line
+    that says the job moves ('' when it does not)."""
+    m, name = ref.manifest, ref.path.name
+    saved, here = m.get("job"), job_identity(rs.spec)
+    if saved is None:
+        log.warning("resume: %s has no job identity (written by an older version); loading it", name)
+    elif not isinstance(saved, dict):
+        raise RunFailed(f"resume: the manifest of {name} is malformed (job is not an object)")
+    elif saved.get("fingerprint") != here["fingerprint"]:
+        diff = [f"{k} {here[k]!r} here, {saved.get(k)!r} in the checkpoint" for k in here
+                if k != "fingerprint" and saved.get(k) != here[k]]
+        raise RunFailed(f"resume: {rs.out / 'checkpoints' / name} is from another job "
+                        f"({'; '.join(diff) or 'another fingerprint'}); use another --out, or run without --resume")
+    world, grid = rs.boot.info.world_size, str(rs.boot.grid)
+    if (m.get("world_size"), m.get("grid")) in ((world, grid), (None, None)):
+        return ""
+    was = f"grid {m.get('grid')} ({m.get('world_size')} ranks)"
+    if not regrid:
+        raise RunFailed(f"resume: {name} was written on {was}, this job runs on grid {grid} ({world} ranks); "
+                        f"resume it on its own grid (--grid {m.get('grid')})")
+    return (f"resuming step {m['step']} of {was} on grid {grid} ({world} ranks): the global batch stays, "
+            "the per-rank batch and the RNG streams change")
 
 
 def restore_rng(rng: list, rank: int, world_size: int) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from typing import Any
+import os
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -14,7 +15,14 @@ from torus_train.errors import RunFailed
 from torus_train.train.faults import fault_here
 
 log = logging.getLogger("torus_train.train")
-MAX_NONFINITE_IN_A_ROW = 5
+
+
+def fault_from(kind: str, rank: int, step: int) -> bool:
+    """TORUS_TRAIN_FAULT=KIND:R:S with R a rank or ``all``: true on that rank at every step from S on (the
+    faults of this module; faults.fault_here matches one step)."""
+    parts = os.environ.get("TORUS_TRAIN_FAULT", "").split(":")
+    return (len(parts) == 3 and parts[0] == kind and parts[1] in (str(rank), "all") and parts[2].isdigit()
+            and step >= int(parts[2]))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -41,17 +49,19 @@ def train_step(rs, images, labels, accumulation: int) -> torch.Tensor:
     tensor on the device (read once per logging interval, not per step)."""
     rs.optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), dtype=torch.float64, device=images.device)
+    rank, step = rs.boot.info.rank, rs.pos.global_step + 1
     for i, (x, y) in enumerate(zip(images.chunk(accumulation), labels.chunk(accumulation))):
         # DDP exchanges gradients only on the last micro-batch; the others accumulate locally
         with rs.ddp.no_sync() if i < accumulation - 1 else contextlib.nullcontext():
             with torch.autocast(x.device.type, dtype=rs.amp_dtype, enabled=rs.amp_dtype is not None):
                 loss = rs.loss_fn(rs.ddp(x), y) / accumulation
-            if fault_here("nan", rs.boot.info.rank, rs.pos.global_step + 1):
+            if fault_here("nan", rank, step) or fault_from("nanfrom", rank, step):
                 loss = loss * float("nan")  # a non-finite gradient on this rank only
             (rs.scaler.scale(loss) if rs.scaler else loss).backward()
         total += loss.detach().float()
     if rs.scaler is not None:
         rs.scaler.step(rs.optimizer)  # skips the step on inf/NaN; identical on every rank after the all-reduce
+        count_scaler_skips(rs)
         rs.scaler.update()
     elif grads_finite(rs.ddp.module):
         rs.optimizer.step()
@@ -64,10 +74,38 @@ def train_step(rs, images, labels, accumulation: int) -> torch.Tensor:
 def skip_nonfinite_step(rs) -> None:
     rs.nonfinite_in_a_row += 1
     rs.skipped_steps += 1
-    log.warning("step %d: non-finite gradients, step skipped on every rank", rs.pos.global_step)
-    if rs.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
-        raise RunFailed(f"{rs.nonfinite_in_a_row} steps in a row had non-finite gradients (from step "
-                        f"{rs.pos.global_step - rs.nonfinite_in_a_row + 1}); lower the LR")
+    log.warning("step %d: non-finite gradients, step skipped on every rank", rs.pos.global_step + 1)
+    limit = rs.spec.job.max_nonfinite_steps
+    if rs.nonfinite_in_a_row >= limit:
+        raise RunFailed(f"{rs.nonfinite_in_a_row} steps in a row had non-finite loss or gradients (steps "
+                        f"{rs.pos.global_step - rs.nonfinite_in_a_row + 2}-{rs.pos.global_step + 1}, "
+                        f"job.max_nonfinite_steps = {limit}); nothing was saved from them; lower the LR")
+
+
+def count_scaler_skips(rs) -> None:
+    """The GradScaler skipped this step when it found inf/NaN: counted on the device (no host read per step);
+    check_nonfinite reads the counts at each logging interval and before every checkpoint."""
+    found = sum(v.to(torch.int64) for v in rs.scaler._found_inf_per_device(rs.optimizer).values()).clamp(max=1)
+    if rs.scaler_counts is None:  # [steps skipped in a row now, the most in a row since the last read, total]
+        rs.scaler_counts = torch.zeros(3, dtype=torch.int64, device=found.device)
+    c = rs.scaler_counts
+    c[0] = (c[0] + 1) * found
+    c[1] = torch.maximum(c[1], c[0])
+    c[2] += found
+
+
+def check_nonfinite(rs) -> None:
+    """RunFailed when the GradScaler skipped job.max_nonfinite_steps steps in a row (one host read)."""
+    if rs.scaler_counts is None:
+        return
+    now, most, total = rs.scaler_counts.tolist()
+    rs.skipped_steps, rs.nonfinite_in_a_row = total, now
+    rs.scaler_counts[1] = now
+    limit = rs.spec.job.max_nonfinite_steps
+    if most >= limit:
+        raise RunFailed(f"{most} steps in a row had non-finite loss or gradients (the loss scaler skipped them, "
+                        f"by step {rs.pos.global_step}; job.max_nonfinite_steps = {limit}); nothing was saved "
+                        "from them; lower the LR")
 
 
 def sync_buffers(model: nn.Module) -> None:
@@ -107,9 +145,83 @@ def param_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def check_replicas(model: nn.Module) -> tuple[str, bool, list[str]]:
-    """Every rank's parameter digest, gathered; (this rank's, all agree, all)."""
-    mine = param_digest(model)
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    return mine, len(set(everyone)) == 1, everyone
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_MASK = (1 << 62) - 1  # digests stay positive and negatable in int64 (one all-reduce of v and -v)
+CHECKED = ("parameters", "parameters", "non-finite parameters", "global step", "epoch", "step in epoch",
+           "images consumed")
+
+
+def bit_digest(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Two int64 sums over the tensors' bit patterns (plain and position-weighted, per tensor weighted by its
+    index): any changed bit changes them, and integer sums do not depend on the order of summation, so equal
+    replicas give equal digests on every device."""
+    d = torch.zeros(2, dtype=torch.int64, device=tensors[0].device if tensors else "cpu")
+    for i, t in enumerate(tensors):
+        flat = t.detach().reshape(-1)
+        if flat.dtype.is_floating_point or flat.dtype.is_complex:
+            flat = flat.view(_BITS[flat.element_size()])
+        bits = flat.to(torch.int64)
+        weights = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64) % 65521 + 1
+        d[0] += bits.sum() * (i + 1)
+        d[1] += (bits * weights).sum()
+    return d
+
+
+def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    floats = [t.detach() for t in tensors if t.dtype.is_floating_point]
+    if not floats:
+        return torch.ones((), dtype=torch.bool)
+    return torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(floats)])).all()
+
+
+def replica_vector(model: nn.Module, pos, buffers: bool) -> torch.Tensor:
+    """This rank's [digest (2), non-finite flag, global_step, epoch, step_in_epoch, images] as int64."""
+    tensors = [p for _, p in sorted(model.named_parameters())]
+    if buffers:  # BatchNorm statistics are per rank while training; compared only after sync_buffers
+        tensors += [b for _, b in sorted(model.named_buffers())]
+    digest = bit_digest(tensors) & _MASK
+    device = digest.device
+    bad = (~all_finite(tensors)).to(torch.int64).reshape(1).to(device)
+    where = torch.tensor([pos.global_step, pos.epoch, pos.step_in_epoch, pos.images], dtype=torch.int64,
+                         device=device)
+    return torch.cat([digest, bad, where])
+
+
+def check_replicas(rs, when: str, buffers: bool = False) -> None:
+    """Every rank holds the same parameters (and buffers), at the same step and data position, and they are
+    finite: one all-reduce (MIN over v and -v) of 14 integers; RunFailed on every rank alike otherwise, naming
+    the ranks that differ (a second, small all-gather only then). Call before anything is saved."""
+    check_nonfinite(rs)
+    v = replica_vector(rs.model, rs.pos, buffers)
+    both = torch.cat([v, -v])
+    dist.all_reduce(both, op=dist.ReduceOp.MIN)
+    low, high = both[: len(v)], -both[len(v):]
+    differ = (low != high).tolist()
+    step = rs.pos.global_step
+    if any(differ):
+        every = [torch.empty_like(v) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, v)
+        rows = [tuple(t.tolist()) for t in every]
+        usual = Counter(rows).most_common(1)[0][0]
+        odd = [r for r, row in enumerate(rows) if row != usual]
+        what = sorted({CHECKED[i] for i, d in enumerate(differ) if d}, key=CHECKED.index)
+        raise RunFailed(f"replicas differ at step {step} ({when}): rank(s) {_ranks(odd)} disagree with the "
+                        f"other {len(rows) - len(odd)} in {', '.join(what)}; nothing was saved")
+    if int(high[2].item()):
+        raise RunFailed(f"parameters are non-finite at step {step} ({when}) on every rank; nothing was saved; "
+                        "lower the LR or check the optimizer settings")
+
+
+def _ranks(ranks: list[int], limit: int = 16) -> str:
+    text = ", ".join(map(str, ranks[:limit]))
+    return text + (f" and {len(ranks) - limit} more" if len(ranks) > limit else "")
+
+
+def maybe_perturb(rs) -> None:
+    """Fault injection: TORUS_TRAIN_FAULT=diverge:R:S nudges one parameter of rank R after step S (a replica
+    that went its own way); nanparam:R:S puts a NaN into it (an optimizer that produced one)."""
+    rank, step = rs.boot.info.rank, rs.pos.global_step
+    for kind, value in (("diverge", 1e-3), ("nanparam", float("nan"))):
+        if fault_here(kind, rank, step) or fault_here(kind, "all", step):
+            with torch.no_grad():
+                next(rs.model.parameters()).view(-1)[0] += value
