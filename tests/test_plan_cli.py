@@ -53,14 +53,36 @@ def test_step_counts_at_2176():
     assert rows["flat"][1] == "4350" and rows["torus"][1] == "196"
 
 
-def test_without_grid_the_best_grid_is_chosen_and_explained(tmp_path):
+def test_without_grid_the_grid_and_bucket_cap_are_chosen_by_the_step_and_explained(tmp_path):
     out = tmp_path / "p.json"
     r = CliRunner().invoke(plan, ["--gpus", "1088", "--json", str(out)])
     assert r.exit_code == 0, r.output
     d = json.loads(out.read_text())
-    best, _ = best_grid(1088, PRESETS["abci-v100"], d["gradient_bytes"])
-    assert d["grid"] == str(best)
-    assert f"# grid {best}: fastest predicted torus" in r.output and "factor pairs" in d["grid_why"]
+    cands = d["candidates"]
+    assert cands and all(set(c) == {"grid", "cap_mb", "buckets", "allreduce_seconds", "exposed_seconds",
+                                    "step_seconds", "scaling_efficiency"} for c in cands)
+    best = cands[0]
+    assert best["step_seconds"] == min(c["step_seconds"] for c in cands)
+    assert (d["grid"], d["bucket_cap_bytes"]) == (best["grid"], int(best["cap_mb"] * 2**20))
+    assert d["algorithms"]["torus"]["step_seconds"] == pytest.approx(best["step_seconds"])
+    # every factor pair of 1088 was compared at DDP's 25 MiB, and every cap on the best grids
+    assert {c["grid"] for c in cands if c["cap_mb"] == 25} == {f"{x}x{1088 // x}" for x in
+                                                               (1, 2, 4, 8, 16, 17, 32, 34, 64, 68, 136, 272, 544, 1088)}
+    assert f"# grid {best['grid']}: fastest predicted step of {len(cands)} (grid, bucket cap) pairs" in r.output
+    # the table of candidates, best first, with the chosen pair on its first row
+    rows = [line.split() for line in r.output.splitlines() if line.startswith("# ") and "%" in line]
+    assert rows[0][1:3] == [best["grid"], f"{best['cap_mb']:g}"]
+    # the fused all-reduce alone would choose another grid: the output says so
+    fused, _ = best_grid(1088, PRESETS["abci-v100"], d["gradient_bytes"])
+    assert str(fused) != best["grid"] and f"the grid with the fastest single all-reduce, {fused}" in r.output
+
+
+def test_given_grid_or_overlap_keeps_the_old_choices():
+    r = CliRunner().invoke(plan, ["--gpus", "1088", "--overlap", "0.5"])
+    best, _ = best_grid(1088, PRESETS["abci-v100"], 25_557_032 * 2)
+    assert r.exit_code == 0 and f"# grid {best}: fastest predicted torus" in r.output
+    r = CliRunner().invoke(plan, ["--gpus", "1088", "--grid", "32x34"])
+    assert r.exit_code == 0 and "then 25 MiB" in r.output and "(grid, bucket cap) pairs" not in r.output
 
 
 @pytest.mark.timeout(120)

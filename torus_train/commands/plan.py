@@ -45,8 +45,9 @@ def _mb(nbytes: float) -> str:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the plan as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="PNG of predicted all-reduce time against GPU count (64..4096) per algorithm.")
-@click.option("--bucket-cap-mb", type=float, default=25.0, show_default=True,
-              help="DDP's bucket_cap_mb for the bucket timeline (MiB of fp32 parameters; the first bucket 1 MiB).")
+@click.option("--bucket-cap-mb", type=float, default=None,
+              help="DDP's bucket_cap_mb for the bucket timeline (MiB of fp32 parameters; the first bucket 1 MiB) "
+                   "[default: 25 with --grid; without --grid, chosen with the grid by the predicted step].")
 @click.option("--layer-profile", "profile_path", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
               help="Backward seconds per module ({module: seconds}, from `python -m torus_train.plan.timeline "
                    "MODEL OUT.json`) to share the backward pass by, instead of layer FLOPs.")
@@ -100,7 +101,7 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     _check_plan_args(gpus, grid, per_gpu_batch, overlap, bucket_cap_mb, simulate or check_groups, plot_path, png_path)
     profile = _read_profile(profile_path) if profile_path else None
     p = make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap, placement,
-                  int(bucket_cap_mb * 2**20), profile)
+                  None if bucket_cap_mb is None else int(bucket_cap_mb * 2**20), profile)
     _print_plan(p)
     out = p.to_json()
     if p.overlap is None:
@@ -143,7 +144,7 @@ def _check_plan_args(gpus, grid, per_gpu_batch, overlap, bucket_cap_mb, virtual_
     if virtual_ranks and (grid.size if grid else gpus) > MAX_CHECKED_RANKS:
         raise UserError(f"--simulate and --check-groups run on at most {MAX_CHECKED_RANKS:,} virtual ranks, not "
                         f"{grid.size if grid else gpus:,}")
-    if not bucket_cap_mb > 0:
+    if bucket_cap_mb is not None and not bucket_cap_mb > 0:
         raise UserError(f"--bucket-cap-mb: {bucket_cap_mb:g} must be > 0")
     if png_path is not None:
         if overlap is not None:
@@ -230,6 +231,7 @@ def _print_plan(p) -> None:
     click.echo(f"# compute per step: {p.per_gpu_batch} / {p.images_per_second:g} img/s = "
                f"{p.compute_seconds * 1e3:.2f} ms; backward {BACKWARD_FRACTION:.2f} of it; {how}")
     click.echo(f"# grid {p.grid}: {p.grid_why}; ranks fill nodes by {p.placement}")
+    _print_candidates(p.candidates)
     click.echo("#")
     head = (f"{'algorithm':>13} {'steps':>6} {'MB across nodes':>16} {'all-reduce ms':>14} {'busbw GB/s':>11} "
             f"{'exposed ms':>11} {'overlap':>8} {'step ms':>9} {'efficiency':>11}")
@@ -253,6 +255,24 @@ def _print_plan(p) -> None:
     click.echo("# sources:" + ("" if net.sources else " none given"))
     for s in net.sources:
         click.echo(f"#   - {s}")
+
+
+CANDIDATES_SHOWN = 8
+"""Rows of the (grid, bucket cap) comparison that plan prints (JSON holds them all)."""
+
+
+def _print_candidates(cands: list[dict]) -> None:
+    """The (grid, bucket cap) pairs the choice compared, best first."""
+    if not cands:
+        return
+    click.echo(f"# {'grid':>9} {'cap MiB':>8} {'buckets':>8} {'fused all-reduce ms':>20} {'exposed ms':>11} "
+               f"{'step ms':>9} {'efficiency':>11}")
+    for c in cands[:CANDIDATES_SHOWN]:
+        click.echo(f"# {c['grid']:>9} {c['cap_mb']:>8g} {c['buckets']:>8} {c['allreduce_seconds'] * 1e3:>20.3f} "
+                   f"{c['exposed_seconds'] * 1e3:>11.3f} {c['step_seconds'] * 1e3:>9.2f} "
+                   f"{c['scaling_efficiency'] * 100:>10.2f}%")
+    if len(cands) > CANDIDATES_SHOWN:
+        click.echo(f"# ... {len(cands) - CANDIDATES_SHOWN} more in --json (candidates)")
 
 
 def _overlap_text(a, p) -> str:

@@ -7,7 +7,7 @@ at one (GPUs, grid, network, model, batch) point; sweep gives the curves of all-
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable
 
 from torus_train.errors import UserError
@@ -119,6 +119,8 @@ class Plan:
     """What shares the backward pass over layers: "forward FLOPs" or "measured profile"."""
     layers: tuple = ()
     """The layers the timeline used (not in JSON)."""
+    candidates: list = field(default_factory=list)
+    """The (grid, bucket cap) pairs compared to choose the grid (no --grid given), fastest first; else empty."""
 
     def to_json(self) -> dict:
         """The plan as JSON: every input (the network with its sources) and every algorithm's line."""
@@ -135,29 +137,38 @@ class Plan:
 
 def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: int = 32,
               grid: Grid | None = None, gradient_dtype: str = "fp16", images_per_second: float | None = None,
-              overlap: float | None = None, placement: str = "rows", bucket_cap: int = DDP_BUCKET_CAP,
+              overlap: float | None = None, placement: str = "rows", bucket_cap: int | None = DDP_BUCKET_CAP,
               layer_profile: dict | None = None) -> Plan:
-    """Predict every algorithm at `gpus` GPUs; with no grid, choose the fastest torus grid.
+    """Predict every algorithm at `gpus` GPUs; with no grid, choose the torus grid (and, with bucket_cap None,
+    the bucket cap) by the predicted step (choose_grid_and_cap; with --overlap, by the fused all-reduce).
 
     overlap None (the default): each algorithm's step comes from the bucket timeline (DDP's buckets of the
     model, each all-reduced with that algorithm, queued; torus_train.plan.timeline). A number: the old stated
     overlap, an override, with the whole gradient as one all-reduce."""
     _check_plan_inputs(gpus, per_gpu_batch, model, gradient_dtype)
-    if not bucket_cap > 0:
+    if bucket_cap is not None and not bucket_cap > 0:
         raise UserError(f"--bucket-cap-mb: {bucket_cap / 2**20:g} must be > 0")
     nbytes = MODELS[model].gradient_bytes(gradient_dtype)
-    if grid is None:
+    images_per_second = _throughput(net, model, images_per_second)
+    compute = per_gpu_batch / images_per_second
+    layers = model_layers(model) if overlap is None else ()
+    if layers and layer_profile is not None:
+        layers = layers_with_profile(layers, layer_profile)
+    candidates: list[Candidate] = []
+    if grid is None and overlap is None:
+        caps = BUCKET_CAPS_MB if bucket_cap is None else (bucket_cap / 2**20,)
+        candidates = choose_grid_and_cap(gpus, net, model, per_gpu_batch, gradient_dtype, compute, placement,
+                                         layers, caps, 25.0 if bucket_cap is None else bucket_cap / 2**20)
+        grid = Grid(*map(int, candidates[0].grid.split("x")), net.gpus_per_node)
+        bucket_cap, why = int(candidates[0].cap_mb * 2**20), why_chosen(candidates)
+    elif grid is None:
         grid, why = best_grid(gpus, net, nbytes, placement)
     else:
         check_grid_size(grid, gpus)
         grid = Grid(grid.x, grid.y, net.gpus_per_node)
         why = f"given by --grid ({grid.torus_steps} torus steps)"
-    images_per_second = _throughput(net, model, images_per_second)
-    compute = per_gpu_batch / images_per_second
+    bucket_cap = DDP_BUCKET_CAP if bucket_cap is None else bucket_cap
     algos = {}
-    layers = model_layers(model) if overlap is None else ()
-    if layers and layer_profile is not None:
-        layers = layers_with_profile(layers, layer_profile)
     for algo in ALGORITHMS:
         c = allreduce_cost(algo, grid, net, nbytes, placement)
         if overlap is not None:
@@ -173,7 +184,8 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
                                t.to_json())
     return Plan(gpus, str(grid), why, net, model, gradient_dtype, nbytes, per_gpu_batch, images_per_second,
                 overlap, placement, compute, algos, bucket_cap,
-                "measured profile" if layer_profile is not None else "forward FLOPs", tuple(layers))
+                "measured profile" if layer_profile is not None else "forward FLOPs", tuple(layers),
+                [asdict(c) for c in candidates])
 
 
 BUCKET_CAPS_MB = (1, 2, 5, 10, 25, 50, 100, 200)
@@ -193,6 +205,77 @@ def bucket_sweep(p: Plan, algo: str = "torus", caps_mb=BUCKET_CAPS_MB) -> list[d
         out.append({"cap_mb": cap, "buckets": len(t.buckets), "exposed_seconds": t.exposed_seconds,
                     "step_seconds": t.step_seconds, "scaling_efficiency": t.scaling_efficiency})
     return out
+
+
+@dataclass
+class Candidate:
+    """One (grid, bucket cap) pair that choose_grid_and_cap compared, with its predicted torus step."""
+
+    grid: str
+    """XxY."""
+    cap_mb: float
+    """DDP bucket cap, MiB."""
+    buckets: int
+    """Buckets the model's gradients make at this cap."""
+    allreduce_seconds: float
+    """The fused all-reduce of the whole gradient on this grid (what the grid alone decides)."""
+    exposed_seconds: float
+    """Communication after the end of the backward pass, from the bucket timeline."""
+    step_seconds: float
+    """Predicted training step."""
+    scaling_efficiency: float
+    """compute / step."""
+
+
+TOP_GRIDS_SWEPT = 3
+"""choose_grid_and_cap tries every bucket cap on this many of the best grids at the default cap."""
+
+
+def choose_grid_and_cap(gpus: int, net: Network, model: str, per_gpu_batch: int, gradient_dtype: str,
+                        compute_seconds: float, placement: str = "rows", layers=None,
+                        caps_mb=BUCKET_CAPS_MB, default_cap_mb: float = 25.0) -> list[Candidate]:
+    """The torus step on the bucket timeline for (grid, bucket cap) pairs, fastest first: every factor pair
+    X x Y = gpus at the default cap, then every cap of caps_mb on the TOP_GRIDS_SWEPT fastest grids (a cap moves
+    the step by the latency terms and the last bucket's size; the grid by the bandwidth of every bucket, so the
+    grid is ranked first; this also bounds the work at a few hundred all-reduce costs)."""
+    layers = layers or model_layers(model)
+    nbytes = MODELS[model].gradient_bytes(gradient_dtype)
+
+    def candidate(g: Grid, cap_mb: float) -> Candidate:
+        cost = lambda b: allreduce_cost("torus", g, net, b, placement).seconds  # noqa: E731
+        t = timeline(layers, compute_seconds, BACKWARD_FRACTION, cost, DTYPE_BYTES[gradient_dtype], "torus",
+                     int(cap_mb * 2**20))
+        return Candidate(f"{g.x}x{g.y}", cap_mb, len(t.buckets), cost(nbytes), t.exposed_seconds, t.step_seconds,
+                         t.scaling_efficiency)
+
+    def key(c: Candidate):  # ties (within a nanosecond): fewer buckets, then longer rows
+        return (round(c.step_seconds, 9), c.buckets, -int(c.grid.split("x")[0]))
+
+    grids = [Grid(x, y, net.gpus_per_node) for x, y in factor_pairs(gpus)]
+    ranked = sorted((candidate(g, default_cap_mb) for g in grids), key=key)
+    seen = {(c.grid, c.cap_mb) for c in ranked}
+    by_name = {f"{g.x}x{g.y}": g for g in grids}
+    swept = [candidate(by_name[c.grid], cap) for c in ranked[:TOP_GRIDS_SWEPT] for cap in caps_mb
+             if (c.grid, cap) not in seen]
+    return sorted(ranked + swept, key=key)
+
+
+def why_chosen(cands: list[Candidate]) -> str:
+    """Why the first candidate: its step, the runner-up's, the grid with the fastest fused all-reduce."""
+    best = cands[0]
+    grids = len({c.grid for c in cands})
+    why = (f"fastest predicted step of {len(cands)} (grid, bucket cap) pairs ({grids} factor pairs at the default "
+           f"cap, every cap on the {min(TOP_GRIDS_SWEPT, grids)} best): {best.step_seconds * 1e3:.3f} ms with "
+           f"{best.cap_mb:g} MiB buckets ({best.buckets}), exposed {best.exposed_seconds * 1e3:.3f} ms")
+    other = next((c for c in cands[1:] if (c.grid, c.cap_mb) != (best.grid, best.cap_mb)), None)
+    if other is not None:
+        why += f"; next best {other.grid} at {other.cap_mb:g} MiB {other.step_seconds * 1e3:.3f} ms"
+    fused = min(cands, key=lambda c: (c.allreduce_seconds, -int(c.grid.split("x")[0])))
+    if fused.grid != best.grid:
+        step = min(c.step_seconds for c in cands if c.grid == fused.grid)
+        why += (f"; the grid with the fastest single all-reduce, {fused.grid} ({fused.allreduce_seconds * 1e3:.3f} "
+                f"ms), gives {step * 1e3:.3f} ms per step: the timeline, not the fused all-reduce, decides")
+    return why
 
 
 def _check_plan_inputs(gpus: int, per_gpu_batch: int, model: str, gradient_dtype: str) -> None:

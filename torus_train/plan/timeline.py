@@ -49,10 +49,10 @@ class Layer:
 
 
 @lru_cache(maxsize=8)
-def model_layers(model: str, image_size: int = 224) -> tuple[Layer, ...]:
-    """The parameters of torchvision `model` in parameter order with their forward FLOPs at one image, from the
-    model built on the meta device (no memory, no weights) and one meta forward pass that records every
-    module's output shape."""
+def model_layers(model: str, image_size: int = 224, num_classes: int = 1000) -> tuple[Layer, ...]:
+    """The parameters of torchvision `model` (with `num_classes` outputs) in parameter order with their forward
+    FLOPs at one image, from the model built on the meta device (no memory, no weights) and one meta forward
+    pass that records every module's output shape."""
     try:
         import torch
         import torchvision
@@ -63,7 +63,7 @@ def model_layers(model: str, image_size: int = 224) -> tuple[Layer, ...]:
     except AttributeError:
         raise UserError(f"--model: torchvision has no model {model!r}") from None
     with torch.device("meta"):
-        m = ctor()
+        m = ctor(num_classes=num_classes)
     flops: dict[str, float] = {}
 
     def hook(name):
