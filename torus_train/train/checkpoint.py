@@ -101,12 +101,25 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, info: dict, keep
         _fsync_dir(folder)
         os.replace(temps[1], man)
         _fsync_dir(folder)
-    except OSError as e:
+    except Exception as e:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
-        raise RunFailed(_save_failure(folder, e)) from None
+        cause = _os_error(e)
+        if cause is None:
+            raise
+        raise RunFailed(_save_failure(folder, cause)) from None
     prune(folder, keep)
     return pt
+
+
+def _os_error(e: BaseException | None) -> OSError | None:
+    """The OSError behind e: torch.save's zip writer turns a failed write into a RuntimeError of its own."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, OSError):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
 
 
 def _save_failure(folder: Path, e: OSError) -> str:

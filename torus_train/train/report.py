@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from torus_train.train.state import RunState
+from torus_train.train.step import check_nonfinite
 
 log = logging.getLogger("torus_train.train")
 
@@ -123,6 +124,7 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> 
     if rs.rank0:
         write_jsonl(rs.metrics, rec)
         rs.progress.update(rec, rs.progress.total - rs.pos.global_step, n / seconds)
+    check_nonfinite(rs)  # the GradScaler path's skipped steps, read here rather than on every step
 
 
 def record_eval(rs: RunState, result: dict, epoch: int) -> None:
