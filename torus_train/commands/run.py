@@ -43,7 +43,10 @@ RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints")
 @click.option("--resume", is_flag=True, help="Continue from the latest complete checkpoint in the output folder.")
 @click.option("--overwrite", is_flag=True, help="Delete earlier results in the output folder first.")
 @click.option("--dry-run", is_flag=True, help="Print the resolved spec, grid, command and batch table; start nothing.")
-def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True,
+              help="When ranks fail after training started, start them again from the latest checkpoint, up to "
+                   "N times (not for bad input, a requested stop or a failed check; docs/faults.md).")
+def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, **flags) -> None:
     """Train on N ranks laid out as an XxY grid, exchanging gradients with the 2D-torus all-reduce.
 
     \b
@@ -77,7 +80,7 @@ def run(spec_path, sets, resume, overwrite, dry_run, **flags) -> None:
     prepare_data(spec, log=echo_err)
     write_job(out / "job.json", spec, plan.grid, resume)
     announce(spec, plan, schedule, out)
-    launch(plan, out)
+    launch_with_restarts(spec, plan, out, max_restarts)
     check_outcome(out)
 
 
@@ -147,14 +150,72 @@ def announce(spec: JobSpec, plan, schedule, out: Path) -> None:
     click.echo(schedule.table())
 
 
-def launch(plan, out: Path) -> None:
-    from torus_train.ranks.supervisor import echo_err, run_command, run_local
+WATCHDOG_MARGIN_S = 60.0
+"""Added to comm.timeout_s for the watchdog's default limit: the ranks' own timeout should fire first."""
+
+
+def watchdog_limits(spec: JobSpec) -> tuple[float, float]:
+    """(limit once every rank has finished a step, limit before that) in seconds."""
+    startup = spec.comm.timeout_s + WATCHDOG_MARGIN_S
+    return spec.launch.watchdog_s or startup, startup
+
+
+def launch(spec: JobSpec, plan, out: Path) -> None:
+    from torus_train.ranks.supervisor import command_failed, echo_err, reset_rank_files, run_command, run_local
 
     if plan.launcher == "local":
-        run_local(plan, out, echo_err)
-    else:
-        click.echo(f"$ {plan.command_text()}")
+        run_local(plan, out, echo_err, *watchdog_limits(spec))
+        return
+    click.echo(f"$ {plan.command_text()}")
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    reset_rank_files(out, plan.world_size)
+    try:
         run_command(plan.argv, plan.env, plan.launcher)
+    except RunFailed as e:
+        raise command_failed(str(e), out, plan.world_size) from None
+
+
+def launch_with_restarts(spec: JobSpec, plan, out: Path, max_restarts: int) -> None:
+    """Launch; after a failure that a restart may cure, start the ranks again from the latest checkpoint, up
+    to max_restarts times, saying so. A failure before any rank finished a step is a start-up failure and is
+    never restarted (the same start would fail again)."""
+    from torus_train.ranks.supervisor import RanksFailed
+
+    for attempt in range(max_restarts + 1):
+        try:
+            return launch(spec, plan, out)
+        except RanksFailed as e:
+            if not max_restarts:
+                raise
+            why_not = no_restart(e, attempt, max_restarts)
+            if why_not:
+                raise RanksFailed(f"{e}; {why_not}", e.rank, e.step) from None
+            at = f" at step {e.step}" if e.step >= 0 else ""
+            click.echo(f"{e.how}{at}; restart {attempt + 1} of {max_restarts} from {latest_checkpoint_text(out)}",
+                       err=True)
+            write_job(out / "job.json", spec, plan.grid, resume=True)
+
+
+def no_restart(e, attempt: int, max_restarts: int) -> str:
+    """Why a failure is not restarted ('' when it is)."""
+    if e.rank < 0:
+        return "not restarted: the launcher was interrupted"
+    if not e.restartable:
+        return "not restarted: this failure would repeat (bad input, a requested stop or a failed check)"
+    if not e.progressed:
+        return "not restarted: no rank finished a step in this attempt (a start-up failure)"
+    if attempt >= max_restarts:
+        return f"gave up after {max_restarts} restart(s)"
+    return ""
+
+
+def latest_checkpoint_text(out: Path) -> str:
+    """'the checkpoint at step 30' or 'the start (no checkpoint yet)', from the manifests' names (the ranks
+    verify and agree on the checkpoint themselves)."""
+    from torus_train.train.checkpoint import list_checkpoints
+
+    found = list_checkpoints(out / "checkpoints")
+    return f"the checkpoint at step {found[0][0]}" if found else "the start (no checkpoint yet)"
 
 
 def local_gpu_count() -> int:

@@ -5,6 +5,13 @@ it), sends its stderr (and stdout, except rank 0's) to OUT/logs/rankNNNNN.log, a
 fails is reported (rank, exit code or signal, last lines of its log), the others get SIGTERM and, after a grace
 period, SIGKILL; nothing is left behind. A rank that exits 0 without its .done marker ended too early and
 counts as failed. SIGINT/SIGTERM to the launcher are forwarded to every rank.
+
+The watchdog: every rank rewrites a heartbeat file with the last step it finished (ranks/heartbeat.py). When
+no rank has finished a step for ``watchdog_s`` seconds (before every rank's first step: at least the start-up
+limit, the collective timeout plus a margin), the launcher has each rank dump the Python stack of all its
+threads into its log (SIGUSR1, faulthandler), names the ranks that stopped progressing first (the lowest last
+step) and ends the job. A failure comes back as ``RanksFailed``, which also says whether a restart from the
+latest checkpoint could help (``restartable``) and at which step the failed rank was.
 """
 from __future__ import annotations
 
@@ -14,14 +21,61 @@ import subprocess
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from torus_train.errors import RunFailed
 from torus_train.job.launch import LaunchPlan
+from torus_train.ranks.heartbeat import PARENT_ENV, Beat, clear_beats, first_stopped, read_beats
 
 GRACE_S = 10.0
 POLL_S = 0.2
+BEAT_READ_S = 1.0
+DUMP_WAIT_S = 2.0
+"""How long the ranks get to write their stacks after SIGUSR1."""
+RESTARTABLE = ("crash",)
+"""Kinds of a rank's own failure (its .failed marker) that a restart may cure; input errors, a stop asked for
+by a signal and the job's own verdicts (diverged replicas, non-finite loss, a bad checkpoint) would repeat."""
+
+
+class RanksFailed(RunFailed):
+    """The ranks failed after launch. `rank` is the root cause, `step` the last step it finished (-1: none),
+    `restartable` whether starting again from the latest checkpoint could help, `progressed` whether any rank
+    finished a step in this attempt."""
+
+    def __init__(self, text: str, rank: int = -1, step: int = -1, restartable: bool = False,
+                 progressed: bool = False, how: str = ""):
+        super().__init__(text)
+        self.rank, self.step, self.restartable, self.progressed = rank, step, restartable, progressed
+        self.how = how or text
+
+
+@dataclass
+class Failure:
+    """What the poll loop saw: the root-cause rank, the line for the user, and how it ended."""
+
+    rank: int
+    text: str
+    how: str
+    """'rank 3 was killed by SIGKILL', 'rank 1 stopped responding', ... (for the restart line)."""
+    restartable: bool
+
+
+@dataclass
+class Watch:
+    """The watchdog's state: the last (rank, step) set seen and when it last changed."""
+
+    limit_s: float
+    startup_s: float
+    seen: dict
+    changed: float
+    read_at: float = 0.0
+
+    def due(self, now: float, ranks: int) -> bool:
+        started = len(self.seen) == ranks and all(b.step >= 0 for b in self.seen.values())
+        limit = self.limit_s if started else max(self.limit_s, self.startup_s)
+        return now - self.changed > limit
 
 
 def _log(out: Path, rank: int) -> Path:
@@ -98,34 +152,77 @@ class _Signals:
         return False
 
 
-def run_local(plan: LaunchPlan, out: Path, say: Callable[[str], None]) -> None:
-    """Start the plan's ranks on this machine and wait; raise RunFailed naming the first rank that failed."""
+def run_local(plan: LaunchPlan, out: Path, say: Callable[[str], None], watchdog_s: float = 0.0,
+              startup_s: float = 0.0) -> None:
+    """Start the plan's ranks on this machine and wait; raise RanksFailed naming the first rank that failed.
+
+    watchdog_s: seconds without a finished step on any rank before the job is ended (0: no watchdog);
+    startup_s: the limit until every rank has finished a step (at least watchdog_s)."""
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    n = len(plan.rank_env)
+    reset_rank_files(out, n)
     procs: list[subprocess.Popen] = []
     files = []
     with _Signals() as sig:
         try:
             for rank, renv in enumerate(plan.rank_env):
-                _done(out, rank).unlink(missing_ok=True)
                 logf = open(_log(out, rank), "ab")
                 files.append(logf)
-                env = {**os.environ, **plan.env, **renv, "TORUS_TRAIN_LOG_REDIRECTED": "1"}
+                env = {**os.environ, **plan.env, **renv, "TORUS_TRAIN_LOG_REDIRECTED": "1",
+                       PARENT_ENV: str(os.getpid())}
                 procs.append(subprocess.Popen(plan.argv, env=env, stdin=subprocess.DEVNULL,
                                               stdout=None if rank == 0 else logf, stderr=logf,
                                               start_new_session=True))
-            failure = _watch(procs, out, sig)
+            watch = Watch(watchdog_s, startup_s, {}, time.time()) if watchdog_s > 0 else None
+            failure = _watch(procs, out, sig, watch)
         finally:
             stop_all(procs, grace=GRACE_S)
             for f in files:
                 f.close()
     if failure:
-        rank, text = failure
-        lines = tail(_log(out, rank))
-        if lines:
-            say(f"last lines of {_log(out, rank)}:")
-            for ln in lines:
-                say(f"  {ln}")
-        raise RunFailed(text)
+        raise _ranks_failed(failure, out, n, say)
+
+
+def _ranks_failed(failure: Failure, out: Path, ranks: int, say: Callable[[str], None]) -> RanksFailed:
+    lines = tail(_log(out, failure.rank)) if failure.rank >= 0 else []
+    if lines:
+        say(f"last lines of {_log(out, failure.rank)}:")
+        for ln in lines:
+            say(f"  {ln}")
+    beats = read_beats(out, ranks)
+    step = beats[failure.rank].step if failure.rank in beats else -1
+    progressed = any(b.step >= 0 for b in beats.values())
+    return RanksFailed(failure.text, failure.rank, step, failure.restartable, progressed, failure.how)
+
+
+def reset_rank_files(out: Path, ranks: int) -> None:
+    """Before an attempt: no .done, .failed or .beat file of an earlier one may speak for this one."""
+    clear_beats(out, ranks)
+    for rank in range(ranks):
+        _done(out, rank).unlink(missing_ok=True)
+        _failed_marker(out, rank).unlink(missing_ok=True)
+
+
+def _failed_marker(out: Path, rank: int) -> Path:
+    return out / "logs" / f"rank{rank:05d}.failed"
+
+
+def failure_kind(out: Path, rank: int) -> str:
+    """The kind a rank gave its own failure (input, stopped, verdict, crash), or '' if it said nothing."""
+    import json
+
+    try:
+        return str(json.loads(_failed_marker(out, rank).read_text()).get("kind", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def restartable(code: int, kind: str) -> bool:
+    """A rank killed by a signal, exited 0 too early, or crashed (or died without saying why): a restart may
+    cure it. Bad input, a requested stop and the job's own verdicts would fail again the same way."""
+    if code < 0 or code == 0 or not kind:
+        return True
+    return kind in RESTARTABLE
 
 
 # Log lines of a rank that failed only because a peer went away: not the root cause.
@@ -167,32 +264,79 @@ def _describe(rank: int, code: int, out: Path) -> str:
     return f"rank {rank} {how_it_ended(code)}"
 
 
-def _watch(procs: list[subprocess.Popen], out: Path, sig: _Signals) -> tuple[int, str] | None:
+def _watch(procs: list[subprocess.Popen], out: Path, sig: _Signals, watch: Watch | None) -> Failure | None:
     while True:
         if sig.got is not None:
             name = signal.Signals(sig.got).name
-            return -1, f"interrupted by {name}: forwarded to all {len(procs)} ranks, which were stopped"
+            text = f"interrupted by {name}: forwarded to all {len(procs)} ranks, which were stopped"
+            return Failure(-1, text, text, False)
         failed = _failed(procs, out)
         if failed:
             time.sleep(1.0)  # let the ranks that die of the same cause show up, then pick the root cause
-            failed = _failed(procs, out)
-            rank = root_cause(failed, out)
-            alive = [r for r, p in enumerate(procs) if p.poll() is None]
-            if alive and all(peer_lost(r, out) for r in failed):
-                # Everyone that failed was waiting for a peer; the peer that neither failed nor progressed is
-                # the one that hung (e.g. stopped, or stuck outside any collective).
-                hung = alive[0]
-                state = process_state(procs[hung].pid)
-                return hung, (f"rank {hung} stopped responding (process {state}); rank(s) "
-                              f"{', '.join(map(str, sorted(failed)))} timed out or lost the connection waiting for "
-                              f"it (log: {_log(out, hung)}); stopped the other ranks")
-            others = sorted(set(failed) - {rank})
-            also = f"; then rank(s) {', '.join(map(str, others))} failed too" if others else ""
-            return rank, (f"{_describe(rank, failed[rank], out)} (log: {_log(out, rank)}){also}; "
-                          "stopped the other ranks")
+            return _diagnose(procs, out, _failed(procs, out))
         if all(p.poll() is not None for p in procs):
             return None
+        if watch is not None and (hung := _check_progress(procs, out, watch)) is not None:
+            return hung
         time.sleep(POLL_S)
+
+
+def _diagnose(procs: list[subprocess.Popen], out: Path, failed: dict[int, int]) -> Failure:
+    rank = root_cause(failed, out)
+    alive = [r for r, p in enumerate(procs) if p.poll() is None]
+    if alive and all(peer_lost(r, out) for r in failed):
+        # Everyone that failed was waiting for a peer; the peer that neither failed nor progressed is
+        # the one that hung (e.g. stopped, or stuck outside any collective).
+        hung = alive[0]
+        state = process_state(procs[hung].pid)
+        how = f"rank {hung} stopped responding (process {state})"
+        return Failure(hung, f"{how}; rank(s) {', '.join(map(str, sorted(failed)))} timed out or lost the "
+                             f"connection waiting for it (log: {_log(out, hung)}); stopped the other ranks", how, True)
+    others = sorted(set(failed) - {rank})
+    also = f"; then rank(s) {', '.join(map(str, others))} failed too" if others else ""
+    how = _describe(rank, failed[rank], out)
+    return Failure(rank, f"{how} (log: {_log(out, rank)}){also}; stopped the other ranks", how,
+                   restartable(failed[rank], failure_kind(out, rank)))
+
+
+def _check_progress(procs: list[subprocess.Popen], out: Path, watch: Watch) -> Failure | None:
+    """The watchdog: None while some rank finishes steps; else dump every rank's stack and name who stopped."""
+    now = time.time()
+    if now - watch.read_at < BEAT_READ_S:
+        return None
+    watch.read_at = now
+    beats = read_beats(out, len(procs))
+    if beats != watch.seen:
+        watch.seen, watch.changed = beats, now
+        return None
+    if not watch.due(now, len(procs)):
+        return None
+    idle = now - watch.changed
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGUSR1)  # the rank alone: faulthandler writes its stack to its log
+            except ProcessLookupError:
+                pass
+    time.sleep(DUMP_WAIT_S)
+    return _stalled(procs, out, beats, idle)
+
+
+def _stalled(procs: list[subprocess.Popen], out: Path, beats: dict[int, Beat], idle: float) -> Failure:
+    first = first_stopped(beats) or list(range(len(procs)))
+    silent = [r for r in range(len(procs)) if r not in beats]
+    states = {r: process_state(procs[r].pid) for r in first}
+    where = ", ".join(f"rank {r} (last step {beats[r].step if r in beats else 'none'}, process {states[r]})"
+                      for r in first[:8]) + (", ..." if len(first) > 8 else "")
+    top = max((b.step for b in beats.values()), default=-1)
+    rest = f"; the others reached step {top}" if top > min((b.step for b in beats.values()), default=top) else \
+        ("; every rank is at the same step" if len(first) == len(procs) else "")
+    if silent:
+        rest += f"; rank(s) {', '.join(map(str, silent[:8]))} never wrote a heartbeat"
+    how = f"rank {first[0]} stopped progressing" if len(first) < len(procs) else "every rank stopped progressing"
+    text = (f"watchdog: no rank finished a step for {idle:.0f} s; stopped first: {where}{rest}; each rank's Python "
+            f"stack is in its log ({_log(out, 0).parent}/rankNNNNN.log); stopped the job")
+    return Failure(first[0], text, how, True)
 
 
 def _failed(procs: list[subprocess.Popen], out: Path) -> dict[int, int]:
@@ -225,6 +369,21 @@ def run_command(argv: list[str], env: dict[str, str], what: str) -> None:
                 p.wait()
     if p.returncode != 0:
         raise RunFailed(f"{what} {how_it_ended(p.returncode)}; see the ranks' lines above and OUT/logs/")
+
+
+def command_failed(text: str, out: Path, ranks: int) -> RanksFailed:
+    """An mpirun/srun step that failed, judged from what its ranks left in OUT/logs (a shared folder): the
+    lowest rank that reported a failure, its kind, and whether any rank finished a step."""
+    if text.startswith("interrupted"):
+        return RanksFailed(text)
+    beats = read_beats(out, ranks)
+    progressed = any(b.step >= 0 for b in beats.values())
+    reported = [r for r in range(ranks) if _failed_marker(out, r).exists()]
+    kinds = {failure_kind(out, r) for r in reported}
+    rank = min((r for r in reported if failure_kind(out, r) in RESTARTABLE), default=min(reported, default=0))
+    step = beats[rank].step if rank in beats else -1
+    ok = not kinds or kinds <= set(RESTARTABLE)
+    return RanksFailed(text, rank, step, ok, progressed, f"the {ranks}-rank step failed ({text.split(';')[0]})")
 
 
 def echo_err(text: str) -> None:

@@ -4,20 +4,28 @@ Started by `torus-train run` (local launcher), by mpirun or by srun. It redirect
 OUT/logs/rankNNNNN.log (rank 0 keeps its stdout for the progress bar), brings up the process group and the
 grid's row/column groups, trains, and on success leaves OUT/logs/rankNNNNN.done so that the launcher can tell
 a finished rank from one that exited 0 too early. A failure is logged with its traceback and reported on one
-line as ``torus-train: rank R failed: ...`` with a non-zero exit code.
+line as ``torus-train: rank R failed: ...`` with a non-zero exit code; OUT/logs/rankNNNNN.failed says what
+kind of failure it was (input, verdict, stopped, crash), which the launcher reads to decide on a restart.
+
+For the launcher's watchdog a rank keeps a heartbeat (OUT/logs/rankNNNNN.beat, ranks/heartbeat.py) and dumps
+the Python stack of all its threads into its log on SIGUSR1 (faulthandler). Started by the local launcher, it
+dies with the launcher (heartbeat.die_with_parent).
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
 from torus_train.ranks.bootstrap import rank_info
+from torus_train.ranks.heartbeat import Heartbeat, die_with_parent
 from torus_train.errors import RunFailed, UserError
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
@@ -45,10 +53,51 @@ def done_path(out: Path, rank: int) -> Path:
     return out / "logs" / f"rank{rank:05d}.done"
 
 
+def failed_path(out: Path, rank: int) -> Path:
+    return out / "logs" / f"rank{rank:05d}.failed"
+
+
+def classify(e: BaseException) -> tuple[int, str, str]:
+    """(exit code, kind, message) of the exception that ended a rank. Kinds: input (bad input: exit 2),
+    stopped (a signal), verdict (the job's own check failed: a corrupt checkpoint, diverged replicas, non-finite
+    loss; it would fail again the same way) and crash (anything else: a lost peer, a library error, a bug)."""
+    if isinstance(e, UserError):
+        return 2, "input", str(e)
+    if isinstance(e, (StopRequested, Terminated)):
+        return 143, "stopped", str(e)
+    if isinstance(e, RunFailed):
+        return 1, "verdict", str(e)
+    return 1, "crash", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def hang_at(environ) -> tuple[int, int] | None:
+    """TORUS_TRAIN_FAULT=hang:R:N (the watchdog's tests): rank R blocks in Python after the gradient exchange of
+    step N, before the step is recorded in its heartbeat."""
+    kind, _, rest = environ.get("TORUS_TRAIN_FAULT", "").partition(":")
+    rank, _, step = rest.partition(":")
+    if kind == "hang" and rank.isdigit() and step.isdigit():
+        return int(rank), int(step)
+    return None
+
+
+def start_heartbeat(out: Path, rank: int, stop: StopRequest) -> None:
+    beat = Heartbeat(out, rank)
+    hang = hang_at(os.environ)
+
+    def on_step(step: int) -> None:
+        if hang == (rank, step):
+            while True:
+                time.sleep(3600)
+        beat.record(step)
+    stop.on_step = on_step
+
+
 def redirect_output(out: Path, rank: int) -> int:
     """Send stderr (and stdout except on rank 0) to this rank's log; return a dup of the original stderr."""
-    original = os.dup(2)
-    if os.environ.get(REDIRECTED) != "1":
+    if os.environ.get(REDIRECTED) == "1":  # the local launcher already sends stderr to the log
+        original = 2
+    else:
+        original = os.dup(2)
         path = log_path(out, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -82,7 +131,7 @@ def rank_threads(environ) -> int | None:
     return None
 
 
-def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest) -> dict:
+def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regrid: bool = False) -> dict:
     """Start-up, training, shutdown of one rank (torch imported here)."""
     threads = rank_threads(os.environ)
     import torch
@@ -96,43 +145,34 @@ def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest) -> di
     logging.getLogger("torus_train.ranks.worker").info(
         "rank %d/%d (local %d, from %s) at grid %s position %s on %s/%s", boot.info.rank, boot.info.world_size,
         boot.info.local_rank, boot.info.source, grid, grid.position(boot.info.rank), boot.device, boot.backend)
-    summary = run_training(spec, boot, spec.out_dir, resume, stop)
+    summary = run_training(spec, boot, spec.out_dir, resume, stop, **({"regrid": True} if regrid else {}))
     shutdown()
     return summary
 
 
-def execute(spec: JobSpec, grid: Grid, resume: bool) -> None:
+def execute(spec: JobSpec, grid: Grid, resume: bool, regrid: bool = False) -> None:
     """Run this rank to the end and exit the process: 0 on success, 2 on bad input, 1 (or 143) on failure."""
     rank = rank_info().rank
-    code, message = 0, ""
+    code, kind, message = 0, "", ""
     original_stderr = 2
     try:
         out = spec.out_dir
         original_stderr = redirect_output(out, rank)
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
         stop = StopRequest()
         signal.signal(signal.SIGTERM, signal_handler(stop))
         signal.signal(signal.SIGINT, signal_handler(stop))
+        die_with_parent()
+        start_heartbeat(out, rank, stop)
         if os.environ.get("TORUS_TRAIN_FAULT") == f"start:{rank}":  # fault injection for the launcher's tests
             raise RunFailed("injected start-up failure")
-        run_worker(spec, grid, resume, stop)
+        run_worker(spec, grid, resume, stop, regrid)
         done_path(out, rank).write_text("ok\n")
-    except UserError as e:
-        code, message = 2, str(e)
-    except StopRequested as e:
-        code, message = 143, str(e)
-    except RunFailed as e:
-        code, message = 1, str(e)
-    except Terminated as e:
-        code, message = 143, str(e)
-    except BaseException as e:  # noqa: BLE001  anything else: keep the traceback in the log
-        code, message = 1, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    except BaseException as e:  # noqa: BLE001  every failure: its traceback in the log, one line for the user
+        code, kind, message = classify(e)
+        traceback.print_exc()  # inside the except block, or it prints "NoneType: None"
     if code:
-        traceback.print_exc()
-        line = f"torus-train: rank {rank} failed: {message}\n"
-        sys.stderr.write(line)
-        sys.stderr.flush()
-        if original_stderr != 2:
-            os.write(original_stderr, line.encode())
+        report_failure(spec.out_dir, rank, code, kind, message, original_stderr)
     sys.stdout.flush(), sys.stderr.flush()
     if code == 0 and "mpi4py.MPI" in sys.modules:  # mpirun counts an exit without MPI_Finalize as a failure
         MPI = sys.modules["mpi4py.MPI"]
@@ -140,6 +180,19 @@ def execute(spec: JobSpec, grid: Grid, resume: bool) -> None:
             MPI.Finalize()
     # os._exit: a failed collective can leave gloo/NCCL threads that would block a normal interpreter exit.
     os._exit(code)
+
+
+def report_failure(out: Path, rank: int, code: int, kind: str, message: str, original_stderr: int) -> None:
+    """The one line for the user (log and launcher's terminal) and the .failed marker for the launcher."""
+    line = f"torus-train: rank {rank} failed: {message}\n"
+    sys.stderr.write(line)
+    sys.stderr.flush()
+    if original_stderr != 2:
+        os.write(original_stderr, line.encode())
+    try:
+        failed_path(out, rank).write_text(json.dumps({"rank": rank, "code": code, "kind": kind, "message": message}))
+    except OSError:
+        pass
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -151,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError, KeyError) as e:
         sys.stderr.write(f"torus-train: rank {rank_info().rank} failed: cannot read job file {args.job}: {e}\n")
         os._exit(2)
-    execute(spec, grid, bool(job.get("resume")))
+    execute(spec, grid, bool(job.get("resume")), bool(job.get("regrid")))
 
 
 if __name__ == "__main__":
