@@ -6,7 +6,9 @@ Replaying the recorded calls from C removes the Python between them (figures in 
 
 The library is built once per (source, MPI library, mpicc, machine) into $TORUS_TRAIN_CACHE/native (default
 ~/.cache/torus-train/native), under a file lock so that the ranks of one node build it once, and loaded only if
-it reports the same MPI library version as mpi4py. Anything that fails (no mpicc, no compiler, another MPI)
+it reports the same MPI library version as mpi4py. A library is loaded only when it and its folder belong to
+this user and nobody else may write them (loading a .so runs its code): otherwise it is built anew in a
+private folder (``$TMPDIR/torus-train-native-UID``, or a fresh one) and the reason is said. Anything that fails (no mpicc, no compiler, another MPI)
 leaves the Python replay in place and says why: `load()` returns (None, reason). TORUS_TRAIN_NATIVE=0 turns
 it off; TORUS_TRAIN_MPICC names the compiler wrapper (default: mpicc on PATH).
 """
@@ -17,7 +19,9 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 from torus_train.cache import cache_root
@@ -61,10 +65,16 @@ def _load(mpi_version: str) -> tuple[ctypes.CDLL | None, str]:
     source = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, mpi_version.encode(), os.path.realpath(mpicc).encode(),
                                       platform.machine().encode()])).hexdigest()[:16]
-    lib_path = cache_dir() / f"torus_native_{key}.so"
     try:
+        folder, note = trusted_folder()
+        lib_path = folder / f"torus_native_{key}.so"
+        if lib_path.exists() and not private(lib_path):
+            note = f"{lib_path} may have been written by someone else; rebuilt"
+            lib_path = Path(tempfile.mkdtemp(prefix="torus-train-native-")) / lib_path.name
         if not lib_path.exists():
             _build(mpicc, lib_path)
+        if not private(lib_path):
+            raise OSError(f"{lib_path} is not private to this user after the build")
         lib = ctypes.CDLL(str(lib_path))
     except (OSError, subprocess.SubprocessError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -77,14 +87,37 @@ def _load(mpi_version: str) -> tuple[ctypes.CDLL | None, str]:
         return None, f"native replay unavailable: {mpicc} builds for another MPI than mpi4py's"
     lib.tt_run.argtypes = [ctypes.POINTER(Op), ctypes.c_int, ctypes.POINTER(ctypes.c_int32), ctypes.c_int]
     lib.tt_run.restype = ctypes.c_int
-    return lib, f"{lib_path} built with {mpicc}"
+    return lib, f"{lib_path} built with {mpicc}" + (f" ({note})" if note else "")
+
+
+def private(path: Path) -> bool:
+    """Owned by this user, not a symbolic link, not writable by group or others."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not stat.S_ISLNK(st.st_mode) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def trusted_folder() -> tuple[Path, str]:
+    """(the folder to build into and load from, why it is not the cache folder or ''): the cache folder when it
+    is private, else $TMPDIR/torus-train-native-UID when that is, else a new private temporary folder."""
+    first = cache_dir()
+    fallback = Path(tempfile.gettempdir()) / f"torus-train-native-{os.getuid()}"
+    for folder in (first, fallback):
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if private(folder):
+            return folder, "" if folder == first else f"{first} is not private to this user; built in {folder}"
+    return Path(tempfile.mkdtemp(prefix="torus-train-native-")), f"{first} is not private to this user"
 
 
 def _build(mpicc: str, lib_path: Path) -> None:
     """Compile native.c into lib_path, once per node: the other ranks wait on the lock, then find it built."""
     import fcntl
 
-    lib_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lib_path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if lib_path.exists():
@@ -95,4 +128,5 @@ def _build(mpicc: str, lib_path: Path) -> None:
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             raise OSError(f"{mpicc} failed: {(proc.stderr or proc.stdout).strip()}")
+        os.chmod(tmp, 0o755)  # whatever the umask: writable by this user only (see private)
         os.replace(tmp, lib_path)
