@@ -15,12 +15,17 @@
 # `exec NODE CMD` enters a node with $STATE/env sourced: SLURM_CONF, the mpirun rsh agent ($STATE/rsh-agent,
 # which enters the named node instead of ssh), run-as-root permission and the interface OpenMPI should use.
 # Options (environment): TTC_STATE (default /run/torus-cluster), TTC_NET (default 10.77.0), TTC_CPUS (CPUs
-# declared per node, default 4), TTC_SLURM=0 (namespaces and mpirun only).
+# declared per node, default 4), TTC_SLURM=0 (namespaces and mpirun only), TTC_RATE (for example 1gbit: a
+# token-bucket limit on each node's outgoing link, `tc qdisc ... tbf`, so that traffic between nodes is slower
+# than traffic inside one, as on a real cluster; TTC_BURST its bucket, default 256kb; this kernel has no netem,
+# so no added latency).
 set -euo pipefail
 
 STATE=${TTC_STATE:-/run/torus-cluster}
 NET=${TTC_NET:-10.77.0}
 CPUS=${TTC_CPUS:-4}
+RATE=${TTC_RATE:-}
+BURST=${TTC_BURST:-256kb}
 BR=ttc-br
 NS=ttc-node
 SLURM_BIN=${TTC_SLURM_BIN:-/usr/sbin}
@@ -57,6 +62,10 @@ up() {
         ip -n "$NS$i" link set lo up
         ip -n "$NS$i" addr add "$NET.$((10 + i))/24" dev eth0
         ip -n "$NS$i" link set eth0 up
+        if [[ -n $RATE ]]; then  # what leaves a node is shaped; ranks inside a node talk through memory
+            ip netns exec "$NS$i" tc qdisc add dev eth0 root tbf rate "$RATE" burst "$BURST" latency 100ms \
+                || die "tc tbf rate $RATE on node$i failed (a rate such as 1gbit or 500mbit)"
+        fi
         mkdir -p "/etc/netns/$NS$i" && printf "$hosts" > "/etc/netns/$NS$i/hosts"
         echo "node$i" >> "$STATE/nodes"
     done
@@ -195,8 +204,9 @@ status() {
     if [[ ! -f $STATE/nodes ]]; then echo "no cluster ($STATE/nodes missing)"; return 1; fi
     local node
     for node in $(nodes); do
-        printf '%-8s %-12s %s\n' "$node" "$NS${node#node}" \
-            "$(ip -n "$NS${node#node}" -o -4 addr show eth0 2>/dev/null | awk '{print $4}')"
+        printf '%-8s %-12s %-16s %s\n' "$node" "$NS${node#node}" \
+            "$(ip -n "$NS${node#node}" -o -4 addr show eth0 2>/dev/null | awk '{print $4}')" \
+            "$(ip netns exec "$NS${node#node}" tc qdisc show dev eth0 2>/dev/null | grep -o 'tbf.*rate [^ ]*' || true)"
     done
     echo "env: source $STATE/env   (SLURM_CONF, mpirun rsh agent $STATE/rsh-agent)"
     if [[ -f $STATE/slurm/slurm.conf ]]; then
