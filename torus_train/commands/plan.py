@@ -68,13 +68,18 @@ def _mb(nbytes: float) -> str:
 @click.option("--compare", "compare_path", type=click.Path(dir_okay=False), default=None, metavar="BENCH.json",
               help="--calibrate: a bench file (or comma-separated files) of another grid; print its measured "
                    "busbw beside the predicted one.")
+@click.option("--compare-run", "run_out", type=click.Path(file_okay=False), default=None, metavar="OUT",
+              help="A finished CPU `torus-train run --out OUT`: its measured step time (OUT/metrics.jsonl) against "
+                   "the prediction from --calibrate BENCH.json and --layer-profile PROF.json (a step profile).")
+@click.option("--run-background", type=float, default=None,
+              help="--compare-run: other runnable threads while the run ran [default: --background].")
 @click.option("--check-groups", is_flag=True,
               help="Build every row and column process group of the grid on torch's one-process fake backend.")
 @click.option("--simulate", is_flag=True,
               help="Run the torus's exact data movement on N virtual ranks with ragged integer tensors.")
 def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_second, overlap, placement, json_path,
          plot_path, bench_path, calibrate_algo, cores, background, llc_mib, compare_path, check_groups,
-         simulate, bucket_cap_mb, png_path, profile_path) -> None:
+         simulate, bucket_cap_mb, png_path, profile_path, run_out, run_background) -> None:
     """Predict all-reduce time, step time and scaling efficiency per algorithm; choose a grid for N GPUs.
 
     \b
@@ -83,12 +88,20 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
       torus-train plan --gpus 2176 --grid 32x68 --simulate --check-groups
       torus-train plan --calibrate bench_2x2.json --grid 2x4
       torus-train plan --calibrate bench_2x2.json --compare bench_2x4.json
+      torus-train plan --compare-run runs/x --calibrate bench_2x2.json --layer-profile step.json
     """
     from torus_train.job.topology import parse_grid
     from torus_train.plan.networks import load_network
     from torus_train.plan.search import make_plan
 
     _check_numbers(json_path, plot_path, images_per_second, overlap, background, llc_mib)
+    if run_out is not None:
+        from torus_train.errors import check_number
+
+        check_number(run_background, "--run-background", 0.0, low_ok=True)
+        _compare_run(run_out, bench_path, profile_path, cores, background,
+                     background if run_background is None else run_background, llc_mib, json_path)
+        return
     if bench_path is not None:
         _calibrate(bench_path, grid_text, calibrate_algo, cores, background, llc_mib, compare_path, json_path)
         return
@@ -173,6 +186,8 @@ def _read_profile(path: str) -> dict:
         d = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"--layer-profile: cannot read {path}: {e}") from None
+    if isinstance(d, dict) and isinstance(d.get("modules"), dict):   # a step profile (torus_train.plan.host)
+        d = d["modules"]
     if not isinstance(d, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in d.values()):
         raise UserError(f"--layer-profile: {path} must hold {{module name: seconds >= 0}}")
     return d
@@ -442,3 +457,65 @@ def _print_comparison(cal, rows: list[dict], path: str) -> list[dict]:
             f"{len(big)} within 30%" if big else "")
     click.echo(f"# summary: {cal.algo} fitted on {cal.grid}, compared with {len(comp)} rows of {path}{tail}")
     return [c.__dict__ | {"ratio": c.ratio} for c in comp]
+
+
+def _compare_run(out: str, bench_path, profile_path, cores, background: float, run_background: float, llc_mib,
+                 json_path) -> None:
+    """--compare-run: a finished CPU run's measured step (per stage) against the host prediction
+    (torus_train.plan.host) from this machine's calibration and a measured step profile."""
+    from torus_train.plan.calibrate import calibrate, host_grid, read_benches
+    from torus_train.plan.host import predict_host_step, read_run, read_step_profile
+    from torus_train.plan.timeline import model_layers
+
+    rec = read_run(out)
+    if rec.device != "cpu":
+        raise UserError(f"--compare-run: {out} ran on {rec.device}; only runs on CPU ranks of one host are "
+                        f"predicted (from this machine's --calibrate)")
+    if bench_path is None:
+        raise UserError("--compare-run needs this machine's calibration: --calibrate BENCH.json (from `torus-train "
+                        f"bench allreduce --grid {rec.grid} --algo torus --json BENCH.json`)")
+    if profile_path is None:
+        raise UserError("--compare-run needs a measured step profile: --layer-profile PROF.json (from `python -m "
+                        "torus_train.plan.host MODEL PROF.json --image-size N --batch B`)")
+    spec = rec.spec
+    arch, size = spec["model"]["arch"], int(spec["data"]["image_size"])
+    prof = read_step_profile(profile_path)
+    if (prof.model, prof.image_size) != (arch, size):
+        raise UserError(f"--layer-profile: {profile_path} is {prof.model} at {prof.image_size} px; the run is {arch} "
+                        f"at {size} px: measure the run's model")
+    algo = {"ddp": "flat"}.get(spec["comm"]["algo"], spec["comm"]["algo"].removesuffix("-sync"))
+    cal = calibrate(read_benches(bench_path), algo=algo, cores=cores, background=background,
+                    llc_bytes=None if llc_mib is None else int(llc_mib * 2**20))
+    layers = model_layers(arch, size, int(spec["model"]["num_classes"]))
+    ex_bytes = 4 if spec["comm"]["compression"] == "none" else 2
+    cap = int(float(spec["comm"]["bucket_mb"]) * 2**20)
+    g = host_grid(rec.grid)
+    click.echo(f"# compare-run {out}: {g.size} CPU ranks on {rec.grid}, {arch} at {size} px, comm {spec['comm']['algo']},"
+               f" buckets of {cap / 2**20:g} MiB, {rec.steps} steps")
+    click.echo(f"# calibration: {cal.algo} on {cal.grid} from {bench_path} (alpha {cal.alpha_us:.1f} us, "
+               f"{cal.cache_gbytes_per_s:.3f} / {cal.memory_gbytes_per_s:.3f} GB/s per rank in / beyond the cache, "
+               f"{cal.cores} cores, bench background {background:g}); run background {run_background:g}")
+    a = prof.alone()
+    click.echo(f"# profile {profile_path}: one rank alone at batch {prof.batch}, {prof.threads} thread(s): forward "
+               f"{a[0] * 1e3:.1f} ms, backward {a[1] * 1e3:.1f} ms, optimizer {a[2] * 1e3:.1f} ms (measured with "
+               f"background {prof.background:g}, divided by its own oversubscription {prof.own_oversubscription:.2f})")
+    click.echo(f"{'batch/rank':>10} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>10} {'bound':>9} "
+               f"{'timeline ms':>12} {'cores ms':>9} {'exchanges ms':>13}")
+    stages = []
+    for st in rec.stages:
+        h = predict_host_step(cal, prof, g, st["per_rank_batch"], cap, ex_bytes, layers, run_background)
+        ratio = h.step_seconds / st["step_seconds"]
+        click.echo(f"{st['per_rank_batch']:>10} {st['step_seconds'] * 1e3:>12.1f} {h.step_seconds * 1e3:>13.1f} "
+                   f"{ratio:>10.2f} {h.bound:>9} {h.timeline_step_seconds * 1e3:>12.1f} "
+                   f"{h.cores_step_seconds * 1e3:>9.1f} {' + '.join(f'{x * 1e3:.1f}' for x in h.bucket_seconds):>13}")
+        stages.append(st | {"measured_step_seconds": st["step_seconds"], "predicted_step_seconds": h.step_seconds,
+                            "ratio": ratio, "prediction": h.__dict__})
+    ratios = ", ".join(f"{s['ratio']:.2f}" for s in stages)
+    click.echo(f"# summary: predicted / measured step {ratios} "
+               f"(measured: median step_time of metrics.jsonl records after the first of each stage)")
+    if json_path:
+        d = {"run": out, "grid": rec.grid, "ranks": g.size, "device": rec.device, "steps": rec.steps,
+             "calibration": cal.__dict__, "profile": prof.__dict__, "run_background": run_background,
+             "stages": stages}
+        Path(json_path).write_text(json.dumps(d, indent=2) + "\n")
+        click.echo(f"# wrote {json_path}")

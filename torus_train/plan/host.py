@@ -1,0 +1,290 @@
+"""The step time of a `torus-train run` on one CPU host, from this machine's calibration and a measured profile
+(pure: torch only inside ``measure_step_profile``).
+
+What it predicts, for R ranks of one thread each on C cores with B other runnable threads (background):
+
+* o = max(1, (R + B) / C): the ranks time-share the cores, so each rank's forward, backward and optimizer step
+  take o times what one rank alone takes (``StepProfile``, measured here with one thread and divided by the
+  oversubscription it saw itself);
+* the gradients in DDP's buckets (torus_train.plan.timeline: reverse parameter order, 1 MiB first, then the
+  run's comm.bucket_mb), each bucket's exchange from the calibration of the torus on this machine
+  (torus_train.plan.calibrate, which already holds the same o);
+* two bounds on the step, the larger wins:
+  - the timeline (the critical path): forward, then the backward shared over modules by the measured profile,
+    each bucket exchanged from its ready time, queued; the optimizer step after the last exchange;
+  - the cores' work: every rank's forward, backward, optimizer step and exchanges need the cores, so the step
+    cannot be shorter than o x (forward + backward + optimizer) + the exchanges. When the ranks fill every core
+    (R + B >= C) this bound is the larger: an exchange thread that runs during the backward pass takes its
+    core from the backward pass, and nothing hides.
+  Stated simplification: an exchange on loopback gloo or shared memory is CPU work (copies, sums, syscalls)
+  throughout, its latency included; DDP's own copies into buckets and data loading are not modelled (the
+  profile's step has no DDP; synthetic data costs microseconds).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from torus_train.errors import UserError
+
+
+@dataclass
+class StepProfile:
+    """One rank's step on this machine, measured alone (``measure_step_profile``)."""
+
+    model: str
+    """torchvision model name."""
+    image_size: int
+    """Image side in pixels."""
+    batch: int
+    """Images per step."""
+    num_classes: int
+    """Classifier outputs (decides fc's size)."""
+    threads: int
+    """torch threads used (a run's CPU ranks use 1 each here)."""
+    forward_seconds: float
+    """Forward pass and loss, median."""
+    backward_seconds: float
+    """Backward pass, median."""
+    optimizer_seconds: float
+    """Optimizer step (SGD with momentum and weight decay), median."""
+    modules: dict = field(default_factory=dict)
+    """Backward seconds per module with parameters (timeline.measure_backward_profile's convention)."""
+    cores: int = 1
+    """CPU cores of the machine when measured."""
+    background: float = 0.0
+    """Other runnable threads while it was measured (its own oversubscription: max(1, (1 + background) / cores))."""
+
+    @property
+    def own_oversubscription(self) -> float:
+        """How much the measurement itself was slowed by the background: max(1, (threads + bg) / cores)."""
+        return max(1.0, (self.threads + self.background) / self.cores)
+
+    def alone(self) -> tuple[float, float, float]:
+        """(forward, backward, optimizer) seconds of one rank with a core to itself."""
+        o = self.own_oversubscription
+        return self.forward_seconds / o, self.backward_seconds / o, self.optimizer_seconds / o
+
+
+def read_step_profile(path: str, flag: str = "--layer-profile") -> StepProfile:
+    """A StepProfile from its JSON file; one line naming the file and the field when it cannot be used."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{flag}: cannot read {path}: {e}") from None
+    need = ("model", "image_size", "batch", "forward_seconds", "backward_seconds", "optimizer_seconds", "modules")
+    if not isinstance(d, dict) or any(k not in d for k in need):
+        missing = next((k for k in need if not isinstance(d, dict) or k not in d), "?")
+        raise UserError(f"{flag}: {path} is not a step profile (no {missing!r}); measure one with "
+                        f"`python -m torus_train.plan.host MODEL OUT.json --image-size N --batch B`")
+    known = {f for f in StepProfile.__dataclass_fields__}
+    try:
+        p = StepProfile(**{k: v for k, v in d.items() if k in known})
+    except TypeError as e:
+        raise UserError(f"{flag}: {path}: {e}") from None
+    for k in ("forward_seconds", "backward_seconds", "optimizer_seconds", "background"):
+        v = getattr(p, k)
+        if not isinstance(v, (int, float)) or not v >= 0:
+            raise UserError(f"{flag}: {path}: {k} = {v!r} must be a number >= 0")
+    return p
+
+
+@dataclass
+class HostPrediction:
+    """Predicted step of a run on this host, with both bounds and what decided."""
+
+    grid: str
+    """XxY of the run."""
+    ranks: int
+    """R."""
+    cores: int
+    """C."""
+    background: float
+    """B during the run."""
+    oversubscription: float
+    """o = max(1, (R + B) / C)."""
+    per_rank_batch: int
+    """Images per rank per step."""
+    forward_seconds: float
+    """o x the profile's forward, scaled to the run's batch."""
+    backward_seconds: float
+    """o x the profile's backward, scaled to the run's batch."""
+    optimizer_seconds: float
+    """o x the profile's optimizer step."""
+    bucket_bytes: list
+    """Bytes exchanged per bucket, in DDP's order."""
+    bucket_seconds: list
+    """Calibrated exchange time per bucket."""
+    communication_seconds: float
+    """Sum of the exchanges."""
+    timeline_step_seconds: float
+    """The critical path: forward + backward + exposed exchanges + optimizer."""
+    cores_step_seconds: float
+    """The cores' work: o x (forward + backward + optimizer) + the exchanges."""
+    step_seconds: float
+    """The larger of the two: the prediction."""
+    bound: str
+    """Which bound decided: "timeline" or "cores"."""
+    timeline: dict = field(default_factory=dict)
+    """The bucket timeline (torus_train.plan.timeline.Timeline.to_json)."""
+
+
+def predict_host_step(cal, profile: StepProfile, grid, per_rank_batch: int, bucket_cap_bytes: int,
+                      exchange_bytes: int, layers, background: float) -> HostPrediction:
+    """The step of R = grid.size ranks on this host (cal.cores cores, `background` other runnable threads).
+
+    cal: a torus_train.plan.calibrate.Calibration of the torus; layers: the model's parameter tensors
+    (timeline.model_layers) for DDP's buckets; exchange_bytes: bytes per gradient value on the wire (4 for fp32)."""
+    from torus_train.plan.timeline import layers_with_profile, timeline
+
+    r, c = grid.size, cal.cores
+    o = max(1.0, (r + background) / c)
+    scale = per_rank_batch / profile.batch            # stated: compute linear in the batch around the profile's
+    fwd, bwd, opt = (x * o * s for x, s in zip(profile.alone(), (scale, scale, 1.0)))
+    shared = layers_with_profile(layers, profile.modules)
+    t = timeline(shared, fwd + bwd + opt, bwd / (fwd + bwd + opt),
+                 lambda n: cal.predict_seconds(grid, n, background=background), exchange_bytes, "torus",
+                 bucket_cap_bytes)
+    comm = t.communication_seconds
+    critical = t.step_seconds
+    cores = fwd + bwd + opt + comm
+    step, bound = (critical, "timeline") if critical >= cores else (cores, "cores")
+    return HostPrediction(str(grid), r, c, background, o, per_rank_batch, fwd, bwd, opt,
+                          [b.nbytes for b in t.buckets], [b.allreduce_seconds for b in t.buckets], comm,
+                          critical, cores, step, bound, t.to_json())
+
+
+# ------------------------------------------------------------------------------------------------
+# A finished run's measured steps
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class RunRecord:
+    """What a finished run's folder says: its spec and grid, and the measured step time per stage."""
+
+    out: str
+    """The run's folder."""
+    spec: dict
+    """job.json's spec."""
+    grid: str
+    """XxY."""
+    device: str
+    """summary.json's device (cpu, cuda)."""
+    steps: int
+    """Optimizer steps done."""
+    stages: list
+    """[{per_rank_batch, records, records_used, step_seconds (median of the used records' step_time)}]."""
+
+
+WARMUP_RECORDS = 1
+"""metrics.jsonl records skipped at the start of each stage: the first steps build DDP's buckets and warm caches."""
+
+
+def read_run(out: str) -> RunRecord:
+    """OUT/job.json, OUT/summary.json and OUT/metrics.jsonl of a finished run; one line when one is missing."""
+    d = Path(out)
+    files = {}
+    for name in ("job.json", "summary.json", "metrics.jsonl"):
+        f = d / name
+        if not f.is_file():
+            raise UserError(f"--compare-run: {f} is missing: give the --out folder of a finished `torus-train run`")
+        files[name] = f.read_text()
+    try:
+        job, summary = json.loads(files["job.json"]), json.loads(files["summary.json"])
+        lines = [json.loads(x) for x in files["metrics.jsonl"].splitlines() if x.strip()]
+    except ValueError as e:
+        raise UserError(f"--compare-run: {out}: a result file is not JSON: {e}") from None
+    steps = [m for m in lines if isinstance(m, dict) and "event" not in m and "step_time" in m]
+    by_batch: dict[int, list] = {}
+    for m in steps:
+        by_batch.setdefault(int(m["per_rank_batch"]), []).append(float(m["step_time"]))
+    stages = []
+    for batch, times in by_batch.items():
+        used = times[WARMUP_RECORDS:] or times
+        stages.append({"per_rank_batch": batch, "records": len(times), "records_used": len(used),
+                       "step_seconds": statistics.median(used)})
+    if not stages:
+        raise UserError(f"--compare-run: {d / 'metrics.jsonl'} has no step records (a run of a few steps with "
+                        f"job.log_every above them logs none: rerun with --set job.log_every=N)")
+    g = job.get("grid", {})
+    return RunRecord(str(d), job.get("spec", {}), f"{g.get('x')}x{g.get('y')}", str(summary.get("device", "?")),
+                     int(summary.get("steps", 0)), stages)
+
+
+def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_classes: int = 10,
+                         threads: int = 1, repeats: int = 5, warmup: int = 2) -> StepProfile:
+    """One rank's step measured here with `threads` torch threads: forward + loss, backward, SGD step
+    (momentum 0.9, weight decay 5e-5) as medians over `repeats` steps after `warmup`, and the backward per
+    module (timeline.measure_backward_profile's hooks, on the same steps)."""
+    import os
+    import time
+
+    import torch
+    import torchvision
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    m = getattr(torchvision.models, model)(num_classes=num_classes)
+    m.train()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
+    names = [n for n, mod in m.named_modules() if any(True for _ in mod.parameters(recurse=False))]
+    mods = dict(m.named_modules())
+    stamps: dict[str, float] = {}
+    for n in names:
+        for p in mods[n].parameters(recurse=False):
+            p.register_post_accumulate_grad_hook(lambda _p, n=n: stamps.__setitem__(n, time.perf_counter()))
+    x = torch.randn(batch, 3, image_size, image_size)
+    y = torch.randint(0, num_classes, (batch,))
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    fw, bw, op, per_module = [], [], [], []
+    for i in range(warmup + repeats):
+        opt.zero_grad(set_to_none=True)
+        stamps.clear()
+        t0 = time.perf_counter()
+        loss = loss_fn(m(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        if i < warmup:
+            continue
+        fw.append(t1 - t0)
+        bw.append(t2 - t1)
+        op.append(t3 - t2)
+        prev, d = t1, {}
+        for n, t in sorted(stamps.items(), key=lambda kv: kv[1]):
+            d[n], prev = t - prev, t
+        per_module.append(d)
+    modules = {n: statistics.median(r.get(n, 0.0) for r in per_module) for n in names}
+    return StepProfile(model, image_size, batch, num_classes, threads, statistics.median(fw), statistics.median(bw),
+                       statistics.median(op), modules, len(os.sched_getaffinity(0)), 0.0)
+
+
+def profile_to_json(p: StepProfile) -> dict:
+    """The profile as JSON; its `modules` is also what `plan --layer-profile` reads."""
+    return asdict(p)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Measure one rank's step (forward, backward per module, optimizer) "
+                                             "on CPU, for `torus-train plan --compare-run --layer-profile`.")
+    ap.add_argument("model")
+    ap.add_argument("out")
+    ap.add_argument("--image-size", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--num-classes", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--background", type=float, default=0.0,
+                    help="other runnable threads during the measurement (scripts/measure_background.py)")
+    a = ap.parse_args()
+    prof = measure_step_profile(a.model, a.image_size, a.batch, a.num_classes, a.threads, a.repeats)
+    prof.background = a.background
+    Path(a.out).write_text(json.dumps(profile_to_json(prof), indent=1) + "\n")
+    print(f"# {a.model} at {a.image_size} px, batch {a.batch}, {a.threads} thread(s): forward "
+          f"{prof.forward_seconds * 1e3:.1f} ms, backward {prof.backward_seconds * 1e3:.1f} ms, optimizer "
+          f"{prof.optimizer_seconds * 1e3:.1f} ms; wrote {a.out}")
