@@ -158,5 +158,5 @@ def test_nonfinite_gradient_on_one_rank_is_skipped_by_all(tmp_path):
     assert s["skipped_steps"] == 1 and s["steps"] == 4 and s["param_digests_agree"]
     assert all(torch.isfinite(v).all() for v in final_params(out).values() if v.is_floating_point())
     for rank in range(4):
-        assert "step 1: non-finite gradients, step skipped on every rank" in \
+        assert "step 2: non-finite gradients, step skipped on every rank" in \
             (out / "logs" / f"rank{rank:05d}.log").read_text()
