@@ -135,3 +135,31 @@ def test_cli_rejects_bad_stages_with_exit_2(stages, field):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert field in r.stderr
+
+
+def test_stages_on_their_own_grids_split_their_batch_over_their_grid():
+    from torus_train.job.legs import leg_at, leg_spec, plan_legs
+    from torus_train.job.spec import load_spec
+
+    stages = [{"until_epoch": 2, "per_rank_batch": 32, "grid": "2x1"}, {"until_epoch": 4, "per_rank_batch": 32},
+              {"until_epoch": 6, "global_batch": 256, "grid": "4x2"}]
+    spec = load_spec(None, [("schedule.epochs", 6), ("schedule.stages", stages), ("grid.grid", "2x1"),
+                            ("grid.gpus", 2)])
+    st = spec.schedule.at(8).stages  # bound to the last grid's world size: each stage keeps its own
+    assert [(s.global_batch, s.per_rank_batch) for s in st] == [(64, 32), (256, 32), (256, 32)]
+    assert spec.schedule.grid_spans() == [("2x1", 0, 2), ("", 2, 4), ("4x2", 4, 6)]
+    legs = plan_legs(spec)  # the stage without a grid runs on the job's 2x1, with the first
+    assert [(g.grid, g.start_epoch, g.until_epoch, g.last) for g in legs] == [("2x1", 0, 4, False),
+                                                                            ("4x2", 4, 6, True)]
+    first = leg_spec(spec, legs[0])
+    assert (first.schedule.stop_epoch, first.checkpoint.at_end, first.grid.gpus) == (4, True, 2)
+    assert (leg_spec(spec, legs[1]).grid.gpus, leg_spec(spec, legs[1]).schedule.stop_epoch) == (8, 0)
+    assert [leg_at(legs, e) for e in (0, 3, 4, 6)] == [0, 0, 1, 1]
+    cut = load_spec(None, [("schedule.epochs", 6), ("schedule.stages", stages), ("schedule.stop_epoch", 3)])
+    assert [(g.grid, g.until_epoch, g.last) for g in plan_legs(cut)] == [("2x1", 3, True)]  # the default's grid
+    cut.grid.grid = "2x2"
+    assert [(g.grid, g.until_epoch, g.last) for g in plan_legs(cut)] == [("2x1", 2, False), ("", 3, True)]
+    with pytest.raises(UserError, match=r"schedule.stages\[0\].grid"):
+        load_spec(None, [("schedule.stages", [{"until_epoch": 2, "per_rank_batch": 32, "grid": "2y1"}])])
+    with pytest.raises(UserError, match="schedule.stop_epoch"):
+        load_spec(None, [("schedule.epochs", 6), ("schedule.stop_epoch", 7)])

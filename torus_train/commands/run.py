@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -62,6 +63,7 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, **flags) -> N
     check_user_paths(spec)
 
     from torus_train.job.launch import inside_launched_rank
+    from torus_train.job.legs import leg_at, leg_spec, plan_legs
 
     if not dry_run and spec.launch.launcher == "auto" and inside_launched_rank(dict(os.environ)):
         return _run_as_rank(spec, resume, overwrite)
@@ -70,18 +72,66 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, **flags) -> N
         click.echo(f"{spec.out_dir.resolve()} holds an earlier run; writing this one to {out} (--out to choose, "
                    "--resume to continue)")
     spec.job.out = str(out)
-    plan = make_plan(spec, out / "job.json", strict=not dry_run)
+    legs = plan_legs(spec)
+    first = leg_at(legs, resume_epoch(out)) if resume else 0
+    plan = make_plan(leg_spec(spec, legs[first]), out / "job.json", strict=not dry_run)
     if dry_run:
-        return dry_run_report(spec, plan)
-    schedule = spec.schedule.at(plan.world_size)
+        return dry_run_report(leg_spec(spec, legs[first]), plan, legs)
+    leg_spec(spec, legs[first]).schedule.at(plan.world_size)
     prepare_out(out, resume, overwrite)
     from torus_train.ranks.supervisor import echo_err
 
     prepare_data(spec, log=echo_err)
-    write_job(out / "job.json", spec, plan.grid, resume)
-    announce(spec, plan, schedule, out)
-    launch_with_restarts(spec, plan, out, max_restarts)
+    run_legs(spec, legs, first, plan, out, resume, Restarts(max_restarts))
     check_outcome(out)
+
+
+@dataclass
+class Restarts:
+    """The job's restart budget (--max-restarts), shared by its legs."""
+
+    allowed: int
+    used: int = 0
+
+
+def run_legs(spec: JobSpec, legs, first: int, plan, out: Path, resume: bool, restarts: Restarts) -> None:
+    """Each leg (the stages on one grid) in turn: its ranks stop at its end with a checkpoint and the next
+    leg's ranks start on their grid from it (docs/run.md, grid stages)."""
+    from torus_train.job.legs import leg_spec, legs_text
+
+    for i in range(first, len(legs)):
+        lspec = leg_spec(spec, legs[i])
+        if i > first:
+            plan = make_plan(lspec, out / "job.json", strict=True)
+            click.echo(f"grid stage: epochs {legs[i].start_epoch}-{legs[i].until_epoch} on {plan.world_size} ranks, "
+                       f"grid {plan.grid}, from {latest_checkpoint_text(out)}")
+        schedule = lspec.schedule.at(plan.world_size)
+        write_job(out / "job.json", lspec, plan.grid, resume or i > first, regrid=len(legs) > 1)
+        if i == first:
+            announce(lspec, plan, schedule, out)
+            if len(legs) > 1:
+                click.echo(f"grid stages: {legs_text(legs)}; the launcher checkpoints and moves the job at each change")
+        launch_with_restarts(lspec, plan, out, restarts)
+        if not legs[i].last and leg_finished_run(spec, out):
+            break
+
+
+def leg_finished_run(spec: JobSpec, out: Path) -> bool:
+    """After a leg: the replicas agreed (else RunFailed) and whether schedule.steps already ended the run."""
+    s = read_summary(out)
+    return bool(spec.schedule.steps) and s.get("steps", 0) >= spec.schedule.steps
+
+
+def resume_epoch(out: Path) -> int:
+    """The epoch of the newest checkpoint's manifest (0 when there is none or it cannot be read); it picks
+    the leg to start with, the ranks verify and agree on the checkpoint themselves."""
+    from torus_train.train.checkpoint import list_checkpoints
+
+    found = list_checkpoints(out / "checkpoints")
+    try:
+        return int(json.loads(found[0][1].read_text()).get("epoch", 0)) if found else 0
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
 
 
 def check_user_paths(spec: JobSpec) -> None:
@@ -111,14 +161,19 @@ def make_plan(spec: JobSpec, job_file: Path, strict: bool):
                        cpu_count=usable_cpus(), local_gpus=local_gpu_count(), strict=strict)
 
 
-def dry_run_report(spec: JobSpec, plan) -> None:
+def dry_run_report(spec: JobSpec, plan, legs) -> None:
     """The whole plan is printed even when the batch schedule does not fit the world size; the error then
-    ends the output (exit 2), as it would stop a real run before any rank starts."""
+    ends the output (exit 2), as it would stop a real run before any rank starts. With grid stages: the
+    first leg's plan, then the legs."""
+    from torus_train.job.legs import legs_text
+
     try:
         schedule, problem = spec.schedule.at(plan.world_size), None
     except UserError as e:
         schedule, problem = None, e
     click.echo(dry_run_text(spec, plan, schedule, problem))
+    if len(legs) > 1:
+        click.echo(f"grid stages: {legs_text(legs)}; the launcher checkpoints and moves the job at each change")
     if problem is not None:
         raise problem
 
@@ -175,25 +230,26 @@ def launch(spec: JobSpec, plan, out: Path) -> None:
         raise command_failed(str(e), out, plan.world_size) from None
 
 
-def launch_with_restarts(spec: JobSpec, plan, out: Path, max_restarts: int) -> None:
-    """Launch; after a failure that a restart may cure, start the ranks again from the latest checkpoint, up
-    to max_restarts times, saying so. A failure before any rank finished a step is a start-up failure and is
-    never restarted (the same start would fail again)."""
+def launch_with_restarts(spec: JobSpec, plan, out: Path, restarts: Restarts) -> None:
+    """Launch; after a failure that a restart may cure, start the ranks again from the latest checkpoint while
+    the budget lasts, saying so. A failure before any rank finished a step is a start-up failure and is never
+    restarted (the same start would fail again)."""
     from torus_train.ranks.supervisor import RanksFailed
 
-    for attempt in range(max_restarts + 1):
+    while True:
         try:
             return launch(spec, plan, out)
         except RanksFailed as e:
-            if not max_restarts:
+            if not restarts.allowed:
                 raise
-            why_not = no_restart(e, attempt, max_restarts)
+            why_not = no_restart(e, restarts.used, restarts.allowed)
             if why_not:
                 raise RanksFailed(f"{e}; {why_not}", e.rank, e.step) from None
+            restarts.used += 1
             at = f" at step {e.step}" if e.step >= 0 else ""
-            click.echo(f"{e.how}{at}; restart {attempt + 1} of {max_restarts} from {latest_checkpoint_text(out)}",
-                       err=True)
-            write_job(out / "job.json", spec, plan.grid, resume=True)
+            click.echo(f"{e.how}{at}; restart {restarts.used} of {restarts.allowed} from "
+                       f"{latest_checkpoint_text(out)}", err=True)
+            write_job(out / "job.json", spec, plan.grid, resume=True, regrid=True)
 
 
 def no_restart(e, attempt: int, max_restarts: int) -> str:
@@ -261,23 +317,31 @@ def prepare_out(out: Path, resume: bool, overwrite: bool) -> None:
     (out / "logs").mkdir(parents=True, exist_ok=True)
 
 
-def write_job(path: Path, spec: JobSpec, grid, resume: bool) -> None:
+def write_job(path: Path, spec: JobSpec, grid, resume: bool, regrid: bool = False) -> None:
+    """job.json for the ranks; regrid: a checkpoint of another grid is resumed on purpose (the job moved)."""
     job = {"spec": spec.to_dict(), "grid": {"x": grid.x, "y": grid.y, "gpus_per_node": grid.gpus_per_node},
-           "resume": resume}
+           "resume": resume, "regrid": regrid}
     job["spec"]["job"]["out"] = str(path.parent)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(job, indent=1))
     os.replace(tmp, path)
 
 
-def check_outcome(out: Path) -> None:
+def read_summary(out: Path) -> dict:
+    """summary.json of ranks that exited 0; RunFailed when it is missing, unreadable or the replicas differ."""
     summary = out / "summary.json"
-    if not summary.is_file():
-        raise RunFailed(f"the ranks exited but {summary} was not written")
-    s = json.loads(summary.read_text())
-    if not s.get("param_digests_agree"):
+    try:
+        s = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        raise RunFailed(f"the ranks exited but {summary} was not written or cannot be read") from None
+    if not isinstance(s, dict) or not s.get("param_digests_agree"):
         raise RunFailed(f"replicas differ: see {summary}")
-    click.echo(f"wrote {out / 'metrics.jsonl'} and {summary}")
+    return s
+
+
+def check_outcome(out: Path) -> None:
+    read_summary(out)
+    click.echo(f"wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}")
 
 
 def _run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
@@ -286,6 +350,11 @@ def _run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
     from torus_train.job.launch import resolve_grid
     from torus_train.ranks.worker import execute
 
+    from torus_train.job.legs import plan_legs
+
+    if len(plan_legs(spec)) > 1:
+        raise UserError("schedule.stages name more than one grid: start the job with `torus-train run` (it moves "
+                        "the job between grids), not as ranks of mpirun/srun")
     info = rank_info()
     spec.grid.gpus = spec.grid.gpus or info.world_size
     if spec.grid.gpus != info.world_size:

@@ -145,7 +145,7 @@ def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regri
     logging.getLogger("torus_train.ranks.worker").info(
         "rank %d/%d (local %d, from %s) at grid %s position %s on %s/%s", boot.info.rank, boot.info.world_size,
         boot.info.local_rank, boot.info.source, grid, grid.position(boot.info.rank), boot.device, boot.backend)
-    summary = run_training(spec, boot, spec.out_dir, resume, stop, **({"regrid": True} if regrid else {}))
+    summary = run_training(spec, boot, spec.out_dir, resume, stop, regrid=regrid)
     shutdown()
     return summary
 

@@ -44,7 +44,7 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
         record_resume(rs)
     rs.t0 = time.time()
     rs.stop.in_loop = True
-    for epoch in range(rs.pos.epoch, spec.schedule.epochs):
+    for epoch in range(rs.pos.epoch, spec.schedule.end_epoch):  # end_epoch: where this grid's stages end
         if rs.steps_done:
             break
         switch_stage(rs, epoch)
@@ -144,7 +144,7 @@ def maybe_evaluate(rs: RunState, epoch: int, epoch_done: bool) -> None:
 def maybe_checkpoint(rs: RunState, epoch: int, epoch_done: bool) -> None:
     """At the end of every checkpoint.every_epochs epochs, except the last (finish saves that one)."""
     every = rs.spec.checkpoint.every_epochs
-    if epoch_done and every and (epoch + 1) % every == 0 and not (rs.steps_done or epoch + 1 == rs.spec.schedule.epochs):
+    if epoch_done and every and (epoch + 1) % every == 0 and not (rs.steps_done or epoch + 1 == rs.spec.schedule.end_epoch):
         save(rs, f"end of epoch {epoch}")
 
 

@@ -10,6 +10,11 @@ which scales with the world size, as Sony kept 32 images per GPU whatever the GP
 (``global_batch``, which must divide by the world size). Stages past ``epochs`` are cut and the last one is
 stretched to reach it, so ``--epochs`` alone shortens or lengthens any job.
 
+A stage may name its own grid (``grid = "32x34"`` then ``grid = "32x68"``, as Sony grew the GPU count with the
+batch): the launcher ends the previous grid's stages with a checkpoint and starts the next grid's ranks from it
+(``grid_spans``). A stage's batch is then split over its own grid's ranks, and ``stop_epoch`` tells the ranks
+where their grid's stages end, while the learning rate still follows the whole run.
+
 At a world size, for each stage:
 
 * per-rank batch = global batch / world size;
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from torus_train.errors import UserError
+from torus_train.job.topology import parse_grid
 
 LR_POLICIES = ("linear", "constant")
 DECAYS = ("poly", "cosine", "step", "none")
@@ -56,6 +62,9 @@ class Stage:
     """Images per optimizer step on each rank; the global batch is this times the world size."""
     global_batch: int = 0
     """Images per optimizer step over all ranks (instead of per_rank_batch; must divide by the world size)."""
+    grid: str = ""
+    """XxY grid this stage runs on; empty = the job's grid. At a change of grid the launcher checkpoints and
+    starts the next stage on the new grid from that checkpoint."""
 
 
 class StageInfo(NamedTuple):
@@ -75,6 +84,8 @@ class StageInfo(NamedTuple):
     """Forward/backward passes per optimizer step (gradient accumulation)."""
     micro_batch: int
     """Samples per forward pass on one rank; per_rank_batch = micro_batch * accumulation."""
+    grid: str = ""
+    """The stage's own grid (Stage.grid); empty = the job's."""
 
 
 @dataclass
@@ -99,6 +110,9 @@ class Schedule:
     """Largest micro-batch a rank runs in one forward pass (gradient accumulation above it); 0 = no limit."""
     label_smoothing: float = 0.1
     """Label smoothing of the cross-entropy loss."""
+    stop_epoch: int = 0
+    """Stop (with a checkpoint) when this epoch starts; 0 = at epochs. The learning rate still follows all
+    epochs, so --resume continues the same schedule. The launcher sets it to end each grid's stages."""
 
     def check(self, p: str = "schedule") -> "Schedule":
         """Every world-independent rule; raise ScheduleError naming the field path and the bad value."""
@@ -117,6 +131,8 @@ class Schedule:
             raise ScheduleError(f"{p}.decay: {self.decay!r} is not one of {', '.join(DECAYS)}")
         if not 0 <= self.label_smoothing < 1:
             raise ScheduleError(f"{p}.label_smoothing: {self.label_smoothing!r} must be in [0, 1)")
+        if not 0 <= self.stop_epoch <= self.epochs:
+            raise ScheduleError(f"{p}.stop_epoch: {self.stop_epoch!r} must be in [0, {p}.epochs ({self.epochs})]")
         self._check_stages(f"{p}.stages")
         return self
 
@@ -132,11 +148,43 @@ class Schedule:
                 raise ScheduleError(f"{p}[{i}].until_epoch: {s.until_epoch!r} must be greater than the previous "
                                     f"stage's {prev_end} (stages run in order)")
             prev_end = s.until_epoch
+            if s.grid:
+                try:
+                    parse_grid(s.grid)
+                except UserError as e:
+                    raise ScheduleError(f"{p}[{i}].grid: {e}") from None
             kind = "per_rank_batch" if s.per_rank_batch else "global_batch"
             before = getattr(self.stages[i - 1], kind) if i else 0
             if getattr(s, kind) < before:  # stages of mixed kinds are compared at a world size, in at()
                 raise ScheduleError(f"{p}[{i}].{kind}: {getattr(s, kind)} is smaller than the previous stage's "
                                     f"{before}; batch-size control only grows the batch")
+
+    def spans(self) -> list[tuple[int, Stage, int, int]]:
+        """(index, stage, first epoch, end epoch) of the stages that run: stages past `epochs` are cut and the
+        last one is stretched to reach it."""
+        out, start = [], 0
+        for i, st in enumerate(self.stages):
+            if start >= self.epochs:
+                break  # a stage past the end of the run never runs
+            end = self.epochs if i == len(self.stages) - 1 or st.until_epoch >= self.epochs else st.until_epoch
+            out.append((i, st, start, end))
+            start = end
+        return out
+
+    def grid_spans(self) -> list[tuple[str, int, int]]:
+        """(grid, first epoch, end epoch) of each run of consecutive stages on one grid ('' = the job's)."""
+        out: list[tuple[str, int, int]] = []
+        for _, st, start, end in self.spans():
+            if out and out[-1][0] == st.grid:
+                out[-1] = (st.grid, out[-1][1], end)
+            else:
+                out.append((st.grid, start, end))
+        return out
+
+    @property
+    def end_epoch(self) -> int:
+        """Where the ranks stop: stop_epoch, else epochs."""
+        return self.stop_epoch or self.epochs
 
     def at(self, world_size: int) -> "BatchSchedule":
         """This schedule on ``world_size`` ranks; ScheduleError if a stage's batch does not fit."""
@@ -156,22 +204,19 @@ class BatchSchedule:
         object.__setattr__(self, "stages", tuple(self._derive()))
 
     def _derive(self) -> list[StageInfo]:
-        s, out, start = self.schedule, [], 0
-        for i, st in enumerate(s.stages):
-            if start >= s.epochs:
-                break  # a stage past the end of the run never runs
-            end = s.epochs if i == len(s.stages) - 1 or st.until_epoch >= s.epochs else st.until_epoch
-            global_batch = st.global_batch or st.per_rank_batch * self.world_size
-            if global_batch % self.world_size:
+        out: list[StageInfo] = []
+        for i, st, start, end in self.schedule.spans():
+            world = parse_grid(st.grid).size if st.grid else self.world_size  # a stage's batch is its grid's
+            global_batch = st.global_batch or st.per_rank_batch * world
+            if global_batch % world:
                 raise ScheduleError(f"schedule.stages[{i}].global_batch: {global_batch} does not divide by world "
-                                    f"size {self.world_size}")
+                                    f"size {world}")
             if out and global_batch < out[-1].global_batch:
                 raise ScheduleError(f"schedule.stages[{i}]: global batch {global_batch} is smaller than the "
                                     f"previous stage's {out[-1].global_batch}; batch-size control only grows it")
-            per_rank = global_batch // self.world_size
-            acc = _accumulation(per_rank, s.max_per_rank_batch)
-            out.append(StageInfo(i, start, end, global_batch, per_rank, acc, per_rank // acc))
-            start = end
+            per_rank = global_batch // world
+            acc = _accumulation(per_rank, self.schedule.max_per_rank_batch)
+            out.append(StageInfo(i, start, end, global_batch, per_rank, acc, per_rank // acc, st.grid))
         return out
 
     def stage_at(self, epoch: float) -> StageInfo:
@@ -184,8 +229,8 @@ class BatchSchedule:
         return steps_per_epoch(num_samples, self.stage_at(epoch).global_batch)
 
     def total_steps(self, num_samples: int) -> int:
-        """Optimizer steps of the whole run (schedule.steps caps it)."""
-        total = sum(self.steps_in_epoch(e, num_samples) for e in range(self.schedule.epochs))
+        """Optimizer steps of the whole run, or up to stop_epoch (schedule.steps caps it)."""
+        total = sum(self.steps_in_epoch(e, num_samples) for e in range(self.schedule.end_epoch))
         return min(total, self.schedule.steps) if self.schedule.steps else total
 
     def peak_lr(self, index: int) -> float:
@@ -219,6 +264,9 @@ class BatchSchedule:
         rows = [(str(st.index), f"{st.start_epoch}-{st.until_epoch}", str(st.global_batch), str(st.per_rank_batch),
                  f"{st.micro_batch} x {st.accumulation}", f"{self.peak_lr(k):.4g}", f"{self.lr_at(st.start_epoch):.4g}")
                 for k, st in enumerate(self.stages)]
+        if any(st.grid for st in self.stages):
+            head += ("grid",)
+            rows = [r + (st.grid or "job's",) for r, st in zip(rows, self.stages)]
         widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(head)]
         fmt = "  ".join(f"{{:>{w}}}" for w in widths)
         s = self.schedule

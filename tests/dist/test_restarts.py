@@ -1,0 +1,84 @@
+"""`torus-train run --max-restarts N`: a rank killed mid-run, the job restarted from its latest checkpoint and
+finished with the same parameters as an undisturbed run; what is not restarted. Real ranks, hard time guards."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .runhelp import leftover_workers, run_cli, summary
+from .test_watchdog import TWO, beat
+
+pytestmark = pytest.mark.timeout(300)
+
+COMMON = [*TWO, "--steps", "10", "--set", "checkpoint.every_steps=2"]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_restarted_and_the_job_ends_as_if_undisturbed(tmp_path):
+    straight, restarted = tmp_path / "straight", tmp_path / "restarted"
+    r = run_cli(*COMMON, "--out", str(straight), timeout=150)
+    assert r.returncode == 0, r.stderr
+    argv = [sys.executable, "-m", "torus_train", "run", *COMMON, "--out", str(restarted), "--max-restarts", "2"]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not ((b := beat(restarted, 1)) and b["step"] >= 4):
+            assert time.time() < deadline and p.poll() is None, "the run did not start training"
+            time.sleep(0.1)
+        killed_at = time.time()
+        os.kill(b["pid"], signal.SIGKILL)
+        stdout, stderr = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    took = time.time() - killed_at
+    print(f"rank killed at step >= {b['step']}: job finished {took:.1f} s later")
+    assert p.returncode == 0, stdout + stderr
+    line = next(ln for ln in stderr.splitlines() if "restart 1 of 2" in ln)
+    assert line.startswith("rank 1 was killed by SIGKILL at step ") and "from the checkpoint at step " in line
+    step = int(line.split("from the checkpoint at step ")[1])
+    assert step >= 2 and f"resumed at epoch 0, step {step}" in stdout
+    s, ref = summary(restarted), summary(straight)
+    assert (s["steps"], s["param_digests_agree"]) == (10, True)
+    assert s["param_digest"] == ref["param_digest"], "the restarted job ended with other parameters"
+    assert not leftover_workers(restarted)
+
+
+def test_a_rank_that_keeps_failing_exhausts_the_restarts(tmp_path):
+    """step:1:3 kills rank 1 after step 3 in every attempt (each resumes from step 2): one restart, then
+    the launcher gives up and says so."""
+    out = tmp_path / "run"
+    t = time.time()
+    r = run_cli(*COMMON, "--out", str(out), "--max-restarts", "1", env={"TORUS_TRAIN_FAULT": "step:1:3"},
+                timeout=200)
+    print(f"rank killed in every attempt: gave up after {time.time() - t:.1f} s")
+    assert r.returncode == 1
+    # the step comes from rank 1's heartbeat, written at most once a second: step 3 or the one before
+    assert re.search(r"rank 1 was killed by SIGKILL at step [23]; restart 1 of 1 from the checkpoint at step 2",
+                     r.stderr), r.stderr
+    assert "gave up after 1 restart(s)" in r.stderr.splitlines()[-1]
+    assert not leftover_workers(out)
+
+
+@pytest.mark.parametrize("fault, why", [
+    ("start:1", "not restarted: this failure would repeat"),  # the rank's own verdict, before any step
+])
+def test_what_is_not_restarted(tmp_path, fault, why):
+    out = tmp_path / "run"
+    r = run_cli(*COMMON, "--out", str(out), "--max-restarts", "2", env={"TORUS_TRAIN_FAULT": fault}, timeout=120)
+    assert r.returncode == 1 and why in r.stderr, r.stderr
+    assert "restart 1 of" not in r.stderr
+
+
+def test_bad_input_is_never_launched_or_restarted(tmp_path):
+    r = run_cli(*COMMON, "--out", str(tmp_path / "run"), "--max-restarts", "2", "--data", str(tmp_path / "none"))
+    assert r.returncode == 2 and "no such folder" in r.stderr and "restart" not in r.stderr
+    r = run_cli(*COMMON, "--out", str(tmp_path / "run"), "--max-restarts", "-1")
+    assert r.returncode == 2 and "--max-restarts" in r.stderr

@@ -1,0 +1,80 @@
+"""The launcher's fault logic without processes: heartbeats, who stopped first, what is restarted."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from torus_train.commands.run import no_restart, watchdog_limits
+from torus_train.errors import RunFailed, UserError
+from torus_train.job.spec import load_spec
+from torus_train.ranks.heartbeat import Beat, Heartbeat, first_stopped, read_beats
+from torus_train.ranks.supervisor import RanksFailed, Watch, restartable
+from torus_train.ranks.worker import Terminated, classify, hang_at
+from torus_train.train.stop import StopRequested
+
+
+def test_heartbeat_writes_the_last_step_within_a_second(tmp_path):
+    (tmp_path / "logs").mkdir()
+    hb = Heartbeat(tmp_path, 3, every_s=0.2)
+    assert read_beats(tmp_path, 4)[3].step == -1  # written at start
+    for step in range(1, 6):
+        hb.record(step)
+    deadline = time.time() + 5
+    while read_beats(tmp_path, 4)[3].step != 5:  # the last record reaches the file even without another step
+        assert time.time() < deadline
+        time.sleep(0.05)
+    b = read_beats(tmp_path, 4)[3]
+    assert (b.rank, b.step) == (3, 5) and abs(b.time - time.time()) < 5
+    assert set(read_beats(tmp_path, 4)) == {3}  # ranks without a file are absent
+
+
+def test_first_stopped_is_the_lowest_step():
+    beats = {r: Beat(r, 100 + r, s, 0.0) for r, s in enumerate([7, 6, 7, 6])}
+    assert first_stopped(beats) == [1, 3]
+    assert first_stopped({}) == []
+
+
+@pytest.mark.parametrize("code, kind, ok", [
+    (-9, "", True), (0, "", True), (1, "", True), (1, "crash", True),
+    (1, "verdict", False), (2, "input", False), (143, "stopped", False),
+])
+def test_what_a_restart_may_cure(code, kind, ok):
+    assert restartable(code, kind) is ok
+
+
+def test_classify_a_ranks_failure():
+    assert classify(UserError("x"))[:2] == (2, "input")
+    assert classify(StopRequested("x"))[:2] == (143, "stopped")
+    assert classify(Terminated("x"))[:2] == (143, "stopped")
+    assert classify(RunFailed("replicas differ"))[:2] == (1, "verdict")
+    assert classify(RuntimeError("Connection closed by peer\nmore"))[:3] == (1, "crash", "RuntimeError: "
+                                                                                   "Connection closed by peer")
+
+
+def test_no_restart_reasons():
+    e = lambda **kw: RanksFailed("x", **{"rank": 1, "step": 5, "restartable": True, "progressed": True, **kw})  # noqa: E731
+    assert no_restart(e(), 0, 2) == ""
+    assert "interrupted" in no_restart(e(rank=-1), 0, 2)
+    assert "would repeat" in no_restart(e(restartable=False), 0, 2)
+    assert "start-up failure" in no_restart(e(progressed=False), 0, 2)
+    assert no_restart(e(), 2, 2) == "gave up after 2 restart(s)"
+
+
+def test_watchdog_limits_and_the_start_up_allowance():
+    spec = load_spec(None, [("comm.timeout_s", 30.0)])
+    assert watchdog_limits(spec) == (90.0, 90.0)
+    spec = load_spec(None, [("comm.timeout_s", 30.0), ("launch.watchdog_s", 5.0)])
+    assert watchdog_limits(spec) == (5.0, 90.0)
+    w = Watch(5.0, 90.0, {}, changed=0.0)
+    assert not w.due(10.0, 2)  # before every rank finished a step: the start-up limit
+    w.seen = {0: Beat(0, 1, 1, 0.0), 1: Beat(1, 2, 0, 0.0)}
+    assert w.due(10.0, 2)
+    with pytest.raises(UserError, match="launch.watchdog_s"):
+        load_spec(None, [("launch.watchdog_s", -1.0)])
+
+
+def test_hang_fault_parsing():
+    assert hang_at({"TORUS_TRAIN_FAULT": "hang:1:3"}) == (1, 3)
+    assert hang_at({"TORUS_TRAIN_FAULT": "step:1:3"}) is None
+    assert hang_at({}) is None
