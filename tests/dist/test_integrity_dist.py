@@ -77,3 +77,29 @@ def test_truncated_newest_checkpoint_falls_back_and_metrics_hold_each_step_once(
     resumes = [m for m in metrics(out) if m.get("event") == "resume"]
     assert resumes == [{"event": "resume", "step": 2, "epoch": 0, "dropped_lines": 1}]
     assert summary(out)["steps"] == 6 and saved_steps(out) == [4, 6]
+
+
+def test_disk_full_during_a_checkpoint(tmp_path):
+    """OUT on a 150 MiB tmpfs: the step-2 checkpoint (about 90 MB: resnet18 and its momentum) fits, the step-4
+    one does not. One line naming the folder, exit 1, the step-2 checkpoint intact, no temporaries left."""
+    import os
+    import subprocess
+
+    from torus_train.train.checkpoint import find_latest, load_checkpoint
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=150m", "tmpfs", str(mnt)],
+                                           capture_output=True, timeout=10).returncode:
+        pytest.skip("needs root and tmpfs mounts")
+    try:
+        out = mnt / "run"
+        r = run_cli(*TWO, "--steps", "6", "--out", str(out), timeout=90)
+        assert r.returncode == 1, r.stdout + r.stderr
+        line = f"checkpoint folder {out / 'checkpoints'}: no space left; the previous checkpoint at step 2 is kept"
+        assert line in r.stderr, r.stderr
+        assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002.json", "step-00000002.pt"]
+        assert load_checkpoint(find_latest(out / "checkpoints"))["position"]["global_step"] == 2
+        assert not (out / "summary.json").exists() and not leftover_workers(out)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], timeout=10, check=True)
