@@ -8,9 +8,10 @@ The library is built once per (source, MPI library, mpicc, machine) into $TORUS_
 ~/.cache/torus-train/native), under a file lock so that the ranks of one node build it once, and loaded only if
 it reports the same MPI library version as mpi4py. A library is loaded only when it and its folder belong to
 this user and nobody else may write them (loading a .so runs its code): otherwise it is built anew in a
-private folder (``$TMPDIR/torus-train-native-UID``, or a fresh one) and the reason is said. Anything that fails (no mpicc, no compiler, another MPI)
-leaves the Python replay in place and says why: `load()` returns (None, reason). TORUS_TRAIN_NATIVE=0 turns
-it off; TORUS_TRAIN_MPICC names the compiler wrapper (default: mpicc on PATH).
+private folder (``$TMPDIR/torus-train-native-UID``, or a fresh one) and the reason is said. Anything that
+fails (no mpicc, no compiler, another MPI) leaves the Python replay in place and says why: `load()` returns
+(None, reason). TORUS_TRAIN_NATIVE=0 turns it off; TORUS_TRAIN_MPICC names the compiler wrapper (default:
+mpicc on PATH).
 """
 from __future__ import annotations
 
