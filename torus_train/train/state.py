@@ -140,6 +140,9 @@ def save(rs: RunState, why: str) -> bool:
             log.info("checkpoint %s (%s)", pt, why)
         except RunFailed as e:
             failed = str(e)
+        except Exception as e:  # noqa: BLE001  said to every rank, so that none waits for a save that died
+            failed = f"checkpoint at step {rs.pos.global_step} was not written ({type(e).__name__}: {e})"
+            log.exception("checkpoint at step %d", rs.pos.global_step)
     # nobody runs ahead of a checkpoint that is still being written, and a failed write fails every rank
     box = [failed]
     dist.broadcast_object_list(box, src=0)
