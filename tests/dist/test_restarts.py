@@ -42,7 +42,7 @@ def test_a_killed_rank_is_restarted_and_the_job_ends_as_if_undisturbed(tmp_path)
     print(f"rank killed at step >= {b['step']}: job finished {took:.1f} s later")
     assert p.returncode == 0, stdout + stderr
     line = next(ln for ln in stderr.splitlines() if "restart 1 of 2" in ln)
-    assert line.startswith("rank 1 was killed by SIGKILL at step ") and "from the checkpoint at step " in line
+    assert line.startswith("rank 1 was killed by SIGKILL (last heartbeat at step ") and "from the checkpoint at step " in line
     step = int(line.split("from the checkpoint at step ")[1])
     assert step >= 2 and f"resumed at epoch 0, step {step}" in stdout
     s, ref = summary(restarted), summary(straight)
@@ -61,7 +61,8 @@ def test_a_rank_that_keeps_failing_exhausts_the_restarts(tmp_path):
     print(f"rank killed in every attempt: gave up after {time.time() - t:.1f} s")
     assert r.returncode == 1
     # the step comes from rank 1's heartbeat, written at most once a second: step 3 or the one before
-    assert re.search(r"rank 1 was killed by SIGKILL at step [23]; restart 1 of 1 from the checkpoint at step 2",
+    assert re.search(r"rank 1 was killed by SIGKILL \(last heartbeat at step [23]\); restart 1 of 1 from the "
+                     r"checkpoint at step 2",
                      r.stderr), r.stderr
     assert "gave up after 1 restart(s)" in r.stderr.splitlines()[-1]
     assert not leftover_workers(out)
@@ -82,3 +83,31 @@ def test_bad_input_is_never_launched_or_restarted(tmp_path):
     assert r.returncode == 2 and "no such folder" in r.stderr and "restart" not in r.stderr
     r = run_cli(*COMMON, "--out", str(tmp_path / "run"), "--max-restarts", "-1")
     assert r.returncode == 2 and "--max-restarts" in r.stderr
+
+
+@pytest.mark.slow
+def test_elastic_drops_a_node_that_keeps_failing_and_keeps_the_global_batch(tmp_path):
+    """4 ranks as 2 nodes of 2 (--gpus-per-node 2); rank 3 is killed after step 3 in every attempt. Restart 1
+    from step 2 fails the same way, so node 1 is dropped: 2 ranks on grid 2x1 finish the job, each rank
+    running its 32 samples as 2 micro-batches of 16 (the micro-batch it had), global batch 64 throughout."""
+    from .runhelp import TINY, metrics
+
+    out = tmp_path / "run"
+    t = time.time()
+    r = run_cli(*TINY, "--gpus-per-node", "2", "--steps", "6", "--set", "checkpoint.every_steps=2", "--out", str(out),
+                "--max-restarts", "2", "--elastic", env={"TORUS_TRAIN_FAULT": "step:3:3"}, timeout=280)
+    print(f"elastic: node lost for good, job finished on the remaining node after {time.time() - t:.1f} s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "restart 1 of 2 from the checkpoint at step 2" in r.stderr
+    assert ("node 1 (ranks 2-3) failed in two attempts in a row: continuing without it on 2 ranks, grid 2x1; the "
+            "global batch stays 64 (2 ranks x 16 x 2 accumulated) and so does the learning-rate schedule") in r.stderr
+    s = summary(out)
+    assert (s["world_size"], s["grid"], s["steps"], s["param_digests_agree"]) == (2, "2x1", 6, True)
+    steps = [m for m in metrics(out) if "loss" in m and "step" in m]
+    assert {m["global_batch"] for m in steps} == {64} and steps[-1]["step"] == 6
+    assert not leftover_workers(out)
+
+
+def test_elastic_is_refused_where_it_cannot_work(tmp_path):
+    r = run_cli(*COMMON, "--out", str(tmp_path / "run"), "--elastic", "--max-restarts", "1")
+    assert r.returncode == 2 and "--elastic needs --max-restarts 2" in r.stderr

@@ -47,7 +47,10 @@ RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True,
               help="When ranks fail after training started, start them again from the latest checkpoint, up to "
                    "N times (not for bad input, a requested stop or a failed check; docs/faults.md).")
-def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, **flags) -> None:
+@click.option("--elastic", is_flag=True,
+              help="Local launcher: a node whose ranks fail in two attempts in a row is dropped and the job "
+                   "continues on the others (same global batch and LR schedule); uses the --max-restarts budget.")
+def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **flags) -> None:
     """Train on N ranks laid out as an XxY grid, exchanging gradients with the 2D-torus all-reduce.
 
     \b
@@ -78,11 +81,12 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, **flags) -> N
     if dry_run:
         return dry_run_report(leg_spec(spec, legs[first]), plan, legs)
     leg_spec(spec, legs[first]).schedule.at(plan.world_size)
+    check_elastic(elastic, plan, legs, max_restarts)
     prepare_out(out, resume, overwrite)
     from torus_train.ranks.supervisor import echo_err
 
     prepare_data(spec, log=echo_err)
-    run_legs(spec, legs, first, plan, out, resume, Restarts(max_restarts))
+    run_legs(spec, legs, first, plan, out, resume, Restarts(max_restarts, elastic))
     check_outcome(out)
 
 
@@ -91,7 +95,22 @@ class Restarts:
     """The job's restart budget (--max-restarts), shared by its legs."""
 
     allowed: int
+    elastic: bool = False
     used: int = 0
+    last_node: int | None = None
+    """The node of the previous failure's root-cause rank (--elastic drops a node that fails twice in a row)."""
+
+
+def check_elastic(elastic: bool, plan, legs, max_restarts: int) -> None:
+    if not elastic:
+        return
+    if plan.launcher != "local":
+        raise UserError(f"--elastic works with the local launcher only (this job uses {plan.launcher}); use "
+                        "--max-restarts, which restarts on the same hosts")
+    if len(legs) > 1:
+        raise UserError("--elastic cannot be combined with stages that name their own grid")
+    if max_restarts < 2:
+        raise UserError("--elastic needs --max-restarts 2 or more: a node is dropped at its second failure in a row")
 
 
 def run_legs(spec: JobSpec, legs, first: int, plan, out: Path, resume: bool, restarts: Restarts) -> None:
@@ -233,7 +252,7 @@ def launch(spec: JobSpec, plan, out: Path) -> None:
 def launch_with_restarts(spec: JobSpec, plan, out: Path, restarts: Restarts) -> None:
     """Launch; after a failure that a restart may cure, start the ranks again from the latest checkpoint while
     the budget lasts, saying so. A failure before any rank finished a step is a start-up failure and is never
-    restarted (the same start would fail again)."""
+    restarted (the same start would fail again). With --elastic a node that fails twice in a row is dropped."""
     from torus_train.ranks.supervisor import RanksFailed
 
     while True:
@@ -246,10 +265,25 @@ def launch_with_restarts(spec: JobSpec, plan, out: Path, restarts: Restarts) -> 
             if why_not:
                 raise RanksFailed(f"{e}; {why_not}", e.rank, e.step) from None
             restarts.used += 1
-            at = f" at step {e.step}" if e.step >= 0 else ""
-            click.echo(f"{e.how}{at}; restart {restarts.used} of {restarts.allowed} from "
+            beat = f" (last heartbeat at step {e.step})" if e.step >= 0 else ""
+            click.echo(f"{e.how}{beat}; restart {restarts.used} of {restarts.allowed} from "
                        f"{latest_checkpoint_text(out)}", err=True)
+            spec, plan = maybe_drop_node(spec, plan, out, restarts, e.rank)
             write_job(out / "job.json", spec, plan.grid, resume=True, regrid=True)
+
+
+def maybe_drop_node(spec: JobSpec, plan, out: Path, restarts: Restarts, rank: int):
+    """--elastic: the (spec, plan) without the failed rank's node when that node also failed last time."""
+    node = rank // plan.grid.gpus_per_node
+    if not restarts.elastic or node != restarts.last_node or plan.grid.nodes < 2:
+        restarts.last_node = node
+        return spec, plan
+    from torus_train.job.elastic import shrink
+
+    spec, line = shrink(spec, plan.grid, node)
+    restarts.last_node = None
+    click.echo(line, err=True)
+    return spec, make_plan(spec, out / "job.json", strict=True)
 
 
 def no_restart(e, attempt: int, max_restarts: int) -> str:
