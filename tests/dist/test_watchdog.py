@@ -84,3 +84,27 @@ def test_ranks_die_with_a_sigkilled_launcher_and_keep_a_checkpoint(tmp_path):
     ref = find_latest(out / "checkpoints")
     assert ref is not None and ref.step >= 2
     assert "stopped by SIGTERM" in (out / "logs" / "rank00001.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_watchdog_under_mpirun_gets_the_stacks_through_the_launcher(tmp_path):
+    """mpirun passes SIGUSR1 on to every rank: the stacks reach the logs; the ranks' heartbeats in OUT/logs
+    name the rank that stopped first; mpirun is stopped."""
+    from .runhelp import mpi_available
+
+    if not mpi_available():
+        pytest.skip("no mpirun or mpi4py here")
+    out = tmp_path / "run"
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=2\n")
+    t = time.time()
+    r = run_cli(*TWO, "--launcher", "mpirun", "--hostfile", str(hosts), "--steps", "30", "--out", str(out),
+                "--set", "comm.timeout_s=120", "--set", "launch.watchdog_s=5", "--set", 'launch.env=["TORUS_TRAIN_FAULT"]',
+                env={"TORUS_TRAIN_FAULT": "hang:1:3"}, timeout=170)
+    print(f"hung rank under mpirun -> watchdog: job ended after {time.time() - t:.1f} s (launch included)")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "stopped first: rank 1 (last step 2); the others reached step 3" in r.stderr, r.stderr
+    for rank in range(2):
+        assert "most recent call first" in (out / "logs" / f"rank{rank:05d}.log").read_text()
+    assert not leftover_workers(out)

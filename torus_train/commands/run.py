@@ -235,7 +235,8 @@ def watchdog_limits(spec: JobSpec) -> tuple[float, float]:
 
 
 def launch(spec: JobSpec, plan, out: Path) -> None:
-    from torus_train.ranks.supervisor import command_failed, echo_err, reset_rank_files, run_command, run_local
+    from torus_train.ranks.supervisor import (RanksFailed, command_failed, echo_err, new_watch, reset_rank_files,
+                                              run_command, run_local)
 
     if plan.launcher == "local":
         run_local(plan, out, echo_err, *watchdog_limits(spec))
@@ -244,7 +245,9 @@ def launch(spec: JobSpec, plan, out: Path) -> None:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     reset_rank_files(out, plan.world_size)
     try:
-        run_command(plan.argv, plan.env, plan.launcher)
+        run_command(plan.argv, plan.env, plan.launcher, out, plan.world_size, new_watch(*watchdog_limits(spec)))
+    except RanksFailed:
+        raise
     except RunFailed as e:
         raise command_failed(str(e), out, plan.world_size) from None
 

@@ -39,6 +39,10 @@ RESTARTABLE = ("crash",)
 by a signal and the job's own verdicts (diverged replicas, non-finite loss, a bad checkpoint) would repeat."""
 
 
+def new_watch(watchdog_s: float, startup_s: float) -> "Watch | None":
+    return Watch(watchdog_s, startup_s, {}, time.time()) if watchdog_s > 0 else None
+
+
 class RanksFailed(RunFailed):
     """The ranks failed after launch. `rank` is the root cause, `step` the last step it finished (-1: none),
     `restartable` whether starting again from the latest checkpoint could help, `progressed` whether any rank
@@ -173,8 +177,7 @@ def run_local(plan: LaunchPlan, out: Path, say: Callable[[str], None], watchdog_
                 procs.append(subprocess.Popen(plan.argv, env=env, stdin=subprocess.DEVNULL,
                                               stdout=None if rank == 0 else logf, stderr=logf,
                                               start_new_session=True))
-            watch = Watch(watchdog_s, startup_s, {}, time.time()) if watchdog_s > 0 else None
-            failure = _watch(procs, out, sig, watch)
+            failure = _watch(procs, out, sig, new_watch(watchdog_s, startup_s))
         finally:
             stop_all(procs, grace=GRACE_S)
             for f in files:
@@ -301,39 +304,53 @@ def _diagnose(procs: list[subprocess.Popen], out: Path, failed: dict[int, int]) 
 
 def _check_progress(procs: list[subprocess.Popen], out: Path, watch: Watch) -> Failure | None:
     """The watchdog: None while some rank finishes steps; else dump every rank's stack and name who stopped."""
+    def dump() -> None:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    p.send_signal(signal.SIGUSR1)  # the rank alone: faulthandler writes its stack to its log
+                except ProcessLookupError:
+                    pass
+
+    found = stall(out, len(procs), watch, dump)
+    if found is None:
+        return None
+    beats, idle = found
+    first = first_stopped(beats) or list(range(len(procs)))
+    return _stalled(out, len(procs), beats, idle, {r: process_state(procs[r].pid) for r in first})
+
+
+def stall(out: Path, ranks: int, watch: Watch, dump: Callable[[], None]) -> tuple[dict[int, Beat], float] | None:
+    """(beats, seconds without progress) once the watchdog's limit has passed, after `dump` asked every rank
+    for its stack; None while some rank progresses (beats are read at most once a second)."""
     now = time.time()
     if now - watch.read_at < BEAT_READ_S:
         return None
     watch.read_at = now
-    beats = read_beats(out, len(procs))
+    beats = read_beats(out, ranks)
     if beats != watch.seen:
         watch.seen, watch.changed = beats, now
         return None
-    if not watch.due(now, len(procs)):
+    if not watch.due(now, ranks):
         return None
-    idle = now - watch.changed
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.send_signal(signal.SIGUSR1)  # the rank alone: faulthandler writes its stack to its log
-            except ProcessLookupError:
-                pass
+    dump()
     time.sleep(DUMP_WAIT_S)
-    return _stalled(procs, out, beats, idle)
+    return beats, now - watch.changed
 
 
-def _stalled(procs: list[subprocess.Popen], out: Path, beats: dict[int, Beat], idle: float) -> Failure:
-    first = first_stopped(beats) or list(range(len(procs)))
-    silent = [r for r in range(len(procs)) if r not in beats]
-    states = {r: process_state(procs[r].pid) for r in first}
-    where = ", ".join(f"rank {r} (last step {beats[r].step if r in beats else 'none'}, process {states[r]})"
-                      for r in first[:8]) + (", ..." if len(first) > 8 else "")
+def _stalled(out: Path, ranks: int, beats: dict[int, Beat], idle: float, states: dict[int, str]) -> Failure:
+    """The watchdog's verdict: the ranks at the lowest last step (with their process state where known)."""
+    first = first_stopped(beats) or list(range(ranks))
+    silent = [r for r in range(ranks) if r not in beats]
+    where = ", ".join(f"rank {r} (last step {beats[r].step if r in beats else 'none'}"
+                      + (f", process {states[r]})" if r in states else ")") for r in first[:8])
+    where += ", ..." if len(first) > 8 else ""
     top = max((b.step for b in beats.values()), default=-1)
     rest = f"; the others reached step {top}" if top > min((b.step for b in beats.values()), default=top) else \
-        ("; every rank is at the same step" if len(first) == len(procs) else "")
+        ("; every rank is at the same step" if len(first) == ranks else "")
     if silent:
         rest += f"; rank(s) {', '.join(map(str, silent[:8]))} never wrote a heartbeat"
-    how = f"rank {first[0]} stopped progressing" if len(first) < len(procs) else "every rank stopped progressing"
+    how = f"rank {first[0]} stopped progressing" if len(first) < ranks else "every rank stopped progressing"
     text = (f"watchdog: no rank finished a step for {idle:.0f} s; stopped first: {where}{rest}; each rank's Python "
             f"stack is in its log ({_log(out, 0).parent}/rankNNNNN.log); stopped the job")
     return Failure(first[0], text, how, True)
@@ -349,8 +366,13 @@ def _failed(procs: list[subprocess.Popen], out: Path) -> dict[int, int]:
     return failed
 
 
-def run_command(argv: list[str], env: dict[str, str], what: str) -> None:
-    """Run one launcher command (mpirun/srun) in its own session, forwarding SIGINT/SIGTERM; fail on non-zero."""
+def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | None = None, ranks: int = 0,
+                watch: Watch | None = None) -> None:
+    """Run one launcher command (mpirun/srun) in its own session, forwarding SIGINT/SIGTERM; fail on non-zero.
+
+    With `watch` (and the ranks' OUT/logs on a shared folder) the watchdog reads the ranks' heartbeats; when
+    it fires, SIGUSR1 to the launcher command (mpirun and srun pass it on to every rank: stacks into the logs),
+    then the command is stopped and RanksFailed names the ranks that stopped first."""
     with _Signals() as sig:
         p = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
@@ -362,6 +384,12 @@ def run_command(argv: list[str], env: dict[str, str], what: str) -> None:
                     except subprocess.TimeoutExpired:
                         pass
                     raise RunFailed(f"interrupted by {signal.Signals(sig.got).name}: forwarded to {what}")
+                if watch is not None and out is not None and (found := stall(out, ranks, watch,
+                                                                              lambda: p.send_signal(signal.SIGUSR1))):
+                    f = _stalled(out, ranks, *found, {})
+                    stop_all([p], grace=GRACE_S)
+                    raise RanksFailed(f.text, f.rank, found[0][f.rank].step if f.rank in found[0] else -1, True,
+                                      True, f.how)
                 time.sleep(POLL_S)
         finally:
             if p.poll() is None:
