@@ -31,6 +31,8 @@ from torus_train.ranks.heartbeat import PARENT_ENV, Beat, clear_beats, first_sto
 
 GRACE_S = 10.0
 POLL_S = 0.2
+HUNG_GRACE_S = 2.0
+"""After the watchdog's verdict the ranks are stuck: no clean stop with a checkpoint is to be had."""
 BEAT_READ_S = 1.0
 DUMP_WAIT_S = 2.0
 """How long the ranks get to write their stacks after SIGUSR1."""
@@ -64,6 +66,8 @@ class Failure:
     how: str
     """'rank 3 was killed by SIGKILL', 'rank 1 stopped responding', ... (for the restart line)."""
     restartable: bool
+    grace: float = GRACE_S
+    """Seconds the ranks get to stop after SIGTERM; short once the watchdog found them hung."""
 
 
 @dataclass
@@ -167,6 +171,7 @@ def run_local(plan: LaunchPlan, out: Path, say: Callable[[str], None], watchdog_
     reset_rank_files(out, n)
     procs: list[subprocess.Popen] = []
     files = []
+    failure = None
     with _Signals() as sig:
         try:
             for rank, renv in enumerate(plan.rank_env):
@@ -179,7 +184,7 @@ def run_local(plan: LaunchPlan, out: Path, say: Callable[[str], None], watchdog_
                                               start_new_session=True))
             failure = _watch(procs, out, sig, new_watch(watchdog_s, startup_s))
         finally:
-            stop_all(procs, grace=GRACE_S)
+            stop_all(procs, grace=failure.grace if failure else GRACE_S)
             for f in files:
                 f.close()
     if failure:
@@ -353,7 +358,7 @@ def _stalled(out: Path, ranks: int, beats: dict[int, Beat], idle: float, states:
     how = f"rank {first[0]} stopped progressing" if len(first) < ranks else "every rank stopped progressing"
     text = (f"watchdog: no rank finished a step for {idle:.0f} s; stopped first: {where}{rest}; each rank's Python "
             f"stack is in its log ({_log(out, 0).parent}/rankNNNNN.log); stopped the job")
-    return Failure(first[0], text, how, True)
+    return Failure(first[0], text, how, True, HUNG_GRACE_S)
 
 
 def _failed(procs: list[subprocess.Popen], out: Path) -> dict[int, int]:
@@ -387,7 +392,7 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
                 if watch is not None and out is not None and (found := stall(out, ranks, watch,
                                                                               lambda: p.send_signal(signal.SIGUSR1))):
                     f = _stalled(out, ranks, *found, {})
-                    stop_all([p], grace=GRACE_S)
+                    stop_all([p], grace=f.grace)
                     raise RanksFailed(f.text, f.rank, found[0][f.rank].step if f.rank in found[0] else -1, True,
                                       True, f.how)
                 time.sleep(POLL_S)
