@@ -14,7 +14,7 @@ from torus_train.job.topology import Grid
 from torus_train.plan.calibrate import fit_terms, local_coefficients
 from torus_train.plan.cost import ALGORITHMS
 from torus_train.plan.networks import PRESETS
-from torus_train.plan.search import best_grid, make_plan
+from torus_train.plan.search import BUCKET_CAPS_MB, best_grid, make_plan
 
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -65,9 +65,9 @@ def test_without_grid_the_grid_and_bucket_cap_are_chosen_by_the_step_and_explain
     assert best["step_seconds"] == min(c["step_seconds"] for c in cands)
     assert (d["grid"], d["bucket_cap_bytes"]) == (best["grid"], int(best["cap_mb"] * 2**20))
     assert d["algorithms"]["torus"]["step_seconds"] == pytest.approx(best["step_seconds"])
-    # every factor pair of 1088 was compared at DDP's 25 MiB, and every cap on the best grids
-    assert {c["grid"] for c in cands if c["cap_mb"] == 25} == {f"{x}x{1088 // x}" for x in
-                                                               (1, 2, 4, 8, 16, 17, 32, 34, 64, 68, 136, 272, 544, 1088)}
+    # every factor pair of 1088 was compared at every cap
+    pairs = {f"{x}x{1088 // x}" for x in (1, 2, 4, 8, 16, 17, 32, 34, 64, 68, 136, 272, 544, 1088)}
+    assert {(c["grid"], c["cap_mb"]) for c in cands} == {(g, cap) for g in pairs for cap in BUCKET_CAPS_MB}
     assert f"# grid {best['grid']}: fastest predicted step of {len(cands)} (grid, bucket cap) pairs" in r.output
     # the table of candidates, best first, with the chosen pair on its first row
     rows = [line.split() for line in r.output.splitlines() if line.startswith("# ") and "%" in line]

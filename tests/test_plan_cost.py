@@ -107,3 +107,18 @@ def test_plan_modules_import_no_torch():
                           "torus_train.plan.search, torus_train.plan.calibrate, torus_train.plan.simulate; "
                           "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_allreduce_seconds_fn_equals_allreduce_cost():
+    """The timeline's fast path (links worked out once per grid) is the same model, to rounding."""
+    from torus_train.plan.cost import allreduce_seconds_fn
+
+    for net in PRESETS.values():
+        for x, y in ((32, 34), (4, 272), (1, 8), (8, 1), (3, 5), (2, 2), (1, 1)):
+            g = Grid(x, y, net.gpus_per_node)
+            for placement in ("rows", "columns"):
+                for algo in ALGORITHMS:
+                    f = allreduce_seconds_fn(algo, g, net, placement)
+                    for n in (0, 1, 1000, 4_860_000, 51_114_064):
+                        assert f(n) == pytest.approx(allreduce_cost(algo, g, net, n, placement).seconds, rel=1e-12,
+                                                     abs=1e-15), (net.name, x, y, placement, algo, n)

@@ -248,6 +248,63 @@ def allreduce_cost(algo: str, grid: Grid, net: Network, nbytes: int, placement: 
     return phases.result(algo, int(nbytes))
 
 
+class _Recorder(_Phases):
+    """The phases of an algorithm run once on one byte, kept as (repeats, bytes per step per byte all-reduced,
+    [(alpha, beta) of each kind of link the step uses], bytes reduced per byte): the cost of every size follows."""
+
+    def __init__(self, grid: Grid, node: np.ndarray):
+        super().__init__(grid, node)
+        self.terms: list[tuple[int, float, list[tuple[float, float]], float]] = []
+
+    def _links(self, net: Network, src: np.ndarray, dst: np.ndarray) -> list[tuple[float, float]]:
+        inter = self.node[src] != self.node[dst]
+        links = []
+        if src.size and (~inter).any():
+            links.append((net.intra.alpha, net.intra.beta))
+        if src.size and inter.any():
+            flows = int(np.bincount(self.node[src[inter]]).max())
+            nic = net.inter.bandwidth_gbytes_per_s * 1e9
+            links.append((net.inter.alpha, 1.0 / min(nic, net.nics_per_node * nic / flows)))
+        return links
+
+    def ring(self, name, rings, nbytes, net, steps, reduce_bytes=0.0) -> None:
+        p = rings.shape[1]
+        if p <= 1 or steps == 0:
+            return
+        src = rings.reshape(-1)
+        dst = np.roll(rings, -1, axis=1).reshape(-1)
+        self.terms.append((steps, nbytes / p, self._links(net, src, dst), reduce_bytes))
+
+    def tree(self, name, groups, nbytes, net, reduce) -> None:
+        p = groups.shape[1]
+        if p <= 1:
+            return
+        for i in range(math.ceil(math.log2(p))):
+            d = 1 << i
+            idx = np.arange(p)
+            sender = idx[(idx % (2 * d)) == d]
+            far, near = groups[:, sender].reshape(-1), groups[:, sender - d].reshape(-1)
+            src, dst = (far, near) if reduce else (near, far)
+            self.terms.append((1, nbytes, self._links(net, src, dst), nbytes if reduce else 0.0))
+
+
+def allreduce_seconds_fn(algo: str, grid: Grid, net: Network, placement: str = "rows"):
+    """seconds(nbytes) of `algo` on `grid`, equal to allreduce_cost(...).seconds, with the links of every step
+    worked out once: the bucket timeline asks for hundreds of sizes on one grid."""
+    if grid.gpus_per_node != net.gpus_per_node:
+        grid = Grid(grid.x, grid.y, net.gpus_per_node)
+    if algo not in _PHASES_OF:
+        raise UserError(f"algo: unknown all-reduce algorithm {algo!r}; known: {', '.join(ALGORITHMS)}")
+    rec = _Recorder(grid, node_map(grid, net.gpus_per_node, placement))
+    _PHASES_OF[algo](rec, np.arange(grid.size).reshape(grid.y, grid.x), 1.0, net)
+    terms, gamma = rec.terms, net.gamma
+
+    def seconds(nbytes: float) -> float:
+        n = float(nbytes)
+        return sum(k * max(a + f * n * b for a, b in links) + r * n * gamma for k, f, links, r in terms)
+    return seconds
+
+
 # ------------------------------------------------------------------------------------------------
 # Training step and scaling efficiency
 # ------------------------------------------------------------------------------------------------

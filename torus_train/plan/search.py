@@ -13,7 +13,7 @@ from typing import Iterable
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pairs
 from torus_train.plan.cost import (ALGORITHMS, BACKWARD_FRACTION, DTYPE_BYTES, MODELS,
-                                   AllreduceCost, allreduce_cost, step_cost)
+                                   AllreduceCost, allreduce_cost, allreduce_seconds_fn, step_cost)
 from torus_train.plan.networks import Network
 from torus_train.plan.timeline import (DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP, layers_with_profile, model_layers,
                                        timeline)
@@ -158,7 +158,7 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
     if grid is None and overlap is None:
         caps = BUCKET_CAPS_MB if bucket_cap is None else (bucket_cap / 2**20,)
         candidates = choose_grid_and_cap(gpus, net, model, per_gpu_batch, gradient_dtype, compute, placement,
-                                         layers, caps, 25.0 if bucket_cap is None else bucket_cap / 2**20)
+                                         layers, caps)
         grid = Grid(*map(int, candidates[0].grid.split("x")), net.gpus_per_node)
         bucket_cap, why = int(candidates[0].cap_mb * 2**20), why_chosen(candidates)
     elif grid is None:
@@ -176,8 +176,7 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
             algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, s.step_seconds,
                                    s.scaling_efficiency, c.busbw_gbytes_per_s, s.exposed_seconds)
             continue
-        t = timeline(layers, compute, BACKWARD_FRACTION,
-                     lambda b, a=algo: allreduce_cost(a, grid, net, b, placement).seconds,
+        t = timeline(layers, compute, BACKWARD_FRACTION, allreduce_seconds_fn(algo, grid, net, placement),
                      DTYPE_BYTES[gradient_dtype], algo, bucket_cap)
         algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, t.step_seconds,
                                t.scaling_efficiency, c.busbw_gbytes_per_s, t.exposed_seconds, t.derived_overlap,
@@ -197,11 +196,10 @@ def bucket_sweep(p: Plan, algo: str = "torus", caps_mb=BUCKET_CAPS_MB) -> list[d
     the bucket timeline: [{cap_mb, buckets, exposed_seconds, step_seconds, scaling_efficiency}], in caps order."""
     g = Grid(*map(int, p.grid.split("x")), p.network.gpus_per_node)
     layers = p.layers or model_layers(p.model)
-    out = []
+    out, cost = [], allreduce_seconds_fn(algo, g, p.network, p.placement)
     for cap in caps_mb:
-        t = timeline(layers, p.compute_seconds, BACKWARD_FRACTION,
-                     lambda b: allreduce_cost(algo, g, p.network, b, p.placement).seconds,
-                     DTYPE_BYTES[p.gradient_dtype], algo, int(cap * 2**20))
+        t = timeline(layers, p.compute_seconds, BACKWARD_FRACTION, cost, DTYPE_BYTES[p.gradient_dtype], algo,
+                     int(cap * 2**20))
         out.append({"cap_mb": cap, "buckets": len(t.buckets), "exposed_seconds": t.exposed_seconds,
                     "step_seconds": t.step_seconds, "scaling_efficiency": t.scaling_efficiency})
     return out
@@ -227,45 +225,34 @@ class Candidate:
     """compute / step."""
 
 
-TOP_GRIDS_SWEPT = 3
-"""choose_grid_and_cap tries every bucket cap on this many of the best grids at the default cap."""
-
-
 def choose_grid_and_cap(gpus: int, net: Network, model: str, per_gpu_batch: int, gradient_dtype: str,
                         compute_seconds: float, placement: str = "rows", layers=None,
-                        caps_mb=BUCKET_CAPS_MB, default_cap_mb: float = 25.0) -> list[Candidate]:
-    """The torus step on the bucket timeline for (grid, bucket cap) pairs, fastest first: every factor pair
-    X x Y = gpus at the default cap, then every cap of caps_mb on the TOP_GRIDS_SWEPT fastest grids (a cap moves
-    the step by the latency terms and the last bucket's size; the grid by the bandwidth of every bucket, so the
-    grid is ranked first; this also bounds the work at a few hundred all-reduce costs)."""
+                        caps_mb=BUCKET_CAPS_MB) -> list[Candidate]:
+    """The torus step on the bucket timeline for every (grid, bucket cap) pair, fastest first: every factor pair
+    X x Y = gpus with every cap of caps_mb (each grid's links worked out once: allreduce_seconds_fn)."""
     layers = layers or model_layers(model)
     nbytes = MODELS[model].gradient_bytes(gradient_dtype)
-
-    def candidate(g: Grid, cap_mb: float) -> Candidate:
-        cost = lambda b: allreduce_cost("torus", g, net, b, placement).seconds  # noqa: E731
-        t = timeline(layers, compute_seconds, BACKWARD_FRACTION, cost, DTYPE_BYTES[gradient_dtype], "torus",
-                     int(cap_mb * 2**20))
-        return Candidate(f"{g.x}x{g.y}", cap_mb, len(t.buckets), cost(nbytes), t.exposed_seconds, t.step_seconds,
-                         t.scaling_efficiency)
-
-    def key(c: Candidate):  # ties (within a nanosecond): fewer buckets, then longer rows
-        return (round(c.step_seconds, 9), c.buckets, -int(c.grid.split("x")[0]))
-
-    grids = [Grid(x, y, net.gpus_per_node) for x, y in factor_pairs(gpus)]
-    ranked = sorted((candidate(g, default_cap_mb) for g in grids), key=key)
-    seen = {(c.grid, c.cap_mb) for c in ranked}
-    by_name = {f"{g.x}x{g.y}": g for g in grids}
-    swept = [candidate(by_name[c.grid], cap) for c in ranked[:TOP_GRIDS_SWEPT] for cap in caps_mb
-             if (c.grid, cap) not in seen]
-    return sorted(ranked + swept, key=key)
+    out = []
+    for x, y in factor_pairs(gpus):
+        g = Grid(x, y, net.gpus_per_node)
+        cost = allreduce_seconds_fn("torus", g, net, placement)
+        fused = cost(nbytes)
+        for cap in caps_mb:
+            t = timeline(layers, compute_seconds, BACKWARD_FRACTION, cost, DTYPE_BYTES[gradient_dtype], "torus",
+                         int(cap * 2**20))
+            out.append(Candidate(f"{x}x{y}", cap, len(t.buckets), fused, t.exposed_seconds, t.step_seconds,
+                                 t.scaling_efficiency))
+    # ties (within a nanosecond): fewer buckets, then longer rows
+    return sorted(out, key=lambda c: (round(c.step_seconds, 9), c.buckets, -int(c.grid.split("x")[0])))
 
 
 def why_chosen(cands: list[Candidate]) -> str:
     """Why the first candidate: its step, the runner-up's, the grid with the fastest fused all-reduce."""
     best = cands[0]
     grids = len({c.grid for c in cands})
-    why = (f"fastest predicted step of {len(cands)} (grid, bucket cap) pairs ({grids} factor pairs at the default "
-           f"cap, every cap on the {min(TOP_GRIDS_SWEPT, grids)} best): {best.step_seconds * 1e3:.3f} ms with "
+    caps = len({c.cap_mb for c in cands})
+    why = (f"fastest predicted step of {len(cands)} (grid, bucket cap) pairs ({grids} factor pairs x {caps} caps): "
+           f"{best.step_seconds * 1e3:.3f} ms with "
            f"{best.cap_mb:g} MiB buckets ({best.buckets}), exposed {best.exposed_seconds * 1e3:.3f} ms")
     other = next((c for c in cands[1:] if (c.grid, c.cap_mb) != (best.grid, best.cap_mb)), None)
     if other is not None:
