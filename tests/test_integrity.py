@@ -225,3 +225,19 @@ def test_bit_digest_sees_one_bit_and_ignores_summation_order():
     c = [t.clone() for t in a]
     c[2] += 1  # an integer buffer (num_batches_tracked)
     assert not torch.equal(bit_digest(a), bit_digest(c))
+
+
+def test_no_checkpoint_inside_a_run_of_non_finite_steps(monkeypatch, one_rank, tmp_path):
+    from torus_train.train.state import save
+
+    rs = scaler_run(monkeypatch)
+    rs.scaler = None
+    rs.nonfinite_in_a_row, rs.pos.global_step = 2, 7
+    rs.wall, rs.t0, rs.rank0, rs.progress, rs.out = (lambda: 1.0), 0.0, True, None, tmp_path
+    ckpt.save_checkpoint(tmp_path / "checkpoints", 5, real_state(5), {}, keep=2)
+    assert save(rs, "every 7 steps") is False  # a stop signal's checkpoint goes the same way
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [5]
+    with pytest.raises(RunFailed, match=r"^the last 2 step\(s\) had non-finite loss or gradients: no checkpoint at "
+                                        r"step 7 \(end of training\); the checkpoint at step 5 is kept$"):
+        save(rs, "end of training")
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [5]
