@@ -9,12 +9,16 @@ For each repeat, and inside it for each grid in turn (so the grids alternate und
   3. run: `torus-train run` on G with the torus hook, ResNet-18 at 64 px on synthetic data, --batch images per
      rank, --steps steps, metrics every 5 steps;
   4. compare: `torus-train plan --compare-run RUN --calibrate BENCH --layer-profile PROF`, with the background
-     load measured during each of 1 to 3 (scripts/measure_background.py: other runnable threads).
-Each step is wrapped by measure_background.py, and the prediction is made twice: with the measured background
-(the model's o = max(1, (ranks + background) / cores) for each of bench, profile and run) and with none.
+     load measured during each of 1 to 3.
+The background is sampled every 0.5 s while each of 1 to 3 runs: the other runnable threads, as
+scripts/measure_background.py counts them, and the other runnable scheduling groups (sessions with a runnable
+thread: the kernel's sched_autogroup shares the CPU between sessions; every rank of a local run is its own
+session). The prediction is made three times: counting threads (the headline,
+--background-unit), counting groups, and with no background (the model's o = max(1, (ranks + background) /
+cores) for the bench and the run; the profile is CPU time, which time-sharing does not stretch).
 
 Writes {"machine", "settings", "results": [{grid, repeat, measured_step_seconds, predicted_step_seconds, ratio,
-bound, predicted_no_background_seconds, ratio_no_background, backgrounds, files}], "summary": {grid: {...}}}
+bound, by_background_unit, backgrounds, files}], "summary": {grid: {...}}}
 and prints one line per result. Exit 0 when it ran (whatever the ratios), 1 when a step failed.
 """
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -33,17 +36,92 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
-def measured(cmd: list[str], log: Path, timeout: float) -> float:
-    """Run cmd under measure_background.py; its log in `log`; returns the mean background (raises on failure)."""
-    full = [PY, str(ROOT / "scripts" / "measure_background.py"), "--interval", "0.5", "--", *cmd]
+def _proc_table() -> dict[int, tuple[int, int, list[str]]]:
+    """pid -> (ppid, session, states of its threads), from /proc."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            states = []
+            for tid in os.listdir(f"/proc/{d}/task"):
+                with open(f"/proc/{d}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            continue
+        out[int(d)] = (int(fields[1]), int(fields[3]), states)
+    return out
+
+
+def _tree(table: dict, root: int) -> set[int]:
+    tree, grew = {root}, True
+    while grew:
+        grew = False
+        for pid, (ppid, _, _) in table.items():
+            if ppid in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return tree
+
+
+def background_sample(root: int) -> tuple[int, int]:
+    """(runnable scheduling groups, runnable threads) outside the process tree of `root` and this script.
+
+    With sched_autogroup_enabled = 1 (this machine's kernel) the scheduler shares the CPU between sessions
+    (autogroups), and inside a session between its threads: a session with runnable threads takes one share
+    however many it has. Kernel threads (session 0) are counted one by one."""
+    table = _proc_table()
+    mine = _tree(table, root) | {os.getpid()}
+    groups, threads = set(), 0
+    for pid, (_, sess, states) in table.items():
+        if pid in mine:
+            continue
+        r = sum(st == "R" for st in states)
+        threads += r
+        if r:
+            groups.add(sess if sess else -pid)
+    return len(groups), threads
+
+
+def autogroup_enabled() -> bool:
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def measured(cmd: list[str], log: Path, timeout: float) -> dict:
+    """Run cmd (its output in `log`), sampling the background every 0.5 s; returns {groups, threads, seconds}:
+    the mean runnable scheduling groups and threads outside it. Raises RuntimeError when it fails."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t = time.perf_counter()
-    r = subprocess.run(full, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
-    log.write_text(f"$ {' '.join(cmd)}\n# {time.perf_counter() - t:.1f} s, rc {r.returncode}\n{r.stdout}\n{r.stderr}")
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed (rc {r.returncode}); see {log}")
-    m = re.search(r"background: ([0-9.]+) runnable", r.stdout + r.stderr)
-    return float(m.group(1)) if m else 0.0
+    with open(log, "w") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        samples = []
+        try:
+            while proc.poll() is None:
+                if time.perf_counter() - t > timeout:
+                    proc.terminate()
+                    proc.wait(timeout=60)
+                    raise RuntimeError(f"{' '.join(cmd[:6])} ... ran past {timeout:g} s; see {log}")
+                samples.append(background_sample(proc.pid))
+                time.sleep(0.5)
+        except BaseException:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=60)
+            raise
+        seconds = time.perf_counter() - t
+        f.write(f"\n# {seconds:.1f} s, rc {proc.returncode}\n")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed (rc {proc.returncode}); see {log}")
+    n = max(len(samples), 1)
+    return {"groups": sum(g for g, _ in samples) / n, "threads": sum(th for _, th in samples) / n,
+            "samples": len(samples), "seconds": seconds}
 
 
 def one(grid: str, rep: int, work: Path, args) -> dict:
@@ -55,44 +133,48 @@ def one(grid: str, rep: int, work: Path, args) -> dict:
     bench, prof, run = d / "bench.json", d / "profile.json", d / "run"
     tt = [PY, "-m", "torus_train"]
     t0 = time.time()
-    bg_bench = measured([*tt, "bench", "allreduce", "--grid", grid, "--algo", "torus", "-b", "1M", "-e", "32M",
+    pick = "groups" if args.background_unit == "groups" else "threads"
+    m_bench = measured([*tt, "bench", "allreduce", "--grid", grid, "--algo", "torus", "-b", "1M", "-e", "32M",
                          "-n", str(args.bench_iters), "-w", "2", "--json", str(bench)], d / "bench.log", 900)
-    bg_prof = measured([PY, "-m", "torus_train.plan.host", args.model, str(prof), "--image-size", str(args.image_size),
+    m_prof = measured([PY, "-m", "torus_train.plan.host", args.model, str(prof), "--image-size", str(args.image_size),
                         "--batch", str(args.batch), "--repeats", "5"], d / "profile.log", 600)
+    bg_bench, bg_prof = m_bench[pick], m_prof[pick]
     p = json.loads(prof.read_text())
     p["background"] = bg_prof
     prof.write_text(json.dumps(p, indent=1) + "\n")
-    bg_run = measured([*tt, "run", "--gpus", str(ranks), "--grid", grid, "--data", "synthetic", "--model", args.model,
+    m_run = measured([*tt, "run", "--gpus", str(ranks), "--grid", grid, "--data", "synthetic", "--model", args.model,
                        "--image-size", str(args.image_size), "--steps", str(args.steps), "--out", str(run),
                        "--set", "comm.algo=torus", "--set", "job.log_every=5", "--set", "checkpoint.every_epochs=0",
                        "--set", "checkpoint.at_end=false", "--set", "eval.every_epochs=0",
                        "--set", f"schedule.stages=[{{until_epoch=1,per_rank_batch={args.batch}}}]",
                        "--set", "schedule.warmup_epochs=0"], d / "run.log", 1200)
+    bg_run = m_run[pick]
     rows = {}
-    for label, bb, br in (("with_background", bg_bench, bg_run), ("no_background", 0.0, 0.0)):
-        pp = prof
-        if label == "no_background":
-            pp = d / "profile_no_background.json"
-            pp.write_text(json.dumps(p | {"background": 0.0}, indent=1) + "\n")
+    variants = {"threads": (m_bench["threads"], m_run["threads"]), "groups": (m_bench["groups"], m_run["groups"]),
+                "none": (0.0, 0.0)}
+    for label, (bb, br) in variants.items():
         out = d / f"compare_{label}.json"
         r = subprocess.run([*tt, "plan", "--compare-run", str(run), "--calibrate", str(bench), "--layer-profile",
-                            str(pp), "--cores", str(args.cores), "--background", f"{bb}", "--run-background", f"{br}",
+                            str(prof), "--cores", str(args.cores), "--background", f"{bb}", "--run-background", f"{br}",
                             "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
         (d / f"compare_{label}.log").write_text(r.stdout + r.stderr)
         if r.returncode != 0:
             raise RuntimeError(f"plan --compare-run failed: {r.stderr.strip()}")
         rows[label] = json.loads(out.read_text())["stages"][0]
-    w, n = rows["with_background"], rows["no_background"]
+    w = rows[pick]
     pred = w["prediction"]
     return {"grid": grid, "ranks": ranks, "repeat": rep, "started": time.strftime("%H:%M:%S", time.gmtime(t0)),
             "measured_step_seconds": w["measured_step_seconds"], "metrics_records_used": w["records_used"],
             "predicted_step_seconds": w["predicted_step_seconds"], "ratio": w["ratio"], "bound": pred["bound"],
-            "timeline_step_seconds": pred["timeline_step_seconds"], "cores_step_seconds": pred["cores_step_seconds"],
-            "exchanges_seconds": pred["bucket_seconds"], "oversubscription": pred["oversubscription"],
-            "predicted_no_background_seconds": n["predicted_step_seconds"], "ratio_no_background": n["ratio"],
-            "backgrounds": {"bench": bg_bench, "profile": bg_prof, "run": bg_run},
+            "background_unit": pick, "timeline_step_seconds": pred["timeline_step_seconds"],
+            "cores_step_seconds": pred["cores_step_seconds"], "exchanges_seconds": pred["bucket_seconds"],
+            "oversubscription": pred["oversubscription"],
+            "by_background_unit": {k: {"predicted_step_seconds": v["predicted_step_seconds"], "ratio": v["ratio"]}
+                                   for k, v in rows.items()},
+            "backgrounds": {"bench": bg_bench, "profile": bg_prof, "run": bg_run, "unit": pick},
+            "background_samples": {"bench": m_bench, "profile": m_prof, "run": m_run},
             "profile_ms": {k: p[k] * 1e3 for k in ("forward_seconds", "backward_seconds", "optimizer_seconds")},
-            "files": str(d)}
+            "profile_clock": p.get("clock", "wall"), "files": str(d)}
 
 
 def main() -> int:
@@ -107,6 +189,10 @@ def main() -> int:
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--bench-iters", type=int, default=5)
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--background-unit", choices=["groups", "threads"], default="threads",
+                    help="what the headline prediction counts as background: runnable threads (as "
+                         "scripts/measure_background.py and the calibration's model do) or runnable scheduling "
+                         "groups (sessions, which sched_autogroup shares the CPU between); both are in the JSON")
     args = ap.parse_args()
     grids = args.grid or ["2x2", "2x4"]
     work = Path(args.workdir or Path(args.json_path).with_suffix("")).resolve()
@@ -121,12 +207,11 @@ def main() -> int:
                 print(f"# FAILED {failed}", flush=True)
                 break
             results.append(r)
-            b = r["backgrounds"]
+            b, u = r["backgrounds"], r["by_background_unit"]
             print(f"{g} #{rep} ({r['started']} UTC): measured {r['measured_step_seconds'] * 1e3:.1f} ms, predicted "
                   f"{r['predicted_step_seconds'] * 1e3:.1f} ms, pred/meas {r['ratio']:.2f} ({r['bound']} bound; "
-                  f"background bench {b['bench']:.2f} profile {b['profile']:.2f} run {b['run']:.2f}); with no "
-                  f"background {r['predicted_no_background_seconds'] * 1e3:.1f} ms, {r['ratio_no_background']:.2f}",
-                  flush=True)
+                  f"background {b['unit']}: bench {b['bench']:.2f} run {b['run']:.2f}); pred/meas counting "
+                  + ", ".join(f"{k} {v['ratio']:.2f}" for k, v in u.items()), flush=True)
         if failed:
             break
     summary = {}
@@ -134,16 +219,19 @@ def main() -> int:
         rs = [r for r in results if r["grid"] == g]
         if rs:
             summary[g] = {"runs": len(rs), "median_ratio": statistics.median(r["ratio"] for r in rs),
-                          "median_ratio_no_background": statistics.median(r["ratio_no_background"] for r in rs),
-                          "within_15_percent": sum(abs(r["ratio"] - 1) <= 0.15 for r in rs)}
+                          "within_15_percent": sum(abs(r["ratio"] - 1) <= 0.15 for r in rs),
+                          "median_ratio_by_background_unit": {
+                              k: statistics.median(r["by_background_unit"][k]["ratio"] for r in rs)
+                              for k in rs[0]["by_background_unit"]}}
     load = os.getloadavg()
-    out = {"machine": {"cores": args.cores, "loadavg_at_end": load},
+    out = {"machine": {"cores": args.cores, "loadavg_at_end": load, "autogroup": autogroup_enabled()},
            "settings": {k: v for k, v in vars(args).items() if k != "json_path"} | {"grid": grids},
            "results": results, "summary": summary, "failed": failed}
     Path(args.json_path).write_text(json.dumps(out, indent=2) + "\n")
     for g, s in summary.items():
-        print(f"# summary {g}: {s['runs']} run(s), median pred/meas {s['median_ratio']:.2f} (no background "
-              f"{s['median_ratio_no_background']:.2f}), {s['within_15_percent']} within 15%")
+        alt = ", ".join(f"{k} {v:.2f}" for k, v in s["median_ratio_by_background_unit"].items())
+        print(f"# summary {g}: {s['runs']} run(s), median pred/meas {s['median_ratio']:.2f}, "
+              f"{s['within_15_percent']} within 15% (median counting the background as {alt})")
     print(f"# wrote {args.json_path} (files under {work})")
     return 1 if failed else 0
 

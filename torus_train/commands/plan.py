@@ -497,8 +497,9 @@ def _compare_run(out: str, bench_path, profile_path, cores, background: float, r
                f"{cal.cores} cores, bench background {background:g}); run background {run_background:g}")
     a = prof.alone()
     click.echo(f"# profile {profile_path}: one rank alone at batch {prof.batch}, {prof.threads} thread(s): forward "
-               f"{a[0] * 1e3:.1f} ms, backward {a[1] * 1e3:.1f} ms, optimizer {a[2] * 1e3:.1f} ms (measured with "
-               f"background {prof.background:g}, divided by its own oversubscription {prof.own_oversubscription:.2f})")
+               f"{a[0] * 1e3:.1f} ms, backward {a[1] * 1e3:.1f} ms, optimizer {a[2] * 1e3:.1f} ms ("
+               + ("CPU time" if prof.clock == "cpu" else f"wall time with background {prof.background:g}, divided by "
+                  f"its own oversubscription {prof.own_oversubscription:.2f}") + ")")
     click.echo(f"{'batch/rank':>10} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>10} {'bound':>9} "
                f"{'timeline ms':>12} {'cores ms':>9} {'exchanges ms':>13}")
     stages = []

@@ -4,8 +4,9 @@
 What it predicts, for R ranks of one thread each on C cores with B other runnable threads (background):
 
 * o = max(1, (R + B) / C): the ranks time-share the cores, so each rank's forward, backward and optimizer step
-  take o times what one rank alone takes (``StepProfile``, measured here with one thread and divided by the
-  oversubscription it saw itself);
+  take o times what one rank alone takes (``StepProfile``, measured here with one thread in CPU time, which
+  time-sharing with other processes does not stretch: on this 2-core machine shared with other jobs the wall
+  time of one step varied 2.5x between consecutive steps while its CPU time stayed within 10%);
 * the gradients in DDP's buckets (torus_train.plan.timeline: reverse parameter order, 1 MiB first, then the
   run's comm.bucket_mb), each bucket's exchange from the calibration of the torus on this machine
   (torus_train.plan.calibrate, which already holds the same o);
@@ -56,11 +57,15 @@ class StepProfile:
     """CPU cores of the machine when measured."""
     background: float = 0.0
     """Other runnable threads while it was measured (its own oversubscription: max(1, (1 + background) / cores))."""
+    clock: str = "cpu"
+    """"cpu": the seconds are the thread's CPU time (time-sharing does not count); "wall": wall-clock seconds,
+    divided by the measurement's own oversubscription to get a rank alone."""
 
     @property
     def own_oversubscription(self) -> float:
-        """How much the measurement itself was slowed by the background: max(1, (threads + bg) / cores)."""
-        return max(1.0, (self.threads + self.background) / self.cores)
+        """How much the measurement itself was slowed by time-sharing: 1 for CPU time, else
+        max(1, (threads + background) / cores)."""
+        return 1.0 if self.clock == "cpu" else max(1.0, (self.threads + self.background) / self.cores)
 
     def alone(self) -> tuple[float, float, float]:
         """(forward, backward, optimizer) seconds of one rank with a core to itself."""
@@ -216,7 +221,9 @@ def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_
                          threads: int = 1, repeats: int = 5, warmup: int = 2) -> StepProfile:
     """One rank's step measured here with `threads` torch threads: forward + loss, backward, SGD step
     (momentum 0.9, weight decay 5e-5) as medians over `repeats` steps after `warmup`, and the backward per
-    module (timeline.measure_backward_profile's hooks, on the same steps)."""
+    module (timeline.measure_backward_profile's hooks, on the same steps). With one thread the clock is the
+    thread's CPU time (the backward pass runs on the calling thread on CPU), so other jobs on the machine do
+    not stretch it; with more, wall time."""
     import os
     import time
 
@@ -225,6 +232,7 @@ def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    clock = time.thread_time if threads == 1 else time.perf_counter
     m = getattr(torchvision.models, model)(num_classes=num_classes)
     m.train()
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
@@ -233,7 +241,7 @@ def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_
     stamps: dict[str, float] = {}
     for n in names:
         for p in mods[n].parameters(recurse=False):
-            p.register_post_accumulate_grad_hook(lambda _p, n=n: stamps.__setitem__(n, time.perf_counter()))
+            p.register_post_accumulate_grad_hook(lambda _p, n=n: stamps.__setitem__(n, clock()))
     x = torch.randn(batch, 3, image_size, image_size)
     y = torch.randint(0, num_classes, (batch,))
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
@@ -241,13 +249,13 @@ def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_
     for i in range(warmup + repeats):
         opt.zero_grad(set_to_none=True)
         stamps.clear()
-        t0 = time.perf_counter()
+        t0 = clock()
         loss = loss_fn(m(x), y)
-        t1 = time.perf_counter()
+        t1 = clock()
         loss.backward()
-        t2 = time.perf_counter()
+        t2 = clock()
         opt.step()
-        t3 = time.perf_counter()
+        t3 = clock()
         if i < warmup:
             continue
         fw.append(t1 - t0)
@@ -259,7 +267,8 @@ def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_
         per_module.append(d)
     modules = {n: statistics.median(r.get(n, 0.0) for r in per_module) for n in names}
     return StepProfile(model, image_size, batch, num_classes, threads, statistics.median(fw), statistics.median(bw),
-                       statistics.median(op), modules, len(os.sched_getaffinity(0)), 0.0)
+                       statistics.median(op), modules, len(os.sched_getaffinity(0)), 0.0,
+                       "cpu" if threads == 1 else "wall")
 
 
 def profile_to_json(p: StepProfile) -> dict:
@@ -285,6 +294,6 @@ if __name__ == "__main__":
     prof = measure_step_profile(a.model, a.image_size, a.batch, a.num_classes, a.threads, a.repeats)
     prof.background = a.background
     Path(a.out).write_text(json.dumps(profile_to_json(prof), indent=1) + "\n")
-    print(f"# {a.model} at {a.image_size} px, batch {a.batch}, {a.threads} thread(s): forward "
+    print(f"# {a.model} at {a.image_size} px, batch {a.batch}, {a.threads} thread(s), {prof.clock} time: forward "
           f"{prof.forward_seconds * 1e3:.1f} ms, backward {prof.backward_seconds * 1e3:.1f} ms, optimizer "
           f"{prof.optimizer_seconds * 1e3:.1f} ms; wrote {a.out}")
