@@ -77,10 +77,11 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     spec.job.out = str(out)
     legs = plan_legs(spec)
     first = leg_at(legs, resume_epoch(out)) if resume else 0
-    plan = make_plan(leg_spec(spec, legs[first]), out / "job.json", strict=not dry_run)
+    first_spec = leg_spec(spec, legs[first])
+    plan = make_plan(first_spec, out / "job.json", strict=not dry_run)
     if dry_run:
-        return dry_run_report(leg_spec(spec, legs[first]), plan, legs)
-    leg_spec(spec, legs[first]).schedule.at(plan.world_size)
+        return dry_run_report(first_spec, plan, legs)
+    first_spec.schedule.at(plan.world_size)
     check_elastic(elastic, plan, legs, max_restarts)
     prepare_out(out, resume, overwrite)
     from torus_train.ranks.supervisor import echo_err
@@ -271,22 +272,23 @@ def launch_with_restarts(spec: JobSpec, plan, out: Path, restarts: Restarts) -> 
             beat = f" (last heartbeat at step {e.step})" if e.step >= 0 else ""
             click.echo(f"{e.how}{beat}; restart {restarts.used} of {restarts.allowed} from "
                        f"{latest_checkpoint_text(out)}", err=True)
-            spec, plan = maybe_drop_node(spec, plan, out, restarts, e.rank)
+            spec = maybe_drop_node(spec, plan.grid, restarts, e.rank)
+            plan = make_plan(spec, out / "job.json", strict=True)  # locally: a fresh rendezvous port
             write_job(out / "job.json", spec, plan.grid, resume=True, regrid=True)
 
 
-def maybe_drop_node(spec: JobSpec, plan, out: Path, restarts: Restarts, rank: int):
-    """--elastic: the (spec, plan) without the failed rank's node when that node also failed last time."""
-    node = rank // plan.grid.gpus_per_node
-    if not restarts.elastic or node != restarts.last_node or plan.grid.nodes < 2:
+def maybe_drop_node(spec: JobSpec, grid, restarts: Restarts, rank: int) -> JobSpec:
+    """--elastic: the spec without the failed rank's node when that node also failed last time."""
+    node = rank // grid.gpus_per_node
+    if not restarts.elastic or node != restarts.last_node or grid.nodes < 2:
         restarts.last_node = node
-        return spec, plan
+        return spec
     from torus_train.job.elastic import shrink
 
-    spec, line = shrink(spec, plan.grid, node)
+    spec, line = shrink(spec, grid, node)
     restarts.last_node = None
     click.echo(line, err=True)
-    return spec, make_plan(spec, out / "job.json", strict=True)
+    return spec
 
 
 def no_restart(e, attempt: int, max_restarts: int) -> str:
