@@ -109,3 +109,14 @@ def test_watchdog_under_mpirun_gets_the_stacks_through_the_launcher(tmp_path):
     for rank in range(2):
         assert "most recent call first" in (out / "logs" / f"rank{rank:05d}.log").read_text()
     assert not leftover_workers(out)
+
+
+def test_the_rank_still_alive_with_the_lowest_step_is_named_when_the_others_time_out(tmp_path):
+    """Rank 2 of 4 blocks in Python (not stopped) after step 3's exchange; comm.timeout_s 5 ends the others
+    first. Ranks 1, 2 and 3 may all still be alive then; the heartbeats single out rank 2 (last step 2)."""
+    out = tmp_path / "run"
+    r = run_cli(*TINY, "--steps", "30", "--out", str(out), "--set", "comm.timeout_s=5",
+                env={"TORUS_TRAIN_FAULT": "hang:2:3"}, timeout=150)
+    assert r.returncode == 1, r.stderr
+    assert "rank 2 stopped responding (process sleeping)" in r.stderr, r.stderr
+    assert not leftover_workers(out)

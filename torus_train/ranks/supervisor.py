@@ -295,7 +295,7 @@ def _diagnose(procs: list[subprocess.Popen], out: Path, failed: dict[int, int]) 
     if alive and all(peer_lost(r, out) for r in failed):
         # Everyone that failed was waiting for a peer; the peer that neither failed nor progressed is
         # the one that hung (e.g. stopped, or stuck outside any collective).
-        hung = alive[0]
+        hung = likely_hung(procs, out, alive)
         state = process_state(procs[hung].pid)
         how = f"rank {hung} stopped responding (process {state})"
         return Failure(hung, f"{how}; rank(s) {', '.join(map(str, sorted(failed)))} timed out or lost the "
@@ -305,6 +305,16 @@ def _diagnose(procs: list[subprocess.Popen], out: Path, failed: dict[int, int]) 
     how = _describe(rank, failed[rank], out)
     return Failure(rank, f"{how} (log: {_log(out, rank)}){also}; stopped the other ranks", how,
                    restartable(failed[rank], failure_kind(out, rank)))
+
+
+def likely_hung(procs: list[subprocess.Popen], out: Path, alive: list[int]) -> int:
+    """Among the ranks still alive when the others timed out: a stopped process, else the lowest last step
+    in the heartbeats, else the lowest rank."""
+    stopped = [r for r in alive if process_state(procs[r].pid) == "stopped"]
+    if stopped:
+        return stopped[0]
+    beats = read_beats(out, len(procs))
+    return min(alive, key=lambda r: (beats[r].step if r in beats else -2, r))
 
 
 def _check_progress(procs: list[subprocess.Popen], out: Path, watch: Watch) -> Failure | None:
