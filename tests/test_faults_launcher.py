@@ -78,3 +78,21 @@ def test_hang_fault_parsing():
     assert hang_at({"TORUS_TRAIN_FAULT": "hang:1:3"}) == (1, 3)
     assert hang_at({"TORUS_TRAIN_FAULT": "step:1:3"}) is None
     assert hang_at({}) is None
+
+
+def test_a_failed_mpirun_step_is_judged_from_the_ranks_files(tmp_path):
+    import json
+
+    from torus_train.ranks.supervisor import command_failed
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    e = command_failed("mpirun exited with code 137; see ...", tmp_path, 2)
+    assert (e.restartable, e.progressed, e.step) == (True, False, -1)  # nothing written: a start-up failure
+    (logs / "rank00000.beat").write_text(json.dumps({"rank": 0, "pid": 1, "step": 4, "time": 0.0}))
+    (logs / "rank00000.failed").write_text(json.dumps({"kind": "stopped"}))  # mpirun's SIGTERM after rank 1 died
+    e = command_failed("mpirun exited with code 137", tmp_path, 2)
+    assert (e.restartable, e.progressed) == (True, True) and "the 2-rank step failed (mpirun exited" in e.how
+    (logs / "rank00001.failed").write_text(json.dumps({"kind": "verdict"}))
+    assert command_failed("mpirun exited with code 1", tmp_path, 2).restartable is False
+    assert command_failed("interrupted by SIGTERM: forwarded to mpirun", tmp_path, 2).rank == -1

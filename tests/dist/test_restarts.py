@@ -111,3 +111,35 @@ def test_elastic_drops_a_node_that_keeps_failing_and_keeps_the_global_batch(tmp_
 def test_elastic_is_refused_where_it_cannot_work(tmp_path):
     r = run_cli(*COMMON, "--out", str(tmp_path / "run"), "--elastic", "--max-restarts", "1")
     assert r.returncode == 2 and "--elastic needs --max-restarts 2" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_restart_under_mpirun(tmp_path):
+    """mpirun ends the whole step when rank 1 is SIGKILLed; the launcher judges the step from OUT/logs and runs
+    mpirun again with --resume."""
+    from .runhelp import mpi_available
+
+    if not mpi_available():
+        pytest.skip("no mpirun or mpi4py here")
+    out, hosts = tmp_path / "run", tmp_path / "hosts"
+    hosts.write_text("localhost slots=2\n")
+    argv = [sys.executable, "-m", "torus_train", "run", *COMMON, "--launcher", "mpirun", "--hostfile", str(hosts),
+            "--out", str(out), "--max-restarts", "1"]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not ((b := beat(out, 1)) and b["step"] >= 4):
+            assert time.time() < deadline and p.poll() is None, "the run did not start training"
+            time.sleep(0.1)
+        os.kill(b["pid"], signal.SIGKILL)
+        stdout, stderr = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "the 2-rank step failed (mpirun exited with code" in stderr and "restart 1 of 1 from the checkpoint" in stderr
+    assert stdout.count("$ mpirun ") == 2
+    s = summary(out)
+    assert (s["steps"], s["param_digests_agree"]) == (10, True)
+    assert not leftover_workers(out)

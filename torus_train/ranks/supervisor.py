@@ -416,7 +416,8 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
 
 def command_failed(text: str, out: Path, ranks: int) -> RanksFailed:
     """An mpirun/srun step that failed, judged from what its ranks left in OUT/logs (a shared folder): the
-    lowest rank that reported a failure, its kind, and whether any rank finished a step."""
+    lowest rank that reported a failure, whether a restart may help (no rank reported bad input or a failed
+    check), and whether any rank finished a step."""
     if text.startswith("interrupted"):
         return RanksFailed(text)
     beats = read_beats(out, ranks)
@@ -424,8 +425,10 @@ def command_failed(text: str, out: Path, ranks: int) -> RanksFailed:
     reported = [r for r in range(ranks) if _failed_marker(out, r).exists()]
     kinds = {failure_kind(out, r) for r in reported}
     rank = min((r for r in reported if failure_kind(out, r) in RESTARTABLE), default=min(reported, default=0))
-    step = beats[rank].step if rank in beats else -1
-    ok = not kinds or kinds <= set(RESTARTABLE)
+    step = beats[rank].step if rank in beats and reported else -1  # no rank said anything: no rank to name
+    # "stopped": mpirun/srun send SIGTERM to the other ranks once one failed, a symptom (a stop the user asked
+    # for reaches this launcher first and is never restarted)
+    ok = (kinds - {"stopped"}) <= set(RESTARTABLE)
     return RanksFailed(text, rank, step, ok, progressed, f"the {ranks}-rank step failed ({text.split(';')[0]})")
 
 
