@@ -87,12 +87,30 @@ def test_a_failed_mpirun_step_is_judged_from_the_ranks_files(tmp_path):
 
     logs = tmp_path / "logs"
     logs.mkdir()
-    e = command_failed("mpirun exited with code 137; see ...", tmp_path, 2)
+    e = command_failed(RunFailed("mpirun exited with code 137; see ..."), tmp_path, 2)
     assert (e.restartable, e.progressed, e.step) == (True, False, -1)  # nothing written: a start-up failure
     (logs / "rank00000.beat").write_text(json.dumps({"rank": 0, "pid": 1, "step": 4, "time": 0.0}))
     (logs / "rank00000.failed").write_text(json.dumps({"kind": "stopped"}))  # mpirun's SIGTERM after rank 1 died
-    e = command_failed("mpirun exited with code 137", tmp_path, 2)
+    e = command_failed(RunFailed("mpirun exited with code 137"), tmp_path, 2)
     assert (e.restartable, e.progressed) == (True, True) and "the 2-rank step failed (mpirun exited" in e.how
     (logs / "rank00001.failed").write_text(json.dumps({"kind": "verdict"}))
-    assert command_failed("mpirun exited with code 1", tmp_path, 2).restartable is False
-    assert command_failed("interrupted by SIGTERM: forwarded to mpirun", tmp_path, 2).rank == -1
+    assert command_failed(RunFailed("mpirun exited with code 1"), tmp_path, 2).restartable is False
+    assert command_failed(RunFailed("interrupted by SIGTERM: forwarded to mpirun"), tmp_path, 2).rank == -1
+
+
+def test_the_rank_mpirun_or_srun_names():
+    from torus_train.ranks.supervisor import CommandFailed, command_failed, culprit
+
+    mpi = ["----", "prterun noticed that process rank 3 with PID 28781 on node node2 exited on",
+           "signal 9 (Killed).", "----"]
+    assert culprit(mpi) == (3, "node2", "was killed by SIGKILL")
+    assert culprit(["srun: error: node2: tasks 2-3: Killed"]) == (2, "node2", "killed")
+    assert culprit(["srun: error: node1: task 0: Exited with exit code 1"]) == (0, "node1", "exited with exit code 1")
+    assert culprit(["nothing useful"]) is None
+    import pathlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        (pathlib.Path(d) / "logs").mkdir()
+        e = command_failed(CommandFailed("mpirun exited with code 137", mpi), pathlib.Path(d), 4)
+    assert (e.rank, e.how) == (3, "rank 3 on node2 was killed by SIGKILL")

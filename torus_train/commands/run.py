@@ -105,9 +105,9 @@ class Restarts:
 def check_elastic(elastic: bool, plan, legs, max_restarts: int) -> None:
     if not elastic:
         return
-    if plan.launcher != "local":
-        raise UserError(f"--elastic works with the local launcher only (this job uses {plan.launcher}); use "
-                        "--max-restarts, which restarts on the same hosts")
+    if plan.launcher == "srun" or (plan.launcher == "mpirun" and not plan.hostfile):
+        raise UserError(f"--elastic works with the local launcher and with mpirun and a hostfile (this job uses "
+                        f"{plan.launcher}); use --max-restarts, which restarts on the same hosts")
     if len(legs) > 1:
         raise UserError("--elastic cannot be combined with stages that name their own grid")
     if max_restarts < 2:
@@ -250,7 +250,7 @@ def launch(spec: JobSpec, plan, out: Path) -> None:
     except RanksFailed:
         raise
     except RunFailed as e:
-        raise command_failed(str(e), out, plan.world_size) from None
+        raise command_failed(e, out, plan.world_size) from None
 
 
 def launch_with_restarts(spec: JobSpec, plan, out: Path, restarts: Restarts) -> None:
@@ -272,23 +272,37 @@ def launch_with_restarts(spec: JobSpec, plan, out: Path, restarts: Restarts) -> 
             beat = f" (last heartbeat at step {e.step})" if e.step >= 0 else ""
             click.echo(f"{e.how}{beat}; restart {restarts.used} of {restarts.allowed} from "
                        f"{latest_checkpoint_text(out)}", err=True)
-            spec = maybe_drop_node(spec, plan.grid, restarts, e.rank)
+            spec = maybe_drop_node(spec, plan, out, restarts, e.rank)
             plan = make_plan(spec, out / "job.json", strict=True)  # locally: a fresh rendezvous port
             write_job(out / "job.json", spec, plan.grid, resume=True, regrid=True)
 
 
-def maybe_drop_node(spec: JobSpec, grid, restarts: Restarts, rank: int) -> JobSpec:
-    """--elastic: the spec without the failed rank's node when that node also failed last time."""
+def maybe_drop_node(spec: JobSpec, plan, out: Path, restarts: Restarts, rank: int) -> JobSpec:
+    """--elastic: the spec without the failed rank's node when that node also failed last time (under mpirun
+    its host leaves the hostfile: OUT/hosts.elastic)."""
+    grid = plan.grid
     node = rank // grid.gpus_per_node
-    if not restarts.elastic or node != restarts.last_node or grid.nodes < 2:
+    if not restarts.elastic or rank < 0 or node != restarts.last_node or grid.nodes < 2:
         restarts.last_node = node
         return spec
     from torus_train.job.elastic import shrink
 
-    spec, line = shrink(spec, grid, node)
+    host = plan.hosts[node].name if plan.launcher != "local" and node < len(plan.hosts) else ""
+    spec, line = shrink(spec, grid, node, host)
+    if host:
+        spec.launch.hostfile = str(write_hostfile_without(plan.hostfile, host, out / "hosts.elastic"))
     restarts.last_node = None
     click.echo(line, err=True)
     return spec
+
+
+def write_hostfile_without(hostfile: str, host: str, path: Path) -> Path:
+    """The hosts of `hostfile` (OpenMPI hostfile or PBS node file) except `host`, as an OpenMPI hostfile."""
+    from torus_train.job.hosts import read_hostfile
+
+    kept = [h for h in read_hostfile(hostfile, "--hostfile") if h.name != host]
+    path.write_text("".join(f"{h.name} slots={h.slots}\n" for h in kept))
+    return path
 
 
 def no_restart(e, attempt: int, max_restarts: int) -> str:

@@ -23,8 +23,9 @@ def node_ranks(grid: Grid, node: int) -> range:
     return range(node * k, min((node + 1) * k, grid.size))
 
 
-def shrink(spec: JobSpec, grid: Grid, lost_node: int) -> tuple[JobSpec, str]:
-    """(spec without `lost_node`, the line that says what changed); ElasticError when it cannot continue."""
+def shrink(spec: JobSpec, grid: Grid, lost_node: int, host: str = "") -> tuple[JobSpec, str]:
+    """(spec without `lost_node`, the line that says what changed); ElasticError when it cannot continue.
+    The caller takes the node's host out of the hostfile (launch.hostfile) where there is one."""
     lost = node_ranks(grid, lost_node)
     n = grid.size - len(lost)
     if n < 1:
@@ -44,7 +45,9 @@ def shrink(spec: JobSpec, grid: Grid, lost_node: int) -> tuple[JobSpec, str]:
     except UserError as e:
         raise ElasticError(f"--elastic: cannot continue on {n} ranks: {e}") from None
     now = after.stages[-1]
-    text = (f"node {lost_node} (ranks {lost[0]}-{lost[-1]}) failed in two attempts in a row: continuing without it "
+    where = f", host {host}" if host else ""
+    text = (f"node {lost_node} (ranks {lost[0]}-{lost[-1]}{where}) failed in two attempts in a row: continuing "
+            f"without it "
             f"on {n} ranks, grid {new}; the global batch stays {now.global_batch} ({n} ranks x {now.micro_batch}"
             f" x {now.accumulation} accumulated) and so does the learning-rate schedule")
     return s, text

@@ -16,6 +16,7 @@ latest checkpoint could help (``restartable``) and at which step the failed rank
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -386,11 +387,15 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
                 watch: Watch | None = None) -> None:
     """Run one launcher command (mpirun/srun) in its own session, forwarding SIGINT/SIGTERM; fail on non-zero.
 
-    With `watch` (and the ranks' OUT/logs on a shared folder) the watchdog reads the ranks' heartbeats; when
-    it fires, SIGUSR1 to the launcher command (mpirun and srun pass it on to every rank: stacks into the logs),
-    then the command is stopped and RanksFailed names the ranks that stopped first."""
+    Its stderr passes through to ours, and its last lines are kept: mpirun and srun name the rank (and host)
+    that ended the step there (``culprit``). With `watch` (and the ranks' OUT/logs on a shared folder) the
+    watchdog reads the ranks' heartbeats; when it fires, SIGUSR1 to the launcher command (mpirun and srun pass
+    it on to every rank: stacks into the logs), then the command is stopped and RanksFailed names the ranks
+    that stopped first."""
     with _Signals() as sig:
-        p = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL, start_new_session=True)
+        p = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             start_new_session=True)
+        said, reader = _pass_through(p.stderr)
         try:
             while p.poll() is None:
                 if sig.got is not None:
@@ -400,12 +405,6 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
                     except subprocess.TimeoutExpired:
                         pass
                     raise RunFailed(f"interrupted by {signal.Signals(sig.got).name}: forwarded to {what}")
-                if out is not None and ranks and (late := all_ended_for(out, ranks)) > ENDED_GRACE_S:
-                    # every rank has left its last word, yet mpirun/srun waits: typically for the daemon of a
-                    # node it can no longer reach (a partition); it would wait until the link comes back
-                    stop_all([p], grace=GRACE_S)
-                    raise RunFailed(f"all {ranks} ranks ended {late:.0f} s ago (see OUT/logs/) but {what} did not "
-                                    f"exit (a node it cannot reach?); stopped it")
                 if watch is not None and out is not None and (found := stall(out, ranks, watch,
                                                                               lambda: p.send_signal(signal.SIGUSR1))):
                     f = _stalled(out, ranks, *found, {})
@@ -417,38 +416,73 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
             if p.poll() is None:
                 _signal_group(p, signal.SIGKILL)
                 p.wait()
+    reader.join(timeout=5)  # the command's last lines
     if p.returncode != 0:
-        raise RunFailed(f"{what} {how_it_ended(p.returncode)}; see the ranks' lines above and OUT/logs/")
+        raise CommandFailed(f"{what} {how_it_ended(p.returncode)}; see the ranks' lines above and OUT/logs/",
+                            list(said))
 
 
-def all_ended_for(out: Path, ranks: int) -> float:
-    """Seconds since the last of `ranks` ranks left its .done or .failed marker; 0 while any has not (the
-    first rank without one ends the scan, so a running job costs a file check or two per poll)."""
-    stamps = []
-    for rank in range(ranks):
-        marks = [m for m in (_done(out, rank), _failed_marker(out, rank)) if m.exists()]
-        try:
-            stamps.append(max(m.stat().st_mtime for m in marks))
-        except (OSError, ValueError):  # no marker yet, or one just removed
-            return 0.0
-    return max(0.0, time.time() - max(stamps))
+class CommandFailed(RunFailed):
+    """mpirun/srun ended non-zero; `lines` are the last lines it wrote to stderr."""
+
+    def __init__(self, text: str, lines: list[str]):
+        super().__init__(text)
+        self.lines = lines
 
 
-def command_failed(text: str, out: Path, ranks: int) -> RanksFailed:
-    """An mpirun/srun step that failed, judged from what its ranks left in OUT/logs (a shared folder): the
-    lowest rank that reported a failure, whether a restart may help (no rank reported bad input or a failed
-    check), and whether any rank finished a step."""
+def _pass_through(stream, keep: int = 60):
+    """Copy a command's stderr to ours line by line in a thread: (the last `keep` lines, the thread)."""
+    import threading
+
+    last: deque = deque(maxlen=keep)
+
+    def copy() -> None:
+        for raw in iter(stream.readline, b""):
+            sys.stderr.write(raw.decode(errors="replace"))
+            sys.stderr.flush()
+            last.append(raw.decode(errors="replace").rstrip("\n"))
+    reader = threading.Thread(target=copy, name="launcher-stderr", daemon=True)
+    reader.start()
+    return last, reader
+
+
+# OpenMPI/PRRTE: "mpirun noticed that process rank 3 with PID 123 on node node2 exited on signal 9 (Killed)."
+# Slurm: "srun: error: node2: task 3: Killed" (or "tasks 2-3").
+_MPI_KILLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)")
+_SRUN_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
+
+
+def culprit(lines: list[str]) -> tuple[int, str, str] | None:
+    """(rank, host, how) of the rank that mpirun or srun says ended the step first, or None."""
+    text = " ".join(lines)
+    if m := _MPI_KILLED.search(text):
+        return int(m.group(1)), m.group(2), how_it_ended(-int(m.group(3)))
+    if m := _SRUN_ERROR.search(text):
+        return int(m.group(2)), m.group(1), m.group(3).strip().lower()
+    return None
+
+
+def command_failed(e: RunFailed, out: Path, ranks: int) -> RanksFailed:
+    """An mpirun/srun step that failed, judged from the command's own last lines (which rank, on which host)
+    and from what the ranks left in OUT/logs (a shared folder): whether a restart may help (no rank reported
+    bad input or a failed check) and whether any rank finished a step."""
+    text = str(e)
     if text.startswith("interrupted"):
         return RanksFailed(text)
     beats = read_beats(out, ranks)
     progressed = any(b.step >= 0 for b in beats.values())
     reported = [r for r in range(ranks) if _failed_marker(out, r).exists()]
     kinds = {failure_kind(out, r) for r in reported}
-    rank = min((r for r in reported if failure_kind(out, r) in RESTARTABLE), default=min(reported, default=0))
-    step = beats[rank].step if rank in beats and reported else -1  # no rank said anything: no rank to name
     # "stopped": mpirun/srun send SIGTERM to the other ranks once one failed, a symptom (a stop the user asked
     # for reaches this launcher first and is never restarted)
     ok = (kinds - {"stopped"}) <= set(RESTARTABLE)
+    named = culprit(getattr(e, "lines", []))
+    if named is not None:
+        rank, host, how = named
+        return RanksFailed(text, rank, beats[rank].step if rank in beats else -1, ok, progressed,
+                           f"rank {rank} on {host} {how}")
+    rank = min((r for r in reported if failure_kind(out, r) in RESTARTABLE), default=min(reported, default=0))
+    step = beats[rank].step if rank in beats and reported else -1  # no rank said anything: no rank to name
     return RanksFailed(text, rank, step, ok, progressed, f"the {ranks}-rank step failed ({text.split(';')[0]})")
 
 
