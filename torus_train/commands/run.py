@@ -48,8 +48,9 @@ RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints")
               help="When ranks fail after training started, start them again from the latest checkpoint, up to "
                    "N times (not for bad input, a requested stop or a failed check; docs/faults.md).")
 @click.option("--elastic", is_flag=True,
-              help="Local launcher: a node whose ranks fail in two attempts in a row is dropped and the job "
-                   "continues on the others (same global batch and LR schedule); uses the --max-restarts budget.")
+              help="Local launcher, or mpirun with a hostfile: a node whose ranks fail in two attempts in a row "
+                   "is dropped and the job continues on the others (same global batch and LR schedule); uses the "
+                   "--max-restarts budget.")
 def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **flags) -> None:
     """Train on N ranks laid out as an XxY grid, exchanging gradients with the 2D-torus all-reduce.
 
