@@ -36,8 +36,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
-def _proc_table() -> dict[int, tuple[int, int, list[str]]]:
-    """pid -> (ppid, session, states of its threads), from /proc."""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_table() -> dict[int, tuple[int, int, list[str], float]]:
+    """pid -> (ppid, session, states of its threads, CPU seconds used), from /proc."""
     out = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -51,7 +54,7 @@ def _proc_table() -> dict[int, tuple[int, int, list[str]]]:
                     states.append(f.read().rsplit(")", 1)[1].split()[0])
         except (OSError, IndexError):
             continue
-        out[int(d)] = (int(fields[1]), int(fields[3]), states)
+        out[int(d)] = (int(fields[1]), int(fields[3]), states, (int(fields[11]) + int(fields[12])) / TICK)
     return out
 
 
@@ -59,15 +62,16 @@ def _tree(table: dict, root: int) -> set[int]:
     tree, grew = {root}, True
     while grew:
         grew = False
-        for pid, (ppid, _, _) in table.items():
+        for pid, (ppid, _, _, _) in table.items():
             if ppid in tree and pid not in tree:
                 tree.add(pid)
                 grew = True
     return tree
 
 
-def background_sample(root: int) -> tuple[int, int]:
-    """(runnable scheduling groups, runnable threads) outside the process tree of `root` and this script.
+def background_sample(root: int) -> tuple[int, int, float]:
+    """(runnable scheduling groups, runnable threads) outside the process tree of `root` and this script, and
+    the CPU seconds used so far by the processes of that tree.
 
     With sched_autogroup_enabled = 1 (this machine's kernel) the scheduler shares the CPU between sessions
     (autogroups), and inside a session between its threads: a session with runnable threads takes one share
@@ -75,14 +79,24 @@ def background_sample(root: int) -> tuple[int, int]:
     table = _proc_table()
     mine = _tree(table, root) | {os.getpid()}
     groups, threads = set(), 0
-    for pid, (_, sess, states) in table.items():
+    cpu = sum(table[pid][3] for pid in mine if pid in table and pid != os.getpid())
+    for pid, (_, sess, states, _) in table.items():
         if pid in mine:
             continue
         r = sum(st == "R" for st in states)
         threads += r
         if r:
             groups.add(sess if sess else -pid)
-    return len(groups), threads
+    return len(groups), threads, cpu
+
+
+def _last_step(metrics: Path | None) -> int | None:
+    """The step of the last line of a run's metrics.jsonl, if any."""
+    try:
+        lines = metrics.read_text().splitlines() if metrics else []
+        return int(json.loads(lines[-1]).get("step")) if lines else None
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def autogroup_enabled() -> bool:
@@ -92,9 +106,11 @@ def autogroup_enabled() -> bool:
         return False
 
 
-def measured(cmd: list[str], log: Path, timeout: float) -> dict:
+def measured(cmd: list[str], log: Path, timeout: float, metrics: Path | None = None) -> dict:
     """Run cmd (its output in `log`), sampling the background every 0.5 s; returns {groups, threads, seconds}:
-    the mean runnable scheduling groups and threads outside it. Raises RuntimeError when it fails."""
+    the mean runnable scheduling groups and threads outside it; with `metrics` (a run's metrics.jsonl) also
+    cpu_per_step: the CPU seconds its processes used per optimizer step, between the first sample after step 5
+    and the last. Raises RuntimeError when it fails."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t = time.perf_counter()
     with open(log, "w") as f:
@@ -108,7 +124,8 @@ def measured(cmd: list[str], log: Path, timeout: float) -> dict:
                     proc.terminate()
                     proc.wait(timeout=60)
                     raise RuntimeError(f"{' '.join(cmd[:6])} ... ran past {timeout:g} s; see {log}")
-                samples.append(background_sample(proc.pid))
+                g, th, cpu = background_sample(proc.pid)
+                samples.append((g, th, cpu, _last_step(metrics)))
                 time.sleep(0.5)
         except BaseException:
             if proc.poll() is None:
@@ -120,8 +137,13 @@ def measured(cmd: list[str], log: Path, timeout: float) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:6])} ... failed (rc {proc.returncode}); see {log}")
     n = max(len(samples), 1)
-    return {"groups": sum(g for g, _ in samples) / n, "threads": sum(th for _, th in samples) / n,
-            "samples": len(samples), "seconds": seconds}
+    out = {"groups": sum(x[0] for x in samples) / n, "threads": sum(x[1] for x in samples) / n,
+           "samples": len(samples), "seconds": seconds}
+    stepped = [(x[2], x[3]) for x in samples if x[3] is not None and x[3] >= 5]
+    if len(stepped) >= 2 and stepped[-1][1] > stepped[0][1]:
+        out["cpu_per_step"] = (stepped[-1][0] - stepped[0][0]) / (stepped[-1][1] - stepped[0][1])
+        out["cpu_steps"] = [stepped[0][1], stepped[-1][1]]
+    return out
 
 
 def one(grid: str, rep: int, work: Path, args) -> dict:
@@ -147,7 +169,7 @@ def one(grid: str, rep: int, work: Path, args) -> dict:
                        "--set", "comm.algo=torus", "--set", "job.log_every=5", "--set", "checkpoint.every_epochs=0",
                        "--set", "checkpoint.at_end=false", "--set", "eval.every_epochs=0",
                        "--set", f"schedule.stages=[{{until_epoch=1,per_rank_batch={args.batch}}}]",
-                       "--set", "schedule.warmup_epochs=0"], d / "run.log", 1200)
+                       "--set", "schedule.warmup_epochs=0"], d / "run.log", 1200, run / "metrics.jsonl")
     bg_run = m_run[pick]
     rows = {}
     variants = {"threads": (m_bench["threads"], m_run["threads"]), "groups": (m_bench["groups"], m_run["groups"]),
@@ -169,6 +191,11 @@ def one(grid: str, rep: int, work: Path, args) -> dict:
             "background_unit": pick, "timeline_step_seconds": pred["timeline_step_seconds"],
             "cores_step_seconds": pred["cores_step_seconds"], "exchanges_seconds": pred["bucket_seconds"],
             "oversubscription": pred["oversubscription"],
+            # the model's CPU per rank per step (profile + the exchanges' work: the cores' bound over o) against
+            # what the run's processes used: a check of the model that the background does not enter
+            "predicted_cpu_per_rank_step_seconds": pred["cores_step_seconds"] / pred["oversubscription"],
+            "measured_cpu_per_rank_step_seconds": (m_run["cpu_per_step"] / ranks if "cpu_per_step" in m_run
+                                                   else None),
             "by_background_unit": {k: {"predicted_step_seconds": v["predicted_step_seconds"], "ratio": v["ratio"]}
                                    for k, v in rows.items()},
             "backgrounds": {"bench": bg_bench, "profile": bg_prof, "run": bg_run, "unit": pick},
@@ -211,7 +238,10 @@ def main() -> int:
             print(f"{g} #{rep} ({r['started']} UTC): measured {r['measured_step_seconds'] * 1e3:.1f} ms, predicted "
                   f"{r['predicted_step_seconds'] * 1e3:.1f} ms, pred/meas {r['ratio']:.2f} ({r['bound']} bound; "
                   f"background {b['unit']}: bench {b['bench']:.2f} run {b['run']:.2f}); pred/meas counting "
-                  + ", ".join(f"{k} {v['ratio']:.2f}" for k, v in u.items()), flush=True)
+                  + ", ".join(f"{k} {v['ratio']:.2f}" for k, v in u.items())
+                  + (f"; CPU per rank per step predicted {r['predicted_cpu_per_rank_step_seconds'] * 1e3:.0f} ms, "
+                     f"used {r['measured_cpu_per_rank_step_seconds'] * 1e3:.0f} ms"
+                     if r["measured_cpu_per_rank_step_seconds"] else ""), flush=True)
         if failed:
             break
     summary = {}

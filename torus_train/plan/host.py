@@ -57,6 +57,9 @@ class StepProfile:
     """CPU cores of the machine when measured."""
     background: float = 0.0
     """Other runnable threads while it was measured (its own oversubscription: max(1, (1 + background) / cores))."""
+    colocated: int = 1
+    """Copies of the same step that ran at once on the machine while it was measured (1 = alone): the ranks of a
+    run share the memory bandwidth and the cache, which stretches even their CPU time."""
     clock: str = "cpu"
     """"cpu": the seconds are the thread's CPU time (time-sharing does not count); "wall": wall-clock seconds,
     divided by the measurement's own oversubscription to get a rank alone."""
@@ -276,6 +279,50 @@ def profile_to_json(p: StepProfile) -> dict:
     return asdict(p)
 
 
+def busy_loop(model: str, image_size: int, batch: int, num_classes: int) -> None:
+    """Run one rank's step forever, one thread (a co-located copy for measure_step_profile's --colocated)."""
+    import torch
+    import torchvision
+
+    torch.set_num_threads(1)
+    m = getattr(torchvision.models, model)(num_classes=num_classes)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
+    x, y = torch.randn(batch, 3, image_size, image_size), torch.randint(0, num_classes, (batch,))
+    first = True
+    while True:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+        if first:
+            print("ready", flush=True)          # measure_colocated waits for this line from every copy
+            first = False
+
+
+def measure_colocated(model: str, image_size: int, batch: int, num_classes: int, colocated: int,
+                      repeats: int) -> StepProfile:
+    """measure_step_profile while colocated - 1 copies of the same step run in other processes (started here,
+    stopped by their own process ids when the measurement ends)."""
+    import subprocess
+    import sys
+
+    others = [subprocess.Popen([sys.executable, "-m", "torus_train.plan.host", "--busy", model, "-",
+                                "--image-size", str(image_size), "--batch", str(batch),
+                                "--num-classes", str(num_classes)], stdout=subprocess.PIPE, text=True)
+              for _ in range(colocated - 1)]
+    try:
+        for proc in others:                          # every copy has done one step: all are in their loop
+            if proc.stdout.readline().strip() != "ready":
+                raise UserError("--colocated: a copy of the step did not start")
+        prof = measure_step_profile(model, image_size, batch, num_classes, 1, repeats)
+    finally:
+        for proc in others:
+            proc.terminate()
+        for proc in others:
+            proc.wait(timeout=30)
+    prof.colocated = colocated
+    return prof
+
+
 if __name__ == "__main__":
     import argparse
 
@@ -288,12 +335,21 @@ if __name__ == "__main__":
     ap.add_argument("--num-classes", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--colocated", type=int, default=1,
+                    help="measure while this many copies of the step run at once (the ranks of a run; 1 = alone)")
+    ap.add_argument("--busy", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--background", type=float, default=0.0,
-                    help="other runnable threads during the measurement (scripts/measure_background.py)")
+                    help="other runnable threads during the measurement (only used for a wall-clock profile)")
     a = ap.parse_args()
-    prof = measure_step_profile(a.model, a.image_size, a.batch, a.num_classes, a.threads, a.repeats)
+    if a.busy:
+        busy_loop(a.model, a.image_size, a.batch, a.num_classes)
+    if a.colocated > 1 and a.threads != 1:
+        ap.error("--colocated needs --threads 1")
+    prof = (measure_colocated(a.model, a.image_size, a.batch, a.num_classes, a.colocated, a.repeats)
+            if a.colocated > 1 else measure_step_profile(a.model, a.image_size, a.batch, a.num_classes, a.threads,
+                                                          a.repeats))
     prof.background = a.background
     Path(a.out).write_text(json.dumps(profile_to_json(prof), indent=1) + "\n")
-    print(f"# {a.model} at {a.image_size} px, batch {a.batch}, {a.threads} thread(s), {prof.clock} time: forward "
-          f"{prof.forward_seconds * 1e3:.1f} ms, backward {prof.backward_seconds * 1e3:.1f} ms, optimizer "
-          f"{prof.optimizer_seconds * 1e3:.1f} ms; wrote {a.out}")
+    print(f"# {a.model} at {a.image_size} px, batch {a.batch}, {a.threads} thread(s), {prof.clock} time, "
+          f"{prof.colocated} copies at once: forward {prof.forward_seconds * 1e3:.1f} ms, backward "
+          f"{prof.backward_seconds * 1e3:.1f} ms, optimizer {prof.optimizer_seconds * 1e3:.1f} ms; wrote {a.out}")
