@@ -117,7 +117,7 @@ def check_elastic(elastic: bool, plan, legs, max_restarts: int) -> None:
 
 def run_legs(spec: JobSpec, legs, first: int, plan, out: Path, resume: bool, restarts: Restarts) -> None:
     """Each leg (the stages on one grid) in turn: its ranks stop at its end with a checkpoint and the next
-    leg's ranks start on their grid from it (docs/run.md, grid stages)."""
+    leg's ranks start on their grid from it (docs/faults.md, "Moving a job between grids")."""
     from torus_train.job.legs import leg_spec, legs_text
 
     for i in range(first, len(legs)):
