@@ -120,3 +120,33 @@ def test_the_rank_still_alive_with_the_lowest_step_is_named_when_the_others_time
     assert r.returncode == 1, r.stderr
     assert "rank 2 stopped responding (process sleeping)" in r.stderr, r.stderr
     assert not leftover_workers(out)
+
+
+@pytest.mark.mpi
+def test_mpirun_and_its_ranks_die_with_a_sigkilled_launcher(tmp_path):
+    from .runhelp import mpi_available
+
+    if not mpi_available():
+        pytest.skip("no mpirun or mpi4py here")
+    out, hosts = tmp_path / "run", tmp_path / "hosts"
+    hosts.write_text("localhost slots=2\n")
+    argv = [sys.executable, "-m", "torus_train", "run", *TWO, "--launcher", "mpirun", "--hostfile", str(hosts),
+            "--steps", "500", "--out", str(out)]
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not all((b := beat(out, r)) and b["step"] >= 2 for r in range(2)):
+            assert time.time() < deadline and p.poll() is None, "the run did not start training"
+            time.sleep(0.3)
+        t = time.time()
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+        while leftover_workers(out) and time.time() - t < 60:
+            time.sleep(0.2)
+        took = time.time() - t
+    finally:
+        if p.poll() is None:
+            p.kill()
+    print(f"launcher around mpirun SIGKILLed: no rank left after {took:.1f} s")
+    assert not leftover_workers(out), leftover_workers(out)
+    assert took < 30, took

@@ -28,7 +28,8 @@ from typing import Callable
 
 from torus_train.errors import RunFailed
 from torus_train.job.launch import LaunchPlan
-from torus_train.ranks.heartbeat import PARENT_ENV, Beat, clear_beats, first_stopped, read_beats
+from torus_train.ranks.heartbeat import (PARENT_ENV, PR_SET_PDEATHSIG, Beat, clear_beats, first_stopped,
+                                         read_beats)
 
 GRACE_S = 10.0
 ENDED_GRACE_S = 30.0  # how long mpirun/srun may take to exit after every rank has ended
@@ -394,7 +395,7 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
     that stopped first."""
     with _Signals() as sig:
         p = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_term_with_parent)
         said, reader = _pass_through(p.stderr)
         try:
             while p.poll() is None:
@@ -420,6 +421,17 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
     if p.returncode != 0:
         raise CommandFailed(f"{what} {how_it_ended(p.returncode)}; see the ranks' lines above and OUT/logs/",
                             list(said))
+
+
+def _term_with_parent() -> None:
+    """In the launcher command's child before exec: SIGTERM when this launcher dies (even by SIGKILL); mpirun and
+    srun then end their ranks. Linux only; elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 class CommandFailed(RunFailed):
