@@ -5,7 +5,8 @@
 
 For each repeat, and inside it for each grid in turn (so the grids alternate under similar load), back to back:
   1. calibrate: `torus-train bench allreduce --grid G --algo torus -b 1M -e 32M` (the sizes of ResNet-18's buckets);
-  2. profile: one rank's step measured alone, 1 thread (`python -m torus_train.plan.host resnet18 ...`);
+  2. profile: one rank's step measured alone, 1 thread, CPU time (`python -m torus_train.plan.host resnet18 ...`),
+     and the training loop's CPU per step in a one-rank run of the same job (1x1, 30 steps; --no-loop skips it);
   3. run: `torus-train run` on G with the torus hook, ResNet-18 at 64 px on synthetic data, --batch images per
      rank, --steps steps, metrics every 5 steps;
   4. compare: `torus-train plan --compare-run RUN --calibrate BENCH --layer-profile PROF`, with the background
@@ -139,11 +140,22 @@ def measured(cmd: list[str], log: Path, timeout: float, metrics: Path | None = N
     n = max(len(samples), 1)
     out = {"groups": sum(x[0] for x in samples) / n, "threads": sum(x[1] for x in samples) / n,
            "samples": len(samples), "seconds": seconds}
-    stepped = [(x[2], x[3]) for x in samples if x[3] is not None and x[3] >= 5]
+    # after the first record (warm-up), before the last (ranks exit then, and their CPU leaves /proc)
+    last = max((x[3] for x in samples if x[3] is not None), default=None)
+    stepped = [(x[2], x[3]) for x in samples if x[3] is not None and 5 <= x[3] < last]
     if len(stepped) >= 2 and stepped[-1][1] > stepped[0][1]:
         out["cpu_per_step"] = (stepped[-1][0] - stepped[0][0]) / (stepped[-1][1] - stepped[0][1])
         out["cpu_steps"] = [stepped[0][1], stepped[-1][1]]
     return out
+
+
+def job_args(args, out: Path, steps: int) -> list[str]:
+    """The job of every run: the model at the image size on synthetic data, args.batch per rank, torus hook."""
+    return ["--data", "synthetic", "--model", args.model, "--image-size", str(args.image_size), "--steps", str(steps),
+            "--out", str(out), "--set", "comm.algo=torus", "--set", "job.log_every=5",
+            "--set", "checkpoint.every_epochs=0", "--set", "checkpoint.at_end=false", "--set", "eval.every_epochs=0",
+            "--set", f"schedule.stages=[{{until_epoch=1,per_rank_batch={args.batch}}}]",
+            "--set", "schedule.warmup_epochs=0"]
 
 
 def one(grid: str, rep: int, work: Path, args) -> dict:
@@ -163,13 +175,13 @@ def one(grid: str, rep: int, work: Path, args) -> dict:
     bg_bench, bg_prof = m_bench[pick], m_prof[pick]
     p = json.loads(prof.read_text())
     p["background"] = bg_prof
+    if args.loop:
+        m_loop = measured([*tt, "run", "--gpus", "1", "--grid", "1x1", *job_args(args, d / "run_1x1", 30)],
+                          d / "run_1x1.log", 900, d / "run_1x1" / "metrics.jsonl")
+        p["loop_seconds"] = m_loop.get("cpu_per_step")
     prof.write_text(json.dumps(p, indent=1) + "\n")
-    m_run = measured([*tt, "run", "--gpus", str(ranks), "--grid", grid, "--data", "synthetic", "--model", args.model,
-                       "--image-size", str(args.image_size), "--steps", str(args.steps), "--out", str(run),
-                       "--set", "comm.algo=torus", "--set", "job.log_every=5", "--set", "checkpoint.every_epochs=0",
-                       "--set", "checkpoint.at_end=false", "--set", "eval.every_epochs=0",
-                       "--set", f"schedule.stages=[{{until_epoch=1,per_rank_batch={args.batch}}}]",
-                       "--set", "schedule.warmup_epochs=0"], d / "run.log", 1200, run / "metrics.jsonl")
+    m_run = measured([*tt, "run", "--gpus", str(ranks), "--grid", grid, *job_args(args, run, args.steps)],
+                     d / "run.log", 1200, run / "metrics.jsonl")
     bg_run = m_run[pick]
     rows = {}
     variants = {"threads": (m_bench["threads"], m_run["threads"]), "groups": (m_bench["groups"], m_run["groups"]),
@@ -201,7 +213,7 @@ def one(grid: str, rep: int, work: Path, args) -> dict:
             "backgrounds": {"bench": bg_bench, "profile": bg_prof, "run": bg_run, "unit": pick},
             "background_samples": {"bench": m_bench, "profile": m_prof, "run": m_run},
             "profile_ms": {k: p[k] * 1e3 for k in ("forward_seconds", "backward_seconds", "optimizer_seconds")},
-            "profile_clock": p.get("clock", "wall"), "files": str(d)}
+            "profile_clock": p.get("clock", "wall"), "loop_seconds": p.get("loop_seconds"), "files": str(d)}
 
 
 def main() -> int:
@@ -215,6 +227,8 @@ def main() -> int:
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--bench-iters", type=int, default=5)
+    ap.add_argument("--no-loop", dest="loop", action="store_false",
+                    help="do not measure the training loop's CPU per step in a one-rank run of the same job")
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--background-unit", choices=["groups", "threads"], default="threads",
                     help="what the headline prediction counts as background: runnable threads (as "

@@ -124,3 +124,16 @@ def test_compare_run_on_a_real_run(tmp_path):
     assert st["predicted_step_seconds"] > 0 and len(st["prediction"]["bucket_bytes"]) == 3
     print(f"\nreal 2x2 run: measured {st['measured_step_seconds'] * 1e3:.0f} ms, predicted "
           f"{st['predicted_step_seconds'] * 1e3:.0f} ms, pred/meas {st['ratio']:.2f}")
+
+
+def test_the_loops_own_work_is_added_when_measured(tmp_path):
+    """loop_seconds (CPU per step of a one-rank run of the job) beyond forward + backward + optimizer comes after
+    the optimizer step, stretched by o like the rest: 4 ranks on 2 cores, 50 ms against the profile's 35 ms."""
+    cal = calibrate(read_benches(str(BENCH)), algo="torus", cores=2)
+    layers = model_layers("resnet18", 64, 10)
+    mods = {m: 0.020 / 21 for m in {l.name.rsplit(".", 1)[0] for l in layers}}
+    base = StepProfile("resnet18", 64, 16, 10, 1, 0.010, 0.020, 0.005, mods, 2, 0.0)
+    with_loop = StepProfile("resnet18", 64, 16, 10, 1, 0.010, 0.020, 0.005, mods, 2, 0.0, loop_seconds=0.050)
+    a, b = (predict_host_step(cal, p, host_grid("2x2"), 16, 25 * 2**20, 4, layers, 0.0) for p in (base, with_loop))
+    assert with_loop.loop_overhead() == pytest.approx(0.015)
+    assert b.step_seconds - a.step_seconds == pytest.approx(2 * 0.015)

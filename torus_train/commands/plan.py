@@ -499,7 +499,9 @@ def _compare_run(out: str, bench_path, profile_path, cores, background: float, r
     click.echo(f"# profile {profile_path}: one rank alone at batch {prof.batch}, {prof.threads} thread(s): forward "
                f"{a[0] * 1e3:.1f} ms, backward {a[1] * 1e3:.1f} ms, optimizer {a[2] * 1e3:.1f} ms ("
                + ("CPU time" if prof.clock == "cpu" else f"wall time with background {prof.background:g}, divided by "
-                  f"its own oversubscription {prof.own_oversubscription:.2f}") + ")")
+                  f"its own oversubscription {prof.own_oversubscription:.2f}") + ")"
+               + (f"; the loop's own work {prof.loop_overhead() * 1e3:.1f} ms (a one-rank run used "
+                  f"{prof.loop_seconds * 1e3:.1f} ms of CPU per step)" if prof.loop_seconds is not None else ""))
     click.echo(f"{'batch/rank':>10} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>10} {'bound':>9} "
                f"{'timeline ms':>12} {'cores ms':>9} {'exchanges ms':>13}")
     stages = []

@@ -18,8 +18,12 @@ What it predicts, for R ranks of one thread each on C cores with B other runnabl
     (R + B >= C) this bound is the larger: an exchange thread that runs during the backward pass takes its
     core from the backward pass, and nothing hides.
   Stated simplification: an exchange on loopback gloo or shared memory is CPU work (copies, sums, syscalls)
-  throughout, its latency included; DDP's own copies into buckets and data loading are not modelled (the
-  profile's step has no DDP; synthetic data costs microseconds).
+  throughout, its latency included.
+* the training loop's own work per step beyond forward, backward and optimizer (DDP and its hook, the
+  finiteness check, the loop's bookkeeping) when measured: ``StepProfile.loop_seconds``, the CPU per step of a
+  one-rank run of the same job (a 1x1 grid exchanges nothing), less the profile's step; it comes after the
+  optimizer step, stretched by o like the rest. Data loading is not modelled (synthetic data is one batch
+  made once).
 """
 from __future__ import annotations
 
@@ -60,6 +64,10 @@ class StepProfile:
     colocated: int = 1
     """Copies of the same step that ran at once on the machine while it was measured (1 = alone): the ranks of a
     run share the memory bandwidth and the cache, which stretches even their CPU time."""
+    loop_seconds: float | None = None
+    """CPU seconds per step of a one-rank `torus-train run` of the same job (the training loop as it runs:
+    DDP, its hook, the finiteness check, the loop's bookkeeping), when measured; the prediction then adds
+    loop_seconds - (forward + backward + optimizer), at least 0, as the loop's own work, after the optimizer."""
     clock: str = "cpu"
     """"cpu": the seconds are the thread's CPU time (time-sharing does not count); "wall": wall-clock seconds,
     divided by the measurement's own oversubscription to get a rank alone."""
@@ -74,6 +82,12 @@ class StepProfile:
         """(forward, backward, optimizer) seconds of one rank with a core to itself."""
         o = self.own_oversubscription
         return self.forward_seconds / o, self.backward_seconds / o, self.optimizer_seconds / o
+
+    def loop_overhead(self) -> float:
+        """The training loop's work per step beyond forward, backward and optimizer (0 when not measured)."""
+        if self.loop_seconds is None:
+            return 0.0
+        return max(0.0, self.loop_seconds - sum(self.alone()))
 
 
 def read_step_profile(path: str, flag: str = "--layer-profile") -> StepProfile:
@@ -120,7 +134,7 @@ class HostPrediction:
     backward_seconds: float
     """o x the profile's backward, scaled to the run's batch."""
     optimizer_seconds: float
-    """o x the profile's optimizer step."""
+    """o x the profile's optimizer step, and o x the loop's own work when measured (StepProfile.loop_seconds)."""
     bucket_bytes: list
     """Bytes exchanged per bucket, in DDP's order."""
     bucket_seconds: list
@@ -151,6 +165,7 @@ def predict_host_step(cal, profile: StepProfile, grid, per_rank_batch: int, buck
     o = max(1.0, (r + background) / c)
     scale = per_rank_batch / profile.batch            # stated: compute linear in the batch around the profile's
     fwd, bwd, opt = (x * o * s for x, s in zip(profile.alone(), (scale, scale, 1.0)))
+    opt += o * profile.loop_overhead()
     shared = layers_with_profile(layers, profile.modules)
     t = timeline(shared, fwd + bwd + opt, bwd / (fwd + bwd + opt),
                  lambda n: cal.predict_seconds(grid, n, background=background), exchange_bytes, "torus",
@@ -270,8 +285,8 @@ def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_
         per_module.append(d)
     modules = {n: statistics.median(r.get(n, 0.0) for r in per_module) for n in names}
     return StepProfile(model, image_size, batch, num_classes, threads, statistics.median(fw), statistics.median(bw),
-                       statistics.median(op), modules, len(os.sched_getaffinity(0)), 0.0,
-                       "cpu" if threads == 1 else "wall")
+                       statistics.median(op), modules, cores=len(os.sched_getaffinity(0)), background=0.0,
+                       clock="cpu" if threads == 1 else "wall")
 
 
 def profile_to_json(p: StepProfile) -> dict:
