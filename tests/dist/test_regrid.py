@@ -46,3 +46,19 @@ def test_two_ranks_then_four_from_the_checkpoint(tmp_path):
                  for p in (out / "checkpoints").glob("step-*.json")}
     assert (manifests[2]["grid"], manifests[2]["world_size"], manifests[4]["grid"]) == ("2x1", 2, "2x2")
     assert not leftover_workers(out)
+
+
+@pytest.mark.slow
+def test_stop_epoch_then_resume_starts_with_the_next_grid(tmp_path):
+    """schedule.stop_epoch=1 ends the job after the 2x1 leg with a checkpoint; --resume without it picks the leg
+    of that checkpoint's epoch, the 2x2 one, and finishes the schedule there."""
+    out = tmp_path / "run"
+    r = run_cli(*ARGS, "--out", str(out), "--set", "schedule.stop_epoch=1", timeout=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "grid stages" not in r.stdout and (summary(out)["grid"], summary(out)["steps"]) == ("2x1", 2)
+    r = run_cli(*ARGS, "--out", str(out), "--resume", timeout=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "torus-train run: 4 ranks on grid 2x2" in r.stdout and "resumed at epoch 1, step 2" in r.stdout
+    s = summary(out)
+    assert (s["world_size"], s["grid"], s["steps"], s["epochs_done"], s["param_digests_agree"]) == (4, "2x2", 4, 3, True)
+    assert not leftover_workers(out)
