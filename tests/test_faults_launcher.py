@@ -29,6 +29,12 @@ def test_heartbeat_writes_the_last_step_within_a_second(tmp_path):
     assert set(read_beats(tmp_path, 4)) == {3}  # ranks without a file are absent
 
 
+def test_beats_are_rarer_above_256_ranks():
+    from torus_train.ranks.heartbeat import beat_interval
+
+    assert beat_interval(4) == beat_interval(256) == 1.0 and beat_interval(2176) == 8.5
+
+
 def test_first_stopped_is_the_lowest_step():
     beats = {r: Beat(r, 100 + r, s, 0.0) for r, s in enumerate([7, 6, 7, 6])}
     assert first_stopped(beats) == [1, 3]

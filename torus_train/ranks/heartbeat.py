@@ -2,8 +2,9 @@
 
 Each rank rewrites OUT/logs/rankNNNNN.beat, a small JSON object ``{"rank", "pid", "step", "time"}``: the global
 step it last finished and when. A rank records every step in memory (``Heartbeat.record``, called through
-``StopRequest.on_step``) and writes the file at most once a second, from the step that records or from a
-daemon thread, so that the file names the last finished step within a second even when the rank then blocks.
+``StopRequest.on_step``) and writes the file at most once a second (more rarely above 256 ranks:
+``beat_interval``), from the step that records or from a daemon thread, so that the file names the last
+finished step within that interval even when the rank then blocks.
 The file is replaced atomically (write a temporary, rename), so the launcher never reads half a beat.
 
 The local launcher reads the beats (``read_beats``) for its watchdog (who progressed last, who stopped first)
@@ -25,9 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WRITE_EVERY_S = 1.0
+FILES_PER_S = 256
+"""At most this many beat files written (and read) per second over the whole job, for a shared file system's
+metadata server: 2,176 ranks write theirs every 8.5 s."""
 PARENT_ENV = "TORUS_TRAIN_PARENT_PID"
 """Set by the local launcher to its own pid: the rank dies when that process ends."""
 PR_SET_PDEATHSIG = 1
+
+
+def beat_interval(ranks: int) -> float:
+    """Seconds between two writes of one rank's beat, and between two reads of all beats by the launcher."""
+    return max(WRITE_EVERY_S, ranks / FILES_PER_S)
 
 
 def beat_path(out: Path, rank: int) -> Path:

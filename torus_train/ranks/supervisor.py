@@ -28,15 +28,14 @@ from typing import Callable
 
 from torus_train.errors import RunFailed
 from torus_train.job.launch import LaunchPlan
-from torus_train.ranks.heartbeat import (PARENT_ENV, PR_SET_PDEATHSIG, Beat, clear_beats, first_stopped,
-                                         read_beats)
+from torus_train.ranks.heartbeat import (PARENT_ENV, PR_SET_PDEATHSIG, Beat, beat_interval, clear_beats,
+                                         first_stopped, read_beats)
 
 GRACE_S = 10.0
 ENDED_GRACE_S = 30.0  # how long mpirun/srun may take to exit after every rank has ended
 POLL_S = 0.2
 HUNG_GRACE_S = 2.0
 """After the watchdog's verdict the ranks are stuck: no clean stop with a checkpoint is to be had."""
-BEAT_READ_S = 1.0
 DUMP_WAIT_S = 2.0
 """How long the ranks get to write their stacks after SIGUSR1."""
 RESTARTABLE = ("crash",)
@@ -340,9 +339,9 @@ def _check_progress(procs: list[subprocess.Popen], out: Path, watch: Watch) -> F
 
 def stall(out: Path, ranks: int, watch: Watch, dump: Callable[[], None]) -> tuple[dict[int, Beat], float] | None:
     """(beats, seconds without progress) once the watchdog's limit has passed, after `dump` asked every rank
-    for its stack; None while some rank progresses (beats are read at most once a second)."""
+    for its stack; None while some rank progresses (beats are read every heartbeat.beat_interval)."""
     now = time.time()
-    if now - watch.read_at < BEAT_READ_S:
+    if now - watch.read_at < beat_interval(ranks):
         return None
     watch.read_at = now
     beats = read_beats(out, ranks)

@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 
 from torus_train.ranks.bootstrap import rank_info
-from torus_train.ranks.heartbeat import Heartbeat, die_with_parent
+from torus_train.ranks.heartbeat import Heartbeat, beat_interval, die_with_parent
 from torus_train.errors import RunFailed, UserError
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
@@ -81,7 +81,7 @@ def hang_at(environ) -> tuple[int, int] | None:
 
 
 def start_heartbeat(out: Path, rank: int, stop: StopRequest) -> None:
-    beat = Heartbeat(out, rank)
+    beat = Heartbeat(out, rank, beat_interval(rank_info().world_size))
     hang = hang_at(os.environ)
 
     def on_step(step: int) -> None:
