@@ -48,9 +48,8 @@ RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints")
               help="When ranks fail after training started, start them again from the latest checkpoint, up to "
                    "N times (not for bad input, a requested stop or a failed check; docs/faults.md).")
 @click.option("--elastic", is_flag=True,
-              help="Local launcher, or mpirun with a hostfile: a node whose ranks fail in two attempts in a row "
-                   "is dropped and the job continues on the others (same global batch and LR schedule); uses the "
-                   "--max-restarts budget.")
+              help="A node whose ranks fail in two attempts in a row is dropped and the job continues on the "
+                   "others (same global batch and LR schedule); uses the --max-restarts budget.")
 def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **flags) -> None:
     """Train on N ranks laid out as an XxY grid, exchanging gradients with the 2D-torus all-reduce.
 
@@ -106,9 +105,6 @@ class Restarts:
 def check_elastic(elastic: bool, plan, legs, max_restarts: int) -> None:
     if not elastic:
         return
-    if plan.launcher == "srun" or (plan.launcher == "mpirun" and not plan.hostfile):
-        raise UserError(f"--elastic works with the local launcher and with mpirun and a hostfile (this job uses "
-                        f"{plan.launcher}); use --max-restarts, which restarts on the same hosts")
     if len(legs) > 1:
         raise UserError("--elastic cannot be combined with stages that name their own grid")
     if max_restarts < 2:
@@ -280,7 +276,7 @@ def launch_with_restarts(spec: JobSpec, plan, out: Path, restarts: Restarts) -> 
 
 def maybe_drop_node(spec: JobSpec, plan, out: Path, restarts: Restarts, rank: int) -> JobSpec:
     """--elastic: the spec without the failed rank's node when that node also failed last time (under mpirun
-    its host leaves the hostfile: OUT/hosts.elastic)."""
+    and srun its host leaves the host list: OUT/hosts.elastic, the job's hosts from now on)."""
     grid = plan.grid
     node = rank // grid.gpus_per_node
     if not restarts.elastic or rank < 0 or node != restarts.last_node or grid.nodes < 2:
@@ -290,19 +286,16 @@ def maybe_drop_node(spec: JobSpec, plan, out: Path, restarts: Restarts, rank: in
 
     host = plan.hosts[node].name if plan.launcher != "local" and node < len(plan.hosts) else ""
     spec, line = shrink(spec, grid, node, host)
-    if host:
-        spec.launch.hostfile = str(write_hostfile_without(plan.hostfile, host, out / "hosts.elastic"))
+    if host:  # mpirun: --hostfile, srun: --nodelist from it
+        spec.launch.hostfile = str(write_hosts([h for h in plan.hosts if h.name != host], out / "hosts.elastic"))
     restarts.last_node = None
     click.echo(line, err=True)
     return spec
 
 
-def write_hostfile_without(hostfile: str, host: str, path: Path) -> Path:
-    """The hosts of `hostfile` (OpenMPI hostfile or PBS node file) except `host`, as an OpenMPI hostfile."""
-    from torus_train.job.hosts import read_hostfile
-
-    kept = [h for h in read_hostfile(hostfile, "--hostfile") if h.name != host]
-    path.write_text("".join(f"{h.name} slots={h.slots}\n" for h in kept))
+def write_hosts(hosts, path: Path) -> Path:
+    """An OpenMPI hostfile ('host slots=K' lines)."""
+    path.write_text("".join(f"{h.name} slots={h.slots}\n" for h in hosts))
     return path
 
 
