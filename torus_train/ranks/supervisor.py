@@ -405,6 +405,12 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
                     except subprocess.TimeoutExpired:
                         pass
                     raise RunFailed(f"interrupted by {signal.Signals(sig.got).name}: forwarded to {what}")
+                if out is not None and ranks and (late := all_ended_for(out, ranks)) > ENDED_GRACE_S:
+                    # every rank has left its last word, yet mpirun/srun waits: typically for the daemon of a
+                    # node it can no longer reach (a partition); it would wait until the link comes back
+                    stop_all([p], grace=GRACE_S)
+                    raise RunFailed(f"all {ranks} ranks ended {late:.0f} s ago (see OUT/logs/) but {what} did not "
+                                    f"exit (a node it cannot reach?); stopped it")
                 if watch is not None and out is not None and (found := stall(out, ranks, watch,
                                                                               lambda: p.send_signal(signal.SIGUSR1))):
                     f = _stalled(out, ranks, *found, {})
@@ -420,6 +426,19 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
     if p.returncode != 0:
         raise CommandFailed(f"{what} {how_it_ended(p.returncode)}; see the ranks' lines above and OUT/logs/",
                             list(said))
+
+
+def all_ended_for(out: Path, ranks: int) -> float:
+    """Seconds since the last of `ranks` ranks left its .done or .failed marker; 0 while any has not (the
+    first rank without one ends the scan, so a running job costs a file check or two per poll)."""
+    stamps = []
+    for rank in range(ranks):
+        marks = [m for m in (_done(out, rank), _failed_marker(out, rank)) if m.exists()]
+        try:
+            stamps.append(max(m.stat().st_mtime for m in marks))
+        except (OSError, ValueError):  # no marker yet, or one just removed
+            return 0.0
+    return max(0.0, time.time() - max(stamps))
 
 
 def _term_with_parent() -> None:
