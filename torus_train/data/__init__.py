@@ -49,7 +49,7 @@ def resolve_kind(kind: str, rank: int = 0, say=None) -> str:
 def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batch_size: int, image_size: int,
                 num_classes: int | None, seed: int, channels_last: bool, device, num_threads: int = 2,
                 verify: bool = True, synthetic_samples: int | None = None, index: str | None = None,
-                dtype: str = "float32"):
+                dtype: str = "float32", on_corrupt: str = "fail", corrupt=None):
     """Build the input pipeline ``kind`` for ``split`` of the ImageNet-layout folder ``root``.
 
     ``kind``: dali | torchvision | synthetic | auto. ``batch_size`` is the PER-RANK batch; ``rank`` the GLOBAL
@@ -58,6 +58,9 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
     None = its default place, built there when missing (single-process tools; ranks are always given one). ``verify`` checks every JPEG's markers before the first step
     (a full pass over the files: for tools, never for ranks). ``dtype``: the images' dtype (float32, float16,
     bfloat16), the model's autocast dtype on GPUs, so that no full-size float32 batch is made and cast.
+    ``on_corrupt``: an image that does not decode is a DataError naming it (fail) or is replaced by the next
+    readable file (skip); ``corrupt``: the base.CorruptLog that counts the skipped files (kept across the
+    loaders of a run; a new one when None), also ``loader.corrupt``.
     """
     import torch
 
@@ -72,12 +75,15 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
         raise UserError(f"rank: {rank} outside world size {world_size}")
     if num_threads < 0:
         raise UserError(f"data.num_threads: {num_threads} must be >= 0")
-    from torus_train.data.base import IMAGE_DTYPES
+    from torus_train.data.base import IMAGE_DTYPES, ON_CORRUPT
 
     if dtype not in IMAGE_DTYPES:
         raise UserError(f"dtype: {dtype!r} must be one of {', '.join(IMAGE_DTYPES)}")
+    if on_corrupt not in ON_CORRUPT:
+        raise UserError(f"data.on_corrupt: {on_corrupt!r} must be one of {', '.join(ON_CORRUPT)}")
     device = torch.device(device)
-    cfg = LoaderConfig(split, rank, world_size, batch_size, image_size, seed, channels_last, num_threads, dtype)
+    cfg = LoaderConfig(split, rank, world_size, batch_size, image_size, seed, channels_last, num_threads, dtype,
+                       on_corrupt)
     kind = resolve_kind(kind, rank)
     if kind == "synthetic":
         from torus_train.data.synthetic import SYNTHETIC_SAMPLES, SyntheticLoader
@@ -99,7 +105,7 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
 
         if not available():
             raise UserError("data.loader: dali, but nvidia.dali does not import (pip install nvidia-dali-cuda120)")
-        return DaliLoader(files, cfg, device)
+        return DaliLoader(files, cfg, device, corrupt)
     from torus_train.data.torchvision_loader import TorchvisionLoader
 
-    return TorchvisionLoader(files, cfg, device)
+    return TorchvisionLoader(files, cfg, device, corrupt)

@@ -7,9 +7,10 @@ validation image is counted exactly once.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from torus_train.data.index import Split
+from torus_train.data.index import DataError, Split
 from torus_train.data.sharding import Shard, shard
 
 # ImageNet channel statistics, in 0..255 and 0..1.
@@ -19,6 +20,7 @@ TRAIN_AREA = (0.35, 1.0)       # random-resized-crop area range (0.08 in He et a
 TRAIN_RATIO = (3 / 4, 4 / 3)   # random-resized-crop aspect ratio range
 VAL_CROP = 0.875               # validation: resize the shorter side to size / 0.875, then centre-crop size
 PAD_LABEL = -1
+log = logging.getLogger("torus_train.data")
 
 
 def val_resize(image_size: int) -> int:
@@ -52,6 +54,8 @@ class LoaderConfig:
     """Decoding threads (DALI) or worker processes (torchvision) for this rank."""
     dtype: str = "float32"
     """Image dtype delivered: float32, float16 or bfloat16 (the model's autocast dtype on GPUs)."""
+    on_corrupt: str = "fail"
+    """An image that does not decode: ``fail`` (DataError naming it) or ``skip`` (replaced, see CorruptLog)."""
 
     def torch_dtype(self):
         import torch
@@ -60,6 +64,44 @@ class LoaderConfig:
 
 
 IMAGE_DTYPES = ("float32", "float16", "bfloat16")
+ON_CORRUPT = ("fail", "skip")
+REPLACEMENT_TRIES = 64
+
+
+class CorruptLog:
+    """The files a rank skipped under ``on_corrupt = skip``, kept across the loaders of a run (one per stage).
+
+    A skipped file's sample is replaced by the next file of the split (in index order) that reads, so the batch
+    keeps its size and every rank its step count; in validation the replacement carries label -1 (not counted).
+    Each file is named once, in a warning line of the rank's log.
+    """
+
+    def __init__(self):
+        self.files: dict[str, int] = {}
+        """Skipped file -> how many times it was read and replaced (DALI's reads include prefetched batches)."""
+
+    def note(self, path: str, reason: str, replacement: str) -> None:
+        if path not in self.files:
+            log.warning("corrupt image skipped (data.on_corrupt = skip): %s (%s); replaced by %s",
+                        path, reason[:200], replacement)
+        self.files[path] = self.files.get(path, 0) + 1
+
+    @property
+    def samples(self) -> int:
+        return sum(self.files.values())
+
+
+def replacement_after(split: Split, i: int, readable) -> int:
+    """The first index after ``i`` (wrapping) whose file ``readable(index)`` accepts; DataError after
+    REPLACEMENT_TRIES files that are not."""
+    n = len(split)
+    for k in range(1, min(n, REPLACEMENT_TRIES + 1)):
+        j = (i + k) % n
+        if readable(j):
+            return j
+    raise DataError(f"{split.files[i]}: cannot decode it, and none of the {min(n - 1, REPLACEMENT_TRIES)} files "
+                    "after it could replace it (data.on_corrupt = skip); check the data folder with: "
+                    "torus-train data check")
 
 
 class ShardedLoader:
@@ -67,8 +109,9 @@ class ShardedLoader:
 
     kind = "?"
 
-    def __init__(self, split: Split, cfg: LoaderConfig, device):
+    def __init__(self, split: Split, cfg: LoaderConfig, device, corrupt: CorruptLog | None = None):
         self.split = split
+        self.corrupt = corrupt if corrupt is not None else CorruptLog()
         self.cfg = cfg
         self.device = device
         self.num_samples = len(split)

@@ -11,6 +11,17 @@ from torus_train.data.index import IMAGE_EXTENSIONS, DataError, Split, list_spli
 JPEG_EXTENSIONS = (".jpg", ".jpeg")
 
 
+def jpeg_problem(head: bytes, tail: bytes, size: int) -> str | None:
+    """Why a file with these first bytes, last (up to 64) bytes and size is not a whole JPEG; None if it is."""
+    if size == 0:
+        return "empty file"
+    if head[:3] != b"\xff\xd8\xff":
+        return "not a JPEG file (no start-of-image marker)"
+    if b"\xff\xd9" not in tail.rstrip(b"\x00\r\n "):
+        return "corrupt JPEG (truncated: no end-of-image marker)"
+    return None
+
+
 def check_jpeg(path: str) -> None:
     """Raise DataError unless ``path`` starts with the JPEG SOI marker and ends with EOI (allowing padding)."""
     try:
@@ -22,12 +33,13 @@ def check_jpeg(path: str) -> None:
             tail = f.read()
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    if size == 0:
-        raise DataError(f"{path}: empty file")
-    if head[:3] != b"\xff\xd8\xff":
-        raise DataError(f"{path}: not a JPEG file (no start-of-image marker)")
-    if b"\xff\xd9" not in tail.rstrip(b"\x00\r\n "):
-        raise DataError(f"{path}: corrupt JPEG (truncated: no end-of-image marker)")
+    problem = jpeg_problem(head, tail, size)
+    if problem:
+        raise DataError(f"{path}: {problem}")
+
+
+def is_jpeg_name(path: str) -> bool:
+    return os.path.splitext(path)[1].lower() in JPEG_EXTENSIONS
 
 
 def scan(data_root: str | os.PathLike, split: str, verify: bool = True) -> Split:

@@ -9,14 +9,22 @@ here) -> ``fn.decoders.image_random_crop`` -> ``fn.resize`` (linear, no antialia
 The pipeline is built once per loader (the loop builds a loader per batch stage) and fed epoch after epoch
 from a stream of this rank's shards, so it never holds more than one shard's file names and is not rebuilt at
 an epoch boundary; it is rebuilt only when a pass stopped early or the loop jumps to another epoch (resume).
-A corrupt image stops the pipeline; the error names the file.
+A corrupt image is the spec's choice (``data.on_corrupt``). The encoded bytes of every JPEG are checked for
+their start and end markers as they are read (no extra I/O: a truncated file or one that is not a JPEG is caught
+before DALI sees it). A file that passes that check and still does not decode stops the pipeline; the file is
+then found by decoding the batches in flight with PIL. ``fail``: a DataError naming the file. ``skip``: the
+file is replaced by the next readable one (base.CorruptLog): a marker failure at once, in the batch being read;
+a decode failure by rebuilding the pipeline at the failing step with the file marked, so the step is redone
+with a whole batch. The shard, the batch size and the step count do not change.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from torus_train.data.base import MEAN, STD, TRAIN_AREA, TRAIN_RATIO, LoaderConfig, ShardedLoader, val_resize
+from torus_train.data.base import (MEAN, PAD_LABEL, STD, TRAIN_AREA, TRAIN_RATIO, CorruptLog, LoaderConfig,
+                                   ShardedLoader, replacement_after, val_resize)
+from torus_train.data.checks import is_jpeg_name, jpeg_problem
 from torus_train.data.index import DataError, Split
 from torus_train.data.sharding import shard
 
@@ -103,25 +111,65 @@ def _named_error(e: Exception, split: Split, candidates) -> DataError:
     return DataError(f"{split.root}: DALI pipeline failed ({reason[:200]})")
 
 
-def read_batch(files, labels, indices) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The encoded bytes and labels of ``indices``; DataError naming a file that cannot be read."""
-    data = []
-    for i in indices:
-        try:
-            data.append(np.fromfile(files[i], dtype=np.uint8))
-        except OSError as e:
-            raise DataError(f"{files[i]}: cannot read ({e.strerror or e})") from None
-    return data, [np.array([labels[i]], dtype=np.int32) for i in indices]
+def read_file(path: str) -> tuple[np.ndarray, str | None]:
+    """The encoded bytes of ``path`` and, for a JPEG, why its markers are wrong (None when they are right)."""
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    if not is_jpeg_name(path):
+        return data, None
+    raw = data[:3].tobytes(), data[-64:].tobytes()
+    return data, jpeg_problem(raw[0], raw[1], data.size)
 
 
-def shard_stream(split: Split, cfg: LoaderConfig, epoch: int):
-    """This rank's batches, epoch after epoch from ``epoch`` (DALI prefetches across an epoch's end); it holds
-    no reference to the loader, so a dropped loader frees its pipeline and DALI's threads at once."""
+class Feed:
+    """What shard_stream reads with: the split, the policy, and the files known not to decode (marked by the
+    loader after a pipeline failure) with their reasons."""
+
+    def __init__(self, split: Split, cfg: LoaderConfig, corrupt: CorruptLog):
+        self.split, self.skip, self.val, self.corrupt = split, cfg.on_corrupt == "skip", cfg.split == "val", corrupt
+        self.bad: dict[int, str] = {}
+
+    def sample(self, i: int) -> tuple[np.ndarray, int]:
+        """The bytes and label of file ``i``, or of its replacement under skip."""
+        path = self.split.files[i]
+        data, problem = (None, self.bad[i]) if i in self.bad else read_file(path)
+        if problem is None:
+            return data, self.split.labels[i]
+        if not self.skip:
+            raise DataError(f"{path}: {problem}")
+        got = {}
+
+        def readable(j: int) -> bool:
+            if j in self.bad:
+                return False
+            got[j], why = read_file(self.split.files[j])
+            return why is None
+
+        j = replacement_after(self.split, i, readable)
+        self.corrupt.note(path, problem, self.split.files[j])
+        return got[j], PAD_LABEL if self.val else self.split.labels[j]
+
+    def batch(self, indices) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        data, labels = [], []
+        for i in indices:
+            d, lab = self.sample(i)
+            data.append(d)
+            labels.append(np.array([lab], dtype=np.int32))
+        return data, labels
+
+
+def shard_stream(feed: Feed, cfg: LoaderConfig, epoch: int, first_step: int = 0):
+    """This rank's batches, epoch after epoch from step ``first_step`` of ``epoch`` (DALI prefetches across an
+    epoch's end); it holds no reference to the loader, so a dropped loader frees its pipeline and DALI's
+    threads at once."""
     while True:
-        sh = shard(len(split), cfg.rank, cfg.world_size, cfg.batch_size, epoch=epoch, seed=cfg.seed,
+        sh = shard(len(feed.split), cfg.rank, cfg.world_size, cfg.batch_size, epoch=epoch, seed=cfg.seed,
                    shuffle=cfg.split == "train")
-        for step in range(sh.steps):
-            yield read_batch(split.files, split.labels, sh.indices[step * cfg.batch_size:(step + 1) * cfg.batch_size])
+        for step in range(first_step, sh.steps):
+            yield feed.batch(sh.indices[step * cfg.batch_size:(step + 1) * cfg.batch_size])
+        first_step = 0
         if cfg.split == "train":
             epoch += 1
 
@@ -131,38 +179,53 @@ class DaliLoader(ShardedLoader):
 
     kind = "dali"
 
-    def __init__(self, split: Split, cfg: LoaderConfig, device: torch.device):
-        super().__init__(split, cfg, device)
+    def __init__(self, split: Split, cfg: LoaderConfig, device: torch.device, corrupt: CorruptLog | None = None):
+        super().__init__(split, cfg, device, corrupt)
         self._gpu = device.type == "cuda"
         self._device_id = (device.index if device.index is not None else torch.cuda.current_device()) \
             if self._gpu else None
+        self._feed = Feed(split, cfg, self.corrupt)
         self._pipe = None
         self._next_epoch = None  # the epoch whose first batch the pipeline delivers next; None: rebuild
 
-    def _pipeline(self):
-        if self._pipe is None or self._next_epoch != self.epoch:
+    def _pipeline(self, first_step: int = 0):
+        if self._pipe is None or self._next_epoch != self.epoch or first_step:
             self.close()
             seed = (self.cfg.seed * 7919 + self.cfg.rank * 104729 + self.epoch) % (2 ** 31)
-            self._pipe = build_pipeline(shard_stream(self.split, self.cfg, self.epoch), self.cfg, self._device_id, seed)
+            stream = shard_stream(self._feed, self.cfg, self.epoch, first_step)
+            self._pipe = build_pipeline(stream, self.cfg, self._device_id, seed)
         self._next_epoch = None
         return self._pipe
 
     def __iter__(self):
         pipe = self._pipeline()
         for step in range(len(self)):
-            try:
-                images, labels = pipe.run()
-            except (RuntimeError, StopIteration) as e:
-                self.close()
-                if isinstance(e.__cause__ or e.__context__, DataError):
-                    raise e.__cause__ or e.__context__ from None
-                window = self.shard.indices[step * self.batch_size:(step + 3) * self.batch_size]
-                raise _named_error(e, self.split, [self.split.files[i] for i in window]) from None
+            while True:
+                try:
+                    images, labels = pipe.run()
+                    break
+                except (RuntimeError, StopIteration) as e:
+                    pipe = self._after_failure(e, step)
             x = self._to_torch(images)
             y = torch.from_numpy(np.array(labels.as_tensor(), dtype=np.int64).reshape(-1))
             y = self._mark_padding(step, y)
             yield x, y.to(self.device, non_blocking=True)
         self._next_epoch = self.epoch + 1 if self.cfg.split == "train" else self.epoch
+
+    def _after_failure(self, e: Exception, step: int):
+        """The pipeline failed at ``step``: a DataError naming the file, or (skip) the file marked and a new
+        pipeline from this step on."""
+        self.close()
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, DataError):
+            raise cause from None
+        window = self.shard.indices[step * self.batch_size:(step + 3) * self.batch_size]
+        bad = _find_bad_file([self.split.files[i] for i in window if i not in self._feed.bad])
+        if not self._feed.skip or bad is None:
+            raise _named_error(e, self.split, [self.split.files[i] for i in window]) from None
+        index = next(i for i in window if self.split.files[i] == bad[0])
+        self._feed.bad[index] = f"DALI cannot decode it; PIL: {bad[1][:120]}"
+        return self._pipeline(first_step=step)
 
     def _to_torch(self, images) -> torch.Tensor:
         t = images.as_tensor()

@@ -4,13 +4,18 @@ The files and labels are ImageFolder's (sorted class folders); the order is the 
 as DALI's (checks.shard: a DistributedSampler-like permutation, padded to whole batches so every rank takes
 the same steps). Training: RandomResizedCrop + RandomHorizontalFlip; validation: Resize(size / 0.875) +
 CenterCrop; then ToTensor + Normalize with the ImageNet statistics.
+
+A file PIL cannot decode is a DataError naming it (``on_corrupt = fail``) or, with ``skip``, is replaced in the
+worker by the next readable file (base.CorruptLog); the worker returns the skipped name with the sample and this
+process logs it, so the count holds across workers.
 """
 from __future__ import annotations
 
 import torch
 from PIL import Image
 
-from torus_train.data.base import MEAN, STD, TRAIN_AREA, TRAIN_RATIO, LoaderConfig, ShardedLoader, val_resize
+from torus_train.data.base import (MEAN, PAD_LABEL, STD, TRAIN_AREA, TRAIN_RATIO, CorruptLog, LoaderConfig,
+                                   ShardedLoader, replacement_after, val_resize)
 from torus_train.data.index import DataError, Split
 
 
@@ -25,9 +30,17 @@ def transform(split: str, image_size: int):
     return T.Compose(ops + [T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
+def _decode(path: str):
+    with Image.open(path) as im:
+        return im.convert("RGB")
+
+
 class _Files(torch.utils.data.Dataset):
-    def __init__(self, split: Split, tf):
-        self.files, self.labels, self.tf = split.files, split.labels, tf
+    """(image, label) per index; with skip=True (image, label, "PATH\tREASON" of a replaced file or "")."""
+
+    def __init__(self, split: Split, tf, skip: bool = False, val: bool = False):
+        self.split, self.files, self.labels, self.tf = split, split.files, split.labels, tf
+        self.skip, self.val = skip, val
 
     def __len__(self) -> int:
         return len(self.files)
@@ -35,11 +48,27 @@ class _Files(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         path = self.files[i]
         try:
-            with Image.open(path) as im:
-                img = im.convert("RGB")
+            img = _decode(path)
         except Exception as e:  # PIL raises several types for bad files
-            raise DataError(f"{path}: cannot decode ({type(e).__name__}: {e})") from None
-        return self.tf(img), self.labels[i]
+            reason = f"{type(e).__name__}: {e}"
+            if not self.skip:
+                raise DataError(f"{path}: cannot decode ({reason})") from None
+            return self._replaced(i, reason)
+        return (self.tf(img), self.labels[i], "") if self.skip else (self.tf(img), self.labels[i])
+
+    def _replaced(self, i: int, reason: str):
+        got = {}
+
+        def readable(j: int) -> bool:
+            try:
+                got[j] = _decode(self.files[j])
+            except Exception:
+                return False
+            return True
+
+        j = replacement_after(self.split, i, readable)
+        label = PAD_LABEL if self.val else self.labels[j]
+        return self.tf(got[j]), label, f"{self.files[i]}\t{reason}\t{self.files[j]}"
 
 
 class _ShardSampler(torch.utils.data.Sampler):
@@ -66,10 +95,12 @@ class TorchvisionLoader(ShardedLoader):
 
     kind = "torchvision"
 
-    def __init__(self, split: Split, cfg: LoaderConfig, device: torch.device):
-        super().__init__(split, cfg, device)
+    def __init__(self, split: Split, cfg: LoaderConfig, device: torch.device, corrupt: CorruptLog | None = None):
+        super().__init__(split, cfg, device, corrupt)
+        self._skip = cfg.on_corrupt == "skip"
+        files = _Files(split, transform(cfg.split, cfg.image_size), self._skip, cfg.split == "val")
         self._loader = torch.utils.data.DataLoader(
-            _Files(split, transform(cfg.split, cfg.image_size)), batch_size=cfg.batch_size,
+            files, batch_size=cfg.batch_size,
             sampler=_ShardSampler(self), num_workers=cfg.num_threads, drop_last=False,
             pin_memory=device.type == "cuda", persistent_workers=cfg.num_threads > 0,
             prefetch_factor=4 if cfg.num_threads > 0 else None,
@@ -79,12 +110,15 @@ class TorchvisionLoader(ShardedLoader):
         it = iter(self._loader)
         for step in range(len(self)):
             try:
-                x, y = next(it)
+                x, y, *skipped = next(it)
             except DataError as e:
                 # Raised in a worker, re-raised here with the worker's traceback: keep the one-line message.
                 lines = [ln for ln in str(e).splitlines() if ln.strip()]
                 msg = lines[-1].split("DataError: ", 1)[-1] if lines else str(e)
                 raise DataError(msg) from None
+            for note in skipped[0] if skipped else ():
+                if note:
+                    self.corrupt.note(*note.split("\t"))
             y = self._mark_padding(step, y.to(torch.int64))
             # copy the pinned batch as it is (asynchronous), then change the layout on the device
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)

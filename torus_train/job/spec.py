@@ -135,6 +135,9 @@ class DataSection:
     """Decoding threads per rank; 0 = CPU cores / ranks on the node."""
     synthetic_samples: int = 0
     """Images per epoch of synthetic data (0 = the loader's default); small values make short epochs."""
+    on_corrupt: str = "fail"
+    """fail | skip: an image that does not decode stops the run naming the file, or is replaced in its batch
+    by the next readable file (named once in the rank's log, counted in summary.json)."""
 
 
 @dataclass
@@ -214,6 +217,7 @@ class JobSpec:
         _choice("launch.container_runtime", self.launch.container_runtime, ("singularity", "apptainer"))
         _choice("model.precision", self.model.precision, ("fp32", "fp16", "bf16"))
         _choice("data.loader", self.data.loader, ("auto", "dali", "torchvision"))
+        _choice("data.on_corrupt", self.data.on_corrupt, ("fail", "skip"))
         _choice("optimizer.name", self.optimizer.name, ("sgd", "lars"))
         _choice("comm.algo", self.comm.algo, ("torus", "hierarchical", "flat", "ddp", "torus-sync"))
         _choice("comm.compression", self.comm.compression, ("none", "fp16", "bf16"))

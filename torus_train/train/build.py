@@ -106,7 +106,8 @@ def data_root(spec: JobSpec) -> str | None:
     return spec.data.source
 
 
-def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int):
+def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int, corrupt=None):
+    """The loader of ``split``; ``corrupt``: the run's data.base.CorruptLog (the files skipped so far)."""
     from torus_train.data import make_loader
 
     kind = "synthetic" if spec.data.source == "synthetic" else spec.data.loader
@@ -124,7 +125,7 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
                        num_classes=spec.model.num_classes, seed=spec.job.seed,
                        channels_last=spec.model.channels_last, device=boot.device, num_threads=threads,
                        verify=False, synthetic_samples=spec.data.synthetic_samples or None,
-                       dtype=image_dtype(spec, boot.device))
+                       dtype=image_dtype(spec, boot.device), on_corrupt=spec.data.on_corrupt, corrupt=corrupt)
 
 
 def image_dtype(spec: JobSpec, device: torch.device) -> str:
