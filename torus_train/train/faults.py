@@ -1,4 +1,5 @@
-"""Fault injection for the launcher's and the loop's own tests: TORUS_TRAIN_FAULT=KIND:RANK:STEP."""
+"""Fault injection for the launcher's and the loop's own tests: TORUS_TRAIN_FAULT=KIND:RANK:STEP (slow:RANK:SECONDS
+for a straggler)."""
 from __future__ import annotations
 
 import os
@@ -20,3 +21,16 @@ def maybe_inject_fault(rank: int, step: int) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     if fault_here("exit0", rank, step):
         os._exit(0)
+
+
+def slow_seconds(rank: int) -> float:
+    """slow:R:SECONDS makes rank R a straggler: the loop sleeps that long in each of its steps, before backward
+    (counted in its compute time, as a slow GPU or a throttled CPU would be). 0.0 on the other ranks."""
+    parts = os.environ.get("TORUS_TRAIN_FAULT", "").split(":")
+    if len(parts) != 3 or parts[0] != "slow" or parts[1] != str(rank):
+        return 0.0
+    try:
+        seconds = float(parts[2])
+    except ValueError:
+        return 0.0
+    return seconds if 0 < seconds < 3600 else 0.0

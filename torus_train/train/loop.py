@@ -8,7 +8,8 @@
                                             agreed stop
         maybe_evaluate(rs, epoch)           top-1/top-5 all-reduced
         maybe_checkpoint(rs, epoch)         (every save checks the replicas first)
-    finish(rs)                              replica check, final checkpoint, summary.json
+    finish(rs)                              replica check, final checkpoint, per-rank step times (stragglers),
+                                            summary.json
 """
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ from torus_train.train.build import (amp_settings, build_loader, build_model, bu
                                      seed_everything, wrap_ddp)
 from torus_train.train.faults import maybe_inject_fault
 from torus_train.train.checkpoint import write_atomic
-from torus_train.train.report import (Progress, log_interval, new_interval, record_eval, record_resume,
-                                      record_stage, summary, summary_text)
+from torus_train.train.report import (Progress, log_interval, new_interval, rank_report, record_eval,
+                                      record_resume, record_stage, summary, summary_text)
 from torus_train.train.state import RunState, resume, save
 from torus_train.train.step import (check_replicas, evaluate, maybe_perturb, param_digest, set_lr, sync_buffers,
                                     train_step)
 from torus_train.train.stop import StopRequest, StopRequested
+from torus_train.train.timing import StepTimes
 
 
 def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = False,
@@ -67,8 +69,11 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
     progress = Progress(spec.schedule.epochs) if boot.info.rank == 0 else None
     if progress and boot.device.type != "cuda" and spec.model.precision != "fp32":
         progress.say(f"CPU ranks run fp32 (model.precision = {spec.model.precision} applies on GPUs)")
+    from torus_train.data.base import CorruptLog
+
     return RunState(spec, boot, out, stop, schedule, ddp, optimizer,
-                    nn.CrossEntropyLoss(label_smoothing=spec.schedule.label_smoothing), amp_dtype, scaler, progress)
+                    nn.CrossEntropyLoss(label_smoothing=spec.schedule.label_smoothing), amp_dtype, scaler, progress,
+                    times=StepTimes(model, boot.device), corrupt=CorruptLog())
 
 
 def switch_stage(rs: RunState, epoch: int) -> None:
@@ -77,7 +82,8 @@ def switch_stage(rs: RunState, epoch: int) -> None:
     if stage.per_rank_batch != rs.loader_batch:
         if rs.loader is not None:
             rs.loader.close()
-        rs.loader, rs.loader_batch = build_loader(rs.spec, rs.boot, "train", stage.per_rank_batch), stage.per_rank_batch
+        rs.loader = build_loader(rs.spec, rs.boot, "train", stage.per_rank_batch, rs.corrupt)
+        rs.loader_batch = stage.per_rank_batch
         record_stage(rs, epoch, stage)
     if rs.progress:
         rs.progress.total = rs.schedule.total_steps(rs.loader.num_samples)
@@ -93,12 +99,15 @@ def run_epoch(rs: RunState, epoch: int) -> bool:
     for i in range(steps):
         t_data = time.time()
         images, labels = next(batches)
-        interval["data"] += time.time() - t_data
+        data_seconds = time.time() - t_data
+        interval["data"] += data_seconds
         if i < skip:  # resuming inside an epoch: the same order, so skip what was done
             continue
         lr = rs.schedule.lr_at(epoch + i / steps)
         set_lr(rs.optimizer, lr)
+        rs.times.start(data_seconds)
         interval["loss"] += train_step(rs, images, labels, stage.accumulation)
+        rs.times.stop()
         advance(rs, interval, i, stage.global_batch)
         rs.stop.beat(rs.pos.global_step)
         maybe_inject_fault(rs.boot.info.rank, rs.pos.global_step)
@@ -136,7 +145,7 @@ def maybe_evaluate(rs: RunState, epoch: int, epoch_done: bool) -> None:
     if not (epoch_done and every and ((epoch + 1) % every == 0 or epoch + 1 == epochs)):
         return
     if rs.val_loader is None:
-        rs.val_loader = build_loader(rs.spec, rs.boot, "val", max(1, rs.loader_batch))
+        rs.val_loader = build_loader(rs.spec, rs.boot, "val", max(1, rs.loader_batch), rs.corrupt)
     sync_buffers(rs.model)
     record_eval(rs, evaluate(rs.model, rs.val_loader, rs.amp_dtype), epoch)
 
@@ -172,7 +181,8 @@ def finish(rs: RunState) -> dict:
     else:
         sync_buffers(rs.model)
         check_replicas(rs, "the check at the end", buffers=True)
-    result = summary(rs, wall, param_digest(rs.model), True)
+    rs.times.close()
+    result = summary(rs, wall, param_digest(rs.model), True, rank_report(rs))
     if rs.rank0:
         try:
             write_atomic(rs.out / "summary.json", (json.dumps(result, indent=1) + "\n").encode())

@@ -112,6 +112,7 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> 
     t = torch.cat([loss, stop])
     dist.all_reduce(t)
     loss_sum, stops = t.tolist()
+    rs.times.flush()  # CUDA step events, read while the host waits here anyway
     rs.stop_agreed = stops > 0
     rec = {"step": rs.pos.global_step, "epoch": epoch, "global_batch": stage.global_batch,
            "per_rank_batch": stage.per_rank_batch, "lr": lr, "loss": loss_sum / rs.boot.info.world_size,
@@ -146,7 +147,60 @@ def record_eval(rs: RunState, result: dict, epoch: int) -> None:
                     f"({result['samples']} images){hit}")
 
 
-def summary(rs: RunState, wall: float, digest: str, agree: bool) -> dict:
+HOST_BYTES = 64
+STRAGGLER_RATIO = 1.3  # own work p50 against the median rank's, from which the summary text names a rank
+LISTED_RANKS = 256  # summary["ranks"] lists every rank up to this world size; stragglers are always listed
+
+
+def gather_ranks(rs: RunState) -> list[dict]:
+    """Every rank's step-time percentiles (train/timing.py), host and skipped corrupt files: one all_gather of
+    a few numbers per rank, once, at the end. Every rank calls it; all get the list."""
+    import socket
+
+    from torus_train.train.timing import FIELDS, PERCENTILES
+
+    host = socket.gethostname().encode()[:HOST_BYTES]
+    c = rs.corrupt
+    mine = rs.times.percentiles() + [len(rs.times.compute), len(c.files) if c else 0, c.samples if c else 0]
+    mine += list(host) + [0] * (HOST_BYTES - len(host))
+    v = torch.tensor(mine, dtype=torch.float64, device=rs.boot.device)
+    every = [torch.empty_like(v) for _ in range(rs.boot.info.world_size)]
+    dist.all_gather(every, v)
+    rows = []
+    for r, t in enumerate(every):
+        x = t.tolist()
+        k = len(FIELDS) * len(PERCENTILES)
+        row = {"rank": r, "host": bytes(int(b) for b in x[k + 3:] if b).decode(errors="replace"),
+               "steps": int(x[k]), "corrupt_files": int(x[k + 1]), "corrupt_reads": int(x[k + 2])}
+        for i, (f, q) in enumerate((f, q) for f in FIELDS for q in PERCENTILES):
+            row[f"{f}_{'max' if q == 100 else f'p{q}'}"] = round(x[i], 6)
+        rows.append(row)
+    return rows
+
+
+def stragglers(rows: list[dict]) -> dict:
+    """The slowest ranks by their own work per step (data + compute, p50) against the median rank."""
+    import statistics
+
+    median = statistics.median_low([r["work_p50"] for r in rows])
+    slow = sorted(rows, key=lambda r: -r["work_p50"])[:5]
+    return {"median_work_p50": median, "median_compute_p50": statistics.median_low([r["compute_p50"] for r in rows]),
+            "median_data_p50": statistics.median_low([r["data_p50"] for r in rows]),
+            "slowest": [{"rank": r["rank"], "host": r["host"], "work_p50": r["work_p50"],
+                         "compute_p50": r["compute_p50"], "data_p50": r["data_p50"],
+                         "vs_median": round(r["work_p50"] / median, 3) if median > 0 else None} for r in slow]}
+
+
+def rank_report(rs: RunState) -> dict:
+    """summary.json's "stragglers", "ranks" (up to LISTED_RANKS) and "corrupt_skipped" (every rank calls)."""
+    rows = gather_ranks(rs)
+    return {"stragglers": stragglers(rows), "ranks": rows if len(rows) <= LISTED_RANKS else None,
+            "corrupt_skipped": {"policy": rs.spec.data.on_corrupt,
+                                "files": sum(r["corrupt_files"] for r in rows),
+                                "reads": sum(r["corrupt_reads"] for r in rows)}}
+
+
+def summary(rs: RunState, wall: float, digest: str, agree: bool, ranks: dict | None = None) -> dict:
     spec, boot, pos, ev = rs.spec, rs.boot, rs.pos, rs.last_eval
     return {
         "world_size": boot.info.world_size, "grid": str(boot.grid), "gpus_per_node": boot.grid.gpus_per_node,
@@ -158,7 +212,7 @@ def summary(rs: RunState, wall: float, digest: str, agree: bool) -> dict:
         "val_top1": ev["top1"] if ev else None, "val_top5": ev["top5"] if ev else None,
         "best_top1": pos.best_top1, "target_top1": spec.eval.target_top1 or None,
         "time_to_target_epoch": pos.target_epoch, "time_to_target_seconds": pos.target_seconds,
-        "param_digest": digest, "param_digests_agree": agree,
+        "param_digest": digest, "param_digests_agree": agree, **(ranks or {}),
     }
 
 
@@ -170,4 +224,20 @@ def summary_text(s: dict) -> str:
     if s["time_to_target_seconds"] is not None:
         parts.append(f"target reached at epoch {s['time_to_target_epoch']}, {s['time_to_target_seconds']:.1f} s")
     parts.append(f"replicas agree: {s['param_digests_agree']} ({s['param_digest'][:12]})")
-    return "; ".join(parts)
+    return "; ".join(parts) + "".join("\n" + line for line in rank_lines(s))
+
+
+def rank_lines(s: dict) -> list[str]:
+    """A line per straggler (own work p50 >= STRAGGLER_RATIO x the median rank's) and one for skipped files."""
+    lines = []
+    st = s.get("stragglers")
+    for r in st["slowest"] if st else ():
+        if r["vs_median"] is not None and r["vs_median"] >= STRAGGLER_RATIO:
+            lines.append(f"straggler: rank {r['rank']} on {r['host']}, own work p50 {r['work_p50']:.3f} s "
+                         f"(compute {r['compute_p50']:.3f}, data {r['data_p50']:.3f}) against "
+                         f"{st['median_work_p50']:.3f} s median ({r['vs_median']:.1f}x)")
+    skipped = s.get("corrupt_skipped")
+    if skipped and skipped["files"]:
+        lines.append(f"corrupt images skipped: {skipped['files']} file(s), replaced in {skipped['reads']} reads "
+                     "(data.on_corrupt = skip; each named in its rank's log)")
+    return lines

@@ -71,6 +71,10 @@ class RunState:
     stop_agreed: bool = False
     """Some rank got SIGTERM/SIGINT: every rank stops after this logging interval."""
     last_eval: dict | None = None
+    times: Any = None
+    """timing.StepTimes: this rank's data and compute seconds per step (the straggler report)."""
+    corrupt: Any = None
+    """data.base.CorruptLog: the files skipped under data.on_corrupt = skip, over every loader of the run."""
 
     @property
     def rank0(self) -> bool:

@@ -5,6 +5,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import time
 from collections import Counter
 
 import torch
@@ -12,7 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from torus_train.errors import RunFailed
-from torus_train.train.faults import fault_here
+from torus_train.train.faults import fault_here, slow_seconds
 
 log = logging.getLogger("torus_train.train")
 
@@ -50,6 +51,7 @@ def train_step(rs, images, labels, accumulation: int) -> torch.Tensor:
     rs.optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), dtype=torch.float64, device=images.device)
     rank, step = rs.boot.info.rank, rs.pos.global_step + 1
+    delay = slow_seconds(rank)
     for i, (x, y) in enumerate(zip(images.chunk(accumulation), labels.chunk(accumulation))):
         # DDP exchanges gradients only on the last micro-batch; the others accumulate locally
         with rs.ddp.no_sync() if i < accumulation - 1 else contextlib.nullcontext():
@@ -57,6 +59,8 @@ def train_step(rs, images, labels, accumulation: int) -> torch.Tensor:
                 loss = rs.loss_fn(rs.ddp(x), y) / accumulation
             if fault_here("nan", rank, step) or fault_from("nanfrom", rank, step):
                 loss = loss * float("nan")  # a non-finite gradient on this rank only
+            if delay and i == 0:
+                time.sleep(delay)  # an injected straggler
             (rs.scaler.scale(loss) if rs.scaler else loss).backward()
         total += loss.detach().float()
     if rs.scaler is not None:
