@@ -110,8 +110,12 @@ def test_the_rank_mpirun_or_srun_names():
     mpi = ["----", "prterun noticed that process rank 3 with PID 28781 on node node2 exited on",
            "signal 9 (Killed).", "----"]
     assert culprit(mpi) == (3, "node2", "was killed by SIGKILL")
-    assert culprit(["srun: error: node2: tasks 2-3: Killed"]) == (2, "node2", "killed")
-    assert culprit(["srun: error: node1: task 0: Exited with exit code 1"]) == (0, "node1", "exited with exit code 1")
+    assert culprit(["srun: error: node2: tasks 2-3: Killed"]) == (2, "node2", "was killed by SIGKILL")
+    srun = ["srun: error: node2: task 2: Exited with exit code 1", "srun: launch/slurm: _step_signal: Terminating",
+            "srun: error: node2: task 3: Killed", "srun: error: node1: tasks 0-1: Exited with exit code 1"]
+    assert culprit(srun) == (3, "node2", "was killed by SIGKILL")  # the killed task, not the first line
+    assert culprit(["srun: error: node1: task 0: Exited with exit code 1"]) == \
+        (0, "node1", "ended (Exited with exit code 1)")
     assert culprit(["nothing useful"]) is None
     import pathlib
     import tempfile

@@ -40,7 +40,7 @@ def test_a_node_lost_for_good_is_left_out_under_srun(cluster, tmp_path):
                    "--set", "checkpoint.every_steps=2", "--max-restarts", "2", "--elastic", timeout=290,
                    env={"TORUS_TRAIN_FAULT": "step:3:3", "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "rank 3 on node2 " in r.stderr and "restart 1 of 2" in r.stderr, r.stderr[-3000:]
+    assert "rank 3 on node2 was killed by SIGKILL" in r.stderr and "restart 1 of 2" in r.stderr, r.stderr[-3000:]
     assert "node 1 (ranks 2-3, host node2) failed in two attempts in a row" in r.stderr, r.stderr[-3000:]
     assert "srun --nodes=1 --ntasks=2 --ntasks-per-node=2" in r.stdout and "--nodelist=node1" in r.stdout
     s = json.loads((out / "summary.json").read_text())

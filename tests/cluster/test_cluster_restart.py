@@ -43,7 +43,8 @@ def test_a_killed_rank_is_restarted_in_a_new_srun_step(cluster, tmp_path):
             p.kill()
     print(next((ln for ln in stderr.splitlines() if "restart 1 of 1" in ln), "no restart line"))
     assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    assert "rank 3 on node2 " in stderr and "restart 1 of 1 from the checkpoint at step" in stderr, stderr[-3000:]
+    assert "rank 3 on node2 was killed by SIGKILL" in stderr and "restart 1 of 1 from the checkpoint at step" in \
+        stderr, stderr[-3000:]
     assert stdout.count("$ ") == 2 and "srun --nodes=2 --ntasks=4" in stdout
     s = json.loads((out / "summary.json").read_text())
     assert (s["world_size"], s["steps"], s["param_digests_agree"]) == (4, 8, True)

@@ -483,13 +483,16 @@ _SRUN_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
 
 
 def culprit(lines: list[str]) -> tuple[int, str, str] | None:
-    """(rank, host, how) of the rank that mpirun or srun says ended the step first, or None."""
-    text = " ".join(lines)
-    if m := _MPI_KILLED.search(text):
+    """(rank, host, how) of the rank that mpirun or srun says ended the step, or None. srun lists every task
+    that ended, often a survivor's exit code first: a task ended by a signal is preferred."""
+    if m := _MPI_KILLED.search(" ".join(lines)):  # mpirun breaks this message over two lines
         return int(m.group(1)), m.group(2), how_it_ended(-int(m.group(3)))
-    if m := _SRUN_ERROR.search(text):
-        return int(m.group(2)), m.group(1), m.group(3).strip().lower()
-    return None
+    found = [m for ln in lines if (m := _SRUN_ERROR.search(ln))]
+    if not found:
+        return None
+    m = next((m for m in found if "exit code" not in m.group(3).lower()), found[0])
+    status = m.group(3).strip()
+    return int(m.group(2)), m.group(1), "was killed by SIGKILL" if status == "Killed" else f"ended ({status})"
 
 
 def command_failed(e: RunFailed, out: Path, ranks: int) -> RanksFailed:
