@@ -4,8 +4,9 @@ exchange).
 
 In synchronous data parallelism every rank's wall time per step is the same (they wait for each other in the
 exchange), so wall time cannot name a slow rank; these two can. The end of compute is taken from a hook on
-every parameter's gradient accumulation (the last one to fire), not from backward returning, which waits for
-the exchange and so for the slowest rank. CPU: time.perf_counter in the hook. CUDA: one event re-recorded by
+the gradient accumulation of the parameter whose gradient comes last (learnt in the first step, with a hook on
+every parameter; then only that one stays), not from backward returning, which waits for the exchange and so
+for the slowest rank. CPU: time.perf_counter in the hook. CUDA: one event re-recorded by
 the hooks on the current stream, read with the step's start event at the logging interval (no host sync per
 step). Kept per step on the host (two floats); reduced to percentiles once, at the end.
 """
@@ -32,10 +33,12 @@ class StepTimes:
         self._last = 0.0
         self._events = None  # CUDA: (start, end) of the step in progress
         self._pending: list[tuple] = []  # CUDA: steps whose events are not read yet
-        self._handles = [p.register_post_accumulate_grad_hook(self._grad_ready)
-                         for p in model.parameters() if p.requires_grad]
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._handles = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self._params]
+        self._last_param = None  # the last parameter whose hook fired (first step: to keep only its hook)
 
-    def _grad_ready(self, _param) -> None:
+    def _grad_ready(self, param) -> None:
+        self._last_param = param
         if self._events is not None:
             self._events[1].record()
         else:
@@ -57,6 +60,12 @@ class StepTimes:
             self._events = None
         else:
             self.compute.append(self._last - self._t0)
+        if len(self._handles) > 1 and self._last_param is not None:  # keep the hook of the last gradient only
+            last = next(i for i, p in enumerate(self._params) if p is self._last_param)
+            for i, h in enumerate(self._handles):
+                if i != last:
+                    h.remove()
+            self._handles = [self._handles[last]]
 
     def flush(self) -> None:
         """Read the CUDA events of the steps since the last flush (call where the host waits anyway)."""
