@@ -76,6 +76,8 @@ def test_skip_replaces_by_the_next_file(kind, damage, folder, caplog):
         assert labels == [ld.split.labels[5 if i == 4 else i] for i in order]
         ld.close()
     assert list(log.files) == [str(bad)] and log.samples >= 2  # DALI also counts reads it prefetched
+    # a file only decoding finds (DALI: a pipeline failure) is remembered for the run's later loaders
+    assert list(log.undecodable) == ([str(bad)] if kind == "dali" and damage is wreck_inside else [])
     named = [r.getMessage() for r in caplog.records if "corrupt image skipped" in r.getMessage()]
     assert len(named) == 1 and str(bad) in named[0] and files[5] in named[0]
 

@@ -79,6 +79,9 @@ class CorruptLog:
     def __init__(self):
         self.files: dict[str, int] = {}
         """Skipped file -> how many times it was read and replaced (DALI's reads include prefetched batches)."""
+        self.undecodable: dict[str, str] = {}
+        """Files whose markers are fine but whose content did not decode (DALI finds them by a pipeline failure:
+        kept here so that the next stage's loader replaces them without failing again), with the reason."""
 
     def note(self, path: str, reason: str, replacement: str) -> None:
         if path not in self.files:

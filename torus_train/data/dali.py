@@ -124,17 +124,17 @@ def read_file(path: str) -> tuple[np.ndarray, str | None]:
 
 
 class Feed:
-    """What shard_stream reads with: the split, the policy, and the files known not to decode (marked by the
-    loader after a pipeline failure) with their reasons."""
+    """What shard_stream reads with: the split, the policy, and the run's CorruptLog (whose ``undecodable`` the
+    loader marks after a pipeline failure)."""
 
     def __init__(self, split: Split, cfg: LoaderConfig, corrupt: CorruptLog):
         self.split, self.skip, self.val, self.corrupt = split, cfg.on_corrupt == "skip", cfg.split == "val", corrupt
-        self.bad: dict[int, str] = {}
+        self.bad = corrupt.undecodable
 
     def sample(self, i: int) -> tuple[np.ndarray, int]:
         """The bytes and label of file ``i``, or of its replacement under skip."""
         path = self.split.files[i]
-        data, problem = (None, self.bad[i]) if i in self.bad else read_file(path)
+        data, problem = (None, self.bad[path]) if path in self.bad else read_file(path)
         if problem is None:
             return data, self.split.labels[i]
         if not self.skip:
@@ -142,7 +142,7 @@ class Feed:
         got = {}
 
         def readable(j: int) -> bool:
-            if j in self.bad:
+            if self.split.files[j] in self.bad:
                 return False
             got[j], why = read_file(self.split.files[j])
             return why is None
@@ -220,11 +220,10 @@ class DaliLoader(ShardedLoader):
         if isinstance(cause, DataError):
             raise cause from None
         window = self.shard.indices[step * self.batch_size:(step + 3) * self.batch_size]
-        bad = _find_bad_file([self.split.files[i] for i in window if i not in self._feed.bad])
+        bad = _find_bad_file([self.split.files[i] for i in window if self.split.files[i] not in self._feed.bad])
         if not self._feed.skip or bad is None:
             raise _named_error(e, self.split, [self.split.files[i] for i in window]) from None
-        index = next(i for i in window if self.split.files[i] == bad[0])
-        self._feed.bad[index] = f"DALI cannot decode it; PIL: {bad[1][:120]}"
+        self._feed.bad[bad[0]] = f"DALI cannot decode it; PIL: {bad[1][:120]}"
         return self._pipeline(first_step=step)
 
     def _to_torch(self, images) -> torch.Tensor:
