@@ -59,10 +59,10 @@ def test_a_rank_that_keeps_failing_exhausts_the_restarts(tmp_path):
                 timeout=200)
     print(f"rank killed in every attempt: gave up after {time.time() - t:.1f} s")
     assert r.returncode == 1
-    # the step comes from rank 1's heartbeat, written at most once a second: step 3 or the one before
-    assert re.search(r"rank 1 was killed by SIGKILL \(last heartbeat at step [23]\); restart 1 of 1 from the "
-                     r"checkpoint at step 2",
-                     r.stderr), r.stderr
+    # the step comes from rank 1's heartbeat, written at most once a second: step 3 or one up to a second before
+    m = re.search(r"rank 1 was killed by SIGKILL \(last heartbeat at step (\d)\); restart 1 of 1 from the "
+                  r"checkpoint at step 2", r.stderr)
+    assert m and 1 <= int(m.group(1)) <= 3, r.stderr
     assert "gave up after 1 restart(s)" in r.stderr.splitlines()[-1]
     assert not leftover_workers(out)
 
