@@ -380,10 +380,21 @@ def read_summary(out: Path) -> dict:
     try:
         s = json.loads(summary.read_text())
     except (OSError, ValueError):
-        raise RunFailed(f"the ranks exited but {summary} was not written or cannot be read") from None
+        raise RunFailed(unfinished(out)) from None
     if not isinstance(s, dict) or not s.get("param_digests_agree"):
         raise RunFailed(f"replicas differ: see {summary}")
     return s
+
+
+def unfinished(out: Path) -> str:
+    """Why there is no summary although the launcher reported success: mpirun can exit 0 when a node's daemon
+    is lost with its ranks. Counted once from the ranks' markers (every rank that started left a heartbeat)."""
+    logs = out / "logs"
+    done, started = len(list(logs.glob("rank*.done"))), len(list(logs.glob("rank*.beat")))
+    if started and done < started:
+        return (f"the launcher ended without an error, but only {done} of {started} ranks finished and no "
+                f"summary.json was written: a node or rank was lost; see {logs}/ (resume with --resume)")
+    return f"the ranks exited but {out / 'summary.json'} was not written or cannot be read"
 
 
 def check_outcome(out: Path) -> None:
