@@ -54,8 +54,11 @@ def test_classify_a_ranks_failure():
     assert classify(StopRequested("x"))[:2] == (143, "stopped")
     assert classify(Terminated("x"))[:2] == (143, "stopped")
     assert classify(RunFailed("replicas differ"))[:2] == (1, "verdict")
-    assert classify(RuntimeError("Connection closed by peer\nmore"))[:3] == (1, "crash", "RuntimeError: "
-                                                                                   "Connection closed by peer")
+    assert classify(RuntimeError("Connection closed by peer\nmore"))[:3] == (
+        1, "crash", "a peer's connection closed in a collective (the peer died?): Connection closed by peer")
+    assert classify(RuntimeError("[x.cc:78] Timed out waiting 20000ms for recv"))[2].startswith(
+        "a collective waited comm.timeout_s for a peer")
+    assert classify(KeyError("k"))[:3] == (1, "crash", "KeyError: 'k'")
 
 
 def test_no_restart_reasons():

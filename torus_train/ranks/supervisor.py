@@ -194,7 +194,10 @@ def run_local(plan: LaunchPlan, out: Path, say: Callable[[str], None], watchdog_
 
 
 def _ranks_failed(failure: Failure, out: Path, ranks: int, say: Callable[[str], None]) -> RanksFailed:
-    lines = tail(_log(out, failure.rank)) if failure.rank >= 0 else []
+    # a rank that named its own failure (bad input, a failed check, a stop) has said it in one line already;
+    # the log's tail (its traceback) is for crashes and deaths
+    told = failure.rank >= 0 and failure_kind(out, failure.rank) in ("input", "verdict", "stopped")
+    lines = tail(_log(out, failure.rank)) if failure.rank >= 0 and not told else []
     if lines:
         say(f"last lines of {_log(out, failure.rank)}:")
         for ln in lines:

@@ -67,7 +67,12 @@ def classify(e: BaseException) -> tuple[int, str, str]:
         return 143, "stopped", str(e)
     if isinstance(e, RunFailed):
         return 1, "verdict", str(e)
-    return 1, "crash", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    first = str(e).splitlines()[0] if str(e) else ""
+    if "Timed out waiting" in first:  # gloo's words for a peer that never answered
+        return 1, "crash", f"a collective waited comm.timeout_s for a peer (a lost, hung or cut-off rank): {first}"
+    if "Connection closed by peer" in first:
+        return 1, "crash", f"a peer's connection closed in a collective (the peer died?): {first}"
+    return 1, "crash", f"{type(e).__name__}: {first}"
 
 
 def hang_at(environ) -> tuple[int, int] | None:
