@@ -194,9 +194,11 @@ def run_local(plan: LaunchPlan, out: Path, say: Callable[[str], None], watchdog_
 
 
 def _ranks_failed(failure: Failure, out: Path, ranks: int, say: Callable[[str], None]) -> RanksFailed:
-    # a rank that named its own failure (bad input, a failed check, a stop) has said it in one line already;
-    # the log's tail (its traceback) is for crashes and deaths
-    told = failure.rank >= 0 and failure_kind(out, failure.rank) in ("input", "verdict", "stopped")
+    # a rank that named its own failure (bad input, a failed check, a stop) gets that one line; the log's tail
+    # (with its traceback) is for crashes and deaths
+    told = failure_message(out, failure.rank) if failure.rank >= 0 else ""
+    if told:
+        say(f"torus-train: rank {failure.rank} failed: {told}")
     lines = tail(_log(out, failure.rank)) if failure.rank >= 0 and not told else []
     if lines:
         say(f"last lines of {_log(out, failure.rank)}:")
@@ -228,6 +230,19 @@ def failure_kind(out: Path, rank: int) -> str:
         return str(json.loads(_failed_marker(out, rank).read_text()).get("kind", ""))
     except (OSError, ValueError, AttributeError):
         return ""
+
+
+def failure_message(out: Path, rank: int) -> str:
+    """The one line a rank gave a failure it recognised (input, verdict, stopped); '' for a crash or none."""
+    import json
+
+    try:
+        d = json.loads(_failed_marker(out, rank).read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(d, dict) or d.get("kind") not in ("input", "verdict", "stopped"):
+        return ""
+    return str(d.get("message", "")).splitlines()[0] if d.get("message") else ""
 
 
 def restartable(code: int, kind: str) -> bool:
