@@ -179,13 +179,18 @@ def test_half_precision_images_equal_the_float32_ones_rounded(kind, dtype, index
     full = loader(kind, root, "val", channels_last=True, num_classes=3)
     half = loader(kind, root, "val", channels_last=True, num_classes=3, dtype=dtype)
     n = 0
-    for (xf, yf), (xh, yh) in zip(full, half):
-        assert xh.dtype == getattr(torch, dtype) and xh.is_contiguous(memory_format=torch.channels_last)
-        assert torch.equal(yf, yh)
-        # rounding of values below 8 in magnitude: half an ulp at 4..8 is 2**-9 (fp16) and 2**-6 (bf16)
-        tol = 2.0 ** -9 if dtype == "float16" else 2.0 ** -6
-        assert (xh.float() - xf).abs().max().item() <= tol
-        n += 1
+    try:
+        for (xf, yf), (xh, yh) in zip(full, half):
+            assert xh.dtype == getattr(torch, dtype) and xh.is_contiguous(memory_format=torch.channels_last)
+            assert torch.equal(yf, yh)
+            # rounding of values below 8 in magnitude: half an ulp at 4..8 is 2**-9 (fp16) and 2**-6 (bf16)
+            tol = 2.0 ** -9 if dtype == "float16" else 2.0 ** -6
+            assert (xh.float() - xf).abs().max().item() <= tol
+            n += 1
+    finally:
+        # DALI's threads must be gone before the next test forks DataLoader workers: a fork beside running
+        # threads can leave a worker stuck on a lock one of them held
+        full.close(), half.close()
     assert n > 0
 
 

@@ -167,8 +167,24 @@ def test_the_link_between_the_nodes_is_cut(cluster, tmp_path):
     def link(state: str):
         return lambda: subprocess.run(["ip", "link", "set", "ttc-v2", state], check=True)
 
-    text = fault_mid_run(cluster, tmp_path, "link cut", link("down"), TIMEOUT_S + 120, undo=link("up"))
+    try:
+        text = fault_mid_run(cluster, tmp_path, "link cut", link("down"), TIMEOUT_S + 120, undo=link("up"))
+    finally:
+        slurm_nodes_back(cluster)
     assert "but mpirun did not exit" in last_line(text), last_line(text)
+
+
+def slurm_nodes_back(cluster, limit: float = 90) -> None:
+    """After the cut, slurmctld may have marked node2 not responding (down): return it to service and wait
+    until both nodes are idle, so that the Slurm tests after this one find them."""
+    cluster.on("node1", "scontrol", "update", "NodeName=node2", "State=RESUME", timeout=20)
+    end = time.time() + limit
+    while time.time() < end:
+        states = cluster.on("node1", "sinfo", "-h", "-N", "-o", "%t", timeout=20).stdout.split()
+        if states and all(s == "idle" for s in states):
+            return
+        time.sleep(1)
+    pytest.fail(f"Slurm's nodes did not come back after the link returned: {states}")
 
 
 @pytest.mark.timeout(200)

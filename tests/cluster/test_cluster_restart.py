@@ -34,7 +34,10 @@ def test_a_killed_rank_is_restarted_in_a_new_srun_step(cluster, tmp_path):
     try:
         deadline = time.time() + 150
         while not ((b := beat(out, 3)) and b["step"] >= 3):
-            assert time.time() < deadline and p.poll() is None, "the run did not start training"
+            if time.time() > deadline or p.poll() is not None:
+                queue = cluster.on("node1", "squeue", "-o", "%i %T %R %D %N", timeout=20).stdout
+                nodes = cluster.on("node1", "sinfo", "-N", "-o", "%N %t %E", timeout=20).stdout
+                pytest.fail(f"the run did not start training\nsqueue:\n{queue}\nsinfo:\n{nodes}")
             time.sleep(0.1)
         os.kill(b["pid"], signal.SIGKILL)  # the nodes share this machine's process namespace
         stdout, stderr = p.communicate(timeout=200)
