@@ -11,6 +11,9 @@ process logs it, so the count holds across workers.
 """
 from __future__ import annotations
 
+import functools
+import sys
+
 import torch
 from PIL import Image
 
@@ -84,10 +87,25 @@ class _ShardSampler(torch.utils.data.Sampler):
         return len(self.owner.shard.indices)
 
 
+def _seed_worker(seed: int, rank: int, worker_id: int) -> None:
+    torch.manual_seed(seed * 7919 + rank * 104729 + worker_id * 31 + torch.initial_seed() % 1000003)
+
+
 def _worker_seed(seed: int, rank: int):
-    def init(worker_id: int) -> None:
-        torch.manual_seed(seed * 7919 + rank * 104729 + worker_id * 31 + torch.initial_seed() % 1000003)
-    return init
+    return functools.partial(_seed_worker, seed, rank)  # picklable, for the forkserver context
+
+
+def _worker_context():
+    """None (fork) unless DALI is loaded in this process: a fork beside DALI's running threads can leave a worker
+    stuck forever on a lock one of them held (seen with a DALI and a torchvision loader in one process, as
+    `bench input` and the tests have). Then forkserver: workers forked from a server that holds only torch."""
+    if "nvidia.dali" not in sys.modules:
+        return None
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torchvision", __name__])
+    return ctx
 
 
 class TorchvisionLoader(ShardedLoader):
@@ -104,7 +122,8 @@ class TorchvisionLoader(ShardedLoader):
             sampler=_ShardSampler(self), num_workers=cfg.num_threads, drop_last=False,
             pin_memory=device.type == "cuda", persistent_workers=cfg.num_threads > 0,
             prefetch_factor=4 if cfg.num_threads > 0 else None,
-            worker_init_fn=_worker_seed(cfg.seed, cfg.rank) if cfg.num_threads > 0 else None)
+            worker_init_fn=_worker_seed(cfg.seed, cfg.rank) if cfg.num_threads > 0 else None,
+            multiprocessing_context=_worker_context() if cfg.num_threads > 0 else None)
 
     def __iter__(self):
         it = iter(self._loader)
