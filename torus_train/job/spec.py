@@ -213,6 +213,13 @@ class JobSpec:
     # ----------------------------------------------------------------------------------------------
     def validate(self) -> "JobSpec":
         """Check value ranges and choices; raise SpecError naming the field path and the bad value."""
+        self._check_choices()
+        self._check_ranges()
+        self._check_optimizer()
+        self._check_names()
+        return self
+
+    def _check_choices(self) -> None:
         _choice("launch.launcher", self.launch.launcher, ("auto", "local", "mpirun", "srun"))
         _choice("launch.container_runtime", self.launch.container_runtime, ("singularity", "apptainer"))
         _choice("model.precision", self.model.precision, ("fp32", "fp16", "bf16"))
@@ -226,6 +233,8 @@ class JobSpec:
             # GradScaler that only model.precision = fp16 brings
             raise SpecError(f"comm.compression = fp16 needs model.precision = fp16 (its loss scaler), not "
                             f"{self.model.precision!r}; use comm.compression = bf16 or none")
+
+    def _check_ranges(self) -> None:
         _finite_and_bounded(self, "")
         for path, value, low, high in (
             ("job.log_every", self.job.log_every, 1, None), ("grid.gpus", self.grid.gpus, 0, MAX_WORLD),
@@ -253,6 +262,8 @@ class JobSpec:
                 raise SpecError(f"{path}: {value!r} must be <= {high:,.0f}")
         if self.launch.watchdog_s < 0:
             raise SpecError(f"launch.watchdog_s: {self.launch.watchdog_s!r} must be >= 0 (0 = comm.timeout_s + 60)")
+
+    def _check_optimizer(self) -> None:
         if not 0 <= self.optimizer.momentum < 1:
             raise SpecError(f"optimizer.momentum: {self.optimizer.momentum!r} must be in [0, 1)")
         if not self.optimizer.weight_decay >= 0:
@@ -263,6 +274,9 @@ class JobSpec:
             raise SpecError("optimizer.nesterov = true needs optimizer.momentum > 0")
         if not 0 <= self.eval.target_top1 <= 1:
             raise SpecError(f"eval.target_top1: {self.eval.target_top1!r} must be a fraction in [0, 1]")
+
+    def _check_names(self) -> None:
+        """The model, the data source, the schedule, the grid and the launch environment."""
         if self.model.arch not in CLASSIFICATION_ARCHS:
             close = difflib.get_close_matches(self.model.arch, CLASSIFICATION_ARCHS, n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "e.g. resnet18, resnet50, vit_b_16"
@@ -283,7 +297,6 @@ class JobSpec:
             name = item.split("=", 1)[0]
             if not name.replace("_", "a").isalnum() or name[0].isdigit():
                 raise SpecError(f"launch.env[{i}]: {item!r} is not NAME or NAME=VALUE")
-        return self
 
     @property
     def out_dir(self) -> Path:
