@@ -12,12 +12,21 @@ hook's figure is the median over its rounds. Ratios: async / ddp and async / syn
 Then a timeline of one training step per hook (rank 0; ResNet at the same size and per-rank batch, DDP's
 default 25 MiB buckets): for each bucket when it was ready (the hook was called), when its exchange started and
 when it ended, relative to the start of the backward pass; written as JSON next to --json and drawn as a PNG.
+
+On one host an exchange is the cores copying bytes: with more ranks than cores there is no idle time for it to
+hide in, so the three hooks can only tie. `--cluster HOSTFILE` runs every job on the namespace cluster of
+scripts/dev/cluster.sh instead (root; bring it up first with its node links shaped, e.g.
+`TTC_RATE=1gbit scripts/dev/cluster.sh up 2`), launched from node1 with `--launcher mpirun --hostfile HOSTFILE`:
+rows inside a node (shared memory), the columns and DDP's ring across the node links, whose bytes take wire
+time as on a cluster, so the overlap of exchange and backward pass becomes measurable. The timeline's ranks
+run there too, started by mpirun.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -25,6 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # torus_train from this checkout, installed or not
+
+CLUSTER_SH = Path(__file__).resolve().parent / "dev" / "cluster.sh"
 HOOKS = {"ddp": "ddp", "torus-sync": "torus-sync", "torus-async": "torus"}
 """Benchmark name -> comm.algo."""
 
@@ -36,6 +48,8 @@ def run_once(hook: str, args, out: Path) -> dict:
            "--set", f"job.log_every={args.log_every}", "--set", "checkpoint.at_end=false",
            "--set", "checkpoint.every_epochs=0", "--set", "eval.every_epochs=0",
            "--set", f"schedule.stages=[{{until_epoch=4,global_batch={args.global_batch}}}]"]
+    if args.cluster:
+        cmd = [str(CLUSTER_SH), "exec", "node1", *cmd, "--launcher", "mpirun", "--hostfile", args.cluster]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if r.returncode != 0:
         sys.exit(f"bench_hook: {hook} run failed:\n{r.stderr[-2000:]}")
@@ -57,10 +71,12 @@ def worker(args) -> None:
     from torus_train.comm.hooks import TorusHookState, allreduce_hook
     from torus_train.job.topology import parse_grid
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    env = os.environ  # started by run_local_ranks (RANK) or, on the cluster, by mpirun (OMPI_COMM_WORLD_RANK)
+    rank = int(env.get("RANK", env.get("OMPI_COMM_WORLD_RANK", "-1")))
+    world = int(env.get("WORLD_SIZE", env.get("OMPI_COMM_WORLD_SIZE", "0")))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://{env.get('MASTER_ADDR', '127.0.0.1')}:{env['MASTER_PORT']}",
+                            rank=rank, world_size=world)
     groups = build_grid_groups(parse_grid(args.grid), timeout=120)
     batch = max(1, args.global_batch // world)
     x = torch.randn(batch, 3, args.image_size, args.image_size, generator=torch.Generator().manual_seed(rank))
@@ -127,10 +143,19 @@ def timeline(args, path: Path) -> dict:
     argv = [sys.executable, __file__, "--worker", "--worker-out", str(path), "--grid", args.grid,
             "--model", args.model, "--image-size", str(args.image_size), "--global-batch", str(args.global_batch),
             "--hooks", args.hooks, "--timeline-step", str(args.timeline_step)]
-    port = str(free_port())
-    envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
-            for r in range(world)]
-    run_local_ranks([argv] * world, envs, what="hook timeline")
+    if args.cluster:  # the ranks where the runs had them: mpirun from node1, rendezvous on node1
+        slots = int(re.search(r"slots=(\d+)", Path(args.cluster).read_text()).group(1))
+        cmd = [str(CLUSTER_SH), "exec", "node1", "mpirun", "-np", str(world), "--map-by", f"ppr:{slots}:node",
+               "--hostfile", args.cluster, "-x", "MASTER_ADDR=node1", "-x", "MASTER_PORT=29411", "-x",
+               "OMP_NUM_THREADS=1", "-x", "PATH", *argv]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        if r.returncode != 0:
+            sys.exit(f"bench_hook: the timeline ranks failed on the cluster:\n{r.stderr[-2000:]}")
+    else:
+        port = str(free_port())
+        envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+                for r in range(world)]
+        run_local_ranks([argv] * world, envs, what="hook timeline")
     return json.loads(path.read_text())
 
 
@@ -156,10 +181,19 @@ def draw(tl: dict, png: Path) -> None:
     axes[-1, 0].set_xlabel("seconds from the start of backward (|: bucket ready, bar: exchange, red: "
                            "backward returns)")
     fig.suptitle(f"one step on {tl['grid']} (rank 0), {tl['model']} at {tl['image_size']} px, "
-                 f"{tl['per_rank_batch']} images per rank", fontsize=10)
+                 f"{tl['per_rank_batch']} images per rank, link: {tl.get('link', '?')}", fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
+
+
+def _link(args) -> str:
+    if args.cluster:
+        r = subprocess.run([str(CLUSTER_SH), "exec", "node1", "tc", "qdisc", "show", "dev", "eth0"],
+                           capture_output=True, text=True, timeout=30)
+        rate = re.search(r"tbf .*?rate (\S+)", r.stdout)
+        return f"namespace cluster ({args.cluster}), node links {rate.group(1) if rate else 'unshaped'}"
+    return "loopback (one host)"
 
 
 def main() -> None:
@@ -172,17 +206,21 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--log-every", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of runs (0: the timeline only)")
     ap.add_argument("--timeline-step", type=int, default=3, help="which step's timeline to keep (0-based)")
     ap.add_argument("--no-timeline", action="store_true")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", default=None, help="write the results here (the timeline next to it: "
                                                  "STEM-timeline.json and .png)")
+    ap.add_argument("--cluster", default=None, metavar="HOSTFILE",
+                    help="run the jobs on the namespace cluster (scripts/dev/cluster.sh) with this hostfile")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    if args.cluster and not Path(args.cluster).is_file():
+        sys.exit(f"bench_hook: --cluster {args.cluster}: no such hostfile (lines 'node1 slots=2')")
     x, y = map(int, args.grid.split("x"))
     args.gpus = args.gpus or x * y
     hooks = args.hooks.split(",")
@@ -198,27 +236,31 @@ def main() -> None:
                 rows.append(row)
                 print(f"round {rnd} {hook:>12}: {row['images_per_s']:8.1f} img/s (median of {row['intervals']} "
                       f"intervals), wall {row['wall_seconds']:.1f} s", flush=True)
-    med = {h: statistics.median(r["images_per_s"] for r in rows if r["hook"] == h) for h in hooks}
+    med = {h: statistics.median(r["images_per_s"] for r in rows if r["hook"] == h) for h in hooks if rows}
     ratios = {}
     if "torus-async" in med and "ddp" in med:
         ratios["async/ddp"] = med["torus-async"] / med["ddp"]
     if "torus-async" in med and "torus-sync" in med:
         ratios["async/sync"] = med["torus-async"] / med["torus-sync"]
     print(f"\n# {args.gpus} ranks on {args.grid}, {args.model} at {args.image_size} px, global batch "
-          f"{args.global_batch}, {args.steps} steps, median of {args.rounds} alternating round(s)")
+          f"{args.global_batch}, {args.steps} steps, median of {args.rounds} alternating round(s), "
+          f"link {_link(args)}")
     print(f"{'hook':>12}  {'img/s':>9}  rounds")
-    for h in hooks:
+    for h in med:
         print(f"{h:>12}  {med[h]:9.1f}  " + " ".join(f"{r['images_per_s']:.1f}" for r in rows if r["hook"] == h))
     for k, v in ratios.items():
         print(f"{k:>12}  {v:9.3f}")
-    result = {"config": {k: v for k, v in vars(args).items() if not k.startswith("worker")},
+    result = {"config": {k: v for k, v in vars(args).items() if not k.startswith("worker")}, "link": _link(args),
               "results": [{"hook": h, "images_per_s": med[h],
-                           "rounds": [r["images_per_s"] for r in rows if r["hook"] == h]} for h in hooks],
+                           "rounds": [r["images_per_s"] for r in rows if r["hook"] == h]} for h in med],
               "ratios": ratios, "runs": rows, "date": time.strftime("%Y-%m-%d")}
+    if args.json:  # written now and again with the timeline, so a failed timeline keeps the rounds
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     if not args.no_timeline:
         stem = Path(args.json).with_suffix("") if args.json else Path(f"bench_hook-{args.grid}")
         tl_json, tl_png = Path(f"{stem}-timeline.json"), Path(f"{stem}-timeline.png")
-        tl = timeline(args, tl_json)
+        tl = {**timeline(args, tl_json), "link": _link(args)}
+        tl_json.write_text(json.dumps(tl, indent=1))
         draw(tl, tl_png)
         result["timeline"] = {"json": str(tl_json), "png": str(tl_png)}
         for h, v in tl["hooks"].items():
