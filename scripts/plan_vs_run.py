@@ -126,7 +126,7 @@ def measured(cmd: list[str], log: Path, timeout: float, metrics: Path | None = N
                     proc.wait(timeout=60)
                     raise RuntimeError(f"{' '.join(cmd[:6])} ... ran past {timeout:g} s; see {log}")
                 g, th, cpu = background_sample(proc.pid)
-                samples.append((g, th, cpu, _last_step(metrics)))
+                samples.append((g, th, cpu, _last_step(metrics), time.perf_counter()))
                 time.sleep(0.5)
         except BaseException:
             if proc.poll() is None:
@@ -140,13 +140,26 @@ def measured(cmd: list[str], log: Path, timeout: float, metrics: Path | None = N
     n = max(len(samples), 1)
     out = {"groups": sum(x[0] for x in samples) / n, "threads": sum(x[1] for x in samples) / n,
            "samples": len(samples), "seconds": seconds}
-    # after the first record (warm-up), before the last (ranks exit then, and their CPU leaves /proc)
+    # The CPU rate (cores busy) between the first record (warm-up) and the last (ranks exit then, and their CPU
+    # leaves /proc), times the median step of the records: the metrics' step lags the samples by up to one
+    # logging interval, so CPU over steps counted from them would be off by up to 2 intervals in 30 steps.
     last = max((x[3] for x in samples if x[3] is not None), default=None)
-    stepped = [(x[2], x[3]) for x in samples if x[3] is not None and 5 <= x[3] < last]
-    if len(stepped) >= 2 and stepped[-1][1] > stepped[0][1]:
-        out["cpu_per_step"] = (stepped[-1][0] - stepped[0][0]) / (stepped[-1][1] - stepped[0][1])
-        out["cpu_steps"] = [stepped[0][1], stepped[-1][1]]
+    stepped = [(x[2], x[4]) for x in samples if x[3] is not None and 5 <= x[3] < last]
+    step = _median_step_seconds(metrics)
+    if len(stepped) >= 2 and stepped[-1][1] > stepped[0][1] and step:
+        out["cpu_rate"] = (stepped[-1][0] - stepped[0][0]) / (stepped[-1][1] - stepped[0][1])
+        out["cpu_per_step"] = out["cpu_rate"] * step
     return out
+
+
+def _median_step_seconds(metrics: Path | None) -> float | None:
+    """The median step_time of a run's metrics records after the first (which holds the warm-up)."""
+    try:
+        times = [json.loads(x).get("step_time") for x in metrics.read_text().splitlines()] if metrics else []
+    except (OSError, ValueError):
+        return None
+    times = [t for t in times[1:] if t]
+    return statistics.median(times) if times else None
 
 
 def job_args(args, out: Path, steps: int) -> list[str]:
@@ -176,7 +189,9 @@ def one(grid: str, rep: int, work: Path, args) -> dict:
     p = json.loads(prof.read_text())
     p["background"] = bg_prof
     if args.loop:
-        m_loop = measured([*tt, "run", "--gpus", "1", "--grid", "1x1", *job_args(args, d / "run_1x1", 30)],
+        # pinned to one core, so the rank runs one compute thread, as the profile and the grid's ranks do
+        m_loop = measured(["taskset", "-c", "0", *tt, "run", "--gpus", "1", "--grid", "1x1",
+                           *job_args(args, d / "run_1x1", 30)],
                           d / "run_1x1.log", 900, d / "run_1x1" / "metrics.jsonl")
         p["loop_seconds"] = m_loop.get("cpu_per_step")
     prof.write_text(json.dumps(p, indent=1) + "\n")

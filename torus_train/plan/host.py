@@ -21,7 +21,7 @@ What it predicts, for R ranks of one thread each on C cores with B other runnabl
   throughout, its latency included.
 * the training loop's own work per step beyond forward, backward and optimizer (DDP and its hook, the
   finiteness check, the loop's bookkeeping) when measured: ``StepProfile.loop_seconds``, the CPU per step of a
-  one-rank run of the same job (a 1x1 grid exchanges nothing), less the profile's step; it comes after the
+  one-rank run of the same job on one core (a 1x1 grid exchanges nothing), less the profile's step; it comes after the
   optimizer step, stretched by o like the rest. Data loading is not modelled (synthetic data is one batch
   made once).
 """
