@@ -7,6 +7,10 @@ algorithm and wire precision runs with the asynchronous hook and with the synchr
 CHECK=future: the hook called directly on one bucket while rank 1 joins a second late; on every other rank the
 Future must still be pending when the hook returns, and complete with the average (a hook that returned a
 completed Future before the exchange, or completed it early, fails here).
+CHECK=layout: exchange_cuda, the NCCL path's chunk layout (X equal chunks, zero padding, compression,
+reduce_scatter_tensor / all_reduce / all_gather_into_tensor), called on CPU tensors over gloo, which has the
+same three collectives: lengths that X divides and that it does not, with and without a wire dtype, against
+the exact mean of every rank's values.
 """
 import time
 import os
@@ -19,7 +23,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from torus_train.comm.groups import build_grid_groups
-from torus_train.comm.hooks import TorusHookState, allreduce_hook
+from torus_train.comm.hooks import TorusHookState, allreduce_hook, exchange_cuda
 from torus_train.job.topology import parse_grid
 
 
@@ -80,6 +84,30 @@ def future_check(groups, rank, world) -> int:
     return checks
 
 
+def layout_check(groups, rank, world) -> int:
+    def values(r, n):  # different on every rank and element, exactly representable in fp16
+        return (torch.arange(n, dtype=torch.float32) % 17 + 1) * (r + 1) / 8
+
+    checks = 0
+    x = groups.grid.x
+    for n in (1, x - 1 or 1, 7, 12 * x, 1001):
+        expected = sum(values(r, n) for r in range(world)) / world
+        for compression, rtol in ((None, 1e-6), ("fp16", 2e-3), ("bf16", 2e-2)):
+            state = TorusHookState(groups, algo="torus", compression=compression)
+            buffer = values(rank, n)
+            before = buffer.data_ptr()
+            got = exchange_cuda(state, buffer)
+            err = ((got - expected).abs() / expected.abs().max()).max().item()
+            if got is not buffer or buffer.data_ptr() != before:
+                sys.exit(f"rank {rank}: n={n} {compression}: the bucket was not averaged in place")
+            if err > rtol or state.buckets_reduced != 1:
+                sys.exit(f"rank {rank}: n={n} {compression}: relative error {err:.2e} > {rtol} "
+                         f"(buckets reduced {state.buckets_reduced})")
+            state.close()
+            checks += 1
+    return checks
+
+
 def grads_check(groups, rank) -> int:
     # small buckets so the model spans several (the hook runs per bucket, buckets finish out of order)
     ref = grads(DDP(model(), bucket_cap_mb=0.002), rank)
@@ -113,7 +141,9 @@ def main():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     groups = build_grid_groups(grid, timeout=60)
-    checks = future_check(groups, rank, world) if os.environ.get("CHECK") == "future" else grads_check(groups, rank)
+    check = os.environ.get("CHECK", "grads")
+    checks = (future_check(groups, rank, world) if check == "future" else
+              layout_check(groups, rank, world) if check == "layout" else grads_check(groups, rank))
     dist.destroy_process_group()
     with open(os.environ["CHECK_OUT"] + f".{rank}", "w") as f:
         f.write(str(checks))

@@ -1,5 +1,5 @@
 """The DDP hook: its gradients equal DDP's default all-reduce on a model whose gradients differ per rank (the
-asynchronous and the synchronous hook), and its Future completes only when the exchange has."""
+asynchronous and the synchronous hook), and its Future completes only when the exchange has, and the NCCL path's chunk layout averages exactly."""
 import sys
 from pathlib import Path
 
@@ -33,3 +33,11 @@ def test_hook_matches_ddp_default(grid, tmp_path):
 def test_future_completes_with_the_exchange(grid, tmp_path):
     world = int(grid[0]) * int(grid[2])
     assert run_check("future", grid, tmp_path / "checks") == [6] * world  # 3 algos x async/sync
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("grid", ["2x2", "3x2"])
+def test_nccl_chunk_layout_averages_exactly(grid, tmp_path):
+    """exchange_cuda (the hook's NCCL path) on CPU tensors over gloo: padding, compression, the three phases."""
+    world = int(grid[0]) * int(grid[2])
+    assert run_check("layout", grid, tmp_path / "checks") == [15] * world  # 5 lengths x 3 wire precisions
