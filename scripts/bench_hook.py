@@ -236,6 +236,7 @@ def main() -> None:
                 rows.append(row)
                 print(f"round {rnd} {hook:>12}: {row['images_per_s']:8.1f} img/s (median of {row['intervals']} "
                       f"intervals), wall {row['wall_seconds']:.1f} s", flush=True)
+    link = _link(args)  # on the cluster: asks node1's tc once
     med = {h: statistics.median(r["images_per_s"] for r in rows if r["hook"] == h) for h in hooks if rows}
     ratios = {}
     if "torus-async" in med and "ddp" in med:
@@ -244,13 +245,13 @@ def main() -> None:
         ratios["async/sync"] = med["torus-async"] / med["torus-sync"]
     print(f"\n# {args.gpus} ranks on {args.grid}, {args.model} at {args.image_size} px, global batch "
           f"{args.global_batch}, {args.steps} steps, median of {args.rounds} alternating round(s), "
-          f"link {_link(args)}")
+          f"link {link}")
     print(f"{'hook':>12}  {'img/s':>9}  rounds")
     for h in med:
         print(f"{h:>12}  {med[h]:9.1f}  " + " ".join(f"{r['images_per_s']:.1f}" for r in rows if r["hook"] == h))
     for k, v in ratios.items():
         print(f"{k:>12}  {v:9.3f}")
-    result = {"config": {k: v for k, v in vars(args).items() if not k.startswith("worker")}, "link": _link(args),
+    result = {"config": {k: v for k, v in vars(args).items() if not k.startswith("worker")}, "link": link,
               "results": [{"hook": h, "images_per_s": med[h],
                            "rounds": [r["images_per_s"] for r in rows if r["hook"] == h]} for h in med],
               "ratios": ratios, "runs": rows, "date": time.strftime("%Y-%m-%d")}
@@ -259,7 +260,7 @@ def main() -> None:
     if not args.no_timeline:
         stem = Path(args.json).with_suffix("") if args.json else Path(f"bench_hook-{args.grid}")
         tl_json, tl_png = Path(f"{stem}-timeline.json"), Path(f"{stem}-timeline.png")
-        tl = {**timeline(args, tl_json), "link": _link(args)}
+        tl = {**timeline(args, tl_json), "link": link}
         tl_json.write_text(json.dumps(tl, indent=1))
         draw(tl, tl_png)
         result["timeline"] = {"json": str(tl_json), "png": str(tl_png)}

@@ -35,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+sys.path.insert(0, str(ROOT))
+from torus_train.plan.host import read_run  # noqa: E402  (numpy only; the runs themselves are subprocesses)
 
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -145,21 +147,11 @@ def measured(cmd: list[str], log: Path, timeout: float, metrics: Path | None = N
     # logging interval, so CPU over steps counted from them would be off by up to 2 intervals in 30 steps.
     last = max((x[3] for x in samples if x[3] is not None), default=None)
     stepped = [(x[2], x[4]) for x in samples if x[3] is not None and 5 <= x[3] < last]
-    step = _median_step_seconds(metrics)
+    step = read_run(str(metrics.parent)).stages[0]["step_seconds"] if metrics else None
     if len(stepped) >= 2 and stepped[-1][1] > stepped[0][1] and step:
         out["cpu_rate"] = (stepped[-1][0] - stepped[0][0]) / (stepped[-1][1] - stepped[0][1])
         out["cpu_per_step"] = out["cpu_rate"] * step
     return out
-
-
-def _median_step_seconds(metrics: Path | None) -> float | None:
-    """The median step_time of a run's metrics records after the first (which holds the warm-up)."""
-    try:
-        times = [json.loads(x).get("step_time") for x in metrics.read_text().splitlines()] if metrics else []
-    except (OSError, ValueError):
-        return None
-    times = [t for t in times[1:] if t]
-    return statistics.median(times) if times else None
 
 
 def job_args(args, out: Path, steps: int) -> list[str]:
