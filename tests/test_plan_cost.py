@@ -52,17 +52,29 @@ def test_torus_vertical_carries_one_xth_of_the_hierarchical_leaders_data():
     assert torus.bytes_across_nodes == pytest.approx(2 * 271 / (4 * 272) * R50_FP16)
     assert hier.bytes_across_nodes == pytest.approx(2 * 271 / 272 * R50_FP16)
     assert hier.bytes_across_nodes / torus.bytes_across_nodes == pytest.approx(4)
-    # 4 vertical flows share 2 NICs (6.25 GB/s each); the leader's single flow gets one NIC (12.5 GB/s).
+    # 4 vertical flows share 2 NICs (6.25 GB/s each); the leader's single flow is split over both (25 GB/s).
     col = [p for p in torus.phases if p.name == "column reduce-scatter"][0]
     assert col.seconds == pytest.approx(271 * (2e-6 + R50_FP16 / 4 / 272 / 6.25e9)
                                         + 271 / 272 * R50_FP16 / 4 * ABCI.gamma)
+    lead = [p for p in hier.phases if p.name == "leader ring reduce-scatter"][0]
+    assert lead.seconds == pytest.approx(271 * (2e-6 + R50_FP16 / 272 / 25e9) + 271 / 272 * R50_FP16 * ABCI.gamma)
     assert torus.seconds < hier.seconds
+
+
+def test_flows_leaving_a_node_share_all_its_nics():
+    four = Network("four-nics", 8, Link(100.0, 1.0), Link(10.0, 0.0), 4)
+    # Rows of 8 = one node each: one column flow per rank, 8 per node over 4 NICs -> 5 GB/s each.
+    col = [p for p in allreduce_cost("torus", Grid(8, 2, 8), four, 8e6).phases if p.name == "column all-gather"]
+    assert col[0].seconds == pytest.approx(1 * (8e6 / 8 / 2) / 5e9)
+    # A ring of 2 whole nodes (flat, 16 ranks): one flow leaves each node per step -> all 4 NICs, 40 GB/s.
+    flat = allreduce_cost("flat", Grid(8, 2, 8), four, 16e6)
+    assert flat.phases[1].seconds == pytest.approx(15 * max(1e-6 + 1e6 / 100e9, 1e6 / 40e9))
 
 
 def test_flat_ring_is_paced_by_the_nic_and_rows_inside_nodes_use_nvlink():
     g = Grid(4, 4, 4)
     flat = allreduce_cost("flat", g, ABCI, 16_000_000)
-    step = 2e-6 + 1_000_000 / 12.5e9                 # chunk n/16 over one NIC, slowest edge of each step
+    step = 2e-6 + 1_000_000 / 25e9                   # chunk n/16, one flow per node over both NICs
     assert flat.phases[0].seconds == pytest.approx(15 * step + 15 / 16 * 16e6 * ABCI.gamma)
     torus = allreduce_cost("torus", g, ABCI, 16_000_000)
     row = torus.phases[0]

@@ -40,6 +40,9 @@ def _mb(nbytes: float) -> str:
 @click.option("--overlap", type=float, default=None,
               help="OVERRIDE: fraction of the backward pass that hides communication, 0..1 (the gradient as one "
                    "all-reduce); default: derived from the bucket timeline of DDP's buckets.")
+@click.option("--step-overhead", type=float, default=None,
+              help="Fraction of the single-GPU compute every step also pays unhidden (stragglers, waits, data "
+                   "loading); default: the model's one fitted constant, 0.0723 (docs/plan.md); 0 removes it.")
 @click.option("--placement", type=click.Choice(["rows", "columns"]), default="rows", show_default=True,
               help="How ranks fill nodes: rows (a node's GPUs sit in one row, as in the paper) or columns.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the plan as JSON.")
@@ -77,9 +80,9 @@ def _mb(nbytes: float) -> str:
               help="Build every row and column process group of the grid on torch's one-process fake backend.")
 @click.option("--simulate", is_flag=True,
               help="Run the torus's exact data movement on N virtual ranks with ragged integer tensors.")
-def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_second, overlap, placement, json_path,
-         plot_path, bench_path, calibrate_algo, cores, background, llc_mib, compare_path, check_groups,
-         simulate, bucket_cap_mb, png_path, profile_path, run_out, run_background) -> None:
+def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_second, overlap, step_overhead,
+         placement, json_path, plot_path, bench_path, calibrate_algo, cores, background, llc_mib, compare_path,
+         check_groups, simulate, bucket_cap_mb, png_path, profile_path, run_out, run_background) -> None:
     """Predict all-reduce time, step time and scaling efficiency per algorithm; choose a grid for N GPUs.
 
     \b
@@ -95,6 +98,7 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     from torus_train.plan.search import make_plan
 
     _check_numbers(json_path, plot_path, images_per_second, overlap, background, llc_mib)
+    _check_step_overhead(step_overhead, overlap)
     if run_out is not None:
         from torus_train.errors import check_number
 
@@ -113,8 +117,9 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     grid = parse_grid(grid_text, net.gpus_per_node) if grid_text else None
     _check_plan_args(gpus, grid, per_gpu_batch, overlap, bucket_cap_mb, simulate or check_groups, plot_path, png_path)
     profile = _read_profile(profile_path) if profile_path else None
+    extra = {} if step_overhead is None else {"step_overhead": step_overhead}
     p = make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap, placement,
-                  None if bucket_cap_mb is None else int(bucket_cap_mb * 2**20), profile)
+                  None if bucket_cap_mb is None else int(bucket_cap_mb * 2**20), profile, **extra)
     _print_plan(p)
     out = p.to_json()
     if p.overlap is None:
@@ -145,6 +150,14 @@ def _check_numbers(json_path, plot_path, images_per_second, overlap, background,
     check_number(overlap, "--overlap", 0.0, low_ok=True, high=1.0)
     check_number(background, "--background", 0.0, low_ok=True)
     check_number(llc_mib, "--llc-mib")
+
+
+def _check_step_overhead(step_overhead, overlap) -> None:
+    from torus_train.errors import check_number
+
+    check_number(step_overhead, "--step-overhead", 0.0, low_ok=True)
+    if step_overhead is not None and overlap is not None:
+        raise UserError("--step-overhead belongs to the bucket timeline, which --overlap replaces; leave one out")
 
 
 def _check_plan_args(gpus, grid, per_gpu_batch, overlap, bucket_cap_mb, virtual_ranks, plot_path, png_path) -> None:
@@ -214,7 +227,8 @@ def _plot_timeline(p, path: str) -> None:
         for b in t["buckets"]:
             ax.barh(row, b["allreduce_seconds"] * 1e3, left=b["start_seconds"] * 1e3,
                     color=colors(b["index"] % 10), edgecolor="black", height=0.6)
-        ax.text(t["buckets"][-1]["end_seconds"] * 1e3, row, f"  exposed {t['exposed_seconds'] * 1e3:.2f} ms, "
+        extra = f" + {t['overhead_seconds'] * 1e3:.2f} ms overhead" if t["overhead_seconds"] else ""
+        ax.text(t["buckets"][-1]["end_seconds"] * 1e3, row, f"  exposed {t['exposed_seconds'] * 1e3:.2f} ms{extra}, "
                 f"eff. {t['scaling_efficiency'] * 100:.1f}%", va="center", fontsize=8)
     ax.axvline(first["backward_seconds"] * 1e3, color="grey", linestyle=":")
     ax.set_yticks(range(len(algos) + 1))
@@ -245,6 +259,13 @@ def _print_plan(p) -> None:
            f"bucket all-reduced in turn")
     click.echo(f"# compute per step: {p.per_gpu_batch} / {p.images_per_second:g} img/s = "
                f"{p.compute_seconds * 1e3:.2f} ms; backward {BACKWARD_FRACTION:.2f} of it; {how}")
+    if p.step_overhead is not None:
+        from torus_train.plan.cost import STEP_OVERHEAD
+
+        what = ("the model's one FITTED constant (docs/plan.md)" if p.step_overhead == STEP_OVERHEAD
+                else "--step-overhead")
+        click.echo(f"# every step also pays {p.step_overhead:g} x compute = {p.overhead_seconds * 1e3:.2f} ms "
+                   f"unhidden: {what}")
     click.echo(f"# grid {p.grid}: {p.grid_why}; ranks fill nodes by {p.placement}")
     _print_candidates(p.candidates)
     click.echo("#")
@@ -264,7 +285,8 @@ def _print_plan(p) -> None:
     click.echo(f"# summary: torus on {p.grid} predicts {t.allreduce_seconds * 1e3:.3f} ms per all-reduce, "
                f"{t.step_seconds * 1e3:.2f} ms per step, scaling efficiency {t.scaling_efficiency * 100:.2f}% "
                f"(MB across nodes: the busiest rank's bytes sent over NICs per all-reduce)")
-    lo, hi = (step_cost(p.compute_seconds, t.allreduce_seconds, o).scaling_efficiency for o in (0.0, 1.0))
+    lo, hi = (p.compute_seconds / (step_cost(p.compute_seconds, t.allreduce_seconds, o).step_seconds
+                                   + p.overhead_seconds) for o in (0.0, 1.0))
     click.echo(f"# torus efficiency with no overlap {lo * 100:.2f}%, with the whole backward pass overlapped "
                f"{hi * 100:.2f}%")
     click.echo("# sources:" + ("" if net.sources else " none given"))

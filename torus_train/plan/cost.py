@@ -12,9 +12,13 @@ How links are shared (the one modelling choice that decides the torus against th
 * an edge between two ranks of one node uses the intra-node link (``intra``: bandwidth per GPU per direction
   to its ring neighbour, and latency);
 * an edge that leaves a node is a flow on the node's NICs: with F flows leaving the same node in the same step,
-  each flow gets ``min(nic_bandwidth, nics_per_node * nic_bandwidth / F)``; one flow cannot use more than one
-  NIC. So the torus's vertical phase (K flows per node, each carrying 1/X of the data) and the hierarchical
-  leader's (one flow carrying all of it) differ exactly as Mikami et al. 2018 argue.
+  each flow gets ``nics_per_node * nic_bandwidth / F``, so a lone flow uses every NIC of its node. That is
+  what NCCL does: it runs one channel (ring) per NIC and, where the GPUs share NVLink, splits an operation
+  over the channels and balances them onto the NICs (NCCL's maintainer, NVIDIA/nccl issue 601: "creates 4
+  rings, each using a different NIC"; two 8-NIC A100 nodes reach about 600 Gbit/s in one all-reduce, issue
+  495). So the torus's vertical phase (K flows per node, each carrying 1/X of the data) shares the NICs
+  K ways, and the hierarchical leader's one flow carries all of the data through them: per node the leader
+  sends X/K times the torus's bytes (Mikami et al. 2018).
 
 A training step with a stated overlap (``step_cost``, what ``plan --overlap`` overrides with): compute =
 per-rank batch / single-GPU throughput; the backward pass is a stated fraction of it (2/3: backward costs
@@ -82,6 +86,12 @@ def node_map(grid: Grid, k: int, placement: str = "rows") -> np.ndarray:
     raise UserError(f"--placement: {placement!r}; use rows or columns")
 
 
+def _flow_bandwidth(net: Network, flows: int) -> float:
+    """Bytes per second of each of `flows` flows leaving one node at once: they share all its NICs (a lone flow
+    is split over every NIC, as NCCL's channels are)."""
+    return net.nics_per_node * net.inter.bandwidth_gbytes_per_s * 1e9 / flows
+
+
 def _edge_time(net: Network, src: np.ndarray, dst: np.ndarray, chunk_bytes: float,
                node: np.ndarray) -> tuple[float, np.ndarray]:
     """Seconds for one step in which every src[i] sends chunk_bytes to dst[i] at once.
@@ -98,9 +108,7 @@ def _edge_time(net: Network, src: np.ndarray, dst: np.ndarray, chunk_bytes: floa
         t = max(t, net.intra.alpha + chunk_bytes * net.intra.beta)
     if inter.any():
         flows = int(np.bincount(node[src[inter]]).max())
-        nic = net.inter.bandwidth_gbytes_per_s * 1e9
-        bw = min(nic, net.nics_per_node * nic / flows)
-        t = max(t, net.inter.alpha + chunk_bytes / bw)
+        t = max(t, net.inter.alpha + chunk_bytes / _flow_bandwidth(net, flows))
     return t, inter
 
 
@@ -263,8 +271,7 @@ class _Recorder(_Phases):
             links.append((net.intra.alpha, net.intra.beta))
         if src.size and inter.any():
             flows = int(np.bincount(self.node[src[inter]]).max())
-            nic = net.inter.bandwidth_gbytes_per_s * 1e9
-            links.append((net.inter.alpha, 1.0 / min(nic, net.nics_per_node * nic / flows)))
+            links.append((net.inter.alpha, 1.0 / _flow_bandwidth(net, flows)))
         return links
 
     def ring(self, name, rings, nbytes, net, steps, reduce_bytes=0.0) -> None:
@@ -310,6 +317,12 @@ def allreduce_seconds_fn(algo: str, grid: Grid, net: Network, placement: str = "
 # ------------------------------------------------------------------------------------------------
 BACKWARD_FRACTION = 2.0 / 3.0
 """Share of a training step's compute spent in the backward pass (backward costs about twice the forward)."""
+STEP_OVERHEAD = 0.0723
+"""FITTED, the one fitted constant of the model: every step on N GPUs also pays this fraction of the single-GPU
+compute with nothing hiding it (what the timeline leaves out: stragglers and jitter across nodes, the wait for
+the slowest rank, data loading, BatchNorm and optimizer work around the exchange). Least squares in efficiency
+points over the four published runs of docs/plan.md (scripts/efficiency_table.py, which also shows it fitted on
+three and the fourth predicted); `plan --step-overhead` replaces it, 0 removes it."""
 DEFAULT_OVERLAP = 0.5
 """Stated default: half of the backward pass can hide communication (DDP-style buckets start all-reducing
 while earlier layers still compute, but the last buckets wait for the end of backward)."""

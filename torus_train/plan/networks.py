@@ -50,7 +50,7 @@ class Network:
     inter: Link
     """One NIC of a node (per direction), with the latency of a message between nodes."""
     nics_per_node: int
-    """NICs per node; flows leaving a node share them, one flow uses at most one."""
+    """NICs per node; flows leaving a node share them all (a lone flow is split over every NIC)."""
     gpu: str = "unknown GPU"
     """The GPU model, for the printout."""
     reduce_gbytes_per_s: float = 300.0

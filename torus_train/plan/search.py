@@ -12,7 +12,7 @@ from typing import Iterable
 
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pairs
-from torus_train.plan.cost import (ALGORITHMS, BACKWARD_FRACTION, DTYPE_BYTES, MODELS,
+from torus_train.plan.cost import (ALGORITHMS, BACKWARD_FRACTION, DTYPE_BYTES, MODELS, STEP_OVERHEAD,
                                    AllreduceCost, allreduce_cost, allreduce_seconds_fn, step_cost)
 from torus_train.plan.networks import Network
 from torus_train.plan.timeline import (DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP, layers_with_profile, model_layers,
@@ -121,6 +121,14 @@ class Plan:
     """The layers the timeline used (not in JSON)."""
     candidates: list = field(default_factory=list)
     """The (grid, bucket cap) pairs compared to choose the grid (no --grid given), fastest first; else empty."""
+    step_overhead: float | None = None
+    """Fraction of the compute every step also pays unhidden (STEP_OVERHEAD, fitted, or --step-overhead); None
+    with --overlap (the old model has none)."""
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Seconds every step pays unhidden."""
+        return (self.step_overhead or 0.0) * self.compute_seconds
 
     def to_json(self) -> dict:
         """The plan as JSON: every input (the network with its sources) and every algorithm's line."""
@@ -130,6 +138,8 @@ class Plan:
         d["network"] = net
         d["backward_fraction"] = BACKWARD_FRACTION
         d["overlap_source"] = "override (--overlap)" if self.overlap is not None else "bucket timeline"
+        d["step_overhead_source"] = (None if self.step_overhead is None else "fitted (STEP_OVERHEAD)"
+                                     if self.step_overhead == STEP_OVERHEAD else "--step-overhead")
         d["first_bucket_cap_bytes"] = DDP_FIRST_BUCKET_CAP
         d["algorithms"] = {a: asdict(p) for a, p in self.algorithms.items()}
         return d
@@ -138,19 +148,23 @@ class Plan:
 def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: int = 32,
               grid: Grid | None = None, gradient_dtype: str = "fp16", images_per_second: float | None = None,
               overlap: float | None = None, placement: str = "rows", bucket_cap: int | None = DDP_BUCKET_CAP,
-              layer_profile: dict | None = None) -> Plan:
+              layer_profile: dict | None = None, step_overhead: float = STEP_OVERHEAD) -> Plan:
     """Predict every algorithm at `gpus` GPUs; with no grid, choose the torus grid (and, with bucket_cap None,
     the bucket cap) by the predicted step (choose_grid_and_cap; with --overlap, by the fused all-reduce).
 
     overlap None (the default): each algorithm's step comes from the bucket timeline (DDP's buckets of the
     model, each all-reduced with that algorithm, queued; torus_train.plan.timeline). A number: the old stated
-    overlap, an override, with the whole gradient as one all-reduce."""
+    overlap, an override, with the whole gradient as one all-reduce. step_overhead: the fraction of the compute
+    every timeline step also pays unhidden (the fitted STEP_OVERHEAD unless given; not used with overlap)."""
     _check_plan_inputs(gpus, per_gpu_batch, model, gradient_dtype)
     if bucket_cap is not None and not bucket_cap > 0:
         raise UserError(f"--bucket-cap-mb: {bucket_cap / 2**20:g} must be > 0")
     nbytes = MODELS[model].gradient_bytes(gradient_dtype)
     images_per_second = _throughput(net, model, images_per_second)
     compute = per_gpu_batch / images_per_second
+    if not (step_overhead >= 0 and math.isfinite(step_overhead)):
+        raise UserError(f"--step-overhead: {step_overhead!r} must be a number >= 0")
+    overhead = step_overhead * compute
     layers = model_layers(model) if overlap is None else ()
     if layers and layer_profile is not None:
         layers = layers_with_profile(layers, layer_profile)
@@ -158,7 +172,7 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
     if grid is None and overlap is None:
         caps = BUCKET_CAPS_MB if bucket_cap is None else (bucket_cap / 2**20,)
         candidates = choose_grid_and_cap(gpus, net, model, per_gpu_batch, gradient_dtype, compute, placement,
-                                         layers, caps)
+                                         layers, caps, overhead)
         grid = Grid(*map(int, candidates[0].grid.split("x")), net.gpus_per_node)
         bucket_cap, why = int(candidates[0].cap_mb * 2**20), why_chosen(candidates)
     elif grid is None:
@@ -177,14 +191,14 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
                                    s.scaling_efficiency, c.busbw_gbytes_per_s, s.exposed_seconds)
             continue
         t = timeline(layers, compute, BACKWARD_FRACTION, allreduce_seconds_fn(algo, grid, net, placement),
-                     DTYPE_BYTES[gradient_dtype], algo, bucket_cap)
+                     DTYPE_BYTES[gradient_dtype], algo, bucket_cap, overhead_seconds=overhead)
         algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, t.step_seconds,
                                t.scaling_efficiency, c.busbw_gbytes_per_s, t.exposed_seconds, t.derived_overlap,
                                t.to_json())
     return Plan(gpus, str(grid), why, net, model, gradient_dtype, nbytes, per_gpu_batch, images_per_second,
                 overlap, placement, compute, algos, bucket_cap,
                 "measured profile" if layer_profile is not None else "forward FLOPs", tuple(layers),
-                [asdict(c) for c in candidates])
+                [asdict(c) for c in candidates], None if overlap is not None else step_overhead)
 
 
 BUCKET_CAPS_MB = (1, 2, 5, 10, 25, 50, 100, 200)
@@ -199,7 +213,7 @@ def bucket_sweep(p: Plan, algo: str = "torus", caps_mb=BUCKET_CAPS_MB) -> list[d
     out, cost = [], allreduce_seconds_fn(algo, g, p.network, p.placement)
     for cap in caps_mb:
         t = timeline(layers, p.compute_seconds, BACKWARD_FRACTION, cost, DTYPE_BYTES[p.gradient_dtype], algo,
-                     int(cap * 2**20))
+                     int(cap * 2**20), overhead_seconds=p.overhead_seconds)
         out.append({"cap_mb": cap, "buckets": len(t.buckets), "exposed_seconds": t.exposed_seconds,
                     "step_seconds": t.step_seconds, "scaling_efficiency": t.scaling_efficiency})
     return out
@@ -227,9 +241,10 @@ class Candidate:
 
 def choose_grid_and_cap(gpus: int, net: Network, model: str, per_gpu_batch: int, gradient_dtype: str,
                         compute_seconds: float, placement: str = "rows", layers=None,
-                        caps_mb=BUCKET_CAPS_MB) -> list[Candidate]:
+                        caps_mb=BUCKET_CAPS_MB, overhead_seconds: float = 0.0) -> list[Candidate]:
     """The torus step on the bucket timeline for every (grid, bucket cap) pair, fastest first: every factor pair
-    X x Y = gpus with every cap of caps_mb (each grid's links worked out once: allreduce_seconds_fn)."""
+    X x Y = gpus with every cap of caps_mb (each grid's links worked out once: allreduce_seconds_fn); every
+    step also pays overhead_seconds unhidden."""
     layers = layers or model_layers(model)
     nbytes = MODELS[model].gradient_bytes(gradient_dtype)
     out = []
@@ -239,7 +254,7 @@ def choose_grid_and_cap(gpus: int, net: Network, model: str, per_gpu_batch: int,
         fused = cost(nbytes)
         for cap in caps_mb:
             t = timeline(layers, compute_seconds, BACKWARD_FRACTION, cost, DTYPE_BYTES[gradient_dtype], "torus",
-                         int(cap * 2**20))
+                         int(cap * 2**20), overhead_seconds=overhead_seconds)
             out.append(Candidate(f"{x}x{y}", cap, len(t.buckets), fused, t.exposed_seconds, t.step_seconds,
                                  t.scaling_efficiency))
     # ties (within a nanosecond): fewer buckets, then longer rows

@@ -18,7 +18,8 @@ What it computes, for one model, one all-reduce algorithm and one network:
   ``allreduce_cost(algo, grid, net, bucket bytes)`` (the same alpha-beta-gamma model as the fused all-reduce,
   so every bucket pays its own latency terms);
 * exposed communication = max(0, end of the last exchange - end of the backward pass); step = compute +
-  exposed; scaling efficiency = compute / step; the derived overlap = (sum of exchanges - exposed) / backward,
+  overhead + exposed (overhead: what the caller says every step pays unhidden, 0 by default); scaling
+  efficiency = compute / step; the derived overlap = (sum of exchanges - exposed) / backward,
   the fraction of the backward pass that hid communication (what the old ``--overlap`` knob set by hand).
 """
 from __future__ import annotations
@@ -148,13 +149,15 @@ class Timeline:
     exposed_seconds: float
     """Communication after the end of the backward pass."""
     step_seconds: float
-    """compute + exposed."""
+    """compute + overhead + exposed."""
     scaling_efficiency: float
     """compute / step."""
     derived_overlap: float
     """(communication - exposed) / backward: the fraction of the backward pass that hid communication."""
     buckets: list = field(default_factory=list)
     """The buckets."""
+    overhead_seconds: float = 0.0
+    """Time every step pays with nothing hiding it, beyond compute and exposed communication."""
 
     def to_json(self) -> dict:
         """The timeline as JSON (bucket parameter lists shortened to their count and ends)."""
@@ -175,10 +178,11 @@ def bucket_plan(layers: tuple[Layer, ...] | list[Layer], bucket_cap: int = DDP_B
 
 
 def timeline(layers, compute_seconds: float, backward_fraction: float, allreduce_seconds_of, exchange_bytes: int,
-             algo: str = "", bucket_cap: int = DDP_BUCKET_CAP, first_bucket_cap: int = DDP_FIRST_BUCKET_CAP
-             ) -> Timeline:
+             algo: str = "", bucket_cap: int = DDP_BUCKET_CAP, first_bucket_cap: int = DDP_FIRST_BUCKET_CAP,
+             overhead_seconds: float = 0.0) -> Timeline:
     """The step's timeline. allreduce_seconds_of(nbytes) gives one bucket's exchange time; exchange_bytes is
-    the bytes per gradient value exchanged (2 for fp16). Backward time is shared over layers by their FLOPs."""
+    the bytes per gradient value exchanged (2 for fp16). Backward time is shared over layers by their FLOPs;
+    overhead_seconds is added to every step unhidden."""
     backward = backward_fraction * compute_seconds
     total_flops = sum(l.flops for l in layers)
     if total_flops <= 0:
@@ -194,10 +198,10 @@ def timeline(layers, compute_seconds: float, backward_fraction: float, allreduce
         comm += c
         buckets.append(Bucket(k, [l.name for l in group], numel, nbytes, t, start, c, end))
     exposed = max(0.0, end - backward)
-    step = compute_seconds + exposed
+    step = compute_seconds + overhead_seconds + exposed
     derived = min(1.0, max(0.0, (comm - exposed) / backward)) if backward > 0 else 0.0
     return Timeline(algo, backward, compute_seconds, comm, exposed, step,
-                    compute_seconds / step if step else 1.0, derived, buckets)
+                    compute_seconds / step if step else 1.0, derived, buckets, overhead_seconds)
 
 
 def measure_backward_profile(model: str, image_size: int = 64, batch: int = 16, repeats: int = 3,
