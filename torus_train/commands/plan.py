@@ -42,7 +42,8 @@ def _mb(nbytes: float) -> str:
                    "all-reduce); default: derived from the bucket timeline of DDP's buckets.")
 @click.option("--step-overhead", type=float, default=None,
               help="Fraction of the single-GPU compute every step also pays unhidden (stragglers, waits, data "
-                   "loading); default: the model's one fitted constant, 0.0723 (docs/plan.md); 0 removes it.")
+                   "loading); default: the model's one fitted constant (printed with the plan; docs/plan.md); 0 "
+                   "removes it.")
 @click.option("--placement", type=click.Choice(["rows", "columns"]), default="rows", show_default=True,
               help="How ranks fill nodes: rows (a node's GPUs sit in one row, as in the paper) or columns.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the plan as JSON.")
@@ -94,6 +95,7 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
       torus-train plan --compare-run runs/x --calibrate bench_2x2.json --layer-profile step.json
     """
     from torus_train.job.topology import parse_grid
+    from torus_train.plan.cost import STEP_OVERHEAD
     from torus_train.plan.networks import load_network
     from torus_train.plan.search import make_plan
 
@@ -117,9 +119,9 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     grid = parse_grid(grid_text, net.gpus_per_node) if grid_text else None
     _check_plan_args(gpus, grid, per_gpu_batch, overlap, bucket_cap_mb, simulate or check_groups, plot_path, png_path)
     profile = _read_profile(profile_path) if profile_path else None
-    extra = {} if step_overhead is None else {"step_overhead": step_overhead}
     p = make_plan(gpus, net, model, per_gpu_batch, grid, grad_dtype, images_per_second, overlap, placement,
-                  None if bucket_cap_mb is None else int(bucket_cap_mb * 2**20), profile, **extra)
+                  None if bucket_cap_mb is None else int(bucket_cap_mb * 2**20), profile,
+                  STEP_OVERHEAD if step_overhead is None else step_overhead)
     _print_plan(p)
     out = p.to_json()
     if p.overlap is None:
