@@ -1,5 +1,6 @@
 """The DDP hook: its gradients equal DDP's default all-reduce on a model whose gradients differ per rank (the
-asynchronous and the synchronous hook), and its Future completes only when the exchange has, and the NCCL path's chunk layout averages exactly."""
+asynchronous and the synchronous hook), its Future completes only when the exchange has, and the NCCL path's
+chunk layout averages exactly."""
 import sys
 from pathlib import Path
 

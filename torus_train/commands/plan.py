@@ -262,10 +262,8 @@ def _print_plan(p) -> None:
     click.echo(f"# compute per step: {p.per_gpu_batch} / {p.images_per_second:g} img/s = "
                f"{p.compute_seconds * 1e3:.2f} ms; backward {BACKWARD_FRACTION:.2f} of it; {how}")
     if p.step_overhead is not None:
-        from torus_train.plan.cost import STEP_OVERHEAD
-
-        what = ("the model's one FITTED constant (docs/plan.md)" if p.step_overhead == STEP_OVERHEAD
-                else "--step-overhead")
+        what = ("--step-overhead" if p.step_overhead_source == "--step-overhead"
+                else "the model's one FITTED constant (docs/plan.md)")
         click.echo(f"# every step also pays {p.step_overhead:g} x compute = {p.overhead_seconds * 1e3:.2f} ms "
                    f"unhidden: {what}")
     click.echo(f"# grid {p.grid}: {p.grid_why}; ranks fill nodes by {p.placement}")

@@ -130,6 +130,13 @@ class Plan:
         """Seconds every step pays unhidden."""
         return (self.step_overhead or 0.0) * self.compute_seconds
 
+    @property
+    def step_overhead_source(self) -> str | None:
+        """Where step_overhead comes from: the fitted constant or --step-overhead (None with --overlap)."""
+        if self.step_overhead is None:
+            return None
+        return "fitted (STEP_OVERHEAD)" if self.step_overhead == STEP_OVERHEAD else "--step-overhead"
+
     def to_json(self) -> dict:
         """The plan as JSON: every input (the network with its sources) and every algorithm's line."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("network", "algorithms", "layers")}
@@ -138,8 +145,7 @@ class Plan:
         d["network"] = net
         d["backward_fraction"] = BACKWARD_FRACTION
         d["overlap_source"] = "override (--overlap)" if self.overlap is not None else "bucket timeline"
-        d["step_overhead_source"] = (None if self.step_overhead is None else "fitted (STEP_OVERHEAD)"
-                                     if self.step_overhead == STEP_OVERHEAD else "--step-overhead")
+        d["step_overhead_source"] = self.step_overhead_source
         d["first_bucket_cap_bytes"] = DDP_FIRST_BUCKET_CAP
         d["algorithms"] = {a: asdict(p) for a, p in self.algorithms.items()}
         return d
