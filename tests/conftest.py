@@ -38,22 +38,31 @@ SESSION_DIR = re.compile(r"(ompi|prted|prterun)\.(\d+)")
 
 def sweep_stale_mpi_session_dirs(tmp: Path | None = None) -> list[str]:
     """Remove OpenMPI session directories whose process no longer exists; return their names."""
-    tmp = Path(tmp or tempfile.gettempdir())
     removed = []
-    for entry in os.scandir(tmp):
+    for entry in os.scandir(tmp or tempfile.gettempdir()):
         m = SESSION_DIR.fullmatch(entry.name)
-        if not m or not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.geteuid():
-            continue
-        try:
-            os.kill(int(m.group(2)), 0)
-            continue  # alive (or a zombie): its owner may still use it
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-        removed.append(entry.name)
+        if m and entry.is_dir(follow_symlinks=False) and not _alive(int(m.group(2))) and _mine(entry):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
     return removed
+
+
+def _alive(pid: int) -> bool:
+    """True for a running or zombie pid, and for another user's (its owner may still use the directory)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _mine(entry: os.DirEntry) -> bool:
+    try:  # a daemon still exiting may remove its directory between the listing and here
+        return entry.stat(follow_symlinks=False).st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 @pytest.fixture(autouse=True)
