@@ -11,32 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torus_train.cli import main
+from clihelp import assert_one_line_error, invoke
 from torus_train.job.spec import CLASSIFICATION_ARCHS, SpecError, load_spec, parse_override
 from torus_train.job.topology import MAX_WORLD, GridError, choose_grid, factor_pairs, parse_grid
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    """Run ``torus-train ARGS`` in this process; (exit code, stdout, stderr)."""
-    runner = CliRunner()
-    with runner.isolation() as (out, err, _):
-        code = 0
-        try:
-            main(list(args))
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        return code, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
-
-
-def assert_one_line_error(code: int, stderr: str, message: str = "") -> None:
-    assert code == 2, stderr
-    assert stderr.startswith("torus-train: error:") and stderr.count("\n") == 1, stderr
-    assert "Traceback" not in stderr
-    assert message in stderr, stderr
 
 
 @pytest.fixture
