@@ -49,8 +49,10 @@ def resolve_kind(kind: str, rank: int = 0, say=None) -> str:
 def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batch_size: int, image_size: int,
                 num_classes: int | None, seed: int, channels_last: bool, device, num_threads: int = 2,
                 verify: bool = True, synthetic_samples: int | None = None, index: str | None = None,
-                dtype: str = "float32", on_corrupt: str = "fail", corrupt=None):
-    """Build the input pipeline ``kind`` for ``split`` of the ImageNet-layout folder ``root``.
+                dtype: str = "float32", on_corrupt: str = "fail", corrupt=None, io_workers: int = 2,
+                prefetch: int = 2, shuffle_buffer: int = 8192):
+    """Build the input pipeline ``kind`` for ``split`` of ``root``: an ImageNet-layout folder or a packed set
+    (``torus-train data pack``; told apart by its packed.json).
 
     ``kind``: dali | torchvision | synthetic | auto. ``batch_size`` is the PER-RANK batch; ``rank`` the GLOBAL
     rank. ``num_classes``: for folders, None or the expected count (an error if the folder has another);
@@ -60,7 +62,8 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
     bfloat16), the model's autocast dtype on GPUs, so that no full-size float32 batch is made and cast.
     ``on_corrupt``: an image that does not decode is a DataError naming it (fail) or is replaced by the next
     readable file (skip); ``corrupt``: the base.CorruptLog that counts the skipped files (kept across the
-    loaders of a run; a new one when None), also ``loader.corrupt``.
+    loaders of a run; a new one when None), also ``loader.corrupt``. ``io_workers``: DALI's reader processes;
+    ``prefetch``: batches prepared ahead; ``shuffle_buffer``: a packed set's in-buffer shuffle (data/packed.py).
     """
     import torch
 
@@ -82,8 +85,12 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
     if on_corrupt not in ON_CORRUPT:
         raise UserError(f"data.on_corrupt: {on_corrupt!r} must be one of {', '.join(ON_CORRUPT)}")
     device = torch.device(device)
+    for name, v in (("data.io_workers", io_workers), ("data.prefetch", prefetch),
+                    ("data.shuffle_buffer", shuffle_buffer)):
+        if not isinstance(v, int) or v < 1:
+            raise UserError(f"{name}: {v!r} must be a positive integer")
     cfg = LoaderConfig(split, rank, world_size, batch_size, image_size, seed, channels_last, num_threads, dtype,
-                       on_corrupt)
+                       on_corrupt, io_workers, prefetch, shuffle_buffer)
     kind = resolve_kind(kind, rank)
     if kind == "synthetic":
         from torus_train.data.synthetic import SYNTHETIC_SAMPLES, SyntheticLoader
@@ -92,14 +99,20 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
     if root is None:
         raise UserError(f"data.source: a data folder is needed for the {kind} loader")
     from torus_train.data.index import ensure_index, load_index
+    from torus_train.data.packed import is_packed, load_packed
 
-    files = load_index(index or ensure_index(root, log=lambda m: print(m, file=sys.stderr)), root).split(split)
+    if is_packed(root):  # ranks open its index; the launcher checked the shards (packed.Packed.verify)
+        files = load_packed(root).split(split)
+        verify = False
+    else:
+        files = load_index(index or ensure_index(root, log=lambda m: print(m, file=sys.stderr)), root).split(split)
     if verify:
         from torus_train.data.checks import verify_files
 
         verify_files(files)
     if num_classes and num_classes != len(files.classes):
-        raise DataError(f"{files.root}: {len(files.classes)} class folders, but the model has {num_classes} classes")
+        what = "packed classes" if is_packed(root) else "class folders"
+        raise DataError(f"{files.root}: {len(files.classes)} {what}, but the model has {num_classes} classes")
     if kind == "dali":
         from torus_train.data.dali import DaliLoader, available
 

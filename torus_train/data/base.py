@@ -11,6 +11,8 @@ import logging
 from dataclasses import dataclass
 
 from torus_train.data.index import DataError, Split
+from torus_train.data.packed import PackedSplit
+from torus_train.data.packed import epoch_order as packed_order
 from torus_train.data.sharding import Shard, shard
 
 # ImageNet channel statistics, in 0..255 and 0..1.
@@ -56,6 +58,12 @@ class LoaderConfig:
     """Image dtype delivered: float32, float16 or bfloat16 (the model's autocast dtype on GPUs)."""
     on_corrupt: str = "fail"
     """An image that does not decode: ``fail`` (DataError naming it) or ``skip`` (replaced, see CorruptLog)."""
+    io_workers: int = 2
+    """Reader processes (DALI's parallel external_source workers) that do all file I/O of this rank."""
+    prefetch: int = 2
+    """Batches read and decoded ahead of the training step."""
+    shuffle_buffer: int = 8192
+    """A packed set's in-buffer shuffle: samples permuted within each run of this many (data/packed.py)."""
 
     def torch_dtype(self):
         import torch
@@ -107,6 +115,16 @@ def replacement_after(split: Split, i: int, readable) -> int:
                     "torus-train data check")
 
 
+def epoch_shard(split: Split, cfg: LoaderConfig, epoch: int) -> Shard:
+    """This rank's shard of ``split`` in ``epoch``: a packed split's training order in shard units, a folder's
+    one global permutation (data/sharding.py), validation in index order."""
+    order = None
+    if cfg.split == "train" and isinstance(split, PackedSplit):
+        order = packed_order(split.starts, epoch, cfg.seed, cfg.shuffle_buffer)
+    return shard(len(split), cfg.rank, cfg.world_size, cfg.batch_size, epoch=epoch, seed=cfg.seed,
+                 shuffle=cfg.split == "train", order=order)
+
+
 class ShardedLoader:
     """Base of the file loaders: holds the split and computes this rank's shard for the current epoch."""
 
@@ -125,8 +143,7 @@ class ShardedLoader:
         self.shard: Shard = self._shard(0)
 
     def _shard(self, epoch: int) -> Shard:
-        return shard(self.num_samples, self.cfg.rank, self.cfg.world_size, self.cfg.batch_size, epoch=epoch,
-                     seed=self.cfg.seed, shuffle=self.cfg.split == "train")
+        return epoch_shard(self.split, self.cfg, epoch)
 
     @property
     def pad(self) -> int:

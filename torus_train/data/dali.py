@@ -1,21 +1,27 @@
 """NVIDIA DALI pipelines: one code path for GPU ("mixed") decoding and CPU-only decoding (``device_id=None``).
 
-Training: this rank's shard of the epoch (data/sharding.py) -> ``fn.external_source`` (the encoded files, read
-here) -> ``fn.decoders.image_random_crop`` -> ``fn.resize`` (linear, no antialiasing, as NVIDIA's examples) ->
+Training: this rank's shard of the epoch (data/sharding.py) -> ``fn.external_source`` (the encoded samples,
+read ahead by ``data.io_workers`` reader threads from a folder or a packed set; readers.ReadAhead) ->
+``fn.decoders.image_random_crop`` -> ``fn.resize`` (linear, no antialiasing, as NVIDIA's examples) ->
 ``fn.crop_mirror_normalize`` with a random horizontal flip, NCHW or NHWC. Validation: ``fn.decoders.image``
 -> ``fn.resize(resize_shorter=size / 0.875)`` with antialiasing (to match torchvision's validation transform)
--> centre crop -> normalize.
+-> centre crop -> normalize. ``data.prefetch`` batches are read and decoded ahead of the step.
 
-The pipeline is built once per loader (the loop builds a loader per batch stage) and fed epoch after epoch
-from a stream of this rank's shards, so it never holds more than one shard's file names and is not rebuilt at
-an epoch boundary; it is rebuilt only when a pass stopped early or the loop jumps to another epoch (resume).
-A corrupt image is the spec's choice (``data.on_corrupt``). The encoded bytes of every JPEG are checked for
-their start and end markers as they are read (no extra I/O: a truncated file or one that is not a JPEG is caught
-before DALI sees it). A file that passes that check and still does not decode stops the pipeline; the file is
-then found by decoding the batches in flight with PIL. ``fail``: a DataError naming the file. ``skip``: the
-file is replaced by the next readable one (base.CorruptLog): a marker failure at once, in the batch being read;
-a decode failure by rebuilding the pipeline at the failing step with the file marked, so the step is redone
-with a whole batch. The shard, the batch size and the step count do not change.
+The training thread does no file I/O: external_source's generator only takes batches the reader threads
+finished (threads, not processes: DALI's parallel external_source forks its workers, and a fork beside the
+threads of another live pipeline, as a rank's train and val loaders are, was seen to hang the child). The
+pipeline is built once per loader (the loop builds a loader per batch stage) and fed epoch after epoch from a
+stream of this rank's shards, so it is not rebuilt at an epoch boundary; it is rebuilt only when a pass
+stopped early or the loop jumps to another epoch (resume).
+A corrupt sample is the spec's choice (``data.on_corrupt``). The encoded bytes of every JPEG are checked for
+their start and end markers as they are read (a packed sample against its CRC-32): no extra I/O, and a
+truncated file, a truncated or altered shard, or a file that is not a JPEG is caught in the reader thread
+before DALI sees it. A sample that passes that check and still does not
+decode stops the pipeline; it is then found by decoding the batches in flight with PIL. ``fail``: a DataError
+naming the file or shard. ``skip``: the sample is replaced by the next readable one (base.CorruptLog): a
+reader-found one at once, in the batch being read; a decode failure by rebuilding the pipeline at the failing
+step with the sample marked, so the step is redone with a whole batch. The shard, the batch size and the step
+count do not change.
 """
 from __future__ import annotations
 
@@ -23,10 +29,9 @@ import numpy as np
 import torch
 
 from torus_train.data.base import (MEAN, PAD_LABEL, STD, TRAIN_AREA, TRAIN_RATIO, CorruptLog, LoaderConfig,
-                                   ShardedLoader, replacement_after, val_resize)
-from torus_train.data.checks import is_jpeg_name, jpeg_problem
+                                   ShardedLoader, epoch_shard, replacement_after, val_resize)
 from torus_train.data.index import DataError, Split
-from torus_train.data.sharding import shard
+from torus_train.data.readers import ReadAhead, sample_reader
 
 
 def available() -> bool:
@@ -39,8 +44,8 @@ def available() -> bool:
 
 
 def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
-    """The DALI pipeline for ``cfg.split`` fed by ``source`` (an iterator of (encoded files, labels) batches);
-    GPU operators when device_id is a GPU, CPU ones when None."""
+    """The DALI pipeline for ``cfg.split`` fed by ``source`` (an iterator of (encoded samples, labels) batches,
+    read ahead by reader threads); GPU operators when device_id is a GPU, CPU ones when None."""
     from nvidia.dali import fn, pipeline_def, types
 
     gpu = device_id is not None
@@ -56,8 +61,8 @@ def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
 
     @pipeline_def
     def pipe():
-        jpegs, lab = fn.external_source(source=source, num_outputs=2, batch=True,
-                                        dtype=[types.UINT8, types.INT32])
+        # ``source`` yields batches that reader threads read ahead: the training thread only takes them
+        jpegs, lab = fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32])
         if cfg.split == "train":
             img = fn.decoders.image_random_crop(jpegs, device=decoder_device, output_type=types.RGB,
                                                 random_area=list(TRAIN_AREA), random_aspect_ratio=list(TRAIN_RATIO),
@@ -77,101 +82,113 @@ def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
         return img, lab
 
     p = pipe(batch_size=cfg.batch_size, num_threads=max(1, cfg.num_threads), device_id=device_id, seed=seed,
-             prefetch_queue_depth=2)
+             prefetch_queue_depth=cfg.prefetch)
     p.build()
     return p
 
 
-def _find_bad_file(paths) -> tuple[str, str] | None:
-    """The first of ``paths`` that PIL cannot fully decode, with PIL's reason."""
+def _decode_problem(data: np.ndarray | None) -> str | None:
+    """Why PIL cannot fully decode these bytes (None when it can)."""
+    import io
+
     from PIL import Image
 
-    for p in paths:
-        try:
-            with Image.open(p) as im:
-                im.load()
-        except Exception as e:  # PIL raises several types for bad files
-            return p, f"{type(e).__name__}: {e}"
+    if data is None:
+        return "cannot read it"
+    try:
+        with Image.open(io.BytesIO(data.tobytes())) as im:
+            im.load()
+    except Exception as e:  # PIL raises several types for bad files
+        return f"{type(e).__name__}: {e}"
     return None
 
 
-def _named_error(e: Exception, split: Split, candidates) -> DataError:
-    """A one-line DataError for a DALI pipeline failure, naming the file that does not decode.
+def _find_bad_sample(split: Split, indices) -> tuple[str, str] | None:
+    """The first sample among ``indices`` that PIL cannot fully decode, with PIL's reason (read here, on the
+    training thread: only after a pipeline failure)."""
+    reader = sample_reader(split)
+    try:
+        for i in indices:
+            why = _decode_problem(reader.read(int(i))[0])
+            if why is not None:
+                return split.files[int(i)], why
+    finally:
+        reader.close()
+    return None
 
-    DALI's message names the operator, not the file; the file is found by decoding the batches that were
+
+def _named_error(e: Exception, split: Split, window) -> DataError:
+    """A one-line DataError for a DALI pipeline failure, naming the sample that does not decode.
+
+    DALI's message names the operator, not the file; the sample is found by decoding the batches that were
     in flight (the failing one and those prefetched after it) with PIL.
     """
     msg = str(e)
     lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
     reason = next((lines[i + 1] for i, ln in enumerate(lines) if ln == "encountered:" and i + 1 < len(lines)),
                   lines[0] if lines else type(e).__name__)
-    bad = _find_bad_file(candidates)
+    bad = _find_bad_sample(split, window)
     if bad is not None:
         return DataError(f"{bad[0]}: corrupt image, DALI cannot decode it ({reason}; PIL: {bad[1][:120]})")
     return DataError(f"{split.root}: DALI pipeline failed ({reason[:200]})")
 
 
-def read_file(path: str) -> tuple[np.ndarray, str | None]:
-    """The encoded bytes of ``path`` and, for a JPEG, why its markers are wrong (None when they are right)."""
-    try:
-        data = np.fromfile(path, dtype=np.uint8)
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    if not is_jpeg_name(path):
-        return data, None
-    raw = data[:3].tobytes(), data[-64:].tobytes()
-    return data, jpeg_problem(raw[0], raw[1], data.size)
-
-
 class Feed:
-    """What shard_stream reads with: the split, the policy, and the run's CorruptLog (whose ``undecodable`` the
-    loader marks after a pipeline failure)."""
+    """What the reader threads read with: the split's reader, the policy, and the run's CorruptLog (whose
+    ``undecodable`` the loader marks after a pipeline failure)."""
 
     def __init__(self, split: Split, cfg: LoaderConfig, corrupt: CorruptLog):
         self.split, self.skip, self.val, self.corrupt = split, cfg.on_corrupt == "skip", cfg.split == "val", corrupt
         self.bad = corrupt.undecodable
+        self.reader = sample_reader(split)
+
+    def _read(self, i: int) -> tuple[np.ndarray | None, str | None]:
+        name = self.split.files[i]
+        return (None, self.bad[name]) if name in self.bad else self.reader.read(i)
 
     def sample(self, i: int) -> tuple[np.ndarray, int]:
-        """The bytes and label of file ``i``, or of its replacement under skip."""
-        path = self.split.files[i]
-        data, problem = (None, self.bad[path]) if path in self.bad else read_file(path)
+        """The bytes and label of sample ``i``, or of its replacement under skip."""
+        data, problem = self._read(i)
         if problem is None:
-            return data, self.split.labels[i]
+            return data, int(self.split.labels[i])
+        name = self.split.files[i]
         if not self.skip:
-            raise DataError(f"{path}: {problem}")
+            raise DataError(f"{name}: {problem}")
         got = {}
 
         def readable(j: int) -> bool:
-            if self.split.files[j] in self.bad:
-                return False
-            got[j], why = read_file(self.split.files[j])
+            got[j], why = self._read(j)
             return why is None
 
         j = replacement_after(self.split, i, readable)
-        self.corrupt.note(path, problem, self.split.files[j])
-        return got[j], PAD_LABEL if self.val else self.split.labels[j]
+        self.corrupt.note(name, problem, self.split.files[j])
+        return got[j], PAD_LABEL if self.val else int(self.split.labels[j])
 
     def batch(self, indices) -> tuple[list[np.ndarray], list[np.ndarray]]:
         data, labels = [], []
         for i in indices:
-            d, lab = self.sample(i)
+            d, lab = self.sample(int(i))
             data.append(d)
             labels.append(np.array([lab], dtype=np.int32))
         return data, labels
 
 
-def shard_stream(feed: Feed, cfg: LoaderConfig, epoch: int, first_step: int = 0):
-    """This rank's batches, epoch after epoch from step ``first_step`` of ``epoch`` (DALI prefetches across an
-    epoch's end); it holds no reference to the loader, so a dropped loader frees its pipeline and DALI's
-    threads at once."""
+def batch_indices(split: Split, cfg: LoaderConfig, epoch: int, first_step: int = 0):
+    """This rank's batches of sample indices, epoch after epoch from step ``first_step`` of ``epoch`` (DALI
+    prefetches across an epoch's end)."""
     while True:
-        sh = shard(len(feed.split), cfg.rank, cfg.world_size, cfg.batch_size, epoch=epoch, seed=cfg.seed,
-                   shuffle=cfg.split == "train")
+        sh = epoch_shard(split, cfg, epoch)
         for step in range(first_step, sh.steps):
-            yield feed.batch(sh.indices[step * cfg.batch_size:(step + 1) * cfg.batch_size])
+            yield sh.indices[step * cfg.batch_size:(step + 1) * cfg.batch_size]
         first_step = 0
         if cfg.split == "train":
             epoch += 1
+
+
+def shard_stream(feed: Feed, cfg: LoaderConfig, epoch: int, first_step: int, ahead: ReadAhead):
+    """The batches read by ``ahead``'s threads; it holds no reference to the loader, so a dropped loader frees
+    its pipeline and DALI's threads at once."""
+    return ahead.map(feed.batch, batch_indices(feed.split, cfg, epoch, first_step))
 
 
 class DaliLoader(ShardedLoader):
@@ -186,13 +203,16 @@ class DaliLoader(ShardedLoader):
             if self._gpu else None
         self._feed = Feed(split, cfg, self.corrupt)
         self._pipe = None
+        self._ahead = None
         self._next_epoch = None  # the epoch whose first batch the pipeline delivers next; None: rebuild
 
     def _pipeline(self, first_step: int = 0):
         if self._pipe is None or self._next_epoch != self.epoch or first_step:
             self.close()
             seed = (self.cfg.seed * 7919 + self.cfg.rank * 104729 + self.epoch) % (2 ** 31)
-            stream = shard_stream(self._feed, self.cfg, self.epoch, first_step)
+            # in flight: prefetch batches, and at least one per reader thread so that all of them read
+            self._ahead = ReadAhead(self.cfg.io_workers, max(self.cfg.prefetch, self.cfg.io_workers))
+            stream = shard_stream(self._feed, self.cfg, self.epoch, first_step, self._ahead)
             self._pipe = build_pipeline(stream, self.cfg, self._device_id, seed)
         self._next_epoch = None
         return self._pipe
@@ -213,16 +233,17 @@ class DaliLoader(ShardedLoader):
         self._next_epoch = self.epoch + 1 if self.cfg.split == "train" else self.epoch
 
     def _after_failure(self, e: Exception, step: int):
-        """The pipeline failed at ``step``: a DataError naming the file, or (skip) the file marked and a new
-        pipeline from this step on."""
+        """The pipeline failed at ``step``: a DataError naming the sample (one a reader thread found unusable,
+        or one DALI could not decode), or (skip) the sample marked and a new pipeline from this step on."""
         self.close()
         cause = e.__cause__ or e.__context__
         if isinstance(cause, DataError):
             raise cause from None
-        window = self.shard.indices[step * self.batch_size:(step + 3) * self.batch_size]
-        bad = _find_bad_file([self.split.files[i] for i in window if self.split.files[i] not in self._feed.bad])
+        window = [i for i in self.shard.indices[step * self.batch_size:(step + 3) * self.batch_size]
+                  if self.split.files[int(i)] not in self._feed.bad]
+        bad = _find_bad_sample(self.split, window)
         if not self._feed.skip or bad is None:
-            raise _named_error(e, self.split, [self.split.files[i] for i in window]) from None
+            raise _named_error(e, self.split, window) from None
         self._feed.bad[bad[0]] = f"DALI cannot decode it; PIL: {bad[1][:120]}"
         return self._pipeline(first_step=step)
 
@@ -242,6 +263,9 @@ class DaliLoader(ShardedLoader):
         return out
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
         if self._pipe is not None:
             del self._pipe
             self._pipe = None

@@ -12,6 +12,7 @@ process logs it, so the count holds across workers.
 from __future__ import annotations
 
 import functools
+import io
 import sys
 
 import torch
@@ -20,6 +21,7 @@ from PIL import Image
 from torus_train.data.base import (MEAN, PAD_LABEL, STD, TRAIN_AREA, TRAIN_RATIO, CorruptLog, LoaderConfig,
                                    ShardedLoader, replacement_after, val_resize)
 from torus_train.data.index import DataError, Split
+from torus_train.data.readers import sample_reader
 
 
 def transform(split: str, image_size: int):
@@ -33,8 +35,12 @@ def transform(split: str, image_size: int):
     return T.Compose(ops + [T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
-def _decode(path: str):
-    with Image.open(path) as im:
+def _decode(reader, i: int):
+    """Sample i decoded (a folder's file or a packed set's sample); the reader's problem raised as ValueError."""
+    data, problem = reader.read(i)
+    if problem is not None:
+        raise ValueError(problem)
+    with Image.open(io.BytesIO(data.tobytes())) as im:
         return im.convert("RGB")
 
 
@@ -44,6 +50,7 @@ class _Files(torch.utils.data.Dataset):
     def __init__(self, split: Split, tf, skip: bool = False, val: bool = False):
         self.split, self.files, self.labels, self.tf = split, split.files, split.labels, tf
         self.skip, self.val = skip, val
+        self.reader = sample_reader(split)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -51,7 +58,7 @@ class _Files(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         path = self.files[i]
         try:
-            img = _decode(path)
+            img = _decode(self.reader, i)
         except Exception as e:  # PIL raises several types for bad files
             reason = f"{type(e).__name__}: {e}"
             if not self.skip:
@@ -64,7 +71,7 @@ class _Files(torch.utils.data.Dataset):
 
         def readable(j: int) -> bool:
             try:
-                got[j] = _decode(self.files[j])
+                got[j] = _decode(self.reader, j)
             except Exception:
                 return False
             return True
@@ -121,7 +128,7 @@ class TorchvisionLoader(ShardedLoader):
             files, batch_size=cfg.batch_size,
             sampler=_ShardSampler(self), num_workers=cfg.num_threads, drop_last=False,
             pin_memory=device.type == "cuda", persistent_workers=cfg.num_threads > 0,
-            prefetch_factor=4 if cfg.num_threads > 0 else None,
+            prefetch_factor=max(1, cfg.prefetch) if cfg.num_threads > 0 else None,
             worker_init_fn=_worker_seed(cfg.seed, cfg.rank) if cfg.num_threads > 0 else None,
             multiprocessing_context=_worker_context() if cfg.num_threads > 0 else None)
 

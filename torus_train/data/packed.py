@@ -1,0 +1,431 @@
+"""Packed data sets: the train and val splits as tar shards in WebDataset's layout, with an index (numpy; no torch).
+
+    torus-train data pack --data DIR --out SHARDS [--shard-mb 256]
+
+A packed set is a folder:
+
+    packed.json                          format, version, source folder, per split: classes, count, shards
+                                         (name, bytes, samples, sha256); the arrays' checksum
+    train-000000.tar, ...                shard k of train: KEY.jpg (the encoded image, as it was in the folder)
+    val-000000.tar, ...                  and KEY.cls (its label, decimal ASCII), KEY = the sample's number
+    train.starts.npy, val.starts.npy     the first sample of each shard (int64, shards + 1 entries)
+    train.offsets.npy, ...               where each sample's image bytes start in its shard (int64)
+    train.sizes.npy, ...                 the image's length in bytes (int64)
+    train.labels.npy, ...                its label (int32; classes sorted, as the folder's index)
+    train.crc32.npy, ...                 the image bytes' CRC-32 (uint32): an altered shard is named per sample
+
+Any WebDataset reader reads the tar files (their members are plain ustar entries, KEY.jpg then KEY.cls).
+torus-train's ranks never list anything: they open the index arrays memory-mapped and read a sample with one
+``pread`` at its offset from a shard file they keep open, so a rank opens each shard it reads once (per reader
+process), not each image.
+
+The training split is written in a random order (seeded, ``--seed``), so every shard holds a mix of all
+classes; see ``epoch_order`` for how an epoch reads it. Validation keeps the folder's order.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from torus_train.data.checks import jpeg_problem
+from torus_train.data.index import SPLITS, DataError, Split, list_split
+from torus_train.errors import UserError, shown_path
+from torus_train.outdir import FolderKind, check_target, resolve_target, write_folder
+
+FORMAT = "torus-train packed"
+VERSION = 1
+MARKER = "packed.json"
+ARRAYS = ("starts", "offsets", "sizes", "labels", "crc32")
+SHARD_MB_RANGE = (0.01, 65536.0)   # 10 KB (tests) to 64 GiB; 256 MB is WebDataset's and DALI's usual size
+PACKED_KIND = FolderKind("packed data set", MARKER,
+                         lambda m: m.get("format") == FORMAT and isinstance(m.get("splits"), dict))
+BLOCK = 512
+
+
+def is_packed(path: str | os.PathLike | None) -> bool:
+    """True when ``path`` is a packed set (its packed.json is one of ours)."""
+    return path is not None and PACKED_KIND.holds(Path(path))
+
+
+# --------------------------------------------------------------------------------------------------------
+# writing
+# --------------------------------------------------------------------------------------------------------
+def check_shard_mb(shard_mb: float, flag: str = "--shard-mb") -> None:
+    low, high = SHARD_MB_RANGE
+    if not low <= shard_mb <= high:
+        raise UserError(f"{flag}: {shard_mb:g} must be between {low:g} and {high:,.0f} (MB per shard; 256 is usual)")
+
+
+def check_pack_target(data: Path, out: str | os.PathLike, flag: str = "--out") -> Path:
+    """The pack target, refused before any work when it holds something that is not a packed set, or when it
+    is the data folder, holds it, or lies inside it (it would be read as a class)."""
+    dest = resolve_target(out, flag)
+    if dest == data or dest in data.parents:
+        raise UserError(f"{flag} {shown_path(dest)}: holds the data folder {shown_path(data)}; give a new folder")
+    if data in dest.parents:
+        raise UserError(f"{flag} {shown_path(dest)}: inside the data folder {shown_path(data)}; put the packed "
+                        f"set elsewhere")
+    check_target(dest, PACKED_KIND, flag)
+    return dest
+
+
+def _tar_header(name: str, size: int) -> bytes:
+    """A ustar header for a regular file (fixed mode, owner and mtime, so a pack is byte-for-byte repeatable)."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o444, 0
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+class _ShardWriter:
+    """Writes one split's shards under ``folder``: records, cut at ``limit`` bytes, hashed as written."""
+
+    def __init__(self, folder: Path, split: str, limit: int):
+        self.folder, self.split, self.limit = folder, split, limit
+        self.shards: list[dict] = []
+        self.starts: list[int] = [0]
+        self.f = None
+        self.pos = 0
+        self.count = 0
+
+    def _open(self) -> None:
+        name = f"{self.split}-{len(self.shards):06d}.tar"
+        self.f = open(self.folder / name, "wb")
+        self.hash = hashlib.sha256()
+        self.pos = 0
+        self.shards.append({"name": name, "bytes": 0, "samples": 0, "sha256": ""})
+
+    def _write(self, b: bytes) -> None:
+        self.f.write(b)
+        self.hash.update(b)
+        self.pos += len(b)
+
+    def _member(self, name: str, payload: bytes) -> int:
+        self._write(_tar_header(name, len(payload)))
+        at = self.pos
+        self._write(payload)
+        self._write(b"\0" * (-len(payload) % BLOCK))
+        return at
+
+    def add(self, key: str, ext: str, image: bytes, label: int) -> int:
+        """Append a sample; the offset of its image bytes in its shard."""
+        record = 3 * BLOCK + len(image) + BLOCK  # two headers, the padded image, the padded label
+        if self.f is None or (self.pos + record > self.limit and self.shards[-1]["samples"]):
+            self._close()
+            self._open()
+        at = self._member(f"{key}.{ext}", image)
+        self._member(f"{key}.cls", str(label).encode())
+        self.shards[-1]["samples"] += 1
+        self.count += 1
+        return at
+
+    def _close(self) -> None:
+        if self.f is None:
+            return
+        self._write(b"\0" * (2 * BLOCK))  # the tar end-of-archive marker
+        self.f.close()
+        self.f = None
+        self.shards[-1].update(bytes=self.pos, sha256=self.hash.hexdigest())
+        self.starts.append(self.count)
+
+    def finish(self) -> tuple[list[dict], np.ndarray]:
+        self._close()
+        return self.shards, np.asarray(self.starts, dtype=np.int64)
+
+
+def _read_source(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    if path.suffix.lower() in (".jpg", ".jpeg"):
+        problem = jpeg_problem(data[:3], data[-64:], len(data))
+        if problem:
+            raise DataError(f"{path}: {problem}; fix or remove it, then pack again")
+    return data
+
+
+def _pack_split(data: Path, split: str, tmp: Path, limit: int, seed: int, log) -> tuple[dict, dict]:
+    classes, names, labels = list_split(data, split)
+    n = len(names)
+    # training samples in a seeded random order: every shard then holds a mix of the classes
+    order = np.random.Generator(np.random.PCG64([seed])).permutation(n) if split == "train" else np.arange(n)
+    w = _ShardWriter(tmp, split, limit)
+    arrays = {k: np.zeros(n, dtype=t) for k, t in (("offsets", np.int64), ("sizes", np.int64),
+                                                   ("labels", np.int32), ("crc32", np.uint32))}
+    last = time.time()
+    for k, i in enumerate(order):
+        path = data / split / names[i]
+        image = _read_source(path)
+        ext = path.suffix.lower().lstrip(".") or "img"
+        ext = "jpg" if ext == "jpeg" else ext
+        arrays["offsets"][k] = w.add(f"{k:08d}", ext, image, labels[i])
+        arrays["sizes"][k], arrays["labels"][k], arrays["crc32"][k] = len(image), labels[i], zlib.crc32(image)
+        if log and time.time() - last > 5:
+            last = time.time()
+            log(f"  {split}: {k + 1:,}/{n:,} samples")
+    shards, starts = w.finish()
+    arrays["starts"] = starts
+    return {"classes": list(classes), "count": n, "shards": shards}, arrays
+
+
+def pack(data_root: str | os.PathLike, out: str | os.PathLike, shard_mb: float = 256, seed: int = 0, log=None,
+         flag: str = "--out") -> Path:
+    """Pack the ImageNet-layout folder ``data_root`` into ``out`` (written beside it and renamed in: a pack
+    interrupted half-way leaves no folder that looks like a packed set); the packed set's folder."""
+    check_shard_mb(shard_mb)
+    data = Path(data_root).resolve()
+    for split in SPLITS:
+        if not (data / split).is_dir():
+            raise DataError(f"{data}: not an ImageNet-layout folder ({split}/CLASS/* missing)")
+    dest = check_pack_target(data, out, flag)
+    t0 = time.time()
+    limit = max(4 * BLOCK, int(shard_mb * 1e6))
+    meta: dict = {"format": FORMAT, "version": VERSION, "source": str(data), "seed": seed, "shard_mb": shard_mb,
+                  "splits": {}}
+
+    def fill(tmp: Path) -> None:
+        arrays = {}
+        for split in SPLITS:
+            meta["splits"][split], a = _pack_split(data, split, tmp, limit, seed, log)
+            arrays.update({f"{split}.{k}": v for k, v in a.items()})
+        for key, a in arrays.items():
+            np.save(tmp / f"{key}.npy", a)
+        meta["checksum"] = _checksum(arrays)
+        meta["bytes"] = sum(s["bytes"] for sp in meta["splits"].values() for s in sp["shards"])
+        meta["seconds"] = round(time.time() - t0, 3)
+        (tmp / MARKER).write_text(json.dumps(meta, indent=1))  # last: a folder without it is no packed set
+
+    try:
+        write_folder(dest, PACKED_KIND, flag, fill)
+    except OSError as e:
+        raise DataError(f"{dest}: cannot write the packed set ({e.strerror or e})") from None
+    if log:
+        counts = ", ".join(f"{s} {m['count']:,} samples in {len(m['shards'])} shards"
+                           for s, m in meta["splits"].items())
+        log(f"packed {data}: {counts}, {meta['bytes'] / 1e6:,.1f} MB in {meta['seconds']:.1f} s -> {dest}")
+    return dest
+
+
+def _checksum(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        h.update(key.encode())
+        h.update(np.ascontiguousarray(arrays[key]).data)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------------
+# reading
+# --------------------------------------------------------------------------------------------------------
+class SampleNames:
+    """``names[i]``: SHARD.tar:KEY, how messages name sample i of a packed split."""
+
+    def __init__(self, split: "PackedSplit"):
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split.labels)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        i = int(i)
+        return f"{self.split.shard_paths[self.split.shard_of(i)]}:{i:08d}"
+
+
+@dataclass(frozen=True)
+class PackedSplit(Split):
+    """One split of a packed set: ``files[i]`` names sample i (SHARD.tar:KEY); the arrays locate its bytes."""
+
+    shard_paths: tuple[str, ...] = ()
+    """Absolute path of each shard."""
+    shard_bytes: tuple[int, ...] = ()
+    """Each shard's size as packed."""
+    starts: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    """First sample of each shard (shards + 1 entries)."""
+    offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    crc32: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+
+    def shard_of(self, i: int) -> int:
+        return int(np.searchsorted(self.starts, i, side="right")) - 1
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A loaded packed set: packed.json and the memory-mapped arrays."""
+
+    path: Path
+    meta: dict
+    arrays: dict[str, np.ndarray]
+
+    def split(self, name: str) -> PackedSplit:
+        s = self.meta["splits"][name]
+        a = {k: self.arrays[f"{name}.{k}"] for k in ARRAYS}
+        sp = PackedSplit(self.path / name, tuple(s["classes"]), (), a["labels"],
+                         tuple(str(self.path / sh["name"]) for sh in s["shards"]),
+                         tuple(int(sh["bytes"]) for sh in s["shards"]), a["starts"], a["offsets"], a["sizes"],
+                         a["crc32"])
+        object.__setattr__(sp, "files", SampleNames(sp))
+        return sp
+
+    @property
+    def bytes(self) -> int:
+        return int(self.meta["bytes"])
+
+    def classes(self) -> dict[str, tuple[str, ...]]:
+        """Each split's classes (label i is classes[i])."""
+        return {s: tuple(m["classes"]) for s, m in self.meta["splits"].items()}
+
+    def shard_files(self) -> list[tuple[str, int, str]]:
+        """(name, bytes, sha256) of every shard."""
+        return [(sh["name"], int(sh["bytes"]), sh["sha256"]) for m in self.meta["splits"].values()
+                for sh in m["shards"]]
+
+    def verify(self) -> None:
+        """The arrays match their checksum and every shard is there with its packed size (one stat per shard):
+        the launcher's check before any rank starts."""
+        if _checksum(self.arrays) != self.meta["checksum"]:
+            raise DataError(f"{self.path}: packed set's index is damaged (checksum differs); pack it again")
+        for name, size, _ in self.shard_files():
+            try:
+                got = (self.path / name).stat().st_size
+            except OSError as e:
+                raise DataError(f"{self.path / name}: {e.strerror or e} (a shard of the packed set)") from None
+            if got != size:
+                raise DataError(f"{self.path / name}: {got:,} bytes, packed as {size:,} (truncated or replaced); "
+                                f"pack the set again")
+
+
+def load_packed(path: str | os.PathLike) -> Packed:
+    """Open a packed set's index memory-mapped; DataError when it is not one, of another version, or damaged
+    in shape."""
+    p = Path(path)
+    try:
+        meta = json.loads((p / MARKER).read_text())
+        if not PACKED_KIND.recognise(meta):
+            raise ValueError(f"{MARKER} is not a torus-train packed set's")
+        arrays = {f"{s}.{k}": np.load(p / f"{s}.{k}.npy", mmap_mode="r", allow_pickle=False)
+                  for s in SPLITS for k in ARRAYS}
+    except FileNotFoundError as e:
+        raise DataError(f"{p}: not a packed set ({Path(e.filename or MARKER).name} missing); pack one with: "
+                        f"torus-train data pack --data DIR --out {p}") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"{p}: not a readable packed set ({e}); pack it again") from None
+    if meta.get("version") != VERSION:
+        raise DataError(f"{p}: packed set version {meta.get('version')} is not {VERSION}; pack it again")
+    for s in SPLITS:
+        m = meta["splits"][s]
+        n, shards = m["count"], len(m["shards"])
+        if len(arrays[f"{s}.starts"]) != shards + 1 or any(len(arrays[f"{s}.{k}"]) != n for k in ARRAYS[1:]):
+            raise DataError(f"{p}: packed set's index is damaged ({s} arrays do not match {n} samples); "
+                            f"pack it again")
+    return Packed(p, meta, arrays)
+
+
+def split_classes(path: str | os.PathLike) -> dict[str, tuple[str, ...]]:
+    """{"train": classes, "val": classes} of a packed set, from packed.json alone (for preflight checks)."""
+    return load_packed(path).classes()
+
+
+class ShardReader:
+    """Reads sample i of a packed split with one pread from a shard file kept open (at most ``keep`` open).
+
+    Thread-safe (pread has no file position; the table of open files is locked) and fork-safe: a process
+    forked from the one that opened the files (torchvision's workers) opens its own.
+    ``read`` returns (bytes, None) or (bytes or None, why the sample is unusable).
+    """
+
+    def __init__(self, split: PackedSplit, keep: int = 16):
+        import threading
+
+        self.split, self.keep = split, keep
+        self._fds: dict[int, int] = {}
+        self._busy: dict[int, int] = {}
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self.opens = 0
+
+    def __getstate__(self):
+        return {"split": self.split, "keep": self.keep}
+
+    def __setstate__(self, state):
+        self.__init__(state["split"], state["keep"])
+
+    def _acquire(self, k: int) -> int:
+        """The open descriptor of shard k, marked busy (never closed while a thread reads from it)."""
+        with self._lock:
+            if self._pid != os.getpid():  # forked: leave the parent's descriptors alone, open our own
+                self._fds, self._busy, self._pid = {}, {}, os.getpid()
+            fd = self._fds.pop(k, None)
+            if fd is None:
+                idle = [j for j in self._fds if not self._busy.get(j)]
+                if len(self._fds) >= self.keep and idle:
+                    os.close(self._fds.pop(idle[0]))  # least recently used idle shard
+                fd = os.open(self.split.shard_paths[k], os.O_RDONLY)
+                self.opens += 1
+            self._fds[k] = fd  # most recently used last
+            self._busy[k] = self._busy.get(k, 0) + 1
+            return fd
+
+    def _release(self, k: int) -> None:
+        with self._lock:
+            self._busy[k] -= 1
+
+    def read(self, i: int) -> tuple[np.ndarray | None, str | None]:
+        sp = self.split
+        k = sp.shard_of(i)
+        off, size = int(sp.offsets[i]), int(sp.sizes[i])
+        try:
+            fd = self._acquire(k)
+        except OSError as e:
+            return None, f"cannot read shard {sp.shard_paths[k]} ({e.strerror or e})"
+        try:
+            data = os.pread(fd, size, off)
+        except OSError as e:
+            return None, f"cannot read shard {sp.shard_paths[k]} ({e.strerror or e})"
+        finally:
+            self._release(k)
+        if len(data) < size:
+            return None, (f"truncated shard: {len(data)} of {size} bytes at offset {off:,} (the shard was packed "
+                          f"with {sp.shard_bytes[k]:,} bytes); pack the set again")
+        if zlib.crc32(data) != int(sp.crc32[i]):
+            return None, "altered shard: the sample's bytes differ from the packed ones (CRC-32); pack the set again"
+        return np.frombuffer(data, dtype=np.uint8), None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                for fd in self._fds.values():
+                    os.close(fd)
+            self._fds = {}
+
+
+# --------------------------------------------------------------------------------------------------------
+# the order of an epoch
+# --------------------------------------------------------------------------------------------------------
+def epoch_order(starts: np.ndarray, epoch: int, seed: int, buffer: int) -> np.ndarray:
+    """The training order of a packed split in ``epoch``: shard units, then an in-buffer shuffle.
+
+    The shards are put in a random order drawn from (seed, epoch); their samples follow each other in that
+    order; then each run of ``buffer`` consecutive samples is permuted (a block shuffle, vectorised; a
+    sample moves at most ``buffer`` places). The result is a permutation of all samples, the same on every
+    rank, so cutting it into equal contiguous shards (data/sharding.py) keeps exactly-once per epoch; and
+    rank r's part is a run of whole shards (plus two partial ones at its ends), so a rank reads few shards.
+    """
+    n = int(starts[-1])
+    rng = np.random.Generator(np.random.PCG64([seed, epoch, 0x5A4D]))
+    perm = rng.permutation(len(starts) - 1)
+    lengths = np.diff(starts)[perm]
+    first = np.repeat(starts[:-1][perm] - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
+    seq = first + np.arange(n, dtype=np.int64)
+    keys = (np.arange(n) // max(1, buffer)).astype(np.float64) + rng.random(n)
+    return seq[np.argsort(keys, kind="stable")]

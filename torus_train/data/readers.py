@@ -1,0 +1,72 @@
+"""Reading one encoded sample by its index, from a folder or a packed set (numpy; no torch).
+
+``sample_reader(split)`` gives an object with ``read(i) -> (bytes as uint8 array or None, problem or None)``:
+a folder split opens each image file (one open per image); a packed split reads from shard files it keeps
+open (packed.ShardReader). The loaders call it only in their reader processes (DALI's parallel
+external_source workers, torchvision's DataLoader workers), never on the training thread, except to name the
+file after a decode failure.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from torus_train.data.checks import is_jpeg_name, jpeg_problem
+from torus_train.data.index import Split
+from torus_train.data.packed import PackedSplit, ShardReader
+
+
+class FileReader:
+    """Sample i of a folder split: the whole file, its JPEG markers checked (no extra I/O)."""
+
+    def __init__(self, split: Split):
+        self.split = split
+        self.opens = 0
+
+    def read(self, i: int) -> tuple[np.ndarray | None, str | None]:
+        path = self.split.files[i]
+        self.opens += 1
+        try:
+            data = np.fromfile(path, dtype=np.uint8)
+        except OSError as e:
+            return None, f"cannot read ({e.strerror or e})"
+        if not is_jpeg_name(path):
+            return data, None
+        return data, jpeg_problem(data[:3].tobytes(), data[-64:].tobytes(), data.size)
+
+    def close(self) -> None:
+        pass
+
+
+def sample_reader(split: Split):
+    """The reader for ``split``: ShardReader for a packed split, FileReader for a folder's."""
+    return ShardReader(split) if isinstance(split, PackedSplit) else FileReader(split)
+
+
+class ReadAhead:
+    """Reader threads that run a function over a stream of items ahead of its consumer, results in order.
+
+    ``map(fn, items)`` keeps ``depth`` calls in flight on ``workers`` threads and yields their results in the
+    items' order; the consumer (DALI's external_source, on the training thread) only takes finished results.
+    File reads release the GIL, so the threads overlap their I/O with each other and with training. An
+    exception in ``fn`` is raised to the consumer with the result it belongs to.
+    """
+
+    def __init__(self, workers: int, depth: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.depth = max(1, depth)
+        self.pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="torus-read")
+
+    def map(self, fn, items):
+        from collections import deque
+
+        pending = deque()
+        for item in items:
+            pending.append(self.pool.submit(fn, item))
+            if len(pending) > self.depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
