@@ -123,7 +123,7 @@ class ModelSection:
 @dataclass
 class DataSection:
     source: str = "synthetic"
-    """synthetic | demo | a folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG."""
+    """synthetic | demo | a folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG | a packed set (`data pack`)."""
     loader: str = "auto"
     """auto | dali | torchvision (auto = dali when importable)."""
     image_size: int = 224
@@ -132,7 +132,19 @@ class DataSection:
     """The data folder's file index (`torus-train data index`); empty = DATA/.torus-train-index, or a folder in
     the cache where DATA is read-only. `run` builds it there when missing and checks it before launching."""
     num_threads: int = 0
-    """Decoding threads per rank; 0 = CPU cores / ranks on the node."""
+    """Decoding threads per rank; 0 = the cores this rank is bound to (or the node's cores / its ranks when
+    the launcher bound none)."""
+    io_workers: int = 4
+    """Reader threads per rank: all file reads happen there, none on the training thread."""
+    prefetch: int = 2
+    """Batches read and decoded ahead of the training step."""
+    shuffle_buffer: int = 8192
+    """Packed sets: each run of this many samples of the epoch's shard sequence is shuffled (docs/data.md)."""
+    stage: str = "none"
+    """none | node: before the first step one rank per node copies the packed set to node-local space and
+    the node's ranks read it there (docs/data.md)."""
+    stage_dir: str = ""
+    """Node-local folder for data.stage = node; empty = $SLURM_TMPDIR, $PBS_JOBFS, $SGE_LOCALDIR or $TMPDIR."""
     synthetic_samples: int = 0
     """Images per epoch of synthetic data (0 = the loader's default); small values make short epochs."""
     on_corrupt: str = "fail"
@@ -225,6 +237,7 @@ class JobSpec:
         _choice("model.precision", self.model.precision, ("fp32", "fp16", "bf16"))
         _choice("data.loader", self.data.loader, ("auto", "dali", "torchvision"))
         _choice("data.on_corrupt", self.data.on_corrupt, ("fail", "skip"))
+        _choice("data.stage", self.data.stage, ("none", "node"))
         _choice("optimizer.name", self.optimizer.name, ("sgd", "lars"))
         _choice("comm.algo", self.comm.algo, ("torus", "hierarchical", "flat", "ddp", "torus-sync"))
         _choice("comm.compression", self.comm.compression, ("none", "fp16", "bf16"))
@@ -245,6 +258,8 @@ class JobSpec:
             ("data.image_size", self.data.image_size, 8, MAX_IMAGE_SIZE),
             ("data.num_threads", self.data.num_threads, 0, 4096),
             ("data.synthetic_samples", self.data.synthetic_samples, 0, None),
+            ("data.io_workers", self.data.io_workers, 1, 256), ("data.prefetch", self.data.prefetch, 1, 64),
+            ("data.shuffle_buffer", self.data.shuffle_buffer, 1, None),
             ("checkpoint.every_steps", self.checkpoint.every_steps, 0, None),
             ("checkpoint.every_epochs", self.checkpoint.every_epochs, 0, None),
             ("checkpoint.keep", self.checkpoint.keep, 1, None),

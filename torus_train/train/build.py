@@ -111,12 +111,12 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
     from torus_train.data import make_loader
 
     kind = "synthetic" if spec.data.source == "synthetic" else spec.data.loader
-    from torus_train.job.launch import usable_cpus  # affinity and cgroup quota, not the machine's count
-
-    threads = spec.data.num_threads or max(1, usable_cpus() // boot.info.local_world_size)
-    root = data_root(spec)
+    threads = spec.data.num_threads or decode_threads(boot.info.local_world_size)
+    root = staged_root(spec, boot, data_root(spec))
     index = None
-    if root is not None:  # the launcher checked (or built) the index; a rank only opens it
+    from torus_train.data.packed import is_packed
+
+    if root is not None and not is_packed(root):  # the launcher checked (or built) the index; a rank opens it
         from torus_train.data.index import default_location
 
         index = spec.data.index or str(default_location(root))
@@ -125,7 +125,49 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
                        num_classes=spec.model.num_classes, seed=spec.job.seed,
                        channels_last=spec.model.channels_last, device=boot.device, num_threads=threads,
                        verify=False, synthetic_samples=spec.data.synthetic_samples or None,
-                       dtype=image_dtype(spec, boot.device), on_corrupt=spec.data.on_corrupt, corrupt=corrupt)
+                       dtype=image_dtype(spec, boot.device), on_corrupt=spec.data.on_corrupt, corrupt=corrupt,
+                       io_workers=spec.data.io_workers, prefetch=spec.data.prefetch,
+                       shuffle_buffer=spec.data.shuffle_buffer)
+
+
+def decode_threads(local_world_size: int, affinity: int | None = None, machine: int | None = None,
+                   usable: int | None = None) -> int:
+    """Decode threads of a rank: all the cores it may use when the launcher bound it to its own (mpirun
+    --bind-to core, srun --cpu-bind=cores: its affinity mask is already its share, dividing again by the
+    node's ranks would leave a 4-GPU node with 8 cores per rank 2 threads each); the node's usable cores
+    shared by its ranks when it is unbound (its mask is the whole machine)."""
+    import os
+
+    from torus_train.job.launch import usable_cpus  # affinity and cgroup quota, not the machine's count
+
+    affinity = affinity if affinity is not None else len(os.sched_getaffinity(0))
+    machine = machine or os.cpu_count() or affinity
+    usable = usable or usable_cpus()
+    if affinity < machine:
+        return max(1, usable)
+    return max(1, usable // max(1, local_world_size))
+
+
+_staged: dict[str, str] = {}
+
+
+def staged_root(spec: JobSpec, boot: Bootstrap, root: str | None) -> str | None:
+    """``root``, or with data.stage = node its node-local copy (made once per node, before the first step:
+    data/stage.py); every rank waits until all nodes have theirs."""
+    if root is None or spec.data.stage == "none":
+        return root
+    if root not in _staged:
+        from torus_train.data.stage import stage_on_node
+
+        _staged[root] = str(stage_on_node(root, spec.data.stage_dir, boot.info.local_rank, _barrier))
+    return _staged[root]
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def image_dtype(spec: JobSpec, device: torch.device) -> str:

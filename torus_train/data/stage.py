@@ -1,0 +1,142 @@
+"""Node-local staging of a packed set (``data.stage = node``; no torch import).
+
+Before the first step, local rank 0 of every node copies the WHOLE packed set to node-local space and checks
+it against the index; the node's ranks then read the copy. The whole set, not the shards the node's ranks
+read: a packed epoch draws a new shard order every epoch (packed.epoch_order), so over a run every node reads
+every shard; pinning shards to nodes would turn the epoch's shuffle into a node-local one. One copy per node
+moves each byte over the shared file system once per node and touches its metadata server once per shard.
+
+Where: ``data.stage_dir``, else the first of $SLURM_TMPDIR, $PBS_JOBFS, $SGE_LOCALDIR, $TMPDIR that is set
+(the job-scoped folders first: the scheduler removes them with the job). The copy lives in
+``WHERE/torus-train-stage/<name>-<hash of the source path>``, written beside and renamed in (outdir.py):
+
+- a copy there whose packed.json has the source's checksum and whose shards have their packed sizes is reused;
+- any other copy there (another packing of the same path, a shard truncated or missing) is stale: replaced;
+- each shard's SHA-256 is computed while it is copied and compared with packed.json (a damaged source shard
+  is a DataError naming it, and nothing is renamed in);
+- a folder without room (free space < the set's bytes) fails before copying, in one line with both sizes.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from torus_train.data.index import DataError
+from torus_train.data.packed import MARKER, PACKED_KIND, Packed, is_packed, load_packed
+from torus_train.errors import UserError, shown_path
+from torus_train.outdir import write_folder
+
+ENV_DIRS = ("SLURM_TMPDIR", "PBS_JOBFS", "SGE_LOCALDIR", "TMPDIR")
+CHUNK = 8 << 20
+
+
+def stage_base(stage_dir: str, environ: Mapping[str, str] | None = None) -> Path:
+    """The node-local folder: data.stage_dir, or the first scheduler/tmp variable set; UserError if none."""
+    environ = os.environ if environ is None else environ
+    if stage_dir:
+        return Path(stage_dir)
+    for name in ENV_DIRS:
+        if environ.get(name):
+            return Path(environ[name])
+    raise UserError("data.stage = node: no node-local folder; set data.stage_dir, or run where one of "
+                    f"${', $'.join(ENV_DIRS)} is set")
+
+
+def stage_target(source: Path, base: Path) -> Path:
+    tag = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
+    return base / "torus-train-stage" / f"{source.resolve().name}-{tag}"
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:,.2f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
+
+
+def valid_copy(target: Path, packed: Packed) -> bool:
+    """True when ``target`` holds this packed set: the same checksum, every shard at its packed size."""
+    if not is_packed(target):
+        return False
+    try:
+        copy = load_packed(target)
+    except DataError:
+        return False
+    if copy.meta.get("checksum") != packed.meta["checksum"]:
+        return False
+    try:
+        return all((target / name).stat().st_size == size for name, size, _ in packed.shard_files())
+    except OSError:
+        return False
+
+
+def check_room(base: Path, needed: int) -> None:
+    try:
+        free = shutil.disk_usage(base).free
+    except OSError as e:
+        raise UserError(f"data.stage_dir {shown_path(base)}: {e.strerror or e}") from None
+    if free < needed:
+        raise UserError(f"data.stage = node: {shown_path(base)} has {_gb(free)} free, the packed set needs "
+                        f"{_gb(needed)}; free space there, set data.stage_dir to a larger node-local folder, or "
+                        f"use data.stage = none")
+
+
+def _copy_checked(src: Path, dst: Path, sha256: str) -> None:
+    h = hashlib.sha256()
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        while True:
+            b = fi.read(CHUNK)
+            if not b:
+                break
+            h.update(b)
+            fo.write(b)
+    if h.hexdigest() != sha256:
+        raise DataError(f"{src}: its bytes differ from those packed (SHA-256); the shard is damaged: pack the set "
+                        f"again")
+
+
+def stage(source: str | os.PathLike, base: Path, log=None) -> Path:
+    """The node-local copy of the packed set ``source`` under ``base`` (reused when valid, else made)."""
+    src = Path(source)
+    if not is_packed(src):
+        raise UserError(f"data.stage = node needs a packed set (torus-train data pack --data {shown_path(src)} "
+                        f"--out SHARDS), not the folder {shown_path(src)}: copying a folder's files would cost "
+                        f"one metadata operation per image per node")
+    packed = load_packed(src)
+    target = stage_target(src, base)
+    if valid_copy(target, packed):
+        if log:
+            log(f"data.stage: reusing {target}")
+        return target
+    base.mkdir(parents=True, exist_ok=True)
+    check_room(base, packed.bytes + sum(p.stat().st_size for p in src.glob("*.npy")))
+
+    def fill(tmp: Path) -> None:
+        for name, _, sha in packed.shard_files():
+            _copy_checked(src / name, tmp / name, sha)
+        for p in sorted(src.glob("*.npy")):
+            shutil.copyfile(p, tmp / p.name)
+        shutil.copyfile(src / MARKER, tmp / MARKER)  # last: the copy is a packed set only when whole
+        load_packed(tmp).verify()
+
+    try:
+        write_folder(target, PACKED_KIND, "data.stage_dir", fill)
+    except OSError as e:
+        raise UserError(f"data.stage: cannot copy {shown_path(src)} to {shown_path(target)} "
+                        f"({e.strerror or e})") from None
+    if log:
+        log(f"data.stage: copied {src} ({_gb(packed.bytes)}) to {target}")
+    return target
+
+
+def stage_on_node(source: str | os.PathLike, stage_dir: str, local_rank: int, barrier: Callable[[], None],
+                  log=None) -> Path:
+    """Local rank 0 stages; every rank waits (``barrier``) and then reads the node's copy."""
+    base = stage_base(stage_dir)
+    if local_rank == 0:
+        stage(source, base, log)
+    barrier()
+    target = stage_target(Path(source), base)
+    if not valid_copy(target, load_packed(source)):
+        raise DataError(f"{target}: the node's staged copy is missing or incomplete after staging")
+    return target
