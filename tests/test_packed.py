@@ -217,3 +217,30 @@ def test_training_thread_opens_no_file(packed, folder):
             assert 0 < len(reads) <= len(load_packed(packed).split("train").shard_paths) * 2
         else:
             assert len(reads) >= n  # one open per image
+
+
+def test_cli_pack_and_bad_input(folder, packed, tmp_path):
+    from clihelp import assert_one_line_error, invoke
+
+    (tmp_path / "afile").write_text("mine")
+    code, out, _ = invoke("data", "pack", "--data", str(folder), "--out", str(tmp_path / "s"), "--shard-mb", "1")
+    assert code == 0 and "train: 3 classes, 45 samples, 1 shards" in out and is_packed(tmp_path / "s")
+    for args, message in (
+            (["--out", str(tmp_path / "t"), "--shard-mb", "0"], "--shard-mb: 0 must be between"),
+            (["--out", str(tmp_path / "t"), "--shard-mb", "nan"], "--shard-mb: nan must be between"),
+            (["--out", str(tmp_path / "afile")], "a file is there, not a packed data set")):
+        code, _, err = invoke("data", "pack", "--data", str(folder), *args)
+        assert_one_line_error(code, err, message)
+    assert (tmp_path / "afile").read_text() == "mine"
+    (tmp_path / "neither").mkdir()
+    code, _, err = invoke("run", "--gpus", "1", "--grid", "1x1", "--steps", "1", "--data", str(tmp_path / "neither"),
+                          "--out", str(tmp_path / "run"))
+    assert_one_line_error(code, err, "neither an ImageNet-layout folder (train/CLASS/*, val/CLASS/*) nor a packed set")
+
+
+def test_decode_threads_use_the_bound_cores():
+    from torus_train.data.readers import decode_threads
+
+    assert decode_threads(4, affinity=8, machine=32, usable=8) == 8  # bound by srun/mpirun: all its cores
+    assert decode_threads(4, affinity=32, machine=32, usable=32) == 8  # unbound: the node's cores shared
+    assert decode_threads(4, affinity=2, machine=2, usable=2) == 1

@@ -2,9 +2,9 @@
 
 ``sample_reader(split)`` gives an object with ``read(i) -> (bytes as uint8 array or None, problem or None)``:
 a folder split opens each image file (one open per image); a packed split reads from shard files it keeps
-open (packed.ShardReader). The loaders call it only in their reader processes (DALI's parallel
-external_source workers, torchvision's DataLoader workers), never on the training thread, except to name the
-file after a decode failure.
+open (packed.ShardReader). The loaders call it only in their readers (ReadAhead's threads for DALI,
+torchvision's DataLoader workers), never on the training thread, except to name the file after a decode
+failure. Also here: how many decode threads a rank gets (``decode_threads``).
 """
 from __future__ import annotations
 
@@ -13,6 +13,24 @@ import numpy as np
 from torus_train.data.checks import is_jpeg_name, jpeg_problem
 from torus_train.data.index import Split
 from torus_train.data.packed import PackedSplit, ShardReader
+
+
+def decode_threads(local_world_size: int, affinity: int | None = None, machine: int | None = None,
+                   usable: int | None = None) -> int:
+    """Decode threads of a rank: all the cores it may use when the launcher bound it to its own (mpirun
+    --bind-to core, srun --cpu-bind=cores: its affinity mask is already its share, dividing again by the
+    node's ranks would leave a 4-GPU node with 8 cores per rank 2 threads each); the node's usable cores
+    shared by its ranks when it is unbound (its mask is the whole machine)."""
+    import os
+
+    from torus_train.job.launch import usable_cpus  # affinity and cgroup quota, not the machine's count
+
+    affinity = affinity if affinity is not None else len(os.sched_getaffinity(0))
+    machine = machine or os.cpu_count() or affinity
+    usable = usable or usable_cpus()
+    if affinity < machine:
+        return max(1, usable)
+    return max(1, usable // max(1, local_world_size))
 
 
 class FileReader:

@@ -111,6 +111,8 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
     from torus_train.data import make_loader
 
     kind = "synthetic" if spec.data.source == "synthetic" else spec.data.loader
+    from torus_train.data.readers import decode_threads
+
     threads = spec.data.num_threads or decode_threads(boot.info.local_world_size)
     root = staged_root(spec, boot, data_root(spec))
     index = None
@@ -128,24 +130,6 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
                        dtype=image_dtype(spec, boot.device), on_corrupt=spec.data.on_corrupt, corrupt=corrupt,
                        io_workers=spec.data.io_workers, prefetch=spec.data.prefetch,
                        shuffle_buffer=spec.data.shuffle_buffer)
-
-
-def decode_threads(local_world_size: int, affinity: int | None = None, machine: int | None = None,
-                   usable: int | None = None) -> int:
-    """Decode threads of a rank: all the cores it may use when the launcher bound it to its own (mpirun
-    --bind-to core, srun --cpu-bind=cores: its affinity mask is already its share, dividing again by the
-    node's ranks would leave a 4-GPU node with 8 cores per rank 2 threads each); the node's usable cores
-    shared by its ranks when it is unbound (its mask is the whole machine)."""
-    import os
-
-    from torus_train.job.launch import usable_cpus  # affinity and cgroup quota, not the machine's count
-
-    affinity = affinity if affinity is not None else len(os.sched_getaffinity(0))
-    machine = machine or os.cpu_count() or affinity
-    usable = usable or usable_cpus()
-    if affinity < machine:
-        return max(1, usable)
-    return max(1, usable // max(1, local_world_size))
 
 
 _staged: dict[str, str] = {}
