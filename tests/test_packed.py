@@ -15,7 +15,7 @@ import pytest
 from datahelp import decode_indices, make_index_set
 from torus_train.data import make_loader
 from torus_train.data.checks import DataError
-from torus_train.data.packed import epoch_order, is_packed, load_packed, pack, split_classes
+from torus_train.data.packed import check_shards, epoch_order, is_packed, load_packed, pack, split_classes
 from torus_train.data.sharding import shard
 from torus_train.errors import UserError
 
@@ -158,6 +158,9 @@ def test_damaged_shard_is_named_or_skipped(kind, how, packed, tmp_path):
     if how == "truncated":  # the launcher's check names the shard before any rank starts
         with pytest.raises(DataError, match="bytes, packed as"):
             load_packed(dst).verify()
+    else:  # `data check` reads every shard
+        with pytest.raises(DataError, match="train-000001.tar: its bytes differ from those packed"):
+            check_shards(load_packed(dst))
 
 
 def test_pack_target_rules(folder, packed, tmp_path):

@@ -79,17 +79,23 @@ def index(root: str, location: str | None) -> None:
 
 
 @data.command("check")
-@click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder.")
+@click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder or packed set.")
 @click.option("--split", "splits", multiple=True, default=("train", "val"), show_default=True)
 @click.option("--index", "location", default=None, type=click.Path(), help=INDEX_HELP)
 def check(root: str, splits: tuple[str, ...], location: str | None) -> None:
     """Check a data folder file by file (layout, empty classes, non-image files, JPEG markers) and, where it
-    has an index, that the index lists exactly its files."""
+    has an index, that the index lists exactly its files; or a packed set's index and shard checksums."""
     from pathlib import Path
 
     from torus_train.data.checks import scan
     from torus_train.data.index import DataError, compare_with_folder, default_location, load_index
+    from torus_train.data.packed import check_shards, is_packed, load_packed
 
+    if is_packed(root):  # a packed set: its index and every shard's checksum
+        packed = load_packed(root)
+        check_shards(packed)
+        click.echo(f"{root}: packed set, {len(packed.shard_files())} shards, checksums match")
+        return
     for split in splits:
         s = scan(root, split, verify=True)
         click.echo(f"{s.root}: {len(s.classes)} classes, {len(s)} images, ok")

@@ -305,6 +305,18 @@ class Packed:
                                 f"pack the set again")
 
 
+def check_shards(packed: Packed) -> None:
+    """``data check`` on a packed set: the index, and every shard's SHA-256 against packed.json (reads it all)."""
+    packed.verify()
+    for name, _, sha in packed.shard_files():
+        h = hashlib.sha256()
+        with open(packed.path / name, "rb") as f:
+            for block in iter(lambda: f.read(8 << 20), b""):
+                h.update(block)
+        if h.hexdigest() != sha:
+            raise DataError(f"{packed.path / name}: its bytes differ from those packed (SHA-256); pack the set again")
+
+
 def load_packed(path: str | os.PathLike) -> Packed:
     """Open a packed set's index memory-mapped; DataError when it is not one, of another version, or damaged
     in shape."""
