@@ -240,6 +240,9 @@ def test_cli_pack_and_bad_input(folder, packed, tmp_path):
     code, _, err = invoke("run", "--gpus", "1", "--grid", "1x1", "--steps", "1", "--data", str(tmp_path / "neither"),
                           "--out", str(tmp_path / "run"))
     assert_one_line_error(code, err, "neither an ImageNet-layout folder (train/CLASS/*, val/CLASS/*) nor a packed set")
+    code, _, err = invoke("run", "--gpus", "1", "--grid", "1x1", "--steps", "1", "--data", str(folder),
+                          "--set", "data.stage=node", "--out", str(tmp_path / "run2"))
+    assert_one_line_error(code, err, "data.stage = node needs a packed set")
 
 
 def test_decode_threads_use_the_bound_cores():

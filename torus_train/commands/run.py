@@ -204,13 +204,16 @@ def prepare_data(spec: JobSpec, log=None) -> None:
     from torus_train.data.index import ensure_index
     from torus_train.data.packed import is_packed, load_packed
 
+    if is_packed(spec.data.source):  # a packed set: its index is in it, checked whole once here
+        load_packed(spec.data.source).verify()
+        return
+    if spec.data.stage != "none":
+        raise UserError(f"data.stage = {spec.data.stage} needs a packed set (torus-train data pack --data DIR --out "
+                        f"SHARDS, then --data SHARDS); data.source is {spec.data.source}")
     if spec.data.source == "demo":
         from torus_train.data.demo import ensure_demo_dataset
 
         root = ensure_demo_dataset(seed=0, log=log)
-    elif is_packed(spec.data.source):  # a packed set: its index is in it, checked whole once here
-        load_packed(spec.data.source).verify()
-        return
     elif not Path(spec.data.source).is_dir():
         raise UserError(f"data.source: {spec.data.source}: no such folder (expected train/ and val/ inside)")
     elif not all((Path(spec.data.source) / s).is_dir() for s in ("train", "val")):
