@@ -421,6 +421,12 @@ class ShardReader:
                     os.close(fd)
             self._fds = {}
 
+    def __del__(self):  # a dropped loader's reader: nobody reads with it any more
+        try:
+            self.close()
+        except Exception:
+            pass
+
 
 # --------------------------------------------------------------------------------------------------------
 # the order of an epoch
