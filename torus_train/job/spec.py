@@ -22,6 +22,7 @@ from typing import Any
 
 from torus_train.errors import UserError
 from torus_train.job.topology import MAX_WORLD
+from torus_train.job.models import HOUSE_ARCHS
 from torus_train.train.schedule import Schedule, ScheduleError
 
 
@@ -111,7 +112,7 @@ class LaunchSection:
 @dataclass
 class ModelSection:
     arch: str = "resnet50"
-    """torchvision classification architecture (resnet18, resnet50, ...)."""
+    """torchvision classification architecture (resnet18, resnet50, ...) or a house ResNet (resnet18_w32)."""
     num_classes: int = 1000
     """Output classes; must cover the data set's labels."""
     channels_last: bool = True
@@ -277,8 +278,8 @@ class JobSpec:
 
     def _check_names(self) -> None:
         """The model, the data source, the schedule, the grid and the launch environment."""
-        if self.model.arch not in CLASSIFICATION_ARCHS:
-            close = difflib.get_close_matches(self.model.arch, CLASSIFICATION_ARCHS, n=3)
+        if self.model.arch not in CLASSIFICATION_ARCHS and self.model.arch not in HOUSE_ARCHS:
+            close = difflib.get_close_matches(self.model.arch, (*CLASSIFICATION_ARCHS, *HOUSE_ARCHS), n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "e.g. resnet18, resnet50, vit_b_16"
             raise SpecError(f"model.arch: {self.model.arch!r} is not a torchvision classification model; {hint}")
         if not self.data.source:

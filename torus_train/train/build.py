@@ -24,11 +24,21 @@ def seed_everything(seed: int, rank: int) -> None:
 def build_model(spec: JobSpec, device: torch.device) -> nn.Module:
     import torchvision
 
+    from torus_train.job.models import HOUSE_ARCHS
+
+    if spec.model.arch in HOUSE_ARCHS:
+        from torus_train.train.models import build_house_model
+
+        return _placed(build_house_model(HOUSE_ARCHS[spec.model.arch], spec.model.num_classes), spec, device)
     try:
         model = torchvision.models.get_model(spec.model.arch, weights=None, num_classes=spec.model.num_classes)
     except ValueError:
         raise UserError(f"model.arch: {spec.model.arch!r} is not a torchvision classification model "
                         "(e.g. resnet18, resnet50)") from None
+    return _placed(model, spec, device)
+
+
+def _placed(model: nn.Module, spec: JobSpec, device: torch.device) -> nn.Module:
     model = model.to(device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes per stage: pick the fastest kernels once
