@@ -479,6 +479,7 @@ def grid_text(plan) -> str:
 
 def dry_run_text(spec: JobSpec, plan, schedule, problem: Exception | None = None) -> str:
     from torus_train.job.hosts import total_slots
+    from torus_train.job.work import work_text
 
     launch = [f"launcher: {plan.launcher} ({plan.why})"]
     if plan.hostfile:
@@ -495,5 +496,6 @@ def dry_run_text(spec: JobSpec, plan, schedule, problem: Exception | None = None
         schedule.table() if schedule is not None else
         f"cannot be built for {plan.world_size} ranks: {problem}\n(every stage's global_batch must be a multiple "
         f"of the world size; set them with --spec or --set schedule.stages=[...])",
+        work_text(spec, schedule),
         f"(dry run: nothing started; output would go to {spec.out_dir.resolve()})",
     ])

@@ -105,6 +105,27 @@ def prime_buckets(ddp: nn.Module, spec: JobSpec, device: torch.device) -> None:
     ddp.module.zero_grad(set_to_none=True)
 
 
+def time_step(ddp: nn.Module, spec: JobSpec, device: torch.device, micro_batch: int, accumulation: int) -> float:
+    """Seconds of one throw-away training step (forward, backward and exchange of ``accumulation`` passes of
+    ``micro_batch`` zero images; no data, no update), for the ETA before the first real step. Every rank calls
+    it (the backward exchanges). Parameters, BatchNorm statistics and gradients are left as they were."""
+    import time
+
+    saved = {k: v.clone() for k, v in ddp.module.state_dict().items()}
+    size = spec.data.image_size
+    x = torch.zeros(micro_batch, 3, size, size, device=device)
+    if spec.model.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    t0 = time.perf_counter()
+    ddp(x).float().sum().backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = (time.perf_counter() - t0) * accumulation
+    ddp.module.load_state_dict(saved)
+    ddp.module.zero_grad(set_to_none=True)
+    return seconds
+
+
 def data_root(spec: JobSpec) -> str | None:
     """None for synthetic data, the demo set's folder (created if missing) for demo, else the folder."""
     if spec.data.source == "synthetic":

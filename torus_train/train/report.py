@@ -62,18 +62,43 @@ def _fmt_time(s: float) -> str:
 
 
 class Progress:
-    """Rank 0's progress: one refreshing line on a terminal, a line per interval otherwise."""
+    """Rank 0's progress: one refreshing line on a terminal, a line per interval otherwise. The ETA comes from
+    train/eta.py (the work left in each stage at that stage's rate), set up by ``plan``."""
 
     def __init__(self, epochs: int):
         self.epochs = epochs
         self.total = 0
         self.tty = sys.stdout.isatty()
+        self.eta = None
+        self.prior = None  # (seconds, global batch) of the timed step before training
+        self._last_end = None  # time.time() at the end of the last interval
+        self._last_epoch = None
 
-    def update(self, rec: dict, steps_left: int, rate_steps: float) -> None:
-        eta = steps_left / rate_steps if rate_steps > 0 else 0.0
+    def plan(self, eta) -> None:
+        """The run's train/eta.Eta (replaced at every stage switch, keeping what was measured)."""
+        if self.eta is not None:
+            for new, old in zip(eta.stages, self.eta.stages):
+                new.seconds, new.steps = old.seconds, old.steps
+            eta.gap_seconds, eta.boundaries, eta.prior = self.eta.gap_seconds, self.eta.boundaries, self.eta.prior
+        self.eta = eta
+
+    def eta_text(self, global_step: int) -> str:
+        left = self.eta.seconds_left(global_step) if self.eta is not None else None
+        return "?" if left is None else _fmt_time(left)
+
+    def observe(self, rec: dict, steps: int, start: float, end: float) -> None:
+        """A logging interval of ``steps`` steps from ``start`` to ``end`` (time.time())."""
+        if self.eta is None:
+            return
+        gap = start - self._last_end if self._last_end is not None else 0.0
+        self.eta.observe(rec["step"], steps, end - start, gap, crossed_boundary=rec["epoch"] != self._last_epoch
+                         and self._last_epoch is not None)
+        self._last_end, self._last_epoch = end, rec["epoch"]
+
+    def update(self, rec: dict) -> None:
         line = (f"epoch {rec['epoch'] + 1}/{self.epochs} step {rec['step']}/{self.total} | "
                 f"{rec['images_per_second']:,.0f} img/s | loss {rec['loss']:.4f} | lr {rec['lr']:.4g} | "
-                f"batch {rec['global_batch']} | ETA {_fmt_time(eta)}")
+                f"batch {rec['global_batch']} | ETA {self.eta_text(rec['step'])}")
         if self.tty:
             print("\r" + line.ljust(110), end="", flush=True)
         else:
@@ -104,7 +129,8 @@ def record_stage(rs: RunState, epoch: int, stage) -> None:
 def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> None:
     """Average the interval's loss over the ranks and agree on a stop request; rank 0 writes a metrics line
     and updates the progress."""
-    seconds = max(time.time() - interval["t"], 1e-9)
+    end = time.time()
+    seconds = max(end - interval["t"], 1e-9)
     n = max(interval["steps"], 1)
     # the interval's loss was summed on the device (no host read per step); one all-reduce, one read here
     loss = torch.as_tensor(interval["loss"], dtype=torch.float64, device=rs.boot.device).reshape(1) / n
@@ -124,7 +150,8 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> 
              rec["images_per_second"])
     if rs.rank0:
         write_jsonl(rs.metrics, rec)
-        rs.progress.update(rec, rs.progress.total - rs.pos.global_step, n / seconds)
+        rs.progress.observe(rec, interval["steps"], interval["t"], end)
+        rs.progress.update(rec)
     check_nonfinite(rs)  # the GradScaler path's skipped steps, read here rather than on every step
 
 
