@@ -31,6 +31,8 @@ def _register() -> None:
     cli.add_command(plan)
     from torus_train.commands.run import run
     cli.add_command(run)
+    from torus_train.commands.report import report
+    cli.add_command(report)
 
 
 _register()
