@@ -20,21 +20,24 @@ FLAG_FIELDS = {
     "data": "data.source", "model": "model.arch", "image_size": "data.image_size",
     "steps": "schedule.steps", "epochs": "schedule.epochs", "out": "job.out",
 }
-RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints")
+RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "tensorboard")
 
 
 @click.command("run")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), default=None,
-              help="Job spec (TOML). Default: the embedded demo job (4 ranks on 2x2, demo data).")
-@click.option("--gpus", type=int, default=None, help="World size N (grid.gpus).")
+              help="Job spec (TOML). Default: the embedded demo job (2 ranks on 2x1, demo data).")
+@click.option("--gpus", type=int, default=None,
+              help="World size N (grid.gpus); without --grid a grid is chosen for N.")
 @click.option("--grid", default=None, help="XxY: X ranks per row (horizontal ring), Y per column.")
-@click.option("--gpus-per-node", type=int, default=None, help="Ranks per node (grid.gpus_per_node).")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="Ranks per node (grid.gpus_per_node); 0 = detect: all ranks on this machine for the local "
+                   "launcher, the slots of the first host under mpirun or srun.")
 @click.option("--launcher", type=click.Choice(["auto", "local", "mpirun", "srun"]), default=None,
               help="How ranks start (launch.launcher).")
 @click.option("--hostfile", default=None, help="OpenMPI hostfile ('host slots=K') or PBS node file.")
 @click.option("--container", default=None, help="Singularity/Apptainer image every rank runs in.")
 @click.option("--data", default=None, help="synthetic | demo | an ImageNet-layout folder (data.source).")
-@click.option("--model", default=None, help="torchvision architecture (model.arch), e.g. resnet50.")
+@click.option("--model", default=None, help="torchvision architecture (model.arch), e.g. resnet50, or the house resnet18_w32.")
 @click.option("--image-size", type=int, default=None, help="Training crop side (data.image_size).")
 @click.option("--steps", type=int, default=None, help="Stop after this many optimizer steps (schedule.steps).")
 @click.option("--epochs", type=int, default=None, help="Epochs to train (schedule.epochs).")
@@ -54,7 +57,8 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     """Train on N ranks laid out as an XxY grid, exchanging gradients with the 2D-torus all-reduce.
 
     \b
-    torus-train run                                   # the demo job: 4 local ranks on 2x2
+    torus-train run                                   # the demo job: 2 local ranks on 2x1
+    torus-train run --gpus 4                          # the same on 4 ranks (a grid is chosen: 2x2)
     torus-train run --gpus 4 --grid 2x2 --data synthetic --model resnet18 --image-size 64 --steps 30
     torus-train run --spec job.toml --hostfile hosts.txt --dry-run
     """
@@ -63,6 +67,7 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     overrides = [(FLAG_FIELDS[k], v) for k, v in flags.items() if v is not None]
     overrides += [parse_override(s) for s in sets]
     spec = load_spec(spec_path, overrides)
+    fit_grid_to_flags(spec, spec_path, {f for f, _ in overrides})
     check_user_paths(spec)
 
     from torus_train.job.launch import inside_launched_rank
@@ -89,6 +94,26 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     prepare_data(spec, log=echo_err)
     run_legs(spec, legs, first, plan, out, resume, Restarts(max_restarts, elastic))
     check_outcome(out)
+
+
+def fit_grid_to_flags(spec: JobSpec, spec_path: str | None, given: set[str]) -> None:
+    """A world size or grid given on the command line wins over the spec's other half: --gpus N alone drops
+    a spec grid of another size (one is chosen for N), --grid XxY alone drops a spec grid.gpus of another
+    size. Said when the dropped value came from the user's spec file."""
+    from torus_train.job.topology import parse_grid
+
+    if not spec.grid.grid or not spec.grid.gpus or ("grid.gpus" in given) == ("grid.grid" in given):
+        return
+    size = parse_grid(spec.grid.grid).size
+    if size == spec.grid.gpus:
+        return
+    if "grid.gpus" in given:
+        dropped, spec.grid.grid = f"grid.grid = {spec.grid.grid}", ""
+    else:
+        dropped, spec.grid.gpus = f"grid.gpus = {spec.grid.gpus}", 0
+    if spec_path:
+        click.echo(f"{spec_path}: {dropped} does not fit the command line's "
+                   f"{'--gpus' if 'grid.gpus' in given else '--grid'}; ignored")
 
 
 @dataclass
@@ -399,7 +424,7 @@ def unfinished(out: Path) -> str:
 
 def check_outcome(out: Path) -> None:
     read_summary(out)
-    click.echo(f"wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}")
+    click.echo(f"wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}; plot them with: torus-train report {out}")
 
 
 def _run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:

@@ -69,7 +69,7 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
     first = schedule.stages[0]
     prior = time_step(ddp, spec, boot.device, first.micro_batch, first.accumulation)
     amp_dtype, scaler = amp_settings(spec, boot.device)
-    progress = Progress(spec.schedule.epochs) if boot.info.rank == 0 else None
+    progress = Progress(spec.schedule.epochs, out) if boot.info.rank == 0 else None
     if progress:
         progress.prior = (prior, first.global_batch)
     if progress and boot.device.type != "cuda" and spec.model.precision != "fp32":
@@ -182,6 +182,8 @@ def stop_now(rs: RunState) -> None:
         why += f"; checkpoint at step {rs.pos.global_step}, continue with --resume"
     if rs.progress:
         rs.progress.say(why)
+        if rs.progress.board:
+            rs.progress.board.close()
     raise StopRequested(why)
 
 
@@ -206,4 +208,6 @@ def finish(rs: RunState) -> dict:
         except OSError as e:
             raise RunFailed(f"{rs.out / 'summary.json'}: {e.strerror or e}; the final checkpoint is kept") from None
         rs.progress.say(summary_text(result))
+        if rs.progress.board:
+            rs.progress.board.close()
     return result

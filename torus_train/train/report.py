@@ -52,6 +52,8 @@ def record_resume(rs: RunState) -> None:
     dropped = truncate_metrics(rs.metrics, rs.pos.global_step)
     write_jsonl(rs.metrics, {"event": "resume", "step": rs.pos.global_step, "epoch": rs.pos.epoch,
                              "dropped_lines": dropped})
+    if rs.progress.board:
+        rs.progress.board.resume(rs.pos.global_step)
     rs.progress.say(f"resumed at epoch {rs.pos.epoch}, step {rs.pos.global_step}"
                     + (f" ({dropped} metrics lines after it dropped)" if dropped else ""))
 
@@ -65,8 +67,11 @@ class Progress:
     """Rank 0's progress: one refreshing line on a terminal, a line per interval otherwise. The ETA comes from
     train/eta.py (the work left in each stage at that stage's rate), set up by ``plan``."""
 
-    def __init__(self, epochs: int):
+    def __init__(self, epochs: int, out: Path | None = None):
+        from torus_train.train.board import Board
+
         self.epochs = epochs
+        self.board = Board(out) if out is not None else None  # TensorBoard scalars, when it is installed
         self.total = 0
         self.tty = sys.stdout.isatty()
         self.eta = None
@@ -150,6 +155,10 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> 
              rec["images_per_second"])
     if rs.rank0:
         write_jsonl(rs.metrics, rec)
+        if rs.progress.board:
+            from torus_train.train.board import INTERVAL_TAGS
+
+            rs.progress.board.write({**rec, "skipped_steps": rs.skipped_steps}, INTERVAL_TAGS)
         rs.progress.observe(rec, interval["steps"], interval["t"], end)
         rs.progress.update(rec)
     check_nonfinite(rs)  # the GradScaler path's skipped steps, read here rather than on every step
@@ -165,8 +174,12 @@ def record_eval(rs: RunState, result: dict, epoch: int) -> None:
     log.info("eval after epoch %d: top-1 %.4f top-5 %.4f", epoch, result["top1"], result["top5"])
     if not rs.rank0:
         return
-    write_jsonl(rs.metrics, {"event": "eval", "epoch": epoch, "step": rs.pos.global_step, **result,
-                             "wall_seconds": wall})
+    rec = {"event": "eval", "epoch": epoch, "step": rs.pos.global_step, **result, "wall_seconds": wall}
+    write_jsonl(rs.metrics, rec)
+    if rs.progress.board:
+        from torus_train.train.board import EVAL_TAGS
+
+        rs.progress.board.write(rec, EVAL_TAGS)
     hit = ""
     if target and rs.pos.target_epoch == epoch + 1:
         hit = f" | reached target {target:.2%} at {rs.pos.target_seconds:.1f} s"
