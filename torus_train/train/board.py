@@ -8,6 +8,7 @@ interrupted run wrote after it and the curves continue, as metrics.jsonl is cut 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 INTERVAL_TAGS = {"loss": "train/loss", "lr": "train/lr", "global_batch": "train/global_batch",
@@ -20,7 +21,12 @@ FLUSH_S = 10  # a run in progress shows up within this many seconds
 
 def available() -> bool:
     """Whether the tensorboard package is installed (looked up without importing it)."""
-    return importlib.util.find_spec("tensorboard") is not None
+    if "tensorboard" in sys.modules:  # imported already, or blocked (None)
+        return sys.modules["tensorboard"] is not None
+    try:
+        return importlib.util.find_spec("tensorboard") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class Board:
