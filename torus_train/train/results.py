@@ -342,8 +342,11 @@ def _ranks(ax, runs: list[Run], colours, notes: list[str]) -> None:
                label=f"{run.name}: data wait" if len(runs) > 1 else "data wait")
     for run in runs:
         if not run.ranks:
-            notes.append(f"{run.name}: per-rank work left out (no summary.json: {run.status})"
-                         if run.summary is None else f"{run.name}: per-rank work left out (no usable rows)")
+            notes.append(f"{run.name}: per-rank work left out ({run.status})" if run.summary is None
+                         else f"{run.name}: per-rank work left out (no usable rows in summary.json)")
+    if not shown:
+        ax.text(0.5, 0.5, "no per-rank figures: they are in summary.json,\nwritten when a run ends",
+                ha="center", va="center", transform=ax.transAxes, color="grey")
     ranks = sorted({r["rank"] for run in runs for r in run.ranks})
     if 0 < len(ranks) <= 16:
         ax.set_xticks([r + 0.4 - width / 2 for r in ranks], [str(r) for r in ranks])
@@ -388,8 +391,9 @@ def summary_lines(run: Run) -> list[str]:
                      f"best {100 * best['top1']:.2f}%")
         if run.target:
             hit = next((r for r in run.evals if r["top1"] >= run.target), None)
+            missed = "not reached" + ("" if run.summary is not None else " yet")
             lines.append(f"target {100 * run.target:g}%: " + (f"passed after epoch {hit['epoch'] + 1}, "
-                                                              f"{hit['wall_seconds']:.1f} s" if hit else "not reached"))
+                                                              f"{hit['wall_seconds']:.1f} s" if hit else missed))
     return lines
 
 
