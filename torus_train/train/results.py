@@ -301,16 +301,21 @@ def _top1(ax, run: Run, pos: dict, c, label, axis: str) -> None:
 
 
 def _batch_lr(ax, run: Run, pos: dict, c) -> None:
-    xs = [pos[r["step"]] for r in run.intervals]
-    ax.step(xs, [r["global_batch"] for r in run.intervals], where="post", color=c, lw=2)
+    """The global batch as steps from each stage's first step (stage events), the LR of every interval."""
+    points = sorted([(pos.get(st["step"], 0.0) if st["step"] else 0.0, st["global_batch"]) for st in run.stages]
+                    + [(pos[r["step"]], r["global_batch"]) for r in run.intervals])
+    if points:
+        ax.step([p[0] for p in points], [p[1] for p in points], where="post", color=c, lw=2)
+    for st in run.stages:
+        x = pos.get(st["step"], 0.0) if st["step"] else 0.0
+        ax.axvline(x, color=c, lw=0.6, alpha=0.5)
+        ax.annotate(f"stage {st['stage']}: {st['global_batch']}", (x, st["global_batch"]), fontsize=8,
+                    xytext=(3, 4), textcoords="offset points", color=c)
     ax.set_ylabel("global batch (solid)")
     ax.set_xlabel("epoch")
     ax.set_title("batch-size stages and learning rate")
-    for st in run.stages:
-        if st["step"] in pos or st["step"] == 0:
-            ax.axvline(pos.get(st["step"], 0.0), color=c, lw=0.6, alpha=0.5)
     lr = ax.twinx()
-    lr.plot(xs, [r["lr"] for r in run.intervals], "--", color=c, alpha=0.8)
+    lr.plot([pos[r["step"]] for r in run.intervals], [r["lr"] for r in run.intervals], "--", color=c, alpha=0.8)
     lr.set_ylabel("learning rate (dashed)")
     ax.grid(alpha=0.3)
 
@@ -391,7 +396,7 @@ def summary_lines(run: Run) -> list[str]:
                      f"best {100 * best['top1']:.2f}%")
         if run.target:
             hit = next((r for r in run.evals if r["top1"] >= run.target), None)
-            missed = "not reached" + ("" if run.summary is not None else " yet")
+            missed = "not reached" + (" yet" if run.status.startswith("no summary") else "")
             lines.append(f"target {100 * run.target:g}%: " + (f"passed after epoch {hit['epoch'] + 1}, "
                                                               f"{hit['wall_seconds']:.1f} s" if hit else missed))
     return lines
