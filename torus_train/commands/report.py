@@ -36,7 +36,7 @@ def report(outs, png, json_path, no_png) -> None:
         click.echo(f"{run.out}: {run.status}")
         for line in results.summary_lines(run):
             click.echo(f"  {line}")
-    for line in notes + [s for r in runs for s in r.skipped]:
+    for line in notes + [f"{r.name}: {s}" for r in runs for s in r.skipped]:
         click.echo(f"left out: {line}")
     for path in (png, json_path):
         if path:

@@ -238,18 +238,23 @@ def plot(runs: list[Run], path: str | Path) -> list[str]:
     fig, axes = plt.subplots(2, 4, figsize=(20, 8.5))
     notes: list[str] = []
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lr_ax, wait_ax = axes[1][0].twinx(), axes[1][1].twinx()  # one right-hand axis each, shared by the runs
     for i, run in enumerate(runs):
         c = colours[i % len(colours)]
         label = run.name if len(runs) > 1 else None
         pos = epoch_position(run)
-        _loss(axes[0][0], run, pos, c, label, "epoch")
+        if run.intervals or run.evals:
+            _loss(axes[0][0], run, pos, c, label, "epoch")
+            _loss(axes[0][2], run, pos, c, label, "wall")
         _top1(axes[0][1], run, pos, c, label, "epoch")
-        _loss(axes[0][2], run, pos, c, label, "wall")
         _top1(axes[0][3], run, pos, c, label, "wall")
-        _batch_lr(axes[1][0], run, pos, c)
-        _speed(axes[1][1], run, pos, c, label)
+        if run.intervals:
+            _batch_lr(axes[1][0], lr_ax, run, pos, c)
+            _speed(axes[1][1], wait_ax, run, pos, c, label)
+        else:
+            notes.append(f"{run.name}: no training intervals in metrics.jsonl: loss, batch and speed left out")
         if not run.evals:
-            notes.append(f"{run.name}: no evaluation yet: top-1 panels empty")
+            notes.append(f"{run.name}: no evaluation in metrics.jsonl: top-1 panels left out")
     _ranks(axes[1][2], runs, colours, notes)
     _text(axes[1][3], runs, notes)
     for ax in axes.flat:
@@ -290,7 +295,9 @@ def _top1(ax, run: Run, pos: dict, c, label, axis: str) -> None:
                 label=(f"{label}: " if label else "") + "top-1")
         ax.plot(_x(run.evals, pos, axis), [100 * r["top5"] for r in run.evals], ":", color=c, alpha=0.6,
                 label=(f"{label}: " if label else "") + "top-5")
-    if run.target:
+    drawn = ax.__dict__.setdefault("_torus_targets", set())  # one line per target, however many runs share it
+    if run.target and run.target not in drawn:
+        drawn.add(run.target)
         ax.axhline(100 * run.target, color="grey", lw=0.8, ls="--")
         ax.text(ax.get_xlim()[0], 100 * run.target, f" target {100 * run.target:g}%", va="bottom", fontsize=8,
                 color="grey")
@@ -300,7 +307,7 @@ def _top1(ax, run: Run, pos: dict, c, label, axis: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def _batch_lr(ax, run: Run, pos: dict, c) -> None:
+def _batch_lr(ax, lr, run: Run, pos: dict, c) -> None:
     """The global batch as steps from each stage's first step (stage events), the LR of every interval."""
     points = sorted([(pos.get(st["step"], 0.0) if st["step"] else 0.0, st["global_batch"]) for st in run.stages]
                     + [(pos[r["step"]], r["global_batch"]) for r in run.intervals])
@@ -314,20 +321,18 @@ def _batch_lr(ax, run: Run, pos: dict, c) -> None:
     ax.set_ylabel("global batch (solid)")
     ax.set_xlabel("epoch")
     ax.set_title("batch-size stages and learning rate")
-    lr = ax.twinx()
     lr.plot([pos[r["step"]] for r in run.intervals], [r["lr"] for r in run.intervals], "--", color=c, alpha=0.8)
     lr.set_ylabel("learning rate (dashed)")
     ax.grid(alpha=0.3)
 
 
-def _speed(ax, run: Run, pos: dict, c, label) -> None:
+def _speed(ax, wait, run: Run, pos: dict, c, label) -> None:
     xs = [pos[r["step"]] for r in run.intervals]
     ax.plot(xs, [r["images_per_second"] for r in run.intervals], color=c,
             label=(f"{label}: " if label else "") + "images/s")
     ax.set_xlabel("epoch")
     ax.set_ylabel("images/s over all ranks (solid)")
     ax.set_title("throughput and rank 0's data wait")
-    wait = ax.twinx()
     wait.plot(xs, [1000 * r["data_time"] for r in run.intervals], ":", color=c, alpha=0.8)
     wait.set_ylabel("rank 0 data wait per step, ms (dotted)")
     ax.grid(alpha=0.3)
@@ -367,7 +372,7 @@ def _text(ax, runs: list[Run], notes: list[str]) -> None:
     for run in runs:
         lines.append(f"{run.name}: {run.status}")
         lines += ["  " + t for t in summary_lines(run)]
-    lines += [""] + notes + [s for r in runs for s in r.skipped]
+    lines += [""] + notes + [f"{r.name}: {s}" for r in runs for s in r.skipped]
     ax.text(0, 1, "\n".join(_wrap(line) for line in lines[:40]), va="top", family="monospace", fontsize=8)
 
 
