@@ -79,10 +79,14 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     first = leg_at(legs, resume_epoch(out)) if resume else 0
     first_spec = leg_spec(spec, legs[first])
     plan = make_plan(first_spec, out / "job.json", strict=not dry_run)
+    try:
+        checked = run_preflight(spec, legs, first, plan, out, elastic, max_restarts, dry_run)
+    except UserError as e:
+        if dry_run:  # the whole plan first, then what stops it
+            dry_run_report(first_spec, plan, legs, problem=e)
+        raise
     if dry_run:
-        return dry_run_report(first_spec, plan, legs)
-    first_spec.schedule.at(plan.world_size)
-    check_elastic(elastic, plan, legs, max_restarts)
+        return dry_run_report(first_spec, plan, legs, checked)
     prepare_out(out, resume, overwrite)
     from torus_train.ranks.supervisor import echo_err
 
@@ -102,13 +106,15 @@ class Restarts:
     """The node of the previous failure's root-cause rank (--elastic drops a node that fails twice in a row)."""
 
 
-def check_elastic(elastic: bool, plan, legs, max_restarts: int) -> None:
-    if not elastic:
-        return
-    if len(legs) > 1:
-        raise UserError("--elastic cannot be combined with stages that name their own grid")
-    if max_restarts < 2:
-        raise UserError("--elastic needs --max-restarts 2 or more: a node is dropped at its second failure in a row")
+def run_preflight(spec: JobSpec, legs, first: int, plan, out: Path, elastic: bool, max_restarts: int,
+                  dry_run: bool) -> list[str]:
+    """torus_train.job.preflight over the job, reusing the first leg's plan; the report lines."""
+    from torus_train.job.preflight import preflight
+
+    def plan_of(lspec: JobSpec, strict: bool):
+        return make_plan(lspec, out / "job.json", strict)
+
+    return preflight(spec, legs, first, plan, plan_of, elastic, max_restarts, strict=not dry_run)[1]
 
 
 def run_legs(spec: JobSpec, legs, first: int, plan, out: Path, resume: bool, restarts: Restarts) -> None:
@@ -178,21 +184,23 @@ def make_plan(spec: JobSpec, job_file: Path, strict: bool):
                        cpu_count=usable_cpus(), local_gpus=local_gpu_count(), strict=strict)
 
 
-def dry_run_report(spec: JobSpec, plan, legs) -> None:
-    """The whole plan is printed even when the batch schedule does not fit the world size; the error then
-    ends the output (exit 2), as it would stop a real run before any rank starts. With grid stages: the
-    first leg's plan, then the legs."""
+def dry_run_report(spec: JobSpec, plan, legs, checked: list[str] | None = None,
+                   problem: UserError | None = None) -> None:
+    """The whole plan is printed even when the preflight fails (for example the batch schedule does not fit
+    the world size); the caller then ends the output with the error (exit 2), as it would stop a real run
+    before any rank starts. With grid stages: the first leg's plan, then the legs. Without a problem: what
+    the preflight checked."""
     from torus_train.job.legs import legs_text
 
     try:
-        schedule, problem = spec.schedule.at(plan.world_size), None
+        schedule, why = spec.schedule.at(plan.world_size), None
     except UserError as e:
-        schedule, problem = None, e
-    click.echo(dry_run_text(spec, plan, schedule, problem))
+        schedule, why = None, e
+    click.echo(dry_run_text(spec, plan, schedule, why))
     if len(legs) > 1:
         click.echo(f"grid stages: {legs_text(legs)}; the launcher checkpoints and moves the job at each change")
-    if problem is not None:
-        raise problem
+    if problem is None:
+        click.echo("# preflight passed: " + "; ".join(checked or []))
 
 
 def prepare_data(spec: JobSpec, log=None) -> None:
