@@ -46,11 +46,9 @@ def check_legs(spec: JobSpec, legs: list[Leg], first: int, first_plan, make_plan
             (f" on grid {legs[i].grid})" if legs[i].grid else ")")
         try:
             plan = first_plan if i == first else make_plan(lspec, strict)
-            lspec.schedule.at(plan.world_size)
         except UserError as e:
-            if len(legs) == 1:
-                raise
             raise UserError(f"{where}: {e}") from None
+        lspec.schedule.at(plan.world_size)  # its errors name the stage's field
         plans.append(plan)
         cannot = next((n for n in plan.notes if n.startswith("cannot start here")), "")
         lines.append(f"epochs {legs[i].start_epoch}-{legs[i].until_epoch}: grid {plan.grid}, {plan.world_size} "
