@@ -21,6 +21,9 @@ FLAG_FIELDS = {
     "steps": "schedule.steps", "epochs": "schedule.epochs", "out": "job.out",
 }
 RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints")
+RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "tensorboard", "report.png",
+               "report.json"}
+"""Everything a run writes at the top of its output folder: a folder holding anything else is not a run's."""
 
 
 @click.command("run")
@@ -162,7 +165,9 @@ def check_user_paths(spec: JobSpec) -> None:
     UTF-8 text; each problem is one UserError naming the flag and the path."""
     from torus_train.errors import check_output_folder, shown_path
 
-    check_output_folder(spec.out_dir, "--out" if spec.job.out else "job.name")
+    flag = "--out" if spec.job.out else "job.name"
+    check_output_folder(spec.out_dir, flag)
+    check_not_foreign(spec.out_dir, flag)
     if spec.launch.hostfile:
         hf = spec.launch.hostfile
         try:
@@ -173,6 +178,22 @@ def check_user_paths(spec: JobSpec) -> None:
             raise UserError(f"--hostfile {shown_path(hf)}: no such file") from None
         except OSError as e:
             raise UserError(f"--hostfile {shown_path(hf)}: {e.strerror or e}") from None
+
+
+def check_not_foreign(out: Path, flag: str) -> None:
+    """A run writes job.json, logs/ and its results into its output folder: a folder that holds anything else
+    (the user's own files) is refused, so that nothing there is overwritten or mixed with a run."""
+    from torus_train.errors import shown_path
+
+    try:
+        entries = sorted(os.listdir(out)) if out.is_dir() else []
+    except OSError as e:
+        raise UserError(f"{flag} {shown_path(out)}: {e.strerror or e}") from None
+    foreign = [e for e in entries if e not in RUN_ENTRIES]
+    if foreign:
+        raise UserError(f"{flag} {shown_path(out)}: the folder holds files that are not a torus-train run's "
+                        f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); they are left untouched: "
+                        f"give a new or empty folder")
 
 
 def make_plan(spec: JobSpec, job_file: Path, strict: bool):
