@@ -11,32 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torus_train.cli import main
+from clihelp import assert_one_line_error, invoke
 from torus_train.job.spec import CLASSIFICATION_ARCHS, SpecError, load_spec, parse_override
 from torus_train.job.topology import MAX_WORLD, GridError, choose_grid, factor_pairs, parse_grid
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    """Run ``torus-train ARGS`` in this process; (exit code, stdout, stderr)."""
-    runner = CliRunner()
-    with runner.isolation() as (out, err, _):
-        code = 0
-        try:
-            main(list(args))
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        return code, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
-
-
-def assert_one_line_error(code: int, stderr: str, message: str = "") -> None:
-    assert code == 2, stderr
-    assert stderr.startswith("torus-train: error:") and stderr.count("\n") == 1, stderr
-    assert "Traceback" not in stderr
-    assert message in stderr, stderr
 
 
 @pytest.fixture
@@ -116,7 +96,7 @@ def test_parse_override_keeps_plain_strings():
     (["run", "--dry-run", "--grid", "99999x99999"], "grid.grid: grid 99999x99999: 9,999,800,001 ranks is more"),
     (["run", "--dry-run", "--grid", "1" * 400 + "x2"], "a side has more than 12 digits"),
     (["run", "--dry-run", "--gpus", "9" * 400], "grid.gpus: 999999999999999999"),
-    (["plan", "--gpus", "1000000007"], "the world size: 1,000,000,007 ranks is more than"),
+    (["plan", "--gpus", "1000000007"], "--gpus: 1,000,000,007 ranks is more than"),
     (["plan", "--grid", "99999x99999"], "9,999,800,001 ranks"),
     (["plan", "--gpus", "1000000", "--simulate"], "--simulate and --check-groups run on at most"),
     (["bench", "allreduce", "--nprocs", "0"], "--nprocs 0 must be at least 1"),

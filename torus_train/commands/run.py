@@ -21,6 +21,9 @@ FLAG_FIELDS = {
     "steps": "schedule.steps", "epochs": "schedule.epochs", "out": "job.out",
 }
 RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "tensorboard")
+RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "tensorboard", "report.png",
+               "report.json"}
+"""Everything a run writes at the top of its output folder: a folder holding anything else is not a run's."""
 
 
 @click.command("run")
@@ -84,10 +87,14 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     first = leg_at(legs, resume_epoch(out)) if resume else 0
     first_spec = leg_spec(spec, legs[first])
     plan = make_plan(first_spec, out / "job.json", strict=not dry_run)
+    try:
+        checked = run_preflight(spec, legs, first, plan, out, elastic, max_restarts, dry_run)
+    except UserError as e:
+        if dry_run:  # the whole plan first, then what stops it
+            dry_run_report(first_spec, plan, legs, problem=e)
+        raise
     if dry_run:
-        return dry_run_report(first_spec, plan, legs)
-    first_spec.schedule.at(plan.world_size)
-    check_elastic(elastic, plan, legs, max_restarts)
+        return dry_run_report(first_spec, plan, legs, checked)
     prepare_out(out, resume, overwrite)
     from torus_train.ranks.supervisor import echo_err
 
@@ -127,13 +134,15 @@ class Restarts:
     """The node of the previous failure's root-cause rank (--elastic drops a node that fails twice in a row)."""
 
 
-def check_elastic(elastic: bool, plan, legs, max_restarts: int) -> None:
-    if not elastic:
-        return
-    if len(legs) > 1:
-        raise UserError("--elastic cannot be combined with stages that name their own grid")
-    if max_restarts < 2:
-        raise UserError("--elastic needs --max-restarts 2 or more: a node is dropped at its second failure in a row")
+def run_preflight(spec: JobSpec, legs, first: int, plan, out: Path, elastic: bool, max_restarts: int,
+                  dry_run: bool) -> list[str]:
+    """torus_train.job.preflight over the job, reusing the first leg's plan; the report lines."""
+    from torus_train.job.preflight import preflight
+
+    def plan_of(lspec: JobSpec, strict: bool):
+        return make_plan(lspec, out / "job.json", strict)
+
+    return preflight(spec, legs, first, plan, plan_of, elastic, max_restarts, strict=not dry_run)[1]
 
 
 def run_legs(spec: JobSpec, legs, first: int, plan, out: Path, resume: bool, restarts: Restarts) -> None:
@@ -181,7 +190,9 @@ def check_user_paths(spec: JobSpec) -> None:
     UTF-8 text; each problem is one UserError naming the flag and the path."""
     from torus_train.errors import check_output_folder, shown_path
 
-    check_output_folder(spec.out_dir, "--out" if spec.job.out else "job.name")
+    flag = "--out" if spec.job.out else "job.name"
+    check_output_folder(spec.out_dir, flag)
+    check_not_foreign(spec.out_dir, flag)
     if spec.launch.hostfile:
         hf = spec.launch.hostfile
         try:
@@ -194,6 +205,22 @@ def check_user_paths(spec: JobSpec) -> None:
             raise UserError(f"--hostfile {shown_path(hf)}: {e.strerror or e}") from None
 
 
+def check_not_foreign(out: Path, flag: str) -> None:
+    """A run writes job.json, logs/ and its results into its output folder: a folder that holds anything else
+    (the user's own files) is refused, so that nothing there is overwritten or mixed with a run."""
+    from torus_train.errors import shown_path
+
+    try:
+        entries = sorted(os.listdir(out)) if out.is_dir() else []
+    except OSError as e:
+        raise UserError(f"{flag} {shown_path(out)}: {e.strerror or e}") from None
+    foreign = [e for e in entries if e not in RUN_ENTRIES]
+    if foreign:
+        raise UserError(f"{flag} {shown_path(out)}: the folder holds files that are not a torus-train run's "
+                        f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); they are left untouched: "
+                        f"give a new or empty folder")
+
+
 def make_plan(spec: JobSpec, job_file: Path, strict: bool):
     from torus_train.job.launch import plan_launch, usable_cpus
     from torus_train.ranks.bootstrap import free_port
@@ -203,21 +230,23 @@ def make_plan(spec: JobSpec, job_file: Path, strict: bool):
                        cpu_count=usable_cpus(), local_gpus=local_gpu_count(), strict=strict)
 
 
-def dry_run_report(spec: JobSpec, plan, legs) -> None:
-    """The whole plan is printed even when the batch schedule does not fit the world size; the error then
-    ends the output (exit 2), as it would stop a real run before any rank starts. With grid stages: the
-    first leg's plan, then the legs."""
+def dry_run_report(spec: JobSpec, plan, legs, checked: list[str] | None = None,
+                   problem: UserError | None = None) -> None:
+    """The whole plan is printed even when the preflight fails (for example the batch schedule does not fit
+    the world size); the caller then ends the output with the error (exit 2), as it would stop a real run
+    before any rank starts. With grid stages: the first leg's plan, then the legs. Without a problem: what
+    the preflight checked."""
     from torus_train.job.legs import legs_text
 
     try:
-        schedule, problem = spec.schedule.at(plan.world_size), None
+        schedule, why = spec.schedule.at(plan.world_size), None
     except UserError as e:
-        schedule, problem = None, e
-    click.echo(dry_run_text(spec, plan, schedule, problem))
+        schedule, why = None, e
+    click.echo(dry_run_text(spec, plan, schedule, why))
     if len(legs) > 1:
         click.echo(f"grid stages: {legs_text(legs)}; the launcher checkpoints and moves the job at each change")
-    if problem is not None:
-        raise problem
+    if problem is None:
+        click.echo("# preflight passed: " + "; ".join(checked or []))
 
 
 def prepare_data(spec: JobSpec, log=None) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from torus_train.errors import UserError
+from torus_train.outdir import FolderKind, check_target, resolve_target, write_folder
+from torus_train.userfiles import Field, check
 
 VERSION = 1
 INDEX_DIR = ".torus-train-index"
@@ -38,6 +39,18 @@ ARRAYS = ("names", "offsets", "labels")
 
 class DataError(UserError):
     """A data folder, file or index that cannot be read as a data set; the message names the path."""
+
+
+META_FIELDS = (
+    Field("root", "str"), Field("checksum", "str"),
+    *(f for s in SPLITS for f in (Field(f"splits.{s}.classes", "list"), Field(f"splits.{s}.count", "int", 0),
+                                  Field(f"splits.{s}.class_mtimes", "list"))),
+)
+"""What a rank reads from an index's meta.json."""
+
+# An index folder is recognised by its meta.json (version, root, splits): only such a folder is replaced.
+INDEX_KIND = FolderKind("data index", "meta.json",
+                        lambda m: {"version", "root", "splits"} <= m.keys() and isinstance(m["splits"], dict))
 
 
 class Names(Sequence):
@@ -81,6 +94,14 @@ class Split:
 def list_split(data_root: str | os.PathLike, split: str) -> tuple[tuple[str, ...], list[str], list[int]]:
     """(classes, paths relative to the split folder, labels) of ``data_root/split``, by directory reads only."""
     data = Path(data_root)
+    try:
+        return _list_split(data, split)
+    except OSError as e:  # a symlink loop, a folder without read permission, a vanished file
+        where = e.filename if e.filename is not None else data / split
+        raise DataError(f"{os.fsdecode(where)}: {e.strerror or e} (while listing {data / split})") from None
+
+
+def _list_split(data: Path, split: str) -> tuple[tuple[str, ...], list[str], list[int]]:
     if not data.is_dir():
         raise DataError(f"{data}: data folder not found" if not data.exists() else f"{data}: not a folder")
     root = data / split
@@ -91,14 +112,14 @@ def list_split(data_root: str | os.PathLike, split: str) -> tuple[tuple[str, ...
     stray = [e.name for e in entries if not e.is_dir()]
     if stray:
         raise DataError(f"{root / stray[0]}: a file where class folders are expected")
-    classes = tuple(e.name for e in entries)
+    classes = tuple(_utf8(root, e.name) for e in entries)
     if not classes:
         raise DataError(f"{root}: no class folders (expected {split}/CLASS/*.JPEG)")
     names: list[str] = []
     labels: list[int] = []
     for label, c in enumerate(classes):
         with os.scandir(root / c) as it:
-            files = sorted(e.name for e in it if not e.name.startswith("."))
+            files = sorted(_utf8(root / c, e.name) for e in it if not e.name.startswith("."))
         if not files:
             raise DataError(f"{root / c}: empty class folder")
         for name in files:
@@ -108,6 +129,28 @@ def list_split(data_root: str | os.PathLike, split: str) -> tuple[tuple[str, ...
         names += [f"{c}/{n}" for n in files]
         labels += [label] * len(files)
     return classes, names, labels
+
+
+def _utf8(folder: Path, name: str) -> str:
+    """The name, refused when it is not valid UTF-8 (the index stores UTF-8; the path is shown escaped)."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        shown = os.fsencode(name).decode("utf-8", "backslashreplace")
+        raise DataError(f"{folder}/{shown}: the name is not valid UTF-8; rename it (e.g. with convmv)") from None
+    return name
+
+
+def list_classes(data_root: str | os.PathLike, split: str) -> tuple[str, ...]:
+    """The class folders of ``data_root/split`` (one directory read; the preflight's view of a folder)."""
+    data = Path(data_root)
+    root = data / split
+    if not root.is_dir():
+        raise DataError(f"{root}: missing (expected {split}/CLASS/*.JPEG under {data})")
+    classes = tuple(_utf8(root, c) for c in _classes(data, split))
+    if not classes:
+        raise DataError(f"{root}: no class folders (expected {split}/CLASS/*.JPEG)")
+    return classes
 
 
 def class_mtimes(data_root: Path, split: str, classes: Sequence[str]) -> list[int]:
@@ -144,11 +187,14 @@ def _checksum(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def build_index(data_root: str | os.PathLike, location: str | os.PathLike | None = None, log=None) -> Path:
-    """Scan ``data_root`` once and write its index (atomically: a finished index or none); its folder."""
+def build_index(data_root: str | os.PathLike, location: str | os.PathLike | None = None, log=None,
+                flag: str = "--index") -> Path:
+    """Scan ``data_root`` once and write its index (a finished index or none; see torus_train.outdir); its
+    folder. A target that is not an index of this project, or one inside the data's split folders, is refused
+    before the scan."""
     t0 = time.time()
-    data = Path(data_root).resolve()
-    dest = Path(location) if location else default_location(data)
+    data = _data_root(data_root)
+    dest = check_index_target(data, location, flag)
     meta: dict = {"version": VERSION, "root": str(data), "splits": {}}
     arrays: dict[str, np.ndarray] = {}
     for split in SPLITS:
@@ -159,29 +205,46 @@ def build_index(data_root: str | os.PathLike, location: str | os.PathLike | None
                                  "class_mtimes": class_mtimes(data, split, classes)}
     meta["checksum"] = _checksum(arrays)
     meta["seconds"] = round(time.time() - t0, 3)
-    _write(dest, meta, arrays)
+    _write(dest, meta, arrays, flag)
     if log:
         counts = ", ".join(f"{s} {meta['splits'][s]['count']:,}" for s in SPLITS)
         log(f"indexed {data}: {counts} files in {meta['seconds']:.1f} s -> {dest}")
     return dest
 
 
-def _write(dest: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
-    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
+def _data_root(data_root: str | os.PathLike) -> Path:
     try:
-        tmp.mkdir(parents=True, exist_ok=False)
+        return Path(data_root).resolve()
+    except (OSError, RuntimeError) as e:
+        raise DataError(f"{data_root}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def check_index_target(data: Path, location: str | os.PathLike | None, flag: str = "--index") -> Path:
+    """Where the index of ``data`` goes: refused (UserError naming ``flag``) when something other than an index
+    stands there or when it lies inside the data's split folders (it would become a class or be scanned)."""
+    dest = resolve_target(location, flag) if location else default_location(data)
+    for split in SPLITS:
+        inside = data / split
+        if dest == inside or inside in dest.parents:
+            raise UserError(f"{flag} {dest}: inside the data folder's {split}/ (it would be read as a class); "
+                            f"put the index elsewhere, or leave {flag} out for {data / INDEX_DIR}")
+    if dest == data or dest in data.parents:
+        raise UserError(f"{flag} {dest}: holds the data folder {data}; the index needs a folder of its own")
+    check_target(dest, INDEX_KIND, flag)
+    return dest
+
+
+def _write(dest: Path, meta: dict, arrays: dict[str, np.ndarray], flag: str) -> None:
+    def fill(tmp: Path) -> None:
         for key, a in arrays.items():
             np.save(tmp / f"{key}.npy", a)
         (tmp / "meta.json").write_text(json.dumps(meta))
-        old = dest.with_name(f"{dest.name}.old{os.getpid()}")
-        if dest.exists():
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-        shutil.rmtree(old, ignore_errors=True)
+
+    try:
+        write_folder(dest, INDEX_KIND, flag, fill)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise DataError(f"{dest}: cannot write the index ({e.strerror or e}); pass a writable place with "
-                        "--index") from None
+                        f"{flag}") from None
 
 
 def _rebuild_hint(data: str) -> str:
@@ -244,6 +307,10 @@ def load_index(path: str | os.PathLike, data_root: str | os.PathLike | None = No
     if not isinstance(meta, dict) or meta.get("version") != VERSION:
         raise DataError(f"{p}: index version {meta.get('version') if isinstance(meta, dict) else '?'} is not "
                         f"{VERSION}; {_rebuild_hint(str(data_root or 'DIR'))}")
+    try:
+        check(meta, META_FIELDS, f"{p / 'meta.json'}")
+    except UserError as e:
+        raise DataError(f"{e}; {_rebuild_hint(str(data_root or 'DIR'))}") from None
     if data_root is not None and Path(meta["root"]) != Path(data_root).resolve():
         raise DataError(f"{p}: this index was built for {meta['root']}, not {Path(data_root).resolve()}; "
                         f"{_rebuild_hint(str(data_root))}")

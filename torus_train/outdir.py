@@ -1,0 +1,107 @@
+"""Folders the project writes whole (a data index, a packed data set): written beside the target, renamed in.
+
+The rule: a writer never deletes what it did not write. The new folder is filled under a temporary name next
+to the target (same file system, so the rename is atomic) and moved into place only when the target is absent
+or is itself a folder of the same kind made by this project, recognised by its metadata file. Anything else at
+the target (a file, the user's notes, a data folder) is refused in one line before any work, and again just
+before the rename, and is left untouched. A writer interrupted half-way leaves only its temporary, whose name
+never looks like a finished folder. No torch import.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from torus_train.errors import UserError, shown_path
+
+
+@dataclass(frozen=True)
+class FolderKind:
+    """A kind of folder this project writes and may replace: its name in messages and how to recognise one."""
+
+    name: str
+    """What the folder is, for messages ("data index", "packed data set")."""
+    marker: str
+    """The metadata file (JSON) inside every folder of this kind."""
+    recognise: Callable[[dict], bool]
+    """True when the marker's content is one this project wrote."""
+
+    def holds(self, folder: Path) -> bool:
+        """True when ``folder`` is a folder of this kind (its marker reads as one of ours)."""
+        try:
+            meta = json.loads((folder / self.marker).read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(meta, dict) and bool(self.recognise(meta))
+
+
+def resolve_target(path: str | os.PathLike, flag: str) -> Path:
+    """The absolute target for ``path`` (``.`` and ``..`` resolved, so it has a name to put a temporary beside)."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if "\0" in text:
+        raise UserError(f"{flag}: the folder name contains a NUL character")
+    if not text.strip():
+        raise UserError(f"{flag}: empty folder name")
+    try:
+        target = Path(text).expanduser().resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop on older Pythons
+        raise UserError(f"{flag} {shown_path(text)}: {getattr(e, 'strerror', None) or e}") from None
+    if target == target.parent:
+        raise UserError(f"{flag} {shown_path(text)}: the file system's root cannot be replaced; name a new folder")
+    return target
+
+
+def check_target(target: Path, kind: FolderKind, flag: str) -> None:
+    """Refuse, before any work, a target that holds something this writer must not replace."""
+    try:
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            raise UserError(f"{flag} {shown_path(target)}: a file is there, not a {kind.name}; it is left "
+                            f"untouched: give a new folder name")
+        if target.is_dir() and any(target.iterdir()) and not kind.holds(target):
+            raise UserError(f"{flag} {shown_path(target)}: the folder exists and is not a {kind.name} of "
+                            f"torus-train ({kind.marker} missing or foreign); it is left untouched: give a new "
+                            f"folder name")
+        for q in target.parents:
+            if q.exists():
+                if not q.is_dir():
+                    raise UserError(f"{flag} {shown_path(target)}: {shown_path(q)} is a file; give a folder")
+                break
+    except OSError as e:
+        raise UserError(f"{flag} {shown_path(target)}: {e.strerror or e}") from None
+
+
+def write_folder(target: Path, kind: FolderKind, flag: str, fill: Callable[[Path], None]) -> Path:
+    """Fill a temporary folder beside ``target`` with ``fill(tmp)``, then rename it into place (replacing an
+    older folder of the same kind only). The temporary is removed on any failure."""
+    check_target(target, kind, flag)
+    tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=False)
+        fill(tmp)
+        check_target(target, kind, flag)  # something may have appeared there while we wrote
+        _swap(tmp, target, old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def _swap(tmp: Path, target: Path, old: Path) -> None:
+    """Move ``tmp`` to ``target``; an existing target (checked to be ours) goes aside first and back on failure."""
+    if target.exists():
+        os.replace(target, old)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            os.replace(old, target)
+            raise
+    else:
+        os.replace(tmp, target)
