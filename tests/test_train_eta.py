@@ -38,6 +38,15 @@ def test_measured_stage_replaces_the_prior_and_unrun_stages_follow_its_rate_per_
     assert eta.seconds_left(10) == pytest.approx(148 * 0.2 + 120 * 0.4 + 40 * 0.8)
 
 
+def test_a_stages_first_interval_leaves_its_rate_once_others_exist():
+    eta = default_eta()
+    eta.observe(10, 10, 5.0)  # warm-up: 0.5 s per step
+    assert eta.step_seconds(eta.stages[0]) == pytest.approx(0.5)
+    eta.observe(20, 10, 2.0)
+    eta.observe(30, 10, 2.0)
+    assert eta.step_seconds(eta.stages[0]) == pytest.approx(0.2)
+
+
 def test_two_measured_stages_fit_a_per_step_cost_plus_a_per_image_cost():
     eta = default_eta()
     eta.observe(158, 158, 158 * 0.2)  # 128 images: 0.2 s per step

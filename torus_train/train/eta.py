@@ -3,7 +3,8 @@
 A stage's steps take longer as its batch grows, so one rate for the whole run (the last interval's steps per
 second) jumps at every switch. Here:
 
-* a stage that has run: its own measured seconds per step (all its logging intervals so far);
+* a stage that has run: its own measured seconds per step over its logging intervals so far, without its
+  first interval once there are others (the first one pays the loader's and the kernels' warm-up);
 * a stage not yet run: estimated from its batch: with two or more measured stages a line a + c x batch through
   their seconds per step (a: the per-step cost every step pays, c: the cost of one image), with one, that
   stage's seconds per image times the batch;
@@ -30,6 +31,15 @@ class StageWork:
     """Measured training seconds of this stage so far (logging intervals, data wait included)."""
     steps: int = 0
     """Steps those seconds cover."""
+    first_seconds: float = 0.0
+    """Of those, the stage's first interval (left out of the rate once later intervals exist)."""
+    first_steps: int = 0
+
+    def rate(self) -> float:
+        """Measured seconds per step (call only when steps > 0)."""
+        if self.steps > self.first_steps > 0:
+            return (self.seconds - self.first_seconds) / (self.steps - self.first_steps)
+        return self.seconds / self.steps
 
 
 @dataclass
@@ -68,6 +78,8 @@ class Eta:
         for st in self.stages:
             inside = min(st.end, global_step) - max(st.first, first)
             if inside > 0:  # an interval lies inside one epoch, so inside one stage
+                if not st.steps:
+                    st.first_seconds, st.first_steps = seconds * inside / steps, inside
                 st.seconds += seconds * inside / steps
                 st.steps += inside
         if crossed_boundary and gap > 0:
@@ -77,8 +89,8 @@ class Eta:
     def step_seconds(self, st: StageWork) -> float | None:
         """Seconds per step of stage ``st``: measured, else estimated from the measured stages (or the prior)."""
         if st.steps:
-            return st.seconds / st.steps
-        measured = [(s.global_batch, s.seconds / s.steps) for s in self.stages if s.steps]
+            return st.rate()
+        measured = [(s.global_batch, s.rate()) for s in self.stages if s.steps]
         if not measured and self.prior:
             measured = [(self.prior[1], self.prior[0])]
         if not measured:

@@ -84,6 +84,7 @@ class Progress:
         if self.eta is not None:
             for new, old in zip(eta.stages, self.eta.stages):
                 new.seconds, new.steps = old.seconds, old.steps
+                new.first_seconds, new.first_steps = old.first_seconds, old.first_steps
             eta.gap_seconds, eta.boundaries, eta.prior = self.eta.gap_seconds, self.eta.boundaries, self.eta.prior
         self.eta = eta
 
