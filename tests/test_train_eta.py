@@ -61,6 +61,7 @@ def test_steps_cap_the_plan():
     spec = load_spec(None, [("schedule.steps", 100)])
     eta = Eta.plan(spec.schedule.at(2), 10_000, 7, cap_steps=100)
     assert eta.stages[-1].end == 100 and sum(s.end - s.first for s in eta.stages) == 100
+    assert eta.boundary_steps == [79]  # only the one whole epoch ends with an evaluation
 
 
 def test_eta_does_not_import_torch():

@@ -60,13 +60,13 @@ class Eta:
         step, boundaries = 0, []
         for epoch in range(end_epoch):
             st = schedule.stage_at(epoch)
-            n = schedule.steps_in_epoch(epoch, num_samples)
-            if cap_steps:
-                n = max(0, min(n, cap_steps - step))
+            full = schedule.steps_in_epoch(epoch, num_samples)
+            n = max(0, min(full, cap_steps - step)) if cap_steps else full
             work = stages.setdefault(st.index, StageWork(st.index, st.global_batch, step, step))
             step += n
             work.end = step
-            boundaries.append(step)
+            if n == full:  # an epoch cut by schedule.steps ends without evaluation or checkpoint
+                boundaries.append(step)
         return cls([stages[k] for k in sorted(stages)], boundaries)
 
     def observe(self, global_step: int, steps: int, seconds: float, gap: float = 0.0,
