@@ -21,6 +21,9 @@ EVAL_FIELDS = {"step": int, "epoch": int, "top1": float, "top5": float, "wall_se
 STAGE_FIELDS = {"step": int, "epoch": int, "stage": int, "global_batch": int, "per_rank_batch": int}
 RANK_FIELDS = {"rank": int, "work_p50": float, "compute_p50": float, "data_p50": float}
 """summary.json's per-rank rows (train/report.py gather_ranks): the rank's own work per step and its parts."""
+EVENTS = {None: INTERVAL_FIELDS, "eval": EVAL_FIELDS, "stage": STAGE_FIELDS}
+"""metrics.jsonl's "event" field (None: a logging interval) -> the fields read from its lines."""
+EVENT_LISTS = {None: "intervals", "eval": "evals", "stage": "stages"}
 SUMMARY_FIELDS = {"steps": int, "wall_seconds": float, "world_size": int}
 SHOWN_SKIPS = 5  # problems named one by one; the rest are counted
 
@@ -93,11 +96,10 @@ def read_metrics(run: Run) -> None:
         if not isinstance(rec, dict):
             problems.append(f"{where}: not a JSON object")
             continue
-        kind, fields, into = {"eval": ("eval", EVAL_FIELDS, run.evals), "stage": ("stage", STAGE_FIELDS, run.stages),
-                              None: ("interval", INTERVAL_FIELDS, run.intervals)}.get(
-            rec.get("event"), (None, None, None))
-        if fields is None:
+        kind = rec.get("event")
+        if kind not in EVENTS:
             continue  # other events (resume, ...) are not plotted
+        fields, into = EVENTS[kind], getattr(run, EVENT_LISTS[kind])
         bad = _check(rec, fields, where)
         if bad:
             problems.append(bad)
@@ -105,8 +107,10 @@ def read_metrics(run: Run) -> None:
         if kind == "eval" and not (0 <= rec["top1"] <= 1 and 0 <= rec["top5"] <= 1):
             problems.append(f"{where}: field 'top1'/'top5' outside [0, 1]")
             continue
-        into.append({k: rec[k] for k in fields} | ({"val_loss": rec["val_loss"]} if kind == "eval" and
-                                                   _finite(rec.get("val_loss")) else {}))
+        kept = {k: rec[k] for k in fields}
+        if kind == "eval" and _finite(rec.get("val_loss")):
+            kept["val_loss"] = rec["val_loss"]
+        into.append(kept)
     run.skipped += [f"skipped {p}" for p in problems[:SHOWN_SKIPS]]
     if len(problems) > SHOWN_SKIPS:
         run.skipped.append(f"skipped {len(problems) - SHOWN_SKIPS} more line(s) of {path.name}")
