@@ -47,3 +47,13 @@ def test_gpus_per_node_zero_detects_and_help_says_so():
     r = dry("--gpus", "6", "--gpus-per-node", "0")
     assert r.exit_code == 0 and "grid 3x2: 6 ranks" in r.output and "6 per node, 1 node(s)" in r.output
     assert "0 = detect" in " ".join(CliRunner().invoke(cli, ["run", "--help"]).output.split())
+
+
+def test_a_spec_whose_grid_and_gpus_disagree_names_its_fields_not_flags(tmp_path):
+    from clihelp import assert_one_line_error, invoke
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[grid]\ngpus = 4\ngrid = "2x1"\n')
+    code, _, err = invoke("run", "--spec", str(spec), "--dry-run", "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, f"{spec}: grid.grid = 2x1 is 2 ranks but grid.gpus = 4")
+    assert "--gpus" not in err and "--grid" not in err

@@ -109,10 +109,15 @@ def fit_grid_to_flags(spec: JobSpec, spec_path: str | None, given: set[str]) -> 
     size. Said when the dropped value came from the user's spec file."""
     from torus_train.job.topology import parse_grid
 
-    if not spec.grid.grid or not spec.grid.gpus or ("grid.gpus" in given) == ("grid.grid" in given):
+    if not spec.grid.grid or not spec.grid.gpus:
         return
     size = parse_grid(spec.grid.grid).size
     if size == spec.grid.gpus:
+        return
+    if "grid.gpus" not in given and "grid.grid" not in given:  # both from the spec: name its fields, not flags
+        raise UserError(f"{spec_path or 'the spec'}: grid.grid = {spec.grid.grid} is {size} ranks but grid.gpus = "
+                        f"{spec.grid.gpus}; make them agree, or remove one of them")
+    if ("grid.gpus" in given) == ("grid.grid" in given):
         return
     if "grid.gpus" in given:
         dropped, spec.grid.grid = f"grid.grid = {spec.grid.grid}", ""
