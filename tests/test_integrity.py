@@ -185,7 +185,7 @@ def scaler_run(monkeypatch, k=3):
     pos = types.SimpleNamespace(global_step=0, epoch=0, step_in_epoch=0, images=0)
     rs = types.SimpleNamespace(ddp=model, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                loss_fn=torch.nn.CrossEntropyLoss(), amp_dtype=None, spec=spec, pos=pos,
-                               scaler=torch.amp.GradScaler("cpu"), scaler_counts=None, skipped_steps=0,
+                               scaler=torch.amp.GradScaler("cpu"), skip_counts=None, skipped_steps=0,
                                nonfinite_in_a_row=0, boot=types.SimpleNamespace(info=types.SimpleNamespace(rank=0)))
     monkeypatch.setenv("TORUS_TRAIN_FAULT", "nanfrom:0:3")
     return rs
@@ -203,7 +203,7 @@ def test_scaler_path_counts_skipped_steps(monkeypatch, one_rank):
     train_step(rs, x, y, 1)
     rs.pos.global_step = 5
     assert torch.equal(rs.model.weight, weights)  # skipped: the parameters are those of step 2
-    with pytest.raises(RunFailed, match=r"3 steps in a row had non-finite loss or gradients \(the loss scaler"):
+    with pytest.raises(RunFailed, match=r"3 steps in a row had non-finite loss or gradients \(steps 3-5, skipped on every rank"):
         check_replicas(rs, "the check before the checkpoint")
 
 

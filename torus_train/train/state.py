@@ -66,8 +66,8 @@ class RunState:
     val_loader: Any = None
     nonfinite_in_a_row: int = 0
     skipped_steps: int = 0
-    scaler_counts: Any = None
-    """GradScaler path: device counters of skipped steps (step.count_scaler_skips)."""
+    skip_counts: Any = None
+    """Device counters of skipped steps (step.count_skips), read by step.check_nonfinite."""
     stop_agreed: bool = False
     """Some rank got SIGTERM/SIGINT: every rank stops after this logging interval."""
     last_eval: dict | None = None
