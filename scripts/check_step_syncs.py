@@ -25,15 +25,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # torus_train from this checkout, installed or not
 
 
-def small_spec(steps: int, optimizer: str, out: str, image_size: int = 32, batch: int = 8):
+def small_spec(steps: int, optimizer: str, out: str, image_size: int = 32, batch: int = 8, arch: str = "resnet18"):
     """A resnet18 on synthetic data (32 px, batch 8), logging every 5 steps and a replica check every 10."""
     from torus_train.job.spec import load_spec, parse_override
 
-    sets = ["model.arch=resnet18", "model.num_classes=10", "data.source=synthetic", f"data.image_size={image_size}",
+    sets = [f"model.arch={arch}", "model.num_classes=10", "data.source=synthetic", f"data.image_size={image_size}",
             f"data.synthetic_samples={batch * (steps + 1)}", f"schedule.steps={steps}",
             f"schedule.stages=[{{until_epoch=1,global_batch={batch}}}]", "job.log_every=5", "job.check_every_steps=10",
             "checkpoint.every_steps=0", "checkpoint.every_epochs=0", "checkpoint.at_end=false",
-            "eval.every_epochs=0", f"optimizer.name={optimizer}", f"job.out={out}", "data.num_threads=1"]
+            "eval.every_epochs=0", f"optimizer.name={optimizer}",
+            f"job.out={out}", "data.num_threads=1",
+            "job.max_nonfinite_steps=1000"]  # fp16's loss scale starts high: its first steps may all be skipped
     return load_spec(None, [parse_override(s) for s in sets])
 
 

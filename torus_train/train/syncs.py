@@ -27,6 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 # ops that read a device value on the host: a scalar, or an output whose size depends on the values
 HOST_READ_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "equal", "is_nonzero", "allclose", "_unique",
                  "_unique2", "unique_dim", "unique_consecutive", "repeat_interleave")
+# indexing with a boolean mask: the output's size is the mask's count (a nonzero below the dispatcher)
+MASK_INDEX_OPS = ("index", "index_put", "index_put_", "_index_put_impl_")
 # Tensor methods that read to the host without reaching the dispatcher for CPU tensors
 HOST_READ_METHODS = ("tolist", "numpy", "cpu")
 
@@ -35,6 +37,11 @@ PRECISIONS = ("fp32", "bf16", "fp16-scaler")
 
 def _op_name(func) -> str:
     return func.name().split("::")[-1].split(".")[0]
+
+
+def _has_mask(args) -> bool:
+    indices = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
 
 
 def _caller() -> str:
@@ -70,7 +77,7 @@ class SyncCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = _op_name(func)
-        if name in HOST_READ_OPS:
+        if name in HOST_READ_OPS or (name in MASK_INDEX_OPS and _has_mask(args)):
             self._record(f"aten::{name}")
         return func(*args, **(kwargs or {}))
 
