@@ -29,6 +29,34 @@ def test_heartbeat_writes_the_last_step_within_a_second(tmp_path):
     assert set(read_beats(tmp_path, 4)) == {3}  # ranks without a file are absent
 
 
+def test_a_step_never_waits_on_the_beat_file(tmp_path, monkeypatch):
+    """A file system that hangs in the rename (a slow metadata server) stalls the writer thread, not record."""
+    import threading
+
+    from torus_train.ranks import heartbeat
+
+    (tmp_path / "logs").mkdir()
+    hb = Heartbeat(tmp_path, 0, every_s=0.05)
+    stuck, entered = threading.Event(), threading.Event()
+    rename = heartbeat.os.replace
+
+    def slow_replace(a, b):
+        entered.set()
+        stuck.wait(10)
+        rename(a, b)
+
+    monkeypatch.setattr(heartbeat.os, "replace", slow_replace)
+    hb.record(1)
+    assert entered.wait(5)  # the writer thread is inside the rename, and stays there
+    t = time.perf_counter()
+    for step in range(2, 10002):
+        hb.record(step)
+    assert time.perf_counter() - t < 0.5
+    stuck.set()
+    hb.close()
+    assert read_beats(tmp_path, 1)[0].step == 10001
+
+
 def test_beats_are_rarer_above_256_ranks():
     from torus_train.ranks.heartbeat import beat_interval
 
