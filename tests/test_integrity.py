@@ -241,3 +241,28 @@ def test_no_checkpoint_inside_a_run_of_non_finite_steps(monkeypatch, one_rank, t
                                         r"step 7 \(end of training\); the checkpoint at step 5 is kept$"):
         save(rs, "end of training")
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [5]
+
+
+def test_buffers_come_from_rank_0_in_one_collective(monkeypatch):
+    from torus_train.train.step import sync_buffers
+
+    def net(seed):
+        torch.manual_seed(seed)
+        n = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.BatchNorm1d(2))
+        for _ in range(seed + 1):  # different statistics and counters
+            n[1](torch.randn(5, 4, 2, 2)), n[2](torch.randn(3, 2))
+        return n
+
+    rank0, mine = net(0), net(1)
+    sent = torch.cat([b.reshape(-1).view(torch.uint8) for b in rank0.buffers()])  # what rank 0 sends
+    calls = []
+
+    def broadcast(t, src, *a, **k):  # this rank receives rank 0's bytes
+        calls.append((t.dtype, t.numel(), src))
+        t.copy_(sent)
+
+    monkeypatch.setattr(dist, "broadcast", broadcast)
+    sync_buffers(mine)
+    assert calls == [(torch.uint8, sent.numel(), 0)]  # 6 buffers (float statistics, int64 counters), one collective
+    for (name, a), b in zip(rank0.named_buffers(), mine.buffers()):
+        assert a.dtype == b.dtype and torch.equal(a, b), name

@@ -121,9 +121,18 @@ def check_nonfinite(rs) -> None:
 
 
 def sync_buffers(model: nn.Module) -> None:
-    """BatchNorm running statistics from rank 0 (each rank updated its own during the last forward)."""
-    for b in model.buffers():
-        dist.broadcast(b, 0)
+    """BatchNorm running statistics from rank 0 (each rank updated its own during the last forward): every
+    buffer's bytes packed into one flat byte tensor, one broadcast, unpacked (about 160 buffers in ResNet-50,
+    float statistics and int64 counters alike), instead of one collective per buffer."""
+    buffers = [b for b in model.buffers() if b.numel()]
+    if not buffers:
+        return
+    raw = [b.detach().contiguous().reshape(-1).view(torch.uint8) for b in buffers]
+    flat = torch.cat(raw)
+    dist.broadcast(flat, 0)
+    with torch.no_grad():
+        for b, piece in zip(buffers, flat.split([r.numel() for r in raw])):
+            b.copy_(piece.view(b.dtype).view(b.shape))
 
 
 def evaluate(model: nn.Module, loader, amp_dtype) -> dict:
