@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torus_train.ranks.bootstrap import rank_info
 from torus_train.ranks.heartbeat import Heartbeat, beat_interval, die_with_parent
-from torus_train.errors import RunFailed, UserError
+from torus_train.errors import RunFailed, UserError, comm_failure
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
 from torus_train.train.stop import StopRequest, StopRequested
@@ -68,11 +68,8 @@ def classify(e: BaseException) -> tuple[int, str, str]:
     if isinstance(e, RunFailed):
         return 1, "verdict", str(e)
     first = str(e).splitlines()[0] if str(e) else ""
-    if "Timed out waiting" in first:  # gloo's words for a peer that never answered
-        return 1, "crash", f"a collective waited comm.timeout_s for a peer (a lost, hung or cut-off rank): {first}"
-    if "Connection closed by peer" in first:
-        return 1, "crash", f"a peer's connection closed in a collective (the peer died?): {first}"
-    return 1, "crash", f"{type(e).__name__}: {first}"
+    said = comm_failure(str(e))  # gloo's and NCCL's words for a failed collective (errors.COMM_FAILURES)
+    return 1, "crash", said or f"{type(e).__name__}: {first}"
 
 
 def hang_at(environ) -> tuple[int, int] | None:
