@@ -44,6 +44,17 @@ def _has_mask(args) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
 
 
+def _to_host(name: str, args, kwargs) -> bool:
+    """A blocking copy of a device tensor into host memory (``.cpu()``, ``.to("cpu")``, ``cpu_t.copy_(cuda_t)``)."""
+    def on_device(t) -> bool:
+        return isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "meta")
+    if name == "_to_copy":
+        target = kwargs.get("device")
+        return bool(args) and on_device(args[0]) and target is not None and torch.device(target).type == "cpu"
+    return (len(args) > 1 and isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu"
+            and on_device(args[1]) and not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)))
+
+
 def _caller() -> str:
     """The innermost torus_train frame (or the first outside torch) that caused the read."""
     frames = [f for f in traceback.extract_stack()[:-3] if "/torch/" not in f.filename
@@ -77,7 +88,8 @@ class SyncCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = _op_name(func)
-        if name in HOST_READ_OPS or (name in MASK_INDEX_OPS and _has_mask(args)):
+        if (name in HOST_READ_OPS or (name in MASK_INDEX_OPS and _has_mask(args))
+                or (name in ("_to_copy", "copy_") and _to_host(name, args, kwargs or {}))):
             self._record(f"aten::{name}")
         return func(*args, **(kwargs or {}))
 
