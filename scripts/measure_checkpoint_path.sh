@@ -25,7 +25,8 @@ TTC_SLURM=0 "$CLUSTER" up 2 >/dev/null
 run() {  # TREE OUTDIR SLOTS STEPS [--resume]
     local tree=$1 out=$2 slots=$3 steps=$4; shift 4
     local n=$((2 * slots))
-    "$CLUSTER" exec node1 env PYTHONPATH="$tree" OMP_NUM_THREADS=1 python3 -m torus_train run \
+    # from inside the tree: `python -m` puts the working folder first on sys.path, before PYTHONPATH
+    cd "$tree" && "$CLUSTER" exec node1 env PYTHONPATH="$tree" OMP_NUM_THREADS=1 python3 -m torus_train run \
         --launcher mpirun --hostfile "$WORK/hosts$slots" --gpus $n --grid "${slots}x2" --data synthetic \
         --model resnet50 --image-size 32 --out "$out" --steps "$steps" \
         --set 'launch.env=["PYTHONPATH", "OMP_NUM_THREADS"]' --set grid.gpus_per_node="$slots" \
@@ -46,7 +47,7 @@ while [ $# -ge 2 ]; do
 import json, os, re
 from pathlib import Path
 out, slots = Path(os.environ["RUN"]), int(os.environ["SLOTS"])
-size = max(p.stat().st_size for p in (out / "checkpoints").glob("step-*.pt"))
+size = (out / "checkpoints" / "step-00000002.pt").stat().st_size  # the one resumed from (kept: keep = 2)
 for log in sorted((out / "logs").glob("rank*.log")):
     rank = int(log.stem[4:])
     text = log.read_text()
