@@ -173,6 +173,12 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, regrid: bool = False) -> No
     except BaseException as e:  # noqa: BLE001  every failure: its traceback in the log, one line for the user
         code, kind, message = classify(e)
         traceback.print_exc()  # inside the except block, or it prints "NoneType: None"
+    try:  # metrics lines still with the writer thread reach the file (a hung file system gets 10 s)
+        from torus_train.train.writer import APPENDER
+
+        APPENDER.flush(timeout=10.0)
+    except OSError:
+        pass
     if code:
         report_failure(spec.out_dir, rank, code, kind, message, original_stderr)
     sys.stdout.flush(), sys.stderr.flush()

@@ -18,8 +18,10 @@ log = logging.getLogger("torus_train.train")
 
 
 def write_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    """Append one line from the writer thread (train/writer.py): the training thread never waits on the file."""
+    from torus_train.train.writer import APPENDER
+
+    APPENDER.append(path, json.dumps(record) + "\n")
 
 
 def truncate_metrics(path: Path, step: int) -> int:
@@ -27,6 +29,9 @@ def truncate_metrics(path: Path, step: int) -> int:
     again) and any torn last line; rewritten atomically. Returns how many lines went."""
     from torus_train.train.checkpoint import write_atomic
 
+    from torus_train.train.writer import APPENDER
+
+    APPENDER.flush()  # lines handed to the writer thread are in the file before it is read
     if not path.is_file():
         return 0
     kept, dropped = [], 0
