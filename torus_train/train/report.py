@@ -130,7 +130,7 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> 
     if rs.rank0:
         write_jsonl(rs.metrics, rec)
         rs.progress.update(rec, rs.progress.total - rs.pos.global_step, n / seconds)
-    check_nonfinite(rs)  # the GradScaler path's skipped steps, read here rather than on every step
+    check_nonfinite(rs)  # the skipped steps, counted on the device, read here rather than on every step
 
 
 def record_eval(rs: RunState, result: dict, epoch: int) -> None:
