@@ -204,7 +204,7 @@ EOF
 
 # --- 2. speed against a bare loop, bf16 against fp16, peak memory ------------------------------------------
 part speed 140 <<'EOF'
-import json, os, pathlib, statistics, time
+import gc, json, os, pathlib, statistics, time
 import torch, torchvision
 import shrunk
 from torus_train.train import loop
@@ -217,7 +217,7 @@ dev = boot.device
 
 def torus_train_loop(batch, precision):
     """img/s of the steps after WARM, and the peak memory, of the real loop (train/loop.py)."""
-    torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+    gc.collect(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()  # nothing of the last run left
     rs = loop.start(shrunk.loop_spec(str(out), batch, WARM + STEPS, precision), boot, out, StopRequest())
     loop.switch_stage(rs, 0)
     mark, real = {}, loop.train_step
@@ -237,6 +237,7 @@ def torus_train_loop(batch, precision):
 
 def bare_loop(batch):
     """A plain PyTorch loop: the same model, batch and numerics, no DDP, no hook, no loader."""
+    gc.collect(); torch.cuda.empty_cache()
     torch.manual_seed(0)
     model = torchvision.models.resnet50(num_classes=1000).to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
