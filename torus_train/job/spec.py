@@ -13,12 +13,16 @@ import difflib
 import json
 import math
 import re
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+try:
+    import tomllib  # novermin (3.11+; vermin does not see the fallback)
+except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI (a dependency there, see pyproject.toml)
+    import tomli as tomllib  # type: ignore[no-redef]
 
 from torus_train.errors import UserError
 from torus_train.job.topology import MAX_WORLD

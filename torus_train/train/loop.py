@@ -34,6 +34,7 @@ from torus_train.train.step import (check_replicas, evaluate, maybe_perturb, par
                                     train_step)
 from torus_train.train.stop import StopRequest, StopRequested
 from torus_train.train.timing import StepTimes
+from torus_train.train.writer import APPENDER
 
 
 def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = False,
@@ -204,9 +205,11 @@ def finish(rs: RunState) -> dict:
     result = summary(rs, wall, param_digest(rs.model), True, rank_report(rs))
     if rs.rank0:
         try:
+            APPENDER.flush()  # metrics.jsonl complete before summary.json says the run is done
             write_atomic(rs.out / "summary.json", (json.dumps(result, indent=1) + "\n").encode())
         except OSError as e:
-            raise RunFailed(f"{rs.out / 'summary.json'}: {e.strerror or e}; the final checkpoint is kept") from None
+            raise RunFailed(f"{e.filename or rs.out / 'summary.json'}: {e.strerror or e}; the final checkpoint is "
+                            "kept") from None
         rs.progress.say(summary_text(result))
         if rs.progress.board:
             rs.progress.board.close()

@@ -18,8 +18,10 @@ log = logging.getLogger("torus_train.train")
 
 
 def write_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    """Append one line from the writer thread (train/writer.py): the training thread never waits on the file."""
+    from torus_train.train.writer import APPENDER
+
+    APPENDER.append(path, json.dumps(record) + "\n")
 
 
 def truncate_metrics(path: Path, step: int) -> int:
@@ -27,6 +29,9 @@ def truncate_metrics(path: Path, step: int) -> int:
     again) and any torn last line; rewritten atomically. Returns how many lines went."""
     from torus_train.train.checkpoint import write_atomic
 
+    from torus_train.train.writer import APPENDER
+
+    APPENDER.flush()  # lines handed to the writer thread are in the file before it is read
     if not path.is_file():
         return 0
     kept, dropped = [], 0
@@ -156,13 +161,14 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> 
              rec["images_per_second"])
     if rs.rank0:
         write_jsonl(rs.metrics, rec)
+    check_nonfinite(rs)  # the skipped steps, counted on the device, read here rather than on every step
+    if rs.rank0:
         if rs.progress.board:
             from torus_train.train.board import INTERVAL_TAGS
 
             rs.progress.board.write({**rec, "skipped_steps": rs.skipped_steps}, INTERVAL_TAGS)
         rs.progress.observe(rec, interval["steps"], interval["t"], end)
         rs.progress.update(rec)
-    check_nonfinite(rs)  # the GradScaler path's skipped steps, read here rather than on every step
 
 
 def record_eval(rs: RunState, result: dict, epoch: int) -> None:
