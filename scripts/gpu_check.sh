@@ -1,24 +1,52 @@
 #!/usr/bin/env bash
-# The GPU check: one CUDA GPU, under 8 minutes, nothing installed beyond the README's set-up
+# The acceptance test for one GPU: the production configuration (scripts/specs/imagenet_2176.toml) shrunk to one
+# GPU, under 8 minutes on one H200 with 16 cores, nothing installed beyond the README's set-up
 # (pip install -e '.[test,mpi,plot]'). Prints one JSON summary on stdout (progress goes to stderr).
 #
 #   bash scripts/gpu_check.sh [--out DIR] [--json FILE] [--quick]
 #
-# Checks, each timed and under its own time limit:
-#   run_path       torus-train run on NCCL, world 1, grid 1x1, resnet18 on the demo set with DALI "mixed"
-#                  decoding: steps with a checkpoint, then --resume to the end; backend, loader, replicas.
-#   input          torus-train bench input --device cuda: DALI GPU decoding against the torchvision loader.
-#   resnet50       training img/s in bf16 + channels_last at the largest batch that fits (doubling from 64
-#                  until out of memory), on synthetic data and fed by DALI; against NVIDIA's published
-#                  figures (A100 80GB ~2,470 img/s DeepLearningExamples PyTorch; H200 ~8,000 img/s MLPerf
-#                  v4.0 MXNet + DALI, batch 400).
-#   hook_cuda_gloo the torus hook's exchange on CUDA tensors, 4 ranks on the one GPU over gloo (2x2; several
-#                  NCCL ranks cannot share one GPU): gradients against gloo's own DDP all-reduce, ms per step.
+# The configuration: ResNet-50 at 224 px, per-GPU batch 32 and 256 (its two stages), fp16 with a GradScaler and
+# fp16 exchange, LARS, channels_last, evaluation on, DALI's mixed decoder on photo-size JPEGs
+# (scripts/photo_like_set.py), the torus hook on NCCL on the 1x1 grid (its side stream, Future and an NCCL
+# all-reduce over the world of one run on the GPU; the row and column phases of comm/hooks.exchange_cuda need
+# X > 1 and are not run by one GPU). Parts, each under its own limit:
+#   syncs       the loop (train/loop.py, in process, NCCL world of one) in fp16 with the GradScaler, host reads
+#               counted per step (torus_train/train/syncs.py)
+#   speed       in process, rounds alternating: the loop against a bare PyTorch loop of the same model and batch
+#               (256) on synthetic data; the loop in bf16; peak memory at batch 32 and 256
+#   production  `torus-train run` of the shrunk production spec on photo-like JPEGs: 2 epochs (batch 32, then
+#               256), evaluation after each
+#   digest      the same short `torus-train run` twice (1x1, synthetic): equal parameter digests
+# JSON: {"gpu_check": 2, "date", "status": ok | failed | no-gpu, "torch", "cuda", "dali", "gpu", "wall_seconds",
+# "out", "checks": {NAME: {...}}}; every check has "ok" (its pass line: null without a GPU), "pass_if" (the rule),
+# "seconds" (its part's), "error" (only when its part failed); the fields of each check:
+#   host_syncs.steps                 steps counted (not logging, not warm-up)
+#   host_syncs.syncs_per_step        device-to-host reads per step; pass_if == 0
+#   speed_vs_bare.batch              per-GPU batch of both loops
+#   speed_vs_bare.torus_train_img_s  the loop's median img/s over the rounds (fp16, GradScaler, LARS, DDP + hook)
+#   speed_vs_bare.bare_img_s         a bare PyTorch loop's median img/s (same model, fp16, GradScaler, fused SGD)
+#   speed_vs_bare.ratio              torus_train_img_s / bare_img_s; pass_if >= 0.90
+#   bf16_vs_fp16.fp16_img_s          the loop in fp16 (speed_vs_bare.torus_train_img_s)
+#   bf16_vs_fp16.bf16_img_s          the loop in bf16, no GradScaler
+#   bf16_vs_fp16.ratio               bf16_img_s / fp16_img_s; pass_if >= 0.90
+#   peak_memory.gib_batch_32         torch.cuda.max_memory_allocated of the loop at batch 32, GiB
+#   peak_memory.gib_batch_256        the same at batch 256
+#   peak_memory.gpu_gib              the GPU's memory; pass_if gib_batch_256 <= 0.9 x gpu_gib
+#   production.backend               summary.json's backend; pass_if nccl, dali, 2 evaluations, replicas agree
+#   production.loader                the loader of the run (data.loader = dali: a run fails rather than fall back)
+#   production.steps                 steps run
+#   production.evaluations           evaluation events in metrics.jsonl
+#   production.images_per_s          summary.json's img/s (both stages, evaluation included)
+#   production.replicas_agree        summary.json's param_digests_agree
+#   data_wait.share_batch_32         data wait / step time over the batch-32 epoch (metrics.jsonl)
+#   data_wait.share_batch_256        the same over the batch-256 epoch; pass_if both <= 0.10
+#   digest.first                     param_digest of the first run
+#   digest.second                    of the second; pass_if equal
 # Without a CUDA GPU it says so, prints the JSON skeleton (status "no-gpu") and exits 0.
 # Exit codes: 0 every check passed (or no GPU), 1 a check failed, 2 usage.
 set -u
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
 
 OUT="" JSON="" QUICK=0
 while [ $# -gt 0 ]; do
@@ -37,7 +65,8 @@ OUT="${OUT:-$(mktemp -d -t gpu-check-XXXXXX)}"
 mkdir -p "$OUT/parts" || { echo "gpu_check: cannot create $OUT" >&2; exit 2; }
 T0=$(date +%s)
 say() { echo "gpu_check [$(( $(date +%s) - T0 ))s]: $*" >&2; }
-export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" GPU_CHECK_OUT="$OUT" GPU_CHECK_QUICK="$QUICK"
+export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" GPU_CHECK_OUT="$OUT" GPU_CHECK_QUICK="$QUICK" \
+    GPU_CHECK_HERE="$HERE"
 
 # --- the summary: skeleton, parts merged in, printed (and written to --json) --------------------------------
 summarise() {  # $1 = status
@@ -52,7 +81,7 @@ def probe():
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(0)
             info["gpu"] = {"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
-                           "count": torch.cuda.device_count()}
+                           "count": torch.cuda.device_count(), "capability": f"sm_{p.major}{p.minor}"}
     except Exception:
         pass
     try:
@@ -62,28 +91,35 @@ def probe():
         pass
     return info
 
+# the checks, their fields and pass rules (each field is documented in this script's header)
 SKELETON = {
-    "run_path": {"ok": None, "seconds": None, "backend": None, "loader": None, "steps": None, "resumed_from": None,
-                 "images_per_s": None, "replicas_agree": None},
-    "input": {"ok": None, "seconds": None, "dali_gpu_img_s": None, "torchvision_img_s": None, "ratio": None},
-    "resnet50": {"ok": None, "seconds": None, "batch": None, "precision": "bf16", "channels_last": True,
-                 "synthetic_img_s": None, "dali_img_s": None,
-                 "reference_img_s": {"A100 80GB, DeepLearningExamples PyTorch AMP": 2470,
-                                     "H200, MLPerf v4.0 MXNet + DALI": 8000},
-                 "synthetic_vs_reference": None},
-    "hook_cuda_gloo": {"ok": None, "seconds": None, "ranks": None, "grid": None, "max_rel_err": None,
-                       "ms_per_step_torus_async": None, "ms_per_step_ddp_gloo": None},
+    "host_syncs": {"steps": None, "syncs_per_step": None, "pass_if": "syncs_per_step == 0"},
+    "speed_vs_bare": {"batch": 256, "torus_train_img_s": None, "bare_img_s": None, "ratio": None,
+                      "pass_if": "ratio >= 0.90"},
+    "bf16_vs_fp16": {"fp16_img_s": None, "bf16_img_s": None, "ratio": None, "pass_if": "ratio >= 0.90"},
+    "peak_memory": {"gib_batch_32": None, "gib_batch_256": None, "gpu_gib": None,
+                    "pass_if": "gib_batch_256 <= 0.9 x gpu_gib"},
+    "production": {"backend": None, "loader": None, "steps": None, "evaluations": None, "images_per_s": None,
+                   "replicas_agree": None, "pass_if": "backend nccl, loader dali, 2 evaluations, replicas agree"},
+    "data_wait": {"share_batch_32": None, "share_batch_256": None, "pass_if": "both <= 0.10"},
+    "digest": {"first": None, "second": None, "pass_if": "first == second"},
 }
+PARTS = {"syncs": ["host_syncs"], "speed": ["speed_vs_bare", "bf16_vs_fp16", "peak_memory"],
+         "production": ["production", "data_wait"], "digest": ["digest"]}
 out = pathlib.Path(os.environ["GPU_CHECK_OUT"])
-checks = {k: dict(v) for k, v in SKELETON.items()}
-for name in checks:
-    part = out / "parts" / f"{name}.json"
-    if part.exists():
-        checks[name].update(json.loads(part.read_text()))
+checks = {k: {"ok": None, "seconds": None, **v} for k, v in SKELETON.items()}
+for part, names in PARTS.items():
+    path = out / "parts" / f"{part}.json"
+    if not path.exists():
+        continue
+    found = json.loads(path.read_text())
+    for name in names:  # a part that failed as a whole fails each of its checks with its error
+        checks[name].update(found.get(name) or {"ok": False, "error": found.get("error", "no result")})
+        checks[name]["seconds"] = found.get("seconds")
 status = os.environ["GPU_CHECK_STATUS"]
 if status == "done":
     status = "ok" if all(c["ok"] for c in checks.values()) else "failed"
-result = {"gpu_check": 1, "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "status": status, **probe(),
+result = {"gpu_check": 2, "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "status": status, **probe(),
           "wall_seconds": int(os.environ["GPU_CHECK_WALL"]), "out": str(out), "checks": checks}
 text = json.dumps(result, indent=1)
 print(text)
@@ -98,7 +134,7 @@ if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
     exit 0
 fi
 
-part() {  # $1 = check name, $2 = time limit (s); the Python program on stdin writes parts/NAME.json
+part() {  # $1 = part name, $2 = time limit (s); the Python program on stdin writes parts/NAME.json
     local name="$1" limit="$2" start rc
     start=$(date +%s)
     say "$name (limit ${limit}s)"
@@ -107,7 +143,7 @@ part() {  # $1 = check name, $2 = time limit (s); the Python program on stdin wr
     rc=$?
     if [ ! -s "$OUT/parts/$name.json" ]; then
         local why="exit $rc"; [ $rc -eq 124 ] && why="over its ${limit}s limit"
-        "$PY" -c 'import json,sys; print(json.dumps({"ok": False, "error": sys.argv[1]}))' \
+        "$PY" -c 'import json,sys; print(json.dumps({"error": sys.argv[1]}))' \
             "$why; see $OUT/parts/$name.log" > "$OUT/parts/$name.json"
     fi
     "$PY" - "$OUT/parts/$name.json" $(( $(date +%s) - start )) <<'EOF'
@@ -117,183 +153,187 @@ EOF
     say "$name: $(cat "$OUT/parts/$name.json")"
 }
 
-# --- 1. the run path on NCCL: world 1, grid 1x1, demo set, DALI mixed, checkpoint + resume ------------------
-part run_path 170 <<'EOF'
-import json, os, subprocess, sys, pathlib
-from torus_train.data.demo import ensure_demo_dataset
-out = pathlib.Path(os.environ["GPU_CHECK_OUT"]) / "run"
-quick = os.environ["GPU_CHECK_QUICK"] == "1"
-first, total = (50, 100) if quick else (150, 300)
-ensure_demo_dataset(workers=min(8, os.cpu_count() or 1))
-common = [sys.executable, "-m", "torus_train", "run", "--gpus", "1", "--grid", "1x1", "--data", "demo",
-          "--model", "resnet18", "--image-size", "64", "--out", str(out), "--set", "data.loader=dali",
-          "--set", "model.precision=bf16", "--set", "eval.every_epochs=0", "--set", "checkpoint.every_epochs=0",
-          "--set", "job.log_every=50", "--set", "schedule.stages=[{until_epoch=100,global_batch=256}]",
-          "--epochs", "100"]
-a = subprocess.run(common + ["--steps", str(first)], capture_output=True, text=True)
-b = subprocess.run(common + ["--steps", str(total), "--resume"], capture_output=True, text=True)
-s = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
-# data.loader = dali is explicit: the run fails rather than fall back; on a CUDA rank DALI decodes "mixed"
-res = {"backend": s.get("backend"), "loader": "dali (mixed)" if s.get("device") == "cuda" else None,
-       "steps": s.get("steps"),
-       "resumed_from": first if f"step {first}" in b.stdout else None, "images_per_s": s.get("images_per_second"),
-       "replicas_agree": s.get("param_digests_agree")}
-res["ok"] = (a.returncode == 0 and b.returncode == 0 and res["backend"] == "nccl" and res["steps"] == total
-             and res["resumed_from"] == first and bool(res["replicas_agree"]))
-if not res["ok"]:
-    res["error"] = (a.stderr[-600:] + b.stderr[-600:]) or b.stdout[-600:]
-pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "run_path.json").write_text(json.dumps(res))
+# --- the production spec shrunk to one GPU, shared by the parts (imported as `shrunk`) ---------------------
+cat > "$OUT/parts/shrunk.py" <<'EOF'
+"""scripts/specs/imagenet_2176.toml on one GPU: grid 1x1, no cluster environment, a short schedule."""
+import os
+import pathlib
+
+SPEC = pathlib.Path(os.environ["GPU_CHECK_HERE"]) / "scripts" / "specs" / "imagenet_2176.toml"
+ONE_GPU = ["grid.gpus=1", "grid.grid=1x1", "grid.gpus_per_node=1", "launch.env=[]", "launch.launcher=local",
+           "schedule.warmup_epochs=0.5"]
+
+
+def cli_sets(extra):
+    """`--set` arguments of a `torus-train run --spec SPEC` on one GPU."""
+    return [a for s in ONE_GPU + list(extra) for a in ("--set", s)]
+
+
+def loop_spec(out, batch, steps, precision="fp16"):
+    """The spec for the in-process loop: synthetic data, `steps` steps at per-GPU `batch`, nothing saved."""
+    from torus_train.job.spec import load_spec, parse_override
+
+    sets = ONE_GPU + [f"job.out={out}", "data.source=synthetic", f"data.synthetic_samples={batch * (steps + 1)}",
+                      "schedule.epochs=1", f"schedule.stages=[{{until_epoch=1,global_batch={batch}}}]",
+                      f"schedule.steps={steps}", "eval.every_epochs=0", "checkpoint.every_epochs=0",
+                      "checkpoint.at_end=false", "job.log_every=5", "job.check_every_steps=0",
+                      f"model.precision={precision}", "job.max_nonfinite_steps=1000"]
+    return load_spec(str(SPEC), [parse_override(s) for s in sets])
+
+
+def world_of_one():
+    from torus_train.job.topology import parse_grid
+    from torus_train.ranks.bootstrap import init_distributed
+
+    return init_distributed(parse_grid("1x1"), 120, environ={})
 EOF
 
-# --- 2. DALI GPU decoding against the torchvision loader, same files -------------------------------------
-part input 60 <<'EOF'
-import json, os, subprocess, sys, pathlib
-from torus_train.data.demo import ensure_demo_dataset
-root = ensure_demo_dataset(log=None)
-js = pathlib.Path(os.environ["GPU_CHECK_OUT"]) / "input.json"
-r = subprocess.run([sys.executable, "-m", "torus_train", "bench", "input", "--data", str(root), "--device", "cuda",
-                    "--batch-size", "256", "--image-size", "224", "--rounds", "2", "--batches", "20",
-                    "--channels-last", "--json", str(js)], capture_output=True, text=True)
-res = {"ok": r.returncode == 0 and js.exists()}
-if res["ok"]:
-    d = json.loads(js.read_text())
-    rows = {row["loader"]: row["images_per_s"] for row in d["results"]}
-    res.update(dali_gpu_img_s=rows.get("dali"), torchvision_img_s=rows.get("torchvision"))
-    if res["dali_gpu_img_s"] and res["torchvision_img_s"]:
-        res["ratio"] = res["dali_gpu_img_s"] / res["torchvision_img_s"]
-else:
-    res["error"] = r.stderr[-800:]
-pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "input.json").write_text(json.dumps(res))
+# --- 1. host reads per step of the loop (fp16 + GradScaler, LARS, DDP with the torus hook on NCCL) --------
+part syncs 50 <<'EOF'
+import json, os, pathlib
+import shrunk
+from torus_train.train.syncs import count_loop_syncs
+out = pathlib.Path(os.environ["GPU_CHECK_OUT"]) / "syncs"
+boot = shrunk.world_of_one()
+r = count_loop_syncs(shrunk.loop_spec(str(out), 32, 12), boot, out, "fp16-scaler")
+per_step = r["syncs"] / max(r["steps"], 1)
+res = {"host_syncs": {"steps": r["steps"], "syncs_per_step": per_step, "where": r["where"],
+                      "backend": boot.backend, "ok": boot.backend == "nccl" and r["steps"] > 0 and per_step == 0}}
+pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "syncs.json").write_text(json.dumps(res))
 EOF
 
-# --- 3. ResNet-50 training throughput, bf16 + channels_last, largest batch that fits ----------------------
-part resnet50 150 <<'EOF'
-import json, os, pathlib, time
+# --- 2. speed against a bare loop, bf16 against fp16, peak memory ------------------------------------------
+part speed 140 <<'EOF'
+import gc, json, os, pathlib, statistics, time
 import torch, torchvision
-torch.backends.cudnn.benchmark = True
-dev = torch.device("cuda", 0)
+import shrunk
+from torus_train.train import loop
+from torus_train.train.stop import StopRequest
+out = pathlib.Path(os.environ["GPU_CHECK_OUT"]) / "speed"
 quick = os.environ["GPU_CHECK_QUICK"] == "1"
-model = torchvision.models.resnet50(num_classes=1000).to(dev).to(memory_format=torch.channels_last)
-opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-loss_fn = torch.nn.CrossEntropyLoss()
+WARM, STEPS, BATCH = 5, (10 if quick else 25), 256
+boot = shrunk.world_of_one()
+dev = boot.device
 
-def step(x, y):
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = loss_fn(model(x), y)
-    loss.backward()
-    opt.step()
-
-def batch_of(n):
-    x = torch.randn(n, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last)
-    return x, torch.randint(0, 1000, (n,), device=dev)
-
-best, n = None, 64
-while n <= 2048:  # double until out of memory; keep the last batch that ran
+def torus_train_loop(batch, precision):
+    """img/s of the steps after WARM, and the peak memory, of the real loop (train/loop.py)."""
+    gc.collect(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()  # nothing of the last run left
+    rs = loop.start(shrunk.loop_spec(str(out), batch, WARM + STEPS, precision), boot, out, StopRequest())
+    loop.switch_stage(rs, 0)
+    mark, real = {}, loop.train_step
+    def train_step(rs_, *a, **k):
+        if rs_.pos.global_step == WARM:
+            torch.cuda.synchronize(); mark["t"] = time.perf_counter()
+        return real(rs_, *a, **k)
+    loop.train_step = train_step
     try:
-        x, y = batch_of(n)
-        step(x, y); step(x, y); torch.cuda.synchronize()
-        best = n
-        n *= 2
-    except torch.OutOfMemoryError:
-        break
+        loop.run_epoch(rs, 0)
     finally:
-        x = y = None
-        torch.cuda.empty_cache()
-res = {"batch": best}
-x, y = batch_of(best)
-for _ in range(5):
-    step(x, y)
-torch.cuda.synchronize()
-steps = 10 if quick else 30
-t = time.perf_counter()
-for _ in range(steps):
-    step(x, y)
-torch.cuda.synchronize()
-res["synthetic_img_s"] = steps * best / (time.perf_counter() - t)
-ref = 8000 if "H200" in torch.cuda.get_device_name(0) else 2470
-res["synthetic_vs_reference"] = res["synthetic_img_s"] / ref
-x = y = None
-try:  # fed by DALI (GPU decoding) on the demo set's JPEGs, cropped and resized to 224
-    from torus_train.data import make_loader
-    from torus_train.data.demo import ensure_demo_dataset
-    root = ensure_demo_dataset(log=None)
-    loader = make_loader("dali", str(root), "train", rank=0, world_size=1, batch_size=best, image_size=224,
-                         num_classes=None, seed=0, channels_last=True, device=dev,
-                         num_threads=min(8, os.cpu_count() or 1), verify=False)
-    loader.set_epoch(0)
-    it, done, t = iter(loader), 0, None
-    for i in range(5 + steps):
-        if i == 5:
-            torch.cuda.synchronize(); t = time.perf_counter()
-        try:
-            x, y = next(it)
-        except StopIteration:
-            loader.set_epoch(i); it = iter(loader); x, y = next(it)
-        step(x, y.clamp(min=0))
-        done += x.shape[0] if i >= 5 else 0
+        loop.train_step = real
     torch.cuda.synchronize()
-    res["dali_img_s"] = done / (time.perf_counter() - t)
-    loader.close()
-except Exception as e:
-    res["dali_error"] = f"{type(e).__name__}: {e}"[:400]
-res["ok"] = bool(best) and res.get("dali_img_s") is not None
-pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "resnet50.json").write_text(json.dumps(res))
+    img_s = (rs.pos.global_step - WARM) * batch / (time.perf_counter() - mark["t"])
+    rs.loader.close(); rs.ddp.torus_hook_state.close()
+    return img_s, torch.cuda.max_memory_allocated() / 2**30
+
+def bare_loop(batch):
+    """A plain PyTorch loop: the same model, batch and numerics, no DDP, no hook, no loader."""
+    gc.collect(); torch.cuda.empty_cache()
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(num_classes=1000).to(dev).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    scaler, loss_fn = torch.amp.GradScaler("cuda"), torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    x = torch.randn(batch, 3, 224, 224, device=dev, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device=dev)
+    for i in range(WARM + STEPS):
+        if i == WARM:
+            torch.cuda.synchronize(); t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+    torch.cuda.synchronize()
+    return STEPS * batch / (time.perf_counter() - t)
+
+ours, bare, peak = [], [], {}
+for r in range(1 if quick else 2):  # alternate the order: drift and clocks hurt both alike
+    for which in (("ours", "bare") if r % 2 == 0 else ("bare", "ours")):
+        if which == "ours":
+            img_s, peak[BATCH] = torus_train_loop(BATCH, "fp16")
+            ours.append(img_s)
+        else:
+            bare.append(bare_loop(BATCH))
+bf16, _ = torus_train_loop(BATCH, "bf16")
+_, peak[32] = torus_train_loop(32, "fp16")
+fp16 = statistics.median(ours)
+gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+speed = {"batch": BATCH, "torus_train_img_s": fp16, "bare_img_s": statistics.median(bare), "rounds": len(ours)}
+speed["ratio"] = speed["torus_train_img_s"] / speed["bare_img_s"]
+speed["ok"] = speed["ratio"] >= 0.90
+prec = {"fp16_img_s": fp16, "bf16_img_s": bf16, "ratio": bf16 / fp16, "ok": bf16 / fp16 >= 0.90}
+mem = {"gib_batch_32": peak[32], "gib_batch_256": peak[BATCH], "gpu_gib": gpu_gib,
+       "ok": peak[BATCH] <= 0.9 * gpu_gib}
+pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "speed.json").write_text(
+    json.dumps({"speed_vs_bare": speed, "bf16_vs_fp16": prec, "peak_memory": mem}))
 EOF
 
-# --- 4. the torus hook on CUDA tensors: 4 ranks on the one GPU over gloo ---------------------------------
-part hook_cuda_gloo 60 <<'EOF'
-import json, os, pathlib, subprocess, sys, time
-out = pathlib.Path(os.environ["GPU_CHECK_OUT"])
-worker = out / "parts" / "hook_worker.py"
-worker.write_text('''
-import json, os, sys, time
-from datetime import timedelta
-import torch, torch.distributed as dist, torchvision
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torus_train.comm.groups import build_grid_groups
-from torus_train.comm.hooks import TorusHookState, allreduce_hook
-from torus_train.job.topology import parse_grid
-rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-dev = torch.device("cuda", 0)
-torch.cuda.set_device(dev)
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["MASTER_PORT"], rank=rank,
-                        world_size=world, timeout=timedelta(seconds=60))
-groups = build_grid_groups(parse_grid("2x2"), timeout=60)
-x = torch.randn(16, 3, 64, 64, device=dev, generator=torch.Generator(dev).manual_seed(rank)) * (rank + 1)
-def run(hook):
-    torch.manual_seed(0)
-    ddp = DDP(torchvision.models.resnet18(num_classes=10).to(dev), device_ids=[dev], bucket_cap_mb=4)
-    state = None
-    if hook:
-        state = TorusHookState(groups, algo="torus")
-        ddp.register_comm_hook(state, allreduce_hook)
-    times = []
-    for i in range(6):
-        ddp.zero_grad(set_to_none=True)
-        torch.cuda.synchronize(); t = time.perf_counter()
-        ddp(x).square().mean().backward()
-        torch.cuda.synchronize(); times.append(time.perf_counter() - t)
-    g = torch.cat([p.grad.flatten() for p in ddp.parameters()])
-    if state: state.close()
-    return g, sorted(times[2:])[len(times[2:]) // 2] * 1e3
-ref, t_ddp = run(False)
-got, t_torus = run(True)
-err = ((got - ref).abs().max() / ref.abs().max()).item()
-if rank == 0:
-    print(json.dumps({"ranks": world, "grid": "2x2", "max_rel_err": err, "ms_per_step_torus_async": t_torus,
-                      "ms_per_step_ddp_gloo": t_ddp, "ok": err < 1e-5}))
-dist.destroy_process_group()
-''')
-from torus_train.ranks.bootstrap import free_port
-port = str(free_port())
-procs = [subprocess.Popen([sys.executable, str(worker)], stdout=subprocess.PIPE, text=True,
-                          env={**os.environ, "RANK": str(r), "WORLD_SIZE": "4", "MASTER_PORT": port,
-                               "OMP_NUM_THREADS": "2"}) for r in range(4)]
-outs = [p.communicate(timeout=50)[0] for p in procs]
-res = json.loads(outs[0].strip().splitlines()[-1]) if all(p.returncode == 0 for p in procs) else \
-    {"ok": False, "error": "exit codes " + str([p.returncode for p in procs])}
-pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "hook_cuda_gloo.json").write_text(json.dumps(res))
+# --- 3. the production run: photo-like JPEGs through DALI, two stages, evaluation --------------------------
+part production 190 <<'EOF'
+import json, os, pathlib, subprocess, sys
+import shrunk
+here, out = pathlib.Path(os.environ["GPU_CHECK_HERE"]), pathlib.Path(os.environ["GPU_CHECK_OUT"])
+quick = os.environ["GPU_CHECK_QUICK"] == "1"
+photos, run = out / "photos", out / "production"
+per_class = 64 if quick else 128  # 8 classes: 16 (32) steps at batch 32, 2 (4) at batch 256
+if not (photos / "train").is_dir():
+    subprocess.run([sys.executable, str(here / "scripts" / "photo_like_set.py"), "--out", str(photos),
+                    "--classes", "8", "--per-class", str(per_class), "--val-per-class", "16"], check=True)
+r = subprocess.run([sys.executable, "-m", "torus_train", "run", "--spec", str(shrunk.SPEC), "--data", str(photos),
+                    "--out", str(run), "--epochs", "2",
+                    *shrunk.cli_sets(["model.num_classes=8", "eval.every_epochs=1", "checkpoint.every_epochs=1",
+                                      "job.log_every=4", "eval.target_top1=0",
+                                      "schedule.stages=[{until_epoch=1,global_batch=32},"
+                                      "{until_epoch=2,global_batch=256}]"])],
+                   capture_output=True, text=True)
+s = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
+steps = [x for x in recs if "step_time" in x]
+def share(batch):  # data wait over step time, weighted by the steps of each interval
+    rows = [x for x in steps if x["per_rank_batch"] == batch]
+    return sum(x["data_time"] for x in rows) / sum(x["step_time"] for x in rows) if rows else None
+prod = {"backend": s.get("backend"), "loader": "dali (mixed)" if r.returncode == 0 and s.get("device") == "cuda" else None,
+        "steps": s.get("steps"), "evaluations": sum(1 for x in recs if x.get("event") == "eval"),
+        "images_per_s": s.get("images_per_second"), "replicas_agree": s.get("param_digests_agree")}
+prod["ok"] = (r.returncode == 0 and prod["backend"] == "nccl" and prod["loader"] is not None
+              and prod["evaluations"] == 2 and prod["replicas_agree"] is True)
+if r.returncode:
+    prod["error"] = (r.stderr or r.stdout)[-800:]
+wait = {"share_batch_32": share(32), "share_batch_256": share(256)}
+wait["ok"] = all(v is not None and v <= 0.10 for v in wait.values())
+pathlib.Path(out, "parts", "production.json").write_text(json.dumps({"production": prod, "data_wait": wait}))
+EOF
+
+# --- 4. two identical runs end with the same parameters (1x1, synthetic) ------------------------------------
+part digest 70 <<'EOF'
+import json, os, pathlib, subprocess, sys
+import shrunk
+out = pathlib.Path(os.environ["GPU_CHECK_OUT"]) / "digest"
+digests, errors = [], []
+for i in (1, 2):
+    run = out / f"run{i}"
+    r = subprocess.run([sys.executable, "-m", "torus_train", "run", "--spec", str(shrunk.SPEC), "--data",
+                        "synthetic", "--out", str(run), "--epochs", "1", "--steps", "8",
+                        *shrunk.cli_sets(["schedule.stages=[{until_epoch=1,global_batch=32}]",
+                                          "data.synthetic_samples=512", "eval.every_epochs=0",
+                                          "checkpoint.every_epochs=0", "checkpoint.at_end=false"])],
+                       capture_output=True, text=True)
+    s = json.loads((run / "summary.json").read_text()) if r.returncode == 0 else {}
+    digests.append(s.get("param_digest"))
+    if r.returncode:
+        errors.append(r.stderr[-400:])
+res = {"first": digests[0], "second": digests[1], "ok": digests[0] is not None and digests[0] == digests[1]}
+if errors:
+    res["error"] = " | ".join(errors)
+pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "digest.json").write_text(json.dumps({"digest": res}))
 EOF
 
 summarise done > "$OUT/summary.json"

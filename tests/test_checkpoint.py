@@ -1,6 +1,7 @@
 """Checkpoints: atomic save with a manifest as commit point; corrupt or partial ones are never loaded."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -105,3 +106,17 @@ def test_verdict_refusal_and_comparison(tmp_path):
     assert same_choice(a, dict(a)) and same_choice({"step": None}, {"step": None})
     assert not same_choice(a, {**a, "manifest": {"sha256": "cd"}}) and not same_choice(a, {"step": None})
     assert not same_choice({"step": None}, v)
+
+
+def test_the_sha256_is_taken_while_writing_and_one_read_verifies(tmp_path):
+    from torus_train.train import checkpoint as ckpt
+
+    before = ckpt.BYTES_READ[0]
+    pt = save_checkpoint(tmp_path, 7, state(7), {}, keep=2)
+    assert ckpt.BYTES_READ[0] == before  # nothing read back to hash it
+    manifest = json.loads(pt.with_suffix(".json").read_text())
+    assert manifest["bytes"] == pt.stat().st_size and manifest["sha256"] == hashlib.sha256(pt.read_bytes()).hexdigest()
+    ref = find_latest(tmp_path, keep_data=True)
+    assert ckpt.BYTES_READ[0] == before + pt.stat().st_size and ref.data == pt.read_bytes()
+    assert torch.equal(load_checkpoint(ref)["model"]["w"], state(7)["model"]["w"])
+    assert ckpt.BYTES_READ[0] == before + pt.stat().st_size  # loaded from the bytes held, not the file

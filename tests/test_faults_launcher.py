@@ -29,6 +29,34 @@ def test_heartbeat_writes_the_last_step_within_a_second(tmp_path):
     assert set(read_beats(tmp_path, 4)) == {3}  # ranks without a file are absent
 
 
+def test_a_step_never_waits_on_the_beat_file(tmp_path, monkeypatch):
+    """A file system that hangs in the rename (a slow metadata server) stalls the writer thread, not record."""
+    import threading
+
+    from torus_train.ranks import heartbeat
+
+    (tmp_path / "logs").mkdir()
+    hb = Heartbeat(tmp_path, 0, every_s=0.05)
+    stuck, entered = threading.Event(), threading.Event()
+    rename = heartbeat.os.replace
+
+    def slow_replace(a, b):
+        entered.set()
+        stuck.wait(10)
+        rename(a, b)
+
+    monkeypatch.setattr(heartbeat.os, "replace", slow_replace)
+    hb.record(1)
+    assert entered.wait(5)  # the writer thread is inside the rename, and stays there
+    t = time.perf_counter()
+    for step in range(2, 10002):
+        hb.record(step)
+    assert time.perf_counter() - t < 0.5
+    stuck.set()
+    hb.close()
+    assert read_beats(tmp_path, 1)[0].step == 10001
+
+
 def test_beats_are_rarer_above_256_ranks():
     from torus_train.ranks.heartbeat import beat_interval
 
@@ -127,3 +155,37 @@ def test_the_rank_mpirun_or_srun_names():
         (pathlib.Path(d) / "logs").mkdir()
         e = command_failed(CommandFailed("mpirun exited with code 137", mpi), pathlib.Path(d), 4)
     assert (e.rank, e.how) == (3, "rank 3 on node2 was killed by SIGKILL")
+
+
+NCCL_LINES = {
+    "watchdog": "[rank1]:[E1204 05:40:01.123 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation "
+                "timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=6422528, NumelOut=6422528, Timeout(ms)=600000) "
+                "ran for 600021 milliseconds before timing out.",
+    "abort": "[rank1]:[E1204 05:40:01.200 ProcessGroupNCCL.cpp:1720] [PG 0 Rank 1] Some NCCL operations have failed "
+             "or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+             "corrupted/incomplete data.",
+    "system": "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:2030, unhandled system error "
+              "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3",
+    "remote": "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+}
+
+
+@pytest.mark.parametrize("kind, meaning", [
+    ("watchdog", "an NCCL collective ran past comm.timeout_s and NCCL's watchdog aborted it"),
+    ("abort", "NCCL took the rank down after a failed or timed-out collective"),
+    ("system", "NCCL system error"),
+    ("remote", "NCCL remote error: a peer exited or the network between them failed"),
+])
+def test_nccl_failures_are_named_like_gloos(tmp_path, kind, meaning):
+    from torus_train.ranks.supervisor import failure_kind, mark_comm_failure
+
+    code, what, line = classify(RuntimeError(NCCL_LINES[kind] + "\nException raised from ..."))
+    assert (code, what) == (1, "crash") and line.startswith(meaning) and NCCL_LINES[kind][:60] in line
+    # the watchdog took the process down before Python ran: the launcher finds the words in the rank's log
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank00001.log").write_text(f"step 811 ...\n{NCCL_LINES[kind]}\nAborted (core dumped)\n")
+    said = mark_comm_failure(tmp_path, 1)
+    assert said.startswith(meaning) and failure_kind(tmp_path, 1) == "crash"
+    assert mark_comm_failure(tmp_path, 1) == ""  # a marker is there now: the rank's own word stands
+    (tmp_path / "logs" / "rank00002.log").write_text("Segmentation fault\n")
+    assert mark_comm_failure(tmp_path, 2) == "" and failure_kind(tmp_path, 2) == ""

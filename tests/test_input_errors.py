@@ -96,7 +96,7 @@ def test_parse_override_keeps_plain_strings():
     (["run", "--dry-run", "--grid", "99999x99999"], "grid.grid: grid 99999x99999: 9,999,800,001 ranks is more"),
     (["run", "--dry-run", "--grid", "1" * 400 + "x2"], "a side has more than 12 digits"),
     (["run", "--dry-run", "--gpus", "9" * 400], "grid.gpus: 999999999999999999"),
-    (["plan", "--gpus", "1000000007"], "the world size: 1,000,000,007 ranks is more than"),
+    (["plan", "--gpus", "1000000007"], "--gpus: 1,000,000,007 ranks is more than"),
     (["plan", "--grid", "99999x99999"], "9,999,800,001 ranks"),
     (["plan", "--gpus", "1000000", "--simulate"], "--simulate and --check-groups run on at most"),
     (["bench", "allreduce", "--nprocs", "0"], "--nprocs 0 must be at least 1"),

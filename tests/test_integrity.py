@@ -185,7 +185,7 @@ def scaler_run(monkeypatch, k=3):
     pos = types.SimpleNamespace(global_step=0, epoch=0, step_in_epoch=0, images=0)
     rs = types.SimpleNamespace(ddp=model, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                loss_fn=torch.nn.CrossEntropyLoss(), amp_dtype=None, spec=spec, pos=pos,
-                               scaler=torch.amp.GradScaler("cpu"), scaler_counts=None, skipped_steps=0,
+                               scaler=torch.amp.GradScaler("cpu"), skip_counts=None, skipped_steps=0,
                                nonfinite_in_a_row=0, boot=types.SimpleNamespace(info=types.SimpleNamespace(rank=0)))
     monkeypatch.setenv("TORUS_TRAIN_FAULT", "nanfrom:0:3")
     return rs
@@ -203,7 +203,7 @@ def test_scaler_path_counts_skipped_steps(monkeypatch, one_rank):
     train_step(rs, x, y, 1)
     rs.pos.global_step = 5
     assert torch.equal(rs.model.weight, weights)  # skipped: the parameters are those of step 2
-    with pytest.raises(RunFailed, match=r"3 steps in a row had non-finite loss or gradients \(the loss scaler"):
+    with pytest.raises(RunFailed, match=r"3 steps in a row had non-finite loss or gradients \(steps 3-5, skipped on every rank"):
         check_replicas(rs, "the check before the checkpoint")
 
 
@@ -241,3 +241,28 @@ def test_no_checkpoint_inside_a_run_of_non_finite_steps(monkeypatch, one_rank, t
                                         r"step 7 \(end of training\); the checkpoint at step 5 is kept$"):
         save(rs, "end of training")
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [5]
+
+
+def test_buffers_come_from_rank_0_in_one_collective(monkeypatch):
+    from torus_train.train.step import sync_buffers
+
+    def net(seed):
+        torch.manual_seed(seed)
+        n = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.BatchNorm1d(2))
+        for _ in range(seed + 1):  # different statistics and counters
+            n[1](torch.randn(5, 4, 2, 2)), n[2](torch.randn(3, 2))
+        return n
+
+    rank0, mine = net(0), net(1)
+    sent = torch.cat([b.reshape(-1).view(torch.uint8) for b in rank0.buffers()])  # what rank 0 sends
+    calls = []
+
+    def broadcast(t, src, *a, **k):  # this rank receives rank 0's bytes
+        calls.append((t.dtype, t.numel(), src))
+        t.copy_(sent)
+
+    monkeypatch.setattr(dist, "broadcast", broadcast)
+    sync_buffers(mine)
+    assert calls == [(torch.uint8, sent.numel(), 0)]  # 6 buffers (float statistics, int64 counters), one collective
+    for (name, a), b in zip(rank0.named_buffers(), mine.buffers()):
+        assert a.dtype == b.dtype and torch.equal(a, b), name

@@ -31,6 +31,8 @@ def _register() -> None:
     cli.add_command(plan)
     from torus_train.commands.run import run
     cli.add_command(run)
+    from torus_train.commands.report import report
+    cli.add_command(report)
 
 
 _register()
@@ -60,8 +62,23 @@ def _where(e: UnicodeDecodeError) -> str:
     return f"byte {e.start}: " if e.start is not None else ""
 
 
+def nul_argument(argv: list[str]) -> str:
+    """The flag whose value holds a NUL character ('' when none does): no path or name can hold one."""
+    for i, arg in enumerate(argv):
+        if "\0" in arg:
+            if arg.startswith("--") and "=" in arg:
+                return arg.split("=", 1)[0]
+            if i and argv[i - 1].startswith("-"):
+                return argv[i - 1]
+            return f"argument {i + 1} ({arg.split(chr(0))[0][:20]!r}...)"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the group, turning every user error into one line and an exit code."""
+    nul = nul_argument(sys.argv[1:] if argv is None else argv)
+    if nul:
+        error(f"{nul}: the value contains a NUL character")
     try:
         rv = cli.main(args=argv, prog_name="torus-train", standalone_mode=False)
     except click.exceptions.Exit as e:

@@ -1,4 +1,5 @@
-"""Resume at scale: one rank per node verifies the checkpoint, every rank gets the same verdict."""
+"""Resume at scale: one rank per node reads and verifies the checkpoint and hands it to its node's ranks; every
+rank gets the same verdict."""
 import json
 import sys
 from pathlib import Path
@@ -39,6 +40,9 @@ def test_node_leaders_verify_and_every_rank_agrees(tmp_path):
     assert [g["shared"]["chosen"] for g in got] == [6] * 4
     assert [g["shared"]["hashed"] for g in got] == [["step-00000009.pt", "step-00000006.pt"], [],
                                                      ["step-00000009.pt", "step-00000006.pt"], []]
+    # one read per node: the leaders read the corrupt step 9 and step 6 once each, their node's ranks nothing
+    sizes = {s: (tmp_path / "shared" / f"step-{s:08d}.pt").stat().st_size for s in (6, 9)}
+    assert [g["shared"]["bytes_read"] for g in got] == [sizes[9] + sizes[6], 0, sizes[9] + sizes[6], 0]
     # a node that sees another checkpoint: every rank refuses, naming the first leader that disagrees
     assert all(g["stale"]["chosen"].startswith("refused: resume: the node of rank 2 does not see") for g in got)
     assert [g["empty"]["chosen"] for g in got] == [None] * 4

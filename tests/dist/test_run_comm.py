@@ -28,7 +28,10 @@ def test_flat_and_torus_end_with_the_same_parameters(local_torus, tmp_path):
     a, b = final_params(local_torus), final_params(flat)
     params = [k for k in a if "running_" not in k and "num_batches" not in k]
     worst = max((a[k] - b[k]).abs().max().item() for k in params)
-    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in params), f"max |diff| {worst}"
+    # The ring and the torus add the same fp32 numbers in another order: the rounding differs and grows through
+    # the steps (max 3.2e-5 on one host of this kind, under 1e-5 on another); a wrong reduction (a rank missing,
+    # a sum not divided) moves parameters by the size of an update, orders of magnitude more.
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-4) for k in params), f"max |diff| {worst}"
 
 
 @needs_mpi[0]

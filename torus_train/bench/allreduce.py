@@ -36,10 +36,21 @@ def parse_size(text: str, flag: str) -> int:
     if not m:
         raise UserError(f"{flag} {text!r} is not a size; use bytes with an optional K, M or G suffix, e.g. 1K or 64M")
     mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
-    value = int(float(m.group(1)) * mult)
-    if value < 1:
+    value = float(m.group(1)) * mult
+    if not value >= 1:
         raise UserError(f"{flag} {text!r} must be at least 1 byte")
-    return value
+    if value > MAX_BYTES:
+        raise UserError(f"{flag} {_short(text)} is more than {MAX_BYTES >> 30} GiB, the most one rank's buffers are "
+                        f"sized for; give a smaller size, e.g. 64M")
+    return int(value)
+
+
+MAX_BYTES = 64 << 30
+"""The largest message: each rank holds a few buffers of it (nccl-tests' largest default sweeps stop at 8 GiB)."""
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 24 else f"'{text[:12]}...' ({len(text)} characters)"
 
 
 @dataclass

@@ -67,6 +67,8 @@ def bench_input(root, split, batch_size, image_size, threads, warmup, batches, r
     from torus_train.data.checks import scan
 
     kinds = [k.strip() for k in loaders.split(",") if k.strip()]
+    if not kinds:
+        raise UserError(f"--loaders: {loaders!r} names no loader; give dali, torchvision or both, comma-separated")
     for k in kinds:
         if k not in ("dali", "torchvision"):
             raise UserError(f"--loaders: {k!r} is not dali or torchvision")

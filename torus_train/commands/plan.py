@@ -99,8 +99,14 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     from torus_train.plan.networks import load_network
     from torus_train.plan.search import make_plan
 
+    from torus_train.job.topology import check_world_size
+
     _check_numbers(json_path, plot_path, images_per_second, overlap, background, llc_mib)
     _check_step_overhead(step_overhead, overlap)
+    if gpus is not None:
+        if gpus < 1:
+            raise UserError(f"--gpus: {gpus} must be at least 1")
+        check_world_size(gpus, "--gpus")
     if run_out is not None:
         from torus_train.errors import check_number
 
@@ -172,12 +178,17 @@ def _check_plan_args(gpus, grid, per_gpu_batch, overlap, bucket_cap_mb, virtual_
     if virtual_ranks and (grid.size if grid else gpus) > MAX_CHECKED_RANKS:
         raise UserError(f"--simulate and --check-groups run on at most {MAX_CHECKED_RANKS:,} virtual ranks, not "
                         f"{grid.size if grid else gpus:,}")
-    if bucket_cap_mb is not None and not bucket_cap_mb > 0:
-        raise UserError(f"--bucket-cap-mb: {bucket_cap_mb:g} must be > 0")
+    from torus_train.errors import check_number
+
+    check_number(bucket_cap_mb, "--bucket-cap-mb", 0.0, high=MAX_BUCKET_MIB)
     if png_path is not None:
         if overlap is not None:
             raise UserError("--png draws the bucket timeline, which --overlap replaces; leave one out")
         _require_matplotlib()
+
+
+MAX_BUCKET_MIB = 1 << 20
+"""--bucket-cap-mb: 1 TiB, far above any model's gradients (one bucket then holds them all)."""
 
 
 def _bucket_caps(p) -> list:
@@ -196,16 +207,15 @@ def _bucket_caps(p) -> list:
 
 
 def _read_profile(path: str) -> dict:
-    """--layer-profile: {module name: backward seconds} from a JSON file."""
-    try:
-        d = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"--layer-profile: cannot read {path}: {e}") from None
+    """--layer-profile: {module name: backward seconds} from a JSON file (or a step profile's modules)."""
+    from torus_train.plan.host import check_module_seconds
+    from torus_train.userfiles import read_json
+
+    where = f"--layer-profile: {path}"
+    d = read_json(path, where)
     if isinstance(d, dict) and isinstance(d.get("modules"), dict):   # a step profile (torus_train.plan.host)
-        d = d["modules"]
-    if not isinstance(d, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in d.values()):
-        raise UserError(f"--layer-profile: {path} must hold {{module name: seconds >= 0}}")
-    return d
+        return check_module_seconds(d["modules"], f"{where}: modules")
+    return check_module_seconds(d, where)
 
 
 def _plot_timeline(p, path: str) -> None:
@@ -422,7 +432,7 @@ def _calibrate(bench_path: str, grid_text, algo, cores, background, llc_mib, com
     if llc_mib is not None and not llc_mib > 0:
         raise UserError(f"--llc-mib: {llc_mib:g} must be > 0")
     rows = read_benches(bench_path)
-    other = read_benches(compare_path) if compare_path else None
+    other = read_benches(compare_path, "--compare") if compare_path else None
     llc = None if llc_mib is None else int(llc_mib * 2**20)
     cal = calibrate(rows, algo=algo, cores=cores, background=background, llc_bytes=llc)
     sizes = [s for s, _ in cal.rows_used]

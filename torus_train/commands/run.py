@@ -20,21 +20,27 @@ FLAG_FIELDS = {
     "data": "data.source", "model": "model.arch", "image_size": "data.image_size",
     "steps": "schedule.steps", "epochs": "schedule.epochs", "out": "job.out",
 }
-RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints")
+RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "tensorboard")
+RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "tensorboard", "report.png",
+               "report.json"}
+"""Everything a run writes at the top of its output folder: a folder holding anything else is not a run's."""
 
 
 @click.command("run")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), default=None,
-              help="Job spec (TOML). Default: the embedded demo job (4 ranks on 2x2, demo data).")
-@click.option("--gpus", type=int, default=None, help="World size N (grid.gpus).")
+              help="Job spec (TOML). Default: the embedded demo job (2 ranks on 2x1, demo data).")
+@click.option("--gpus", type=int, default=None,
+              help="World size N (grid.gpus); without --grid a grid is chosen for N.")
 @click.option("--grid", default=None, help="XxY: X ranks per row (horizontal ring), Y per column.")
-@click.option("--gpus-per-node", type=int, default=None, help="Ranks per node (grid.gpus_per_node).")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="Ranks per node (grid.gpus_per_node); 0 = detect: all ranks on this machine for the local "
+                   "launcher, the slots of the first host under mpirun or srun.")
 @click.option("--launcher", type=click.Choice(["auto", "local", "mpirun", "srun"]), default=None,
               help="How ranks start (launch.launcher).")
 @click.option("--hostfile", default=None, help="OpenMPI hostfile ('host slots=K') or PBS node file.")
 @click.option("--container", default=None, help="Singularity/Apptainer image every rank runs in.")
 @click.option("--data", default=None, help="synthetic | demo | an ImageNet-layout folder | a packed set (data.source).")
-@click.option("--model", default=None, help="torchvision architecture (model.arch), e.g. resnet50.")
+@click.option("--model", default=None, help="torchvision architecture (model.arch), e.g. resnet50, or the house resnet18_w32.")
 @click.option("--image-size", type=int, default=None, help="Training crop side (data.image_size).")
 @click.option("--steps", type=int, default=None, help="Stop after this many optimizer steps (schedule.steps).")
 @click.option("--epochs", type=int, default=None, help="Epochs to train (schedule.epochs).")
@@ -54,7 +60,8 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     """Train on N ranks laid out as an XxY grid, exchanging gradients with the 2D-torus all-reduce.
 
     \b
-    torus-train run                                   # the demo job: 4 local ranks on 2x2
+    torus-train run                                   # the demo job: 2 local ranks on 2x1
+    torus-train run --gpus 4                          # the same on 4 ranks (a grid is chosen: 2x2)
     torus-train run --gpus 4 --grid 2x2 --data synthetic --model resnet18 --image-size 64 --steps 30
     torus-train run --spec job.toml --hostfile hosts.txt --dry-run
     """
@@ -63,6 +70,7 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     overrides = [(FLAG_FIELDS[k], v) for k, v in flags.items() if v is not None]
     overrides += [parse_override(s) for s in sets]
     spec = load_spec(spec_path, overrides)
+    fit_grid_to_flags(spec, spec_path, {f for f, _ in overrides})
     check_user_paths(spec)
 
     from torus_train.job.launch import inside_launched_rank
@@ -79,16 +87,45 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     first = leg_at(legs, resume_epoch(out)) if resume else 0
     first_spec = leg_spec(spec, legs[first])
     plan = make_plan(first_spec, out / "job.json", strict=not dry_run)
+    try:
+        checked = run_preflight(spec, legs, first, plan, out, elastic, max_restarts, dry_run)
+    except UserError as e:
+        if dry_run:  # the whole plan first, then what stops it
+            dry_run_report(first_spec, plan, legs, problem=e)
+        raise
     if dry_run:
-        return dry_run_report(first_spec, plan, legs)
-    first_spec.schedule.at(plan.world_size)
-    check_elastic(elastic, plan, legs, max_restarts)
+        return dry_run_report(first_spec, plan, legs, checked)
     prepare_out(out, resume, overwrite)
     from torus_train.ranks.supervisor import echo_err
 
     prepare_data(spec, log=echo_err)
     run_legs(spec, legs, first, plan, out, resume, Restarts(max_restarts, elastic))
     check_outcome(out)
+
+
+def fit_grid_to_flags(spec: JobSpec, spec_path: str | None, given: set[str]) -> None:
+    """A world size or grid given on the command line wins over the spec's other half: --gpus N alone drops
+    a spec grid of another size (one is chosen for N), --grid XxY alone drops a spec grid.gpus of another
+    size. Said when the dropped value came from the user's spec file."""
+    from torus_train.job.topology import parse_grid
+
+    if not spec.grid.grid or not spec.grid.gpus:
+        return
+    size = parse_grid(spec.grid.grid).size
+    if size == spec.grid.gpus:
+        return
+    if "grid.gpus" not in given and "grid.grid" not in given:  # both from the spec: name its fields, not flags
+        raise UserError(f"{spec_path or 'the spec'}: grid.grid = {spec.grid.grid} is {size} ranks but grid.gpus = "
+                        f"{spec.grid.gpus}; make them agree, or remove one of them")
+    if ("grid.gpus" in given) == ("grid.grid" in given):
+        return
+    if "grid.gpus" in given:
+        dropped, spec.grid.grid = f"grid.grid = {spec.grid.grid}", ""
+    else:
+        dropped, spec.grid.gpus = f"grid.gpus = {spec.grid.gpus}", 0
+    if spec_path:
+        click.echo(f"{spec_path}: {dropped} does not fit the command line's "
+                   f"{'--gpus' if 'grid.gpus' in given else '--grid'}; ignored")
 
 
 @dataclass
@@ -102,13 +139,15 @@ class Restarts:
     """The node of the previous failure's root-cause rank (--elastic drops a node that fails twice in a row)."""
 
 
-def check_elastic(elastic: bool, plan, legs, max_restarts: int) -> None:
-    if not elastic:
-        return
-    if len(legs) > 1:
-        raise UserError("--elastic cannot be combined with stages that name their own grid")
-    if max_restarts < 2:
-        raise UserError("--elastic needs --max-restarts 2 or more: a node is dropped at its second failure in a row")
+def run_preflight(spec: JobSpec, legs, first: int, plan, out: Path, elastic: bool, max_restarts: int,
+                  dry_run: bool) -> list[str]:
+    """torus_train.job.preflight over the job, reusing the first leg's plan; the report lines."""
+    from torus_train.job.preflight import preflight
+
+    def plan_of(lspec: JobSpec, strict: bool):
+        return make_plan(lspec, out / "job.json", strict)
+
+    return preflight(spec, legs, first, plan, plan_of, elastic, max_restarts, strict=not dry_run)[1]
 
 
 def run_legs(spec: JobSpec, legs, first: int, plan, out: Path, resume: bool, restarts: Restarts) -> None:
@@ -156,7 +195,9 @@ def check_user_paths(spec: JobSpec) -> None:
     UTF-8 text; each problem is one UserError naming the flag and the path."""
     from torus_train.errors import check_output_folder, shown_path
 
-    check_output_folder(spec.out_dir, "--out" if spec.job.out else "job.name")
+    flag = "--out" if spec.job.out else "job.name"
+    check_output_folder(spec.out_dir, flag)
+    check_not_foreign(spec.out_dir, flag)
     if spec.launch.hostfile:
         hf = spec.launch.hostfile
         try:
@@ -169,6 +210,22 @@ def check_user_paths(spec: JobSpec) -> None:
             raise UserError(f"--hostfile {shown_path(hf)}: {e.strerror or e}") from None
 
 
+def check_not_foreign(out: Path, flag: str) -> None:
+    """A run writes job.json, logs/ and its results into its output folder: a folder that holds anything else
+    (the user's own files) is refused, so that nothing there is overwritten or mixed with a run."""
+    from torus_train.errors import shown_path
+
+    try:
+        entries = sorted(os.listdir(out)) if out.is_dir() else []
+    except OSError as e:
+        raise UserError(f"{flag} {shown_path(out)}: {e.strerror or e}") from None
+    foreign = [e for e in entries if e not in RUN_ENTRIES]
+    if foreign:
+        raise UserError(f"{flag} {shown_path(out)}: the folder holds files that are not a torus-train run's "
+                        f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); they are left untouched: "
+                        f"give a new or empty folder")
+
+
 def make_plan(spec: JobSpec, job_file: Path, strict: bool):
     from torus_train.job.launch import plan_launch, usable_cpus
     from torus_train.ranks.bootstrap import free_port
@@ -178,21 +235,23 @@ def make_plan(spec: JobSpec, job_file: Path, strict: bool):
                        cpu_count=usable_cpus(), local_gpus=local_gpu_count(), strict=strict)
 
 
-def dry_run_report(spec: JobSpec, plan, legs) -> None:
-    """The whole plan is printed even when the batch schedule does not fit the world size; the error then
-    ends the output (exit 2), as it would stop a real run before any rank starts. With grid stages: the
-    first leg's plan, then the legs."""
+def dry_run_report(spec: JobSpec, plan, legs, checked: list[str] | None = None,
+                   problem: UserError | None = None) -> None:
+    """The whole plan is printed even when the preflight fails (for example the batch schedule does not fit
+    the world size); the caller then ends the output with the error (exit 2), as it would stop a real run
+    before any rank starts. With grid stages: the first leg's plan, then the legs. Without a problem: what
+    the preflight checked."""
     from torus_train.job.legs import legs_text
 
     try:
-        schedule, problem = spec.schedule.at(plan.world_size), None
+        schedule, why = spec.schedule.at(plan.world_size), None
     except UserError as e:
-        schedule, problem = None, e
-    click.echo(dry_run_text(spec, plan, schedule, problem))
+        schedule, why = None, e
+    click.echo(dry_run_text(spec, plan, schedule, why))
     if len(legs) > 1:
         click.echo(f"grid stages: {legs_text(legs)}; the launcher checkpoints and moves the job at each change")
-    if problem is not None:
-        raise problem
+    if problem is None:
+        click.echo("# preflight passed: " + "; ".join(checked or []))
 
 
 def prepare_data(spec: JobSpec, log=None) -> None:
@@ -410,7 +469,7 @@ def unfinished(out: Path) -> str:
 
 def check_outcome(out: Path) -> None:
     read_summary(out)
-    click.echo(f"wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}")
+    click.echo(f"wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}; plot them with: torus-train report {out}")
 
 
 def _run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
@@ -490,6 +549,7 @@ def grid_text(plan) -> str:
 
 def dry_run_text(spec: JobSpec, plan, schedule, problem: Exception | None = None) -> str:
     from torus_train.job.hosts import total_slots
+    from torus_train.job.work import work_text
 
     launch = [f"launcher: {plan.launcher} ({plan.why})"]
     if plan.hostfile:
@@ -506,5 +566,6 @@ def dry_run_text(spec: JobSpec, plan, schedule, problem: Exception | None = None
         schedule.table() if schedule is not None else
         f"cannot be built for {plan.world_size} ranks: {problem}\n(every stage's global_batch must be a multiple "
         f"of the world size; set them with --spec or --set schedule.stages=[...])",
+        work_text(spec, schedule),
         f"(dry run: nothing started; output would go to {spec.out_dir.resolve()})",
     ])

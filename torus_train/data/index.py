@@ -28,6 +28,7 @@ import numpy as np
 
 from torus_train.errors import UserError
 from torus_train.outdir import FolderKind, check_target, resolve_target, write_folder
+from torus_train.userfiles import Field, check
 
 VERSION = 1
 INDEX_DIR = ".torus-train-index"
@@ -39,6 +40,13 @@ ARRAYS = ("names", "offsets", "labels")
 class DataError(UserError):
     """A data folder, file or index that cannot be read as a data set; the message names the path."""
 
+
+META_FIELDS = (
+    Field("root", "str"), Field("checksum", "str"),
+    *(f for s in SPLITS for f in (Field(f"splits.{s}.classes", "list"), Field(f"splits.{s}.count", "int", 0),
+                                  Field(f"splits.{s}.class_mtimes", "list"))),
+)
+"""What a rank reads from an index's meta.json."""
 
 # An index folder is recognised by its meta.json (version, root, splits): only such a folder is replaced.
 INDEX_KIND = FolderKind("data index", "meta.json",
@@ -131,6 +139,18 @@ def _utf8(folder: Path, name: str) -> str:
         shown = os.fsencode(name).decode("utf-8", "backslashreplace")
         raise DataError(f"{folder}/{shown}: the name is not valid UTF-8; rename it (e.g. with convmv)") from None
     return name
+
+
+def list_classes(data_root: str | os.PathLike, split: str) -> tuple[str, ...]:
+    """The class folders of ``data_root/split`` (one directory read; the preflight's view of a folder)."""
+    data = Path(data_root)
+    root = data / split
+    if not root.is_dir():
+        raise DataError(f"{root}: missing (expected {split}/CLASS/*.JPEG under {data})")
+    classes = tuple(_utf8(root, c) for c in _classes(data, split))
+    if not classes:
+        raise DataError(f"{root}: no class folders (expected {split}/CLASS/*.JPEG)")
+    return classes
 
 
 def class_mtimes(data_root: Path, split: str, classes: Sequence[str]) -> list[int]:
@@ -287,6 +307,10 @@ def load_index(path: str | os.PathLike, data_root: str | os.PathLike | None = No
     if not isinstance(meta, dict) or meta.get("version") != VERSION:
         raise DataError(f"{p}: index version {meta.get('version') if isinstance(meta, dict) else '?'} is not "
                         f"{VERSION}; {_rebuild_hint(str(data_root or 'DIR'))}")
+    try:
+        check(meta, META_FIELDS, f"{p / 'meta.json'}")
+    except UserError as e:
+        raise DataError(f"{e}; {_rebuild_hint(str(data_root or 'DIR'))}") from None
     if data_root is not None and Path(meta["root"]) != Path(data_root).resolve():
         raise DataError(f"{p}: this index was built for {meta['root']}, not {Path(data_root).resolve()}; "
                         f"{_rebuild_hint(str(data_root))}")

@@ -13,15 +13,20 @@ import difflib
 import json
 import math
 import re
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+try:
+    import tomllib  # novermin (3.11+; vermin does not see the fallback)
+except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI (a dependency there, see pyproject.toml)
+    import tomli as tomllib  # type: ignore[no-redef]
+
 from torus_train.errors import UserError
 from torus_train.job.topology import MAX_WORLD
+from torus_train.job.models import HOUSE_ARCHS
 from torus_train.train.schedule import Schedule, ScheduleError
 
 
@@ -32,6 +37,28 @@ class SpecError(UserError):
 MAX_IMAGE_SIZE = 8192
 MAX_SPEC_BYTES = 1 << 20
 MAX_INT = 2**63 - 1
+MAX_INT32 = 2**31 - 1
+"""Counts that reach torch or DALI as sizes, seeds or step numbers (int32 there)."""
+MAX_CLASSES = 1_000_000
+"""model.num_classes: a classifier of 1M classes over 2,048 features already holds 8 GB of fp32 weights."""
+FIXED_INPUT = {**{a: 224 for a in ("vit_b_16", "vit_b_32", "vit_h_14", "vit_l_16", "vit_l_32")}, "maxvit_t": 224}
+"""Models built for exactly one input size (torchvision's default; their position embeddings or window grid fix it)."""
+MIN_INPUT = {"inception_v3": 75, "alexnet": 64, **{a: 32 for a in (
+    "convnext_base", "convnext_large", "convnext_small", "convnext_tiny", "densenet121", "densenet161",
+    "densenet169", "densenet201", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19",
+    "vgg19_bn")}, "squeezenet1_0": 24, "squeezenet1_1": 24, "googlenet": 16}
+"""The smallest input side, of 8, 16, 24, 32, 48, 64, 75, that each model's forward pass takes (the others take
+8 px); tests/test_preflight.py checks the table against torchvision."""
+
+
+def input_size_problem(arch: str, size: int) -> str:
+    """Why ``arch`` cannot take ``size`` px images ('' when it can), naming data.image_size."""
+    fixed, low = FIXED_INPUT.get(arch), MIN_INPUT.get(arch, 8)
+    if fixed and size != fixed:
+        return f"data.image_size: {arch} takes only {fixed} px images, not {size}; set --image-size {fixed}"
+    if size < low:
+        return f"data.image_size: {arch} needs images of at least {low} px, not {size}"
+    return ""
 """Every integer field fits a signed 64-bit integer (what torch and the native code take)."""
 MAX_BUCKET_MB = 1_048_576.0
 MAX_TIMEOUT_S = 31_536_000.0
@@ -111,7 +138,7 @@ class LaunchSection:
 @dataclass
 class ModelSection:
     arch: str = "resnet50"
-    """torchvision classification architecture (resnet18, resnet50, ...)."""
+    """torchvision classification architecture (resnet18, resnet50, ...) or a house ResNet (resnet18_w32)."""
     num_classes: int = 1000
     """Output classes; must cover the data set's labels."""
     channels_last: bool = True
@@ -250,20 +277,22 @@ class JobSpec:
     def _check_ranges(self) -> None:
         _finite_and_bounded(self, "")
         for path, value, low, high in (
-            ("job.log_every", self.job.log_every, 1, None), ("grid.gpus", self.grid.gpus, 0, MAX_WORLD),
-            ("job.check_every_steps", self.job.check_every_steps, 0, None),
-            ("job.max_nonfinite_steps", self.job.max_nonfinite_steps, 1, None),
+            ("job.log_every", self.job.log_every, 1, MAX_INT32), ("grid.gpus", self.grid.gpus, 0, MAX_WORLD),
+            ("job.seed", self.job.seed, 0, MAX_INT32),
+            ("job.check_every_steps", self.job.check_every_steps, 0, MAX_INT32),
+            ("job.max_nonfinite_steps", self.job.max_nonfinite_steps, 1, MAX_INT32),
             ("grid.gpus_per_node", self.grid.gpus_per_node, 0, MAX_WORLD),
-            ("model.num_classes", self.model.num_classes, 2, None),
+            ("model.num_classes", self.model.num_classes, 2, MAX_CLASSES),
             ("data.image_size", self.data.image_size, 8, MAX_IMAGE_SIZE),
             ("data.num_threads", self.data.num_threads, 0, 4096),
-            ("data.synthetic_samples", self.data.synthetic_samples, 0, None),
+            ("data.synthetic_samples", self.data.synthetic_samples, 0, MAX_INT32),
             ("data.io_workers", self.data.io_workers, 1, 256), ("data.prefetch", self.data.prefetch, 1, 64),
-            ("data.shuffle_buffer", self.data.shuffle_buffer, 1, None),
-            ("checkpoint.every_steps", self.checkpoint.every_steps, 0, None),
-            ("checkpoint.every_epochs", self.checkpoint.every_epochs, 0, None),
-            ("checkpoint.keep", self.checkpoint.keep, 1, None),
-            ("eval.every_epochs", self.eval.every_epochs, 0, None),
+            ("data.shuffle_buffer", self.data.shuffle_buffer, 1, MAX_INT32),
+            ("checkpoint.every_steps", self.checkpoint.every_steps, 0, MAX_INT32),
+            ("checkpoint.every_epochs", self.checkpoint.every_epochs, 0, MAX_INT32),
+            ("checkpoint.keep", self.checkpoint.keep, 1, MAX_INT32),
+            ("eval.every_epochs", self.eval.every_epochs, 0, MAX_INT32),
+            *self._schedule_counts(),
         ):
             if value < low:
                 raise SpecError(f"{path}: {value!r} must be >= {low}")
@@ -277,6 +306,17 @@ class JobSpec:
                 raise SpecError(f"{path}: {value!r} must be <= {high:,.0f}")
         if self.launch.watchdog_s < 0:
             raise SpecError(f"launch.watchdog_s: {self.launch.watchdog_s!r} must be >= 0 (0 = comm.timeout_s + 60)")
+
+    def _schedule_counts(self) -> list[tuple]:
+        """The schedule's counts that reach torch (epochs, steps, batches) as (path, value, low, high)."""
+        sc = self.schedule
+        rows = [("schedule.epochs", sc.epochs, 0, MAX_INT32), ("schedule.steps", sc.steps, 0, MAX_INT32),
+                ("schedule.max_per_rank_batch", sc.max_per_rank_batch, 0, MAX_INT32)]
+        for i, st in enumerate(sc.stages):
+            rows += [(f"schedule.stages[{i}].per_rank_batch", st.per_rank_batch, 0, MAX_INT32),
+                     (f"schedule.stages[{i}].global_batch", st.global_batch, 0, MAX_INT32 * MAX_WORLD),
+                     (f"schedule.stages[{i}].until_epoch", st.until_epoch, 0, MAX_INT32)]
+        return rows
 
     def _check_optimizer(self) -> None:
         if not 0 <= self.optimizer.momentum < 1:
@@ -292,8 +332,8 @@ class JobSpec:
 
     def _check_names(self) -> None:
         """The model, the data source, the schedule, the grid and the launch environment."""
-        if self.model.arch not in CLASSIFICATION_ARCHS:
-            close = difflib.get_close_matches(self.model.arch, CLASSIFICATION_ARCHS, n=3)
+        if self.model.arch not in CLASSIFICATION_ARCHS and self.model.arch not in HOUSE_ARCHS:
+            close = difflib.get_close_matches(self.model.arch, (*CLASSIFICATION_ARCHS, *HOUSE_ARCHS), n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "e.g. resnet18, resnet50, vit_b_16"
             raise SpecError(f"model.arch: {self.model.arch!r} is not a torchvision classification model; {hint}")
         if not self.data.source:

@@ -26,6 +26,7 @@ from torus_train.errors import UserError
 from torus_train.job.topology import Grid, parse_grid
 from torus_train.plan.cost import allreduce_cost
 from torus_train.plan.networks import Link, Network
+from torus_train.userfiles import Field, check, read_json
 
 
 def local_coefficients(algo: str, grid: Grid) -> tuple[int, float]:
@@ -184,40 +185,42 @@ def busbw_gbytes_per_s(ranks: int, nbytes: float, seconds: float) -> float:
     return nbytes / seconds * 2 * (ranks - 1) / ranks / 1e9
 
 
-def read_bench(path: str) -> list[dict]:
-    """Rows of a `bench allreduce --json` file, checked for the fields the fit needs."""
-    import json
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"--calibrate: file {path} does not exist")
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"--calibrate: {path} is not JSON: {e}") from None
+BENCH_ROW_FIELDS = (
+    Field("algo", "str"), Field("grid", "str"), Field("size_bytes", "int", 0, 1 << 50),
+    Field("time_us", "number", 0, low_open=True), Field("wrong", "int", 0, optional=True),
+    Field("backend", "str", optional=True),
+)
+"""What the fit reads from each row of a `bench allreduce --json` file."""
+
+
+def read_bench(path: str, flag: str = "--calibrate") -> list[dict]:
+    """Rows of a `bench allreduce --json` file, each checked for the fields the fit needs."""
+    where = f"{flag}: {path}"
+    data = read_json(path, where)
     if isinstance(data, dict) and isinstance(data.get("rows"), list):
         data = data["rows"]
     if not isinstance(data, list) or not data:
-        raise UserError(f"--calibrate: {path} must hold a non-empty JSON list of bench rows")
+        raise UserError(f"{where} must hold a non-empty JSON list of bench rows (`bench allreduce --json`)")
     for i, row in enumerate(data):
-        for key in ("algo", "grid", "size_bytes", "time_us"):
-            if not isinstance(row, dict) or key not in row:
-                raise UserError(f"--calibrate: {path}: row[{i}].{key}: missing")
-        if not (isinstance(row["time_us"], (int, float)) and row["time_us"] > 0):
-            raise UserError(f"--calibrate: {path}: row[{i}].time_us: {row['time_us']!r} must be > 0")
-        if not (isinstance(row["size_bytes"], int) and row["size_bytes"] >= 0):
-            raise UserError(f"--calibrate: {path}: row[{i}].size_bytes: {row['size_bytes']!r} must be an integer >= 0")
-        parse_grid(row["grid"])
+        check(row, BENCH_ROW_FIELDS, f"{where}: row[{i}]")
+        try:
+            parse_grid(row["grid"])
+        except UserError as e:
+            raise UserError(f"{where}: row[{i}].grid: {e}") from None
     return data
 
 
-def read_benches(paths: str) -> list[dict]:
+def read_benches(paths: str, flag: str = "--calibrate") -> list[dict]:
     """Rows of one or more bench files (comma-separated); several -> the median time per (algo, grid, size).
 
     On a shared machine one run's noise can be as large as the band a prediction is held to: record the grids
     in alternating runs and merge them."""
     groups: dict = {}
-    for path in (p for p in paths.split(",") if p):
-        for r in read_bench(path):
+    files = [p for p in paths.split(",") if p]
+    if not files:
+        raise UserError(f"{flag}: no file named (give BENCH.json, or several separated by commas)")
+    for path in files:
+        for r in read_bench(path, flag):
             groups.setdefault((r["algo"], r["grid"], r["size_bytes"]), []).append(r)
     out = []
     for rows in groups.values():

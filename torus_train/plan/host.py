@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from torus_train.errors import UserError
+from torus_train.userfiles import Field, check, read_json, read_json_lines
 
 
 @dataclass
@@ -90,27 +91,40 @@ class StepProfile:
         return max(0.0, self.loop_seconds - sum(self.alone()))
 
 
+PROFILE_FIELDS = (
+    Field("model", "str"), Field("image_size", "int", 1, 1 << 20), Field("batch", "int", 1, 1 << 30),
+    Field("num_classes", "int", 1, 1 << 31), Field("threads", "int", 1, 1 << 16),
+    Field("forward_seconds", "number", 0), Field("backward_seconds", "number", 0),
+    Field("optimizer_seconds", "number", 0), Field("modules", "dict"), Field("cores", "int", 1, 1 << 20, optional=True),
+    Field("background", "number", 0, optional=True), Field("colocated", "int", 1, 1 << 20, optional=True),
+    Field("loop_seconds", "number", 0, optional=True), Field("clock", "str", optional=True, choices=("cpu", "wall")),
+)
+"""A step profile's JSON (``profile_to_json``): every field the prediction reads."""
+
+
 def read_step_profile(path: str, flag: str = "--layer-profile") -> StepProfile:
-    """A StepProfile from its JSON file; one line naming the file and the field when it cannot be used."""
-    try:
-        d = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{flag}: cannot read {path}: {e}") from None
-    need = ("model", "image_size", "batch", "forward_seconds", "backward_seconds", "optimizer_seconds", "modules")
-    if not isinstance(d, dict) or any(k not in d for k in need):
-        missing = next((k for k in need if not isinstance(d, dict) or k not in d), "?")
-        raise UserError(f"{flag}: {path} is not a step profile (no {missing!r}); measure one with "
+    """A StepProfile from its JSON file; one line naming the flag, the file and the field when it cannot be used."""
+    where = f"{flag}: {path}"
+    d = read_json(path, where)
+    if isinstance(d, dict) and "forward_seconds" not in d:
+        raise UserError(f"{where}: not a step profile (no 'forward_seconds'); measure one with "
                         f"`python -m torus_train.plan.host MODEL OUT.json --image-size N --batch B`")
-    known = {f for f in StepProfile.__dataclass_fields__}
-    try:
-        p = StepProfile(**{k: v for k, v in d.items() if k in known})
-    except TypeError as e:
-        raise UserError(f"{flag}: {path}: {e}") from None
-    for k in ("forward_seconds", "backward_seconds", "optimizer_seconds", "background"):
-        v = getattr(p, k)
-        if not isinstance(v, (int, float)) or not v >= 0:
-            raise UserError(f"{flag}: {path}: {k} = {v!r} must be a number >= 0")
-    return p
+    values = {k: v for k, v in check(d, PROFILE_FIELDS, where).items() if v is not None}
+    values["modules"] = check_module_seconds(values["modules"], f"{where}: modules")
+    if not values["forward_seconds"] + values["backward_seconds"] > 0:
+        raise UserError(f"{where}: forward_seconds + backward_seconds must be > 0")
+    return StepProfile(**values)
+
+
+def check_module_seconds(d: object, where: str) -> dict:
+    """{module name: backward seconds}: finite, >= 0, not all zero."""
+    if not isinstance(d, dict) or not d:
+        raise UserError(f"{where}: must hold {{module name: seconds >= 0}}, not an empty or other value")
+    for name, v in d.items():
+        check({"v": v}, (Field("v", "number", 0),), f"{where}: {name!r}")
+    if not sum(d.values()) > 0:
+        raise UserError(f"{where}: every module's seconds are 0; measure the profile again")
+    return {k: float(v) for k, v in d.items()}
 
 
 @dataclass
@@ -204,35 +218,44 @@ WARMUP_RECORDS = 1
 """metrics.jsonl records skipped at the start of each stage: the first steps build DDP's buckets and warm caches."""
 
 
-def read_run(out: str) -> RunRecord:
-    """OUT/job.json, OUT/summary.json and OUT/metrics.jsonl of a finished run; one line when one is missing."""
+JOB_FIELDS = (
+    Field("spec.model.arch", "str"), Field("spec.model.num_classes", "int", 1, 1 << 31),
+    Field("spec.data.image_size", "int", 8, 1 << 16), Field("spec.comm.algo", "str"),
+    Field("spec.comm.compression", "str"), Field("spec.comm.bucket_mb", "number", 0, 1 << 20, low_open=True),
+    Field("grid.x", "int", 1, 1 << 20), Field("grid.y", "int", 1, 1 << 20),
+)
+"""What --compare-run reads from OUT/job.json."""
+SUMMARY_FIELDS = (Field("device", "str"), Field("steps", "int", 0))
+"""What --compare-run reads from OUT/summary.json."""
+STEP_FIELDS = (Field("per_rank_batch", "int", 1, 1 << 30), Field("step_time", "number", 0, low_open=True))
+"""What --compare-run reads from each step record of OUT/metrics.jsonl."""
+
+
+def read_run(out: str, flag: str = "--compare-run") -> RunRecord:
+    """OUT/job.json, OUT/summary.json and OUT/metrics.jsonl of a finished run, each field checked; one line
+    naming the file and the field when one cannot be used."""
     d = Path(out)
-    files = {}
     for name in ("job.json", "summary.json", "metrics.jsonl"):
-        f = d / name
-        if not f.is_file():
-            raise UserError(f"--compare-run: {f} is missing: give the --out folder of a finished `torus-train run`")
-        files[name] = f.read_text()
-    try:
-        job, summary = json.loads(files["job.json"]), json.loads(files["summary.json"])
-        lines = [json.loads(x) for x in files["metrics.jsonl"].splitlines() if x.strip()]
-    except ValueError as e:
-        raise UserError(f"--compare-run: {out}: a result file is not JSON: {e}") from None
-    steps = [m for m in lines if isinstance(m, dict) and "event" not in m and "step_time" in m]
+        if not (d / name).is_file():
+            raise UserError(f"{flag}: {d / name} is missing: give the --out folder of a finished `torus-train run`")
+    where = {name: f"{flag}: {d / name}" for name in ("job.json", "summary.json", "metrics.jsonl")}
+    job_json = read_json(d / "job.json", where["job.json"])
+    job = check(job_json, JOB_FIELDS, where["job.json"])
+    summary = check(read_json(d / "summary.json", where["summary.json"]), SUMMARY_FIELDS, where["summary.json"])
     by_batch: dict[int, list] = {}
-    for m in steps:
-        by_batch.setdefault(int(m["per_rank_batch"]), []).append(float(m["step_time"]))
+    for n, m in enumerate(read_json_lines(d / "metrics.jsonl", where["metrics.jsonl"]), 1):
+        if isinstance(m, dict) and "event" not in m and "step_time" in m:
+            rec = check(m, STEP_FIELDS, f"{where['metrics.jsonl']}: record {n}")
+            by_batch.setdefault(rec["per_rank_batch"], []).append(rec["step_time"])
     stages = []
     for batch, times in by_batch.items():
         used = times[WARMUP_RECORDS:] or times
         stages.append({"per_rank_batch": batch, "records": len(times), "records_used": len(used),
                        "step_seconds": statistics.median(used)})
     if not stages:
-        raise UserError(f"--compare-run: {d / 'metrics.jsonl'} has no step records (a run of a few steps with "
+        raise UserError(f"{flag}: {d / 'metrics.jsonl'} has no step records (a run of a few steps with "
                         f"job.log_every above them logs none: rerun with --set job.log_every=N)")
-    g = job.get("grid", {})
-    return RunRecord(str(d), job.get("spec", {}), f"{g.get('x')}x{g.get('y')}", str(summary.get("device", "?")),
-                     int(summary.get("steps", 0)), stages)
+    return RunRecord(str(d), job_json["spec"], f"{job['grid.x']}x{job['grid.y']}", summary["device"], summary["steps"], stages)
 
 
 def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_classes: int = 10,

@@ -200,7 +200,7 @@ def load_network(name_or_path: str) -> Network:
 def _read_toml(path: Path) -> dict:
     """The TOML file as a dict; tomllib is in the standard library from Python 3.11, tomli before it."""
     try:
-        import tomllib
+        import tomllib  # novermin (3.11+; vermin does not see the fallback)
     except ModuleNotFoundError:  # Python 3.10
         try:
             import tomli as tomllib  # type: ignore[no-redef]

@@ -63,12 +63,18 @@ def model_layers(model: str, image_size: int = 224, num_classes: int = 1000) -> 
         ctor = getattr(torchvision.models, model)
     except AttributeError:
         raise UserError(f"--model: torchvision has no model {model!r}") from None
-    with torch.device("meta"):
-        m = ctor(num_classes=num_classes)
+    try:
+        with torch.device("meta"):
+            m = ctor(num_classes=num_classes)
+    except NotImplementedError as e:  # a constructor that initialises weights by copying data (regnet)
+        raise UserError(f"the bucket timeline cannot build {model} without memory ({e}); plan's --overlap F "
+                        f"skips the timeline") from None
     flops: dict[str, float] = {}
 
     def hook(name):
         def record(mod, inputs, output):
+            if isinstance(output, (tuple, list)):   # attention returns (output, weights)
+                output = output[0]
             out = output.numel()
             if isinstance(mod, torch.nn.Conv2d):
                 k = mod.kernel_size[0] * mod.kernel_size[1] * mod.in_channels // mod.groups
@@ -81,8 +87,14 @@ def model_layers(model: str, image_size: int = 224, num_classes: int = 1000) -> 
 
     handles = [mod.register_forward_hook(hook(name)) for name, mod in m.named_modules()
                if any(True for _ in mod.parameters(recurse=False))]
-    with torch.no_grad():
-        m(torch.empty(1, 3, image_size, image_size, device="meta"))
+    m.eval()  # one image: BatchNorm in training mode refuses a 1x1 map of one value per channel
+    try:
+        with torch.no_grad():
+            m(torch.empty(1, 3, image_size, image_size, device="meta"))
+    except (RuntimeError, ValueError, AssertionError, NotImplementedError) as e:
+        reason = " ".join(str(e).split())[:160]
+        raise UserError(f"the bucket timeline cannot trace {model} at {image_size} px ({reason}); plan's --overlap F "
+                        f"skips the timeline") from None
     for h in handles:
         h.remove()
     layers = []

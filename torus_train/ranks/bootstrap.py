@@ -116,8 +116,51 @@ class Bootstrap:
     """torus_train.comm.groups.GridGroups (row and column groups of the grid)."""
 
 
+def _arch(name: str) -> tuple[str, int, int] | None:
+    """'sm_90a' -> ('sm', 9, 0); None for a name that is not sm_/compute_ + digits."""
+    kind, _, digits = name.partition("_")
+    digits = "".join(c for c in digits if c.isdigit())
+    if kind not in ("sm", "compute") or len(digits) < 2:
+        return None
+    return kind, int(digits[:-1]), int(digits[-1])
+
+
+def gpu_arch_problem(capability: tuple[int, int], arch_list: list[str], gpu: str, torch_version: str,
+                     cuda_version: str | None) -> str | None:
+    """None when this torch build has kernels the GPU can run, else one line naming the GPU's capability and
+    what to install. A GPU runs cubins (sm_XY) of its own major version and a minor not above its own, and PTX
+    (compute_XY) of any version not above its own (JIT-compiled at start-up)."""
+    major, minor = capability
+    archs = [a for a in map(_arch, arch_list) if a is not None]
+    if any((k == "sm" and M == major and m <= minor) or (k == "compute" and (M, m) <= (major, minor))
+           for k, M, m in archs):
+        return None
+    have = ", ".join(arch_list) or "none"
+    built = f"torch {torch_version} (CUDA {cuda_version})"
+    sms = [(M, m) for k, M, m in archs if k == "sm"]
+    if sms and (major, minor) < min(sms):  # an older GPU than the build supports: CUDA 13 dropped Volta (sm_70)
+        hint = ("install a torch built with CUDA 12 (e.g. pip install torch torchvision --index-url "
+                "https://download.pytorch.org/whl/cu126), or run in the container of Singularity.def")
+    else:
+        hint = "install a torch built with a newer CUDA (see https://pytorch.org/get-started/locally/)"
+    return (f"GPU {gpu} has compute capability sm_{major}{minor}, which {built} has no kernels for "
+            f"(it has {have}); {hint}")
+
+
+def check_gpu_arch(device) -> None:
+    """RunFailed with one line before the first kernel when this torch cannot run on the rank's GPU (instead of
+    CUDA's "no kernel image is available" at the first step)."""
+    import torch
+
+    problem = gpu_arch_problem(torch.cuda.get_device_capability(device), torch.cuda.get_arch_list(),
+                               torch.cuda.get_device_name(device), torch.__version__, torch.version.cuda)
+    if problem:
+        raise RunFailed(problem)
+
+
 def init_distributed(grid: Grid, timeout_s: float, environ: Mapping[str, str] | None = None) -> Bootstrap:
-    """Rank info -> device -> process group (NCCL with CUDA, else gloo) with the timeout -> row/column groups."""
+    """Rank info -> device (its architecture checked against this torch build) -> process group (NCCL with CUDA,
+    else gloo) with the timeout -> row/column groups."""
     import torch
     import torch.distributed as dist
 
@@ -127,6 +170,7 @@ def init_distributed(grid: Grid, timeout_s: float, environ: Mapping[str, str] | 
                         f"{grid.size}")
     if torch.cuda.is_available():
         device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
+        check_gpu_arch(device)
         torch.cuda.set_device(device)
         backend = "nccl"
     else:

@@ -2,9 +2,9 @@
 
 Each rank rewrites OUT/logs/rankNNNNN.beat, a small JSON object ``{"rank", "pid", "step", "time"}``: the global
 step it last finished and when. A rank records every step in memory (``Heartbeat.record``, called through
-``StopRequest.on_step``) and writes the file at most once a second (more rarely above 256 ranks:
-``beat_interval``), from the step that records or from a daemon thread, so that the file names the last
-finished step within that interval even when the rank then blocks.
+``StopRequest.on_step``: one assignment, no lock, no file) and a daemon thread writes the file at most once a
+second (more rarely above 256 ranks: ``beat_interval``), so that a slow shared file system never stalls a step
+and the file names the last finished step within that interval even when the rank then blocks.
 The file is replaced atomically (write a temporary, rename), so the launcher never reads half a beat.
 
 The local launcher reads the beats (``read_beats``) for its watchdog (who progressed last, who stopped first)
@@ -56,42 +56,45 @@ class Beat:
 
 
 class Heartbeat:
-    """Writes one rank's beat file; ``record`` is cheap and safe to call after every optimizer step."""
+    """Writes one rank's beat file from its own thread; ``record`` (after every optimizer step) never touches it."""
 
     def __init__(self, out: Path, rank: int, every_s: float = WRITE_EVERY_S):
         self.path = beat_path(out, rank)
         self.rank, self.every_s = rank, every_s
-        self._lock = threading.Lock()
         self._latest = (-1, time.time())
+        """(step, time) of the last record: replaced whole by one assignment, read whole by the writer."""
         self._written: tuple[int, float] | None = None
-        self._last_write = 0.0
-        self._write()
-        threading.Thread(target=self._flush_loop, name="heartbeat", daemon=True).start()
+        self._stop = threading.Event()
+        self._write()  # the start-up beat, before any step
+        self._thread = threading.Thread(target=self._flush_loop, name="heartbeat", daemon=True)
+        self._thread.start()
 
     def record(self, step: int) -> None:
-        with self._lock:
-            self._latest = (step, time.time())
-        if time.time() - self._last_write >= self.every_s:
-            self._write()
+        """The training thread's part: remember the step (the writer thread puts it in the file)."""
+        self._latest = (step, time.time())
+
+    def close(self) -> None:
+        """Write the last recorded step and stop the writer thread."""
+        self._stop.set()
+        self._thread.join(timeout=2 * self.every_s)
+        self._write()
 
     def _flush_loop(self) -> None:
-        while True:
-            time.sleep(self.every_s)
-            if self._written != self._latest:
-                self._write()
+        while not self._stop.wait(self.every_s):
+            self._write()
 
     def _write(self) -> None:
-        with self._lock:
-            step, t = self._latest
-            if self._written == (step, t):
-                return
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            try:
-                tmp.write_text(json.dumps({"rank": self.rank, "pid": os.getpid(), "step": step, "time": t}))
-                os.replace(tmp, self.path)
-            except OSError:
-                return  # a full disk must not kill the rank; the watchdog then sees no progress
-            self._written, self._last_write = (step, t), time.time()
+        latest = self._latest
+        if self._written == latest:
+            return
+        step, t = latest
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps({"rank": self.rank, "pid": os.getpid(), "step": step, "time": t}))
+            os.replace(tmp, self.path)
+        except OSError:
+            return  # a full disk must not kill the rank; the watchdog then sees no progress
+        self._written = latest
 
 
 def read_beats(out: Path, ranks: int) -> dict[int, Beat]:

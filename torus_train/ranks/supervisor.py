@@ -197,6 +197,8 @@ def _ranks_failed(failure: Failure, out: Path, ranks: int, say: Callable[[str], 
     # a rank that named its own failure (bad input, a failed check, a stop) gets that one line; the log's tail
     # (with its traceback) is for crashes and deaths
     told = failure_message(out, failure.rank) if failure.rank >= 0 else ""
+    if not told and failure.rank >= 0:
+        told = mark_comm_failure(out, failure.rank)
     if told:
         say(f"torus-train: rank {failure.rank} failed: {told}")
     lines = tail(_log(out, failure.rank)) if failure.rank >= 0 and not told else []
@@ -230,6 +232,27 @@ def failure_kind(out: Path, rank: int) -> str:
         return str(json.loads(_failed_marker(out, rank).read_text()).get("kind", ""))
     except (OSError, ValueError, AttributeError):
         return ""
+
+
+def mark_comm_failure(out: Path, rank: int, lines: int = 60) -> str:
+    """A rank that died without its .failed marker (NCCL's watchdog aborts the process before Python runs) but
+    whose log tail holds gloo's or NCCL's words for a failed collective: the marker is written for it (kind
+    crash, restartable) and its one line returned; '' otherwise."""
+    import json
+
+    from torus_train.errors import comm_failure
+
+    if _failed_marker(out, rank).exists():
+        return ""
+    said = comm_failure("\n".join(tail(_log(out, rank), lines)))
+    if said is None:
+        return ""
+    try:
+        _failed_marker(out, rank).write_text(json.dumps({"rank": rank, "kind": "crash", "message": said,
+                                                          "written_by": "launcher, from the log"}))
+    except OSError:
+        pass
+    return said
 
 
 def failure_message(out: Path, rank: int) -> str:
@@ -530,6 +553,8 @@ def command_failed(e: RunFailed, out: Path, ranks: int) -> RanksFailed:
     named = culprit(getattr(e, "lines", []))
     if named is not None:
         rank, host, how = named
+        said = mark_comm_failure(out, rank) or failure_message(out, rank)
+        how += f": {said}" if said else ""
         return RanksFailed(text, rank, beats[rank].step if rank in beats else -1, ok, progressed,
                            f"rank {rank} on {host} {how}")
     rank = min((r for r in reported if failure_kind(out, r) in RESTARTABLE), default=min(reported, default=0))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torus_train.ranks.bootstrap import rank_info
 from torus_train.ranks.heartbeat import Heartbeat, beat_interval, die_with_parent
-from torus_train.errors import RunFailed, UserError
+from torus_train.errors import RunFailed, UserError, comm_failure
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
 from torus_train.train.stop import StopRequest, StopRequested
@@ -68,11 +68,8 @@ def classify(e: BaseException) -> tuple[int, str, str]:
     if isinstance(e, RunFailed):
         return 1, "verdict", str(e)
     first = str(e).splitlines()[0] if str(e) else ""
-    if "Timed out waiting" in first:  # gloo's words for a peer that never answered
-        return 1, "crash", f"a collective waited comm.timeout_s for a peer (a lost, hung or cut-off rank): {first}"
-    if "Connection closed by peer" in first:
-        return 1, "crash", f"a peer's connection closed in a collective (the peer died?): {first}"
-    return 1, "crash", f"{type(e).__name__}: {first}"
+    said = comm_failure(str(e))  # gloo's and NCCL's words for a failed collective (errors.COMM_FAILURES)
+    return 1, "crash", said or f"{type(e).__name__}: {first}"
 
 
 def hang_at(environ) -> tuple[int, int] | None:
@@ -176,6 +173,12 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, regrid: bool = False) -> No
     except BaseException as e:  # noqa: BLE001  every failure: its traceback in the log, one line for the user
         code, kind, message = classify(e)
         traceback.print_exc()  # inside the except block, or it prints "NoneType: None"
+    try:  # metrics lines still with the writer thread reach the file (a hung file system gets 10 s)
+        from torus_train.train.writer import APPENDER
+
+        APPENDER.flush(timeout=10.0)
+    except OSError:
+        pass
     if code:
         report_failure(spec.out_dir, rank, code, kind, message, original_stderr)
     sys.stdout.flush(), sys.stderr.flush()

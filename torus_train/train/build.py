@@ -24,11 +24,21 @@ def seed_everything(seed: int, rank: int) -> None:
 def build_model(spec: JobSpec, device: torch.device) -> nn.Module:
     import torchvision
 
+    from torus_train.job.models import HOUSE_ARCHS
+
+    if spec.model.arch in HOUSE_ARCHS:
+        from torus_train.train.models import build_house_model
+
+        return _placed(build_house_model(HOUSE_ARCHS[spec.model.arch], spec.model.num_classes), spec, device)
     try:
         model = torchvision.models.get_model(spec.model.arch, weights=None, num_classes=spec.model.num_classes)
     except ValueError:
         raise UserError(f"model.arch: {spec.model.arch!r} is not a torchvision classification model "
                         "(e.g. resnet18, resnet50)") from None
+    return _placed(model, spec, device)
+
+
+def _placed(model: nn.Module, spec: JobSpec, device: torch.device) -> nn.Module:
     model = model.to(device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes per stage: pick the fastest kernels once
@@ -93,6 +103,29 @@ def prime_buckets(ddp: nn.Module, spec: JobSpec, device: torch.device) -> None:
     ddp(x).float().sum().backward()
     ddp.module.load_state_dict(saved)  # BatchNorm statistics as they were
     ddp.module.zero_grad(set_to_none=True)
+
+
+def time_step(ddp: nn.Module, spec: JobSpec, device: torch.device, micro_batch: int, accumulation: int) -> float:
+    """Seconds of a throw-away training step (forward, backward and exchange of ``accumulation`` passes of
+    ``micro_batch`` zero images; no data, no update; the second of two), for the ETA before the first step. Every rank calls
+    it (the backward exchanges). Parameters, BatchNorm statistics and gradients are left as they were."""
+    import time
+
+    saved = {k: v.clone() for k, v in ddp.module.state_dict().items()}
+    size = spec.data.image_size
+    x = torch.zeros(micro_batch, 3, size, size, device=device)
+    if spec.model.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    seconds = 0.0
+    for _ in range(2):  # the second pass is timed: the first at a new shape pays one-time kernel set-up
+        t0 = time.perf_counter()
+        ddp(x).float().sum().backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = (time.perf_counter() - t0) * accumulation
+    ddp.module.load_state_dict(saved)
+    ddp.module.zero_grad(set_to_none=True)
+    return seconds
 
 
 def data_root(spec: JobSpec) -> str | None:

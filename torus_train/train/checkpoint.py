@@ -9,8 +9,11 @@ fsynced. The manifest is the commit point: a checkpoint whose manifest is missin
 never loaded, and is deleted by ``prune_orphans``. On resume the newest checkpoint whose file matches its
 manifest's size and sha256 is used; a corrupt or malformed newer one is skipped with a warning naming it.
 
-At scale one rank per node verifies (``verdict``: the choice as a small picklable dict) and every rank loads
-what the verdict names (``ref_from_verdict``), without hashing the file again; see train/state.resume.
+The sha256 is computed from the bytes as they are written (``_HashingFile``), not by reading the file back.
+At scale one rank per node reads the file once (``read_verified``: size and sha256 checked on the bytes read,
+kept in ``CheckpointRef.data``), shares its choice (``verdict``, a small picklable dict) and hands the bytes to
+its node's ranks, which read nothing; see train/state.resume. ``BYTES_READ`` counts the checkpoint bytes this
+process read from files (the resume's log line and docs/faults.md's table).
 """
 from __future__ import annotations
 
@@ -19,13 +22,15 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from torus_train.errors import RunFailed
 
 _NAME = re.compile(r"^step-(\d{8})\.json$")
+BYTES_READ = [0]
+"""Checkpoint data bytes this process read from files (hashing and loading), for the resume's report."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class CheckpointRef:
     """The .pt file."""
     manifest: dict
     """Its manifest (step, epoch, sha256, bytes, world_size, grid)."""
+    data: bytes | None = field(default=None, compare=False, repr=False)
+    """The file's verified bytes where this process read them (read_verified), else None."""
 
 
 def _sha256(path: Path) -> str:
@@ -45,7 +52,23 @@ def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
+            BYTES_READ[0] += len(block)
     return h.hexdigest()
+
+
+class _HashingFile:
+    """A write-only file that hashes and counts what goes through it (torch.save writes sequentially)."""
+
+    def __init__(self, f) -> None:
+        self.f, self.sha256, self.bytes = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.bytes += len(memoryview(data).cast("B"))
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -92,9 +115,11 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, info: dict, keep
     temps: list[Path] = []
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        temps.append(_write_temp(pt, lambda f: torch.save(state, f)))
-        manifest = {"step": step, "file": pt.name, "bytes": temps[0].stat().st_size, "sha256": _sha256(temps[0]),
-                    **info}
+        written: list[_HashingFile] = []
+        # the hash of the bytes as torch.save writes them (no seek: the wrapper has none), not read back
+        temps.append(_write_temp(pt, lambda f: torch.save(state, written.append(_HashingFile(f)) or written[0])))
+        manifest = {"step": step, "file": pt.name, "bytes": written[0].bytes,
+                    "sha256": written[0].sha256.hexdigest(), **info}
         temps.append(_write_temp(man, lambda f: f.write(json.dumps(manifest, indent=1).encode())))
         man.unlink(missing_ok=True)  # a checkpoint of this step from before: uncommitted while its data changes
         os.replace(temps[0], pt)
@@ -162,6 +187,25 @@ def read_manifest(manifest_path: Path) -> dict:
     return manifest
 
 
+def read_verified(manifest_path: Path) -> CheckpointRef:
+    """Read a checkpoint once and check it against its manifest (size, sha256 of the bytes read); the ref keeps
+    the bytes (ref.data). RunFailed naming the file when it does not match."""
+    manifest = read_manifest(manifest_path)
+    pt = manifest_path.with_name(manifest["file"])
+    try:
+        if not pt.is_file():
+            raise RunFailed(f"checkpoint {pt} is missing (its manifest {manifest_path.name} is there)")
+        data = pt.read_bytes()
+    except OSError as e:
+        raise RunFailed(f"checkpoint {pt} cannot be read ({e.strerror or e})") from None
+    BYTES_READ[0] += len(data)
+    if len(data) != manifest["bytes"]:
+        raise RunFailed(f"checkpoint {pt} has {len(data)} bytes, its manifest says {manifest['bytes']} (truncated?)")
+    if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+        raise RunFailed(f"checkpoint {pt} does not match the sha256 in its manifest (corrupt)")
+    return CheckpointRef(manifest["step"], pt, manifest, data)
+
+
 def verify(manifest_path: Path) -> CheckpointRef:
     """Check a checkpoint against its manifest; raise RunFailed naming the file when it does not match."""
     manifest = read_manifest(manifest_path)
@@ -179,13 +223,15 @@ def verify(manifest_path: Path) -> CheckpointRef:
     return CheckpointRef(manifest["step"], pt, manifest)
 
 
-def find_latest(folder: str | Path, warn: Callable[[str], None] = print) -> CheckpointRef | None:
-    """The newest checkpoint that verifies; None if none was ever committed; RunFailed if all are corrupt."""
+def find_latest(folder: str | Path, warn: Callable[[str], None] = print,
+                keep_data: bool = False) -> CheckpointRef | None:
+    """The newest checkpoint that verifies; None if none was ever committed; RunFailed if all are corrupt.
+    keep_data: read each candidate whole once (read_verified) and keep the chosen one's bytes."""
     entries = list_checkpoints(folder)
     problems: list[str] = []
     for _, manifest_path in entries:
         try:
-            ref = verify(manifest_path)
+            ref = read_verified(manifest_path) if keep_data else verify(manifest_path)
         except RunFailed as e:
             problems.append(str(e))
             warn(f"skipping a bad checkpoint: {e}")
@@ -196,17 +242,20 @@ def find_latest(folder: str | Path, warn: Callable[[str], None] = print) -> Chec
     return None
 
 
-def verdict(folder: str | Path, warn: Callable[[str], None] = print) -> dict:
+def verdict(folder: str | Path, warn: Callable[[str], None] = print, keep: list | None = None) -> dict:
     """find_latest as a small picklable verdict to share with other ranks: {"step", "file", "manifest"} for the
-    chosen checkpoint, {"step": None} when none was ever committed, {"error": why} when none is intact."""
+    chosen checkpoint, {"step": None} when none was ever committed, {"error": why} when none is intact.
+    keep: a list that receives the chosen file's verified bytes (each candidate is then read once, whole)."""
     try:
-        ref = find_latest(folder, warn=warn)
+        ref = find_latest(folder, warn=warn, keep_data=keep is not None)
     except RunFailed as e:
         return {"error": str(e)}
     except OSError as e:  # an unreadable folder: a verdict too, so that no rank is left waiting
         return {"error": f"checkpoints in {folder} cannot be read ({e})"}
     if ref is None:
         return {"step": None}
+    if keep is not None:
+        keep.append(ref.data)
     return {"step": ref.step, "file": ref.path.name, "manifest": ref.manifest}
 
 
@@ -216,24 +265,31 @@ def same_choice(a: dict, b: dict) -> bool:
     return key(a) == key(b)
 
 
-def ref_from_verdict(folder: str | Path, v: dict) -> CheckpointRef | None:
-    """The checkpoint a verdict chose (None: start from scratch); RunFailed with the verdict's reason if it
-    refused. Nothing is read or hashed here: the rank(s) that gave the verdict did that."""
+def ref_from_verdict(folder: str | Path, v: dict, data: bytes | None = None) -> CheckpointRef | None:
+    """The checkpoint a verdict chose (None: start from scratch), with its verified bytes where this rank holds
+    them; RunFailed with the verdict's reason if it refused. Nothing is read or hashed here: the rank(s) that
+    gave the verdict did that."""
     if v.get("error"):
         raise RunFailed(v["error"])
     if v.get("step") is None:
         return None
-    return CheckpointRef(int(v["step"]), Path(folder) / v["file"], v["manifest"])
+    return CheckpointRef(int(v["step"]), Path(folder) / v["file"], v["manifest"], data)
 
 
 def load_checkpoint(ref: CheckpointRef, map_location: Any = "cpu") -> dict:
-    """torch.load with weights_only=True: tensors and plain types; a pickled object is refused, not run."""
+    """torch.load with weights_only=True: tensors and plain types; a pickled object is refused, not run.
+    From ref.data where the bytes are held (verified, or handed over by the node's leader), else the file."""
+    import io
     import pickle
 
     import torch
 
     try:
-        state = torch.load(ref.path, map_location=map_location, weights_only=True)
+        if ref.data is not None:
+            state = torch.load(io.BytesIO(ref.data), map_location=map_location, weights_only=True)
+        else:
+            BYTES_READ[0] += ref.path.stat().st_size  # torch.load reads every record of the zip file
+            state = torch.load(ref.path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise RunFailed(f"checkpoint {ref.path} holds more than tensors and plain values and is not loaded "

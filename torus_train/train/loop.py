@@ -23,7 +23,8 @@ from torus_train.errors import RunFailed
 from torus_train.job.spec import JobSpec
 from torus_train.ranks.bootstrap import Bootstrap
 from torus_train.train.build import (amp_settings, build_loader, build_model, build_optimizer, prime_buckets,
-                                     seed_everything, wrap_ddp)
+                                     seed_everything, time_step, wrap_ddp)
+from torus_train.train.eta import Eta
 from torus_train.train.faults import maybe_inject_fault
 from torus_train.train.checkpoint import write_atomic
 from torus_train.train.report import (Progress, log_interval, new_interval, rank_report, record_eval,
@@ -33,6 +34,7 @@ from torus_train.train.step import (check_replicas, evaluate, maybe_perturb, par
                                     train_step)
 from torus_train.train.stop import StopRequest, StopRequested
 from torus_train.train.timing import StepTimes
+from torus_train.train.writer import APPENDER
 
 
 def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = False,
@@ -65,8 +67,12 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
     optimizer = build_optimizer(model, spec)
     schedule = spec.schedule.at(boot.info.world_size)
     prime_buckets(ddp, spec, boot.device)
+    first = schedule.stages[0]
+    prior = time_step(ddp, spec, boot.device, first.micro_batch, first.accumulation)
     amp_dtype, scaler = amp_settings(spec, boot.device)
-    progress = Progress(spec.schedule.epochs) if boot.info.rank == 0 else None
+    progress = Progress(spec.schedule.epochs, out) if boot.info.rank == 0 else None
+    if progress:
+        progress.prior = (prior, first.global_batch)
     if progress and boot.device.type != "cuda" and spec.model.precision != "fp32":
         progress.say(f"CPU ranks run fp32 (model.precision = {spec.model.precision} applies on GPUs)")
     from torus_train.data.base import CorruptLog
@@ -86,7 +92,19 @@ def switch_stage(rs: RunState, epoch: int) -> None:
         rs.loader_batch = stage.per_rank_batch
         record_stage(rs, epoch, stage)
     if rs.progress:
-        rs.progress.total = rs.schedule.total_steps(rs.loader.num_samples)
+        announce_eta(rs)
+
+
+def announce_eta(rs: RunState) -> None:
+    """Rank 0: the run's step count and ETA plan for the current loader; the ETA before the first step."""
+    n = rs.loader.num_samples
+    rs.progress.total = rs.schedule.total_steps(n)
+    first = rs.progress.eta is None
+    rs.progress.plan(Eta.plan(rs.schedule, n, rs.spec.schedule.end_epoch, rs.spec.schedule.steps))
+    if first:
+        rs.progress.eta.prior = rs.progress.prior
+        rs.progress.say(f"ETA {rs.progress.eta_text(rs.pos.global_step)} for {rs.progress.total - rs.pos.global_step} "
+                        "steps (from one timed step before training; measured per stage from here on)")
 
 
 def run_epoch(rs: RunState, epoch: int) -> bool:
@@ -165,6 +183,8 @@ def stop_now(rs: RunState) -> None:
         why += f"; checkpoint at step {rs.pos.global_step}, continue with --resume"
     if rs.progress:
         rs.progress.say(why)
+        if rs.progress.board:
+            rs.progress.board.close()
     raise StopRequested(why)
 
 
@@ -185,8 +205,12 @@ def finish(rs: RunState) -> dict:
     result = summary(rs, wall, param_digest(rs.model), True, rank_report(rs))
     if rs.rank0:
         try:
+            APPENDER.flush()  # metrics.jsonl complete before summary.json says the run is done
             write_atomic(rs.out / "summary.json", (json.dumps(result, indent=1) + "\n").encode())
         except OSError as e:
-            raise RunFailed(f"{rs.out / 'summary.json'}: {e.strerror or e}; the final checkpoint is kept") from None
+            raise RunFailed(f"{e.filename or rs.out / 'summary.json'}: {e.strerror or e}; the final checkpoint is "
+                            "kept") from None
         rs.progress.say(summary_text(result))
+        if rs.progress.board:
+            rs.progress.board.close()
     return result

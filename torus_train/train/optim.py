@@ -4,6 +4,11 @@
 with weight decay, and every 1-D parameter (BatchNorm scale and shift, biases) into a group without it; for
 LARS the 1-D group also skips the trust ratio and takes a plain momentum step (as in MLPerf's reference).
 The training loop sets ``group["lr"]`` on every group each step.
+
+Both optimizers skip a step on the device (``_step_supports_amp_scaling``, as torch's fused optimizers do): the
+GradScaler, or train/step.py for bf16/fp32, sets ``optimizer.found_inf`` (a 0-dim float tensor, 1 = skip) and,
+for fp16, ``optimizer.grad_scale``; the step then unscales the gradients and leaves parameters and momentum as
+they were when found_inf is 1, without the host ever reading the flag.
 """
 from __future__ import annotations
 
@@ -27,6 +32,34 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
+class SGD(torch.optim.SGD):
+    """torch's fused momentum SGD (one kernel per device and dtype, found_inf and grad_scale read on the device),
+    with momentum buffers that start at zero.
+
+    Zero buffers make every step the same kernel: torch's first step copies the gradient into a new buffer, and
+    a first step skipped on the device would leave that buffer uninitialised; buffer = momentum * 0 + gradient
+    is the same first step.
+    """
+
+    def __init__(self, params, lr: float, momentum: float = 0.9, nesterov: bool = False):
+        super().__init__(params, lr=lr, momentum=momentum, nesterov=nesterov, fused=True)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            if group["momentum"]:
+                for p in group["params"]:
+                    if p.grad is not None and self.state[p].get("momentum_buffer") is None:
+                        self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        return super().step(closure)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Saved groups carry their own ``fused``; this class always runs fused (checkpoints of plain SGD load)."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            group["fused"], group["foreach"] = True, None
+
+
 class LARS(torch.optim.Optimizer):
     """Layer-wise adaptive rate scaling (You et al. 2017) with momentum, in MLPerf's form.
 
@@ -37,7 +70,11 @@ class LARS(torch.optim.Optimizer):
     3. w = w - v (nesterov: w = w - (momentum * v + lr * trust * (g + wd * w))).
 
     Groups with ``lars=False`` (BatchNorm, biases) take the same step with trust = 1 and no weight decay.
+    With ``found_inf`` set (see the module docstring) the gradients are unscaled by ``grad_scale`` and a step
+    whose flag is 1 changes nothing, decided on the device.
     """
+
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                  trust_coefficient: float = 0.001, nesterov: bool = False, eps: float = 0.0):
@@ -53,16 +90,29 @@ class LARS(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if params:
-                self._step_group(group, params)
+                self._step_group(group, params, grad_scale, found_inf)
         return loss
 
-    def _step_group(self, group: dict, params: list) -> None:
+    def _step_group(self, group: dict, params: list, grad_scale=None, found_inf=None) -> None:
         """One group in a few multi-tensor kernels (torch._foreach_*), not a handful per parameter tensor."""
         lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
         grads = [p.grad for p in params]
+        keep = None
+        if grad_scale is not None:  # GradScaler's inverse, computed as it does (double reciprocal, then float)
+            torch._foreach_mul_(grads, grad_scale.double().reciprocal().float())
+        if found_inf is not None:
+            # skip on the device: zero gradients, momentum 1, lr 0 and keep * buffer leave every tensor as it
+            # was. The gradients need a select (masked_fill), not a multiply: inf * 0 and NaN * 0 are NaN.
+            skip = found_inf.to(torch.bool)
+            for g in grads:
+                g.masked_fill_(skip, 0)
+            keep = 1 - found_inf.float()
+            lr = lr * keep
+            mom = torch.where(skip, torch.ones_like(keep), torch.full_like(keep, mom))
         if group["lars"]:
             w_norm = torch.stack(torch._foreach_norm(params))
             g_norm = torch.stack(torch._foreach_norm(grads))
@@ -82,10 +132,10 @@ class LARS(torch.optim.Optimizer):
         else:
             torch._foreach_mul_(bufs, mom)
             torch._foreach_add_(bufs, scaled)
-        if group["nesterov"]:
-            torch._foreach_sub_(params, torch._foreach_add(torch._foreach_mul(bufs, mom), scaled))
-        else:
-            torch._foreach_sub_(params, bufs)
+        update = torch._foreach_add(torch._foreach_mul(bufs, mom), scaled) if group["nesterov"] else bufs
+        if keep is not None:
+            update = torch._foreach_mul(update, keep)
+        torch._foreach_sub_(params, update)
 
 
 def build_optimizer(model: torch.nn.Module, name: str, lr: float, momentum: float = 0.9,
@@ -108,5 +158,5 @@ def build_optimizer(model: torch.nn.Module, name: str, lr: float, momentum: floa
     if name == "sgd":
         for g in groups:
             g.pop("lars")
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
+        return SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
     return LARS(groups, lr=lr, momentum=momentum, nesterov=nesterov, trust_coefficient=trust_coefficient)

@@ -18,8 +18,10 @@ log = logging.getLogger("torus_train.train")
 
 
 def write_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    """Append one line from the writer thread (train/writer.py): the training thread never waits on the file."""
+    from torus_train.train.writer import APPENDER
+
+    APPENDER.append(path, json.dumps(record) + "\n")
 
 
 def truncate_metrics(path: Path, step: int) -> int:
@@ -27,6 +29,9 @@ def truncate_metrics(path: Path, step: int) -> int:
     again) and any torn last line; rewritten atomically. Returns how many lines went."""
     from torus_train.train.checkpoint import write_atomic
 
+    from torus_train.train.writer import APPENDER
+
+    APPENDER.flush()  # lines handed to the writer thread are in the file before it is read
     if not path.is_file():
         return 0
     kept, dropped = [], 0
@@ -52,6 +57,8 @@ def record_resume(rs: RunState) -> None:
     dropped = truncate_metrics(rs.metrics, rs.pos.global_step)
     write_jsonl(rs.metrics, {"event": "resume", "step": rs.pos.global_step, "epoch": rs.pos.epoch,
                              "dropped_lines": dropped})
+    if rs.progress.board:
+        rs.progress.board.resume(rs.pos.global_step)
     rs.progress.say(f"resumed at epoch {rs.pos.epoch}, step {rs.pos.global_step}"
                     + (f" ({dropped} metrics lines after it dropped)" if dropped else ""))
 
@@ -62,18 +69,47 @@ def _fmt_time(s: float) -> str:
 
 
 class Progress:
-    """Rank 0's progress: one refreshing line on a terminal, a line per interval otherwise."""
+    """Rank 0's progress: one refreshing line on a terminal, a line per interval otherwise. The ETA comes from
+    train/eta.py (the work left in each stage at that stage's rate), set up by ``plan``."""
 
-    def __init__(self, epochs: int):
+    def __init__(self, epochs: int, out: Path | None = None):
+        from torus_train.train.board import Board
+
         self.epochs = epochs
+        self.board = Board(out) if out is not None else None  # TensorBoard scalars, when it is installed
         self.total = 0
         self.tty = sys.stdout.isatty()
+        self.eta = None
+        self.prior = None  # (seconds, global batch) of the timed step before training
+        self._last_end = None  # time.time() at the end of the last interval
+        self._last_epoch = None
 
-    def update(self, rec: dict, steps_left: int, rate_steps: float) -> None:
-        eta = steps_left / rate_steps if rate_steps > 0 else 0.0
+    def plan(self, eta) -> None:
+        """The run's train/eta.Eta (replaced at every stage switch, keeping what was measured)."""
+        if self.eta is not None:
+            for new, old in zip(eta.stages, self.eta.stages):
+                new.seconds, new.steps = old.seconds, old.steps
+                new.first_seconds, new.first_steps = old.first_seconds, old.first_steps
+            eta.gap_seconds, eta.boundaries, eta.prior = self.eta.gap_seconds, self.eta.boundaries, self.eta.prior
+        self.eta = eta
+
+    def eta_text(self, global_step: int) -> str:
+        left = self.eta.seconds_left(global_step) if self.eta is not None else None
+        return "?" if left is None else _fmt_time(left)
+
+    def observe(self, rec: dict, steps: int, start: float, end: float) -> None:
+        """A logging interval of ``steps`` steps from ``start`` to ``end`` (time.time())."""
+        if self.eta is None:
+            return
+        gap = start - self._last_end if self._last_end is not None else 0.0
+        self.eta.observe(rec["step"], steps, end - start, gap, crossed_boundary=rec["epoch"] != self._last_epoch
+                         and self._last_epoch is not None)
+        self._last_end, self._last_epoch = end, rec["epoch"]
+
+    def update(self, rec: dict) -> None:
         line = (f"epoch {rec['epoch'] + 1}/{self.epochs} step {rec['step']}/{self.total} | "
                 f"{rec['images_per_second']:,.0f} img/s | loss {rec['loss']:.4f} | lr {rec['lr']:.4g} | "
-                f"batch {rec['global_batch']} | ETA {_fmt_time(eta)}")
+                f"batch {rec['global_batch']} | ETA {self.eta_text(rec['step'])}")
         if self.tty:
             print("\r" + line.ljust(110), end="", flush=True)
         else:
@@ -104,7 +140,8 @@ def record_stage(rs: RunState, epoch: int, stage) -> None:
 def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> None:
     """Average the interval's loss over the ranks and agree on a stop request; rank 0 writes a metrics line
     and updates the progress."""
-    seconds = max(time.time() - interval["t"], 1e-9)
+    end = time.time()
+    seconds = max(end - interval["t"], 1e-9)
     n = max(interval["steps"], 1)
     # the interval's loss was summed on the device (no host read per step); one all-reduce, one read here
     loss = torch.as_tensor(interval["loss"], dtype=torch.float64, device=rs.boot.device).reshape(1) / n
@@ -124,8 +161,14 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> 
              rec["images_per_second"])
     if rs.rank0:
         write_jsonl(rs.metrics, rec)
-        rs.progress.update(rec, rs.progress.total - rs.pos.global_step, n / seconds)
-    check_nonfinite(rs)  # the GradScaler path's skipped steps, read here rather than on every step
+    check_nonfinite(rs)  # the skipped steps, counted on the device, read here rather than on every step
+    if rs.rank0:
+        if rs.progress.board:
+            from torus_train.train.board import INTERVAL_TAGS
+
+            rs.progress.board.write({**rec, "skipped_steps": rs.skipped_steps}, INTERVAL_TAGS)
+        rs.progress.observe(rec, interval["steps"], interval["t"], end)
+        rs.progress.update(rec)
 
 
 def record_eval(rs: RunState, result: dict, epoch: int) -> None:
@@ -138,8 +181,12 @@ def record_eval(rs: RunState, result: dict, epoch: int) -> None:
     log.info("eval after epoch %d: top-1 %.4f top-5 %.4f", epoch, result["top1"], result["top5"])
     if not rs.rank0:
         return
-    write_jsonl(rs.metrics, {"event": "eval", "epoch": epoch, "step": rs.pos.global_step, **result,
-                             "wall_seconds": wall})
+    rec = {"event": "eval", "epoch": epoch, "step": rs.pos.global_step, **result, "wall_seconds": wall}
+    write_jsonl(rs.metrics, rec)
+    if rs.progress.board:
+        from torus_train.train.board import EVAL_TAGS
+
+        rs.progress.board.write(rec, EVAL_TAGS)
     hit = ""
     if target and rs.pos.target_epoch == epoch + 1:
         hit = f" | reached target {target:.2%} at {rs.pos.target_seconds:.1f} s"

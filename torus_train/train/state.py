@@ -2,6 +2,7 @@
 and resuming both."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -66,8 +67,8 @@ class RunState:
     val_loader: Any = None
     nonfinite_in_a_row: int = 0
     skipped_steps: int = 0
-    scaler_counts: Any = None
-    """GradScaler path: device counters of skipped steps (step.count_scaler_skips)."""
+    skip_counts: Any = None
+    """Device counters of skipped steps (step.count_skips), read by step.check_nonfinite."""
     stop_agreed: bool = False
     """Some rank got SIGTERM/SIGINT: every rank stops after this logging interval."""
     last_eval: dict | None = None
@@ -108,12 +109,13 @@ def job_identity(spec: JobSpec) -> dict:
 
 
 def checkpoint_state(rs: RunState) -> dict | None:
-    """Gather every rank's RNG state; rank 0 gets the full state to save (tensors and plain types only, so
-    that it loads with weights_only=True), the others None."""
+    """Gather every rank's RNG state to rank 0 (a gather, not an all-gather: rank 0 alone needs them); rank 0
+    gets the full state to save (tensors and plain types only, so that it loads with weights_only=True), the
+    others None."""
     rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, rng)
+    every: list[Any] | None = [None] * dist.get_world_size() if rs.rank0 else None
+    dist.gather_object(rng, every, dst=0)
     if not rs.rank0:
         return None
     return {"model": rs.model.state_dict(), "optimizer": rs.optimizer.state_dict(),
@@ -132,6 +134,7 @@ def save(rs: RunState, why: str) -> bool:
     if rs.nonfinite_in_a_row:  # the same count on every rank: the gradients were all-reduced
         skipped_save(rs, why)
         return False
+    t0 = time.perf_counter()
     state = checkpoint_state(rs)
     failed = ""
     if rs.rank0:
@@ -152,6 +155,7 @@ def save(rs: RunState, why: str) -> bool:
     dist.broadcast_object_list(box, src=0)
     if box[0]:
         raise RunFailed(box[0])
+    log.info("checkpoint at step %d: %.3f s in the checkpoint path", rs.pos.global_step, time.perf_counter() - t0)
     return True
 
 
@@ -178,14 +182,15 @@ def agree_on_checkpoint(folder: Path, rank: int, local_rank: int, world_size: in
     3. Every node leader compares rank 0's choice with its own (a node that sees another file, e.g. a stale
        cache of a shared file system, must not load it); one all-reduce (MIN) of one integer names the first
        leader that disagrees, and then every rank refuses alike.
-    Cost per rank: leaders: a listing of OUT/checkpoints, one sha256 read of the checkpoint (plus any corrupt
-    newer ones they skip); everyone: one small broadcast and one 8-byte all-reduce, which do not grow with the
-    checkpoint, then one torch.load of the chosen file (that read every rank needs for its weights). Before,
-    every rank listed the folder and hashed the file: 2,176 sha256 reads of the same file at 2,176 ranks,
-    now one per node (544 with 4 ranks per node).
+    Cost per rank: leaders: a listing of OUT/checkpoints and one read of the checkpoint, size and sha256 checked
+    on the bytes read, which they keep (plus any corrupt newer ones they skip); everyone: one small broadcast and
+    one 8-byte all-reduce, which do not grow with the checkpoint. The leaders' bytes are what their node's
+    ranks load (hand_to_node): one read of the file per node, 544 at 2,176 ranks with 4 per node.
+    Returns the chosen checkpoint, with its bytes on the leaders (ref.data).
     """
     leader = local_rank == 0 or rank == 0
-    mine = ckpt.verdict(folder, warn=log.warning) if leader else None
+    data: list = []
+    mine = ckpt.verdict(folder, warn=log.warning, keep=data) if leader else None
     box = [mine if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     chosen: dict = box[0]
@@ -197,7 +202,47 @@ def agree_on_checkpoint(folder: Path, rank: int, local_rank: int, world_size: in
     if int(first.item()) < world_size:
         raise RunFailed(f"resume: the node of rank {int(first.item())} does not see the checkpoint rank 0 chose "
                         f"({chosen}); is OUT/checkpoints on a file system every node shares?")
-    return ckpt.ref_from_verdict(folder, chosen)
+    return ckpt.ref_from_verdict(folder, chosen, data[0] if data else None)
+
+
+def node_members(rank: int, local_rank: int, local_world_size: int, device: Any = "cpu") -> list[int] | None:
+    """The global ranks of this rank's node, its leader (local rank 0) first; None on every rank alike when the
+    launcher did not give each node consecutive global ranks (then every rank reads for itself). One
+    all-gather of two integers per rank, which every rank calls."""
+    mine = torch.tensor([rank - local_rank, local_world_size], dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    table = torch.stack(every).cpu().tolist()  # one read of the gathered table: [first rank, ranks] per rank
+    nodes: dict[int, list[int]] = {}
+    for r, (first, _) in enumerate(table):
+        nodes.setdefault(first, []).append(r)
+    if any(ranks != list(range(first, first + table[first][1])) if 0 <= first < len(table) else True
+           for first, ranks in nodes.items()):
+        return None
+    return nodes[rank - local_rank]
+
+
+def hand_to_node(ref: ckpt.CheckpointRef, info, device: Any = "cpu") -> ckpt.CheckpointRef:
+    """Every rank of a node gets the bytes its leader read and verified: one broadcast inside the node (a
+    node-local process group, over NVLink with NCCL). The other ranks read nothing from the file. Every rank
+    calls it; where nodes are not consecutive ranks, ranks without the bytes load the file themselves."""
+    members = node_members(info.rank, info.local_rank, info.local_world_size, device)
+    if members is None:
+        log.warning("resume: the ranks of a node are not consecutive; every rank reads the checkpoint itself")
+        return ref
+    if len(members) == 1:
+        return ref
+    group = (None if len(members) == info.world_size
+             else dist.new_group(members, use_local_synchronization=True))
+    size = int(ref.manifest["bytes"])
+    if ref.data is not None:
+        buf = torch.frombuffer(bytearray(ref.data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(size, dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=members[0], group=group)
+    if ref.data is not None:
+        return ref
+    return dataclasses.replace(ref, data=buf.cpu().numpy().tobytes())
 
 
 def resume(rs: RunState, regrid: bool = False) -> bool:
@@ -205,11 +250,13 @@ def resume(rs: RunState, regrid: bool = False) -> bool:
     checked to be this job's (check_identity); every rank decides from the same manifest, so alike."""
     info = rs.boot.info
     folder = rs.out / "checkpoints"
+    t0, read0 = time.perf_counter(), ckpt.BYTES_READ[0]
     ref = agree_on_checkpoint(folder, info.rank, info.local_rank, info.world_size, rs.boot.device)
     if ref is None:
         log.info("resume: no checkpoint in %s, starting from scratch", folder)
         return False
     moved = check_identity(ref, rs, regrid)
+    ref = hand_to_node(ref, info, rs.boot.device)
     state = ckpt.load_checkpoint(ref)
     try:
         rs.model.load_state_dict(state["model"])
@@ -221,7 +268,9 @@ def resume(rs: RunState, regrid: bool = False) -> bool:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise RunFailed(f"checkpoint {ref.path} does not fit this job ({first})") from None
     restore_rng(state.get("rng") or [], rs.boot.info.rank, rs.boot.info.world_size)
-    log.info("resumed from %s: epoch %d, step %d", ref.path, rs.pos.epoch, rs.pos.global_step)
+    log.info("resumed from %s: epoch %d, step %d; %d bytes read from checkpoint files by this rank, %.3f s in "
+             "the checkpoint path", ref.path, rs.pos.epoch, rs.pos.global_step, ckpt.BYTES_READ[0] - read0,
+             time.perf_counter() - t0)
     if moved and rs.rank0:
         rs.progress.say(moved)
     if rs.rank0:

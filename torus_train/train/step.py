@@ -31,23 +31,34 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         g["lr"] = lr
 
 
-def grads_finite(model: nn.Module) -> bool:
-    """After DDP's all-reduce the gradients are identical on every rank, so every rank decides alike.
-
-    One multi-tensor norm kernel per dtype group and one host read per step: the read stays because whether
-    optimizer.step runs is decided on the host (as GradScaler does), and a skipped step must be skipped on
-    every rank in the same step.
-    """
+def nonfinite_flag(model: nn.Module) -> torch.Tensor:
+    """1.0 when any gradient holds inf/NaN, else 0.0: a 0-dim float32 tensor on the gradients' device, never
+    read by the host here. After DDP's all-reduce the gradients are identical on every rank, so every rank
+    gets the same flag and skips the same steps."""
     grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
     if not grads:
-        return True
-    norms = torch._foreach_norm(grads)
-    return bool(torch.isfinite(torch.stack([n.float() for n in norms]).sum()).item())
+        return torch.zeros((), dtype=torch.float32)
+    norms = torch._foreach_norm(grads)  # one multi-tensor kernel per dtype group
+    return (~torch.isfinite(torch.stack([n.float() for n in norms]).sum())).float()
+
+
+def step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
+    """optimizer.step(), which changes nothing where found_inf is 1: the optimizer reads the flag on the device
+    (train/optim.py), the contract GradScaler uses for optimizers with _step_supports_amp_scaling."""
+    optimizer.found_inf, optimizer.grad_scale = found_inf, None
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf, optimizer.grad_scale
 
 
 def train_step(rs, images, labels, accumulation: int) -> torch.Tensor:
     """One optimizer step over ``accumulation`` micro-batches; returns the mean loss on this rank as a float64
-    tensor on the device (read once per logging interval, not per step)."""
+    tensor on the device (read once per logging interval, not per step).
+
+    No host read: a step with non-finite gradients is skipped by the optimizer on the device (the GradScaler's
+    found_inf with fp16, nonfinite_flag otherwise) and counted on the device (count_skips); check_nonfinite
+    reads the counts at each logging interval and before anything is saved."""
     rs.optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), dtype=torch.float64, device=images.device)
     rank, step = rs.boot.info.rank, rs.pos.global_step + 1
@@ -64,58 +75,64 @@ def train_step(rs, images, labels, accumulation: int) -> torch.Tensor:
             (rs.scaler.scale(loss) if rs.scaler else loss).backward()
         total += loss.detach().float()
     if rs.scaler is not None:
-        rs.scaler.step(rs.optimizer)  # skips the step on inf/NaN; identical on every rank after the all-reduce
-        count_scaler_skips(rs)
+        # LARS and SGD take found_inf and the scale themselves: GradScaler.step reads nothing back
+        rs.scaler.step(rs.optimizer)
+        found = sum(v.float() for v in rs.scaler._found_inf_per_device(rs.optimizer).values())
         rs.scaler.update()
-    elif grads_finite(rs.ddp.module):
-        rs.optimizer.step()
-        rs.nonfinite_in_a_row = 0
     else:
-        skip_nonfinite_step(rs)
+        found = nonfinite_flag(rs.ddp.module)
+        step_unless(rs.optimizer, found)
+    count_skips(rs, found)
     return total
 
 
-def skip_nonfinite_step(rs) -> None:
-    rs.nonfinite_in_a_row += 1
-    rs.skipped_steps += 1
-    log.warning("step %d: non-finite gradients, step skipped on every rank", rs.pos.global_step + 1)
-    limit = rs.spec.job.max_nonfinite_steps
-    if rs.nonfinite_in_a_row >= limit:
-        raise RunFailed(f"{rs.nonfinite_in_a_row} steps in a row had non-finite loss or gradients (steps "
-                        f"{rs.pos.global_step - rs.nonfinite_in_a_row + 2}-{rs.pos.global_step + 1}, "
-                        f"job.max_nonfinite_steps = {limit}); nothing was saved from them; lower the LR")
+SKIP_COUNTS = ("in a row now", "total", "last skipped step", "step the limit was reached")
 
 
-def count_scaler_skips(rs) -> None:
-    """The GradScaler skipped this step when it found inf/NaN: counted on the device (no host read per step);
-    check_nonfinite reads the counts at each logging interval and before every checkpoint."""
-    found = sum(v.to(torch.int64) for v in rs.scaler._found_inf_per_device(rs.optimizer).values()).clamp(max=1)
-    if rs.scaler_counts is None:  # [steps skipped in a row now, the most in a row since the last read, total]
-        rs.scaler_counts = torch.zeros(3, dtype=torch.int64, device=found.device)
-    c = rs.scaler_counts
-    c[0] = (c[0] + 1) * found
-    c[1] = torch.maximum(c[1], c[0])
-    c[2] += found
+def count_skips(rs, found: torch.Tensor) -> None:
+    """Count a skipped step (found > 0) on the device, as SKIP_COUNTS; check_nonfinite reads them. The step
+    numbers are host integers written into device tensors (a copy to the device, never a read back)."""
+    skipped = found > 0
+    if rs.skip_counts is None:
+        rs.skip_counts = torch.zeros(len(SKIP_COUNTS), dtype=torch.int64, device=found.device)
+    c, step, limit = rs.skip_counts, rs.pos.global_step + 1, rs.spec.job.max_nonfinite_steps
+    c[0] = (c[0] + 1) * skipped
+    c[1] += skipped
+    c[2] = torch.where(skipped, step, c[2])
+    c[3] = torch.where((c[0] == limit) & (c[3] == 0), step, c[3])
 
 
 def check_nonfinite(rs) -> None:
-    """RunFailed when the GradScaler skipped job.max_nonfinite_steps steps in a row (one host read)."""
-    if rs.scaler_counts is None:
+    """Read the skip counts (one host read, at a logging interval or before a check or checkpoint): a warning
+    for the steps skipped since the last read, RunFailed when job.max_nonfinite_steps were skipped in a row."""
+    if rs.skip_counts is None:
         return
-    now, most, total = rs.scaler_counts.tolist()
+    now, total, last, reached = rs.skip_counts.tolist()
+    new = total - rs.skipped_steps
     rs.skipped_steps, rs.nonfinite_in_a_row = total, now
-    rs.scaler_counts[1] = now
     limit = rs.spec.job.max_nonfinite_steps
-    if most >= limit:
-        raise RunFailed(f"{most} steps in a row had non-finite loss or gradients (the loss scaler skipped them, "
-                        f"by step {rs.pos.global_step}; job.max_nonfinite_steps = {limit}); nothing was saved "
+    if reached:
+        raise RunFailed(f"{limit} steps in a row had non-finite loss or gradients (steps {reached - limit + 1}-"
+                        f"{reached}, skipped on every rank; job.max_nonfinite_steps = {limit}); nothing was saved "
                         "from them; lower the LR")
+    if new > 0:
+        log.warning("%d step(s) with non-finite gradients skipped on every rank by step %d (the last at step %d)",
+                    new, rs.pos.global_step, last)
 
 
 def sync_buffers(model: nn.Module) -> None:
-    """BatchNorm running statistics from rank 0 (each rank updated its own during the last forward)."""
-    for b in model.buffers():
-        dist.broadcast(b, 0)
+    """BatchNorm running statistics from rank 0 (each rank updated its own during the last forward): every
+    buffer's bytes packed into one flat byte tensor, one broadcast, unpacked (about 160 buffers in ResNet-50,
+    float statistics and int64 counters alike), instead of one collective per buffer."""
+    buffers = [b for b in model.buffers() if b.numel()]
+    if not buffers:
+        return
+    raw = [b.detach().contiguous().reshape(-1).view(torch.uint8) for b in buffers]
+    flat = torch.cat(raw)
+    dist.broadcast(flat, 0)
+    with torch.no_grad():
+        for b, piece in zip(buffers, flat.split([r.numel() for r in raw])):
+            b.copy_(piece.view(b.dtype).view(b.shape))
 
 
 def evaluate(model: nn.Module, loader, amp_dtype) -> dict:

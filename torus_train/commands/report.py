@@ -1,0 +1,51 @@
+"""`torus-train report OUT [OUT2 ...]`: a run's curves, stages, speed and per-rank work as a PNG and JSON."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from torus_train.errors import UserError
+
+
+@click.command("report")
+@click.argument("outs", nargs=-1, required=True, metavar="OUT [OUT2 ...]")
+@click.option("--png", default=None, metavar="FILE",
+              help="Write the plot here. Default: OUT/report.png for one run, report.png here for several.")
+@click.option("--json", "json_path", default=None, metavar="FILE", help="Also write the plotted figures as JSON.")
+@click.option("--no-png", is_flag=True, help="Write no PNG (with --json: the figures only; no matplotlib needed).")
+def report(outs, png, json_path, no_png) -> None:
+    """Plot a run from its metrics.jsonl and summary.json: loss and top-1 against epoch and wall time, the
+    global batch and LR per stage, images/s and data wait, and each rank's own work (the stragglers).
+
+    Works on a finished run, a run in progress and a run that failed; several OUT folders are drawn together.
+
+    \b
+    torus-train report runs/default
+    torus-train report runs/a runs/b --png compare.png --json compare.json
+    """
+    from torus_train.train import results
+
+    if no_png and png:
+        raise UserError("--png and --no-png exclude each other")
+    if not no_png:
+        png = png or (str(Path(outs[0]) / "report.png") if len(outs) == 1 else "report.png")
+        _require_matplotlib()
+    runs, notes = results.report(list(outs), None if no_png else png, json_path)
+    for run in runs:
+        click.echo(f"{run.out}: {run.status}")
+        for line in results.summary_lines(run):
+            click.echo(f"  {line}")
+    for line in notes + [f"{r.name}: {s}" for r in runs for s in r.skipped]:
+        click.echo(f"left out: {line}")
+    for path in (png, json_path):
+        if path:
+            click.echo(f"wrote {path}")
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError("report: the PNG needs matplotlib: pip install 'torus-train[plot]' (or pass --no-png "
+                        "--json FILE)") from None

@@ -1,0 +1,74 @@
+"""A job's training work, printed by `run --dry-run`: images processed x forward FLOPs per image (pure).
+
+Images processed: every optimizer step's global batch over the run (epochs padded to whole steps, as the
+loaders pad them; schedule.steps caps it). The count of training images per epoch comes from what is known
+without reading the data: the demo set's size, a data folder's index (its meta.json) when it has been built,
+or data.synthetic_samples.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torus_train.job.models import forward_flops
+
+DEMO_TRAIN_IMAGES = 10_000
+"""The demo set's training images (data/demo.py: 10 classes x 1,000), the default job's data."""
+SYNTHETIC_IMAGES = 10_000
+"""data.synthetic_samples = 0: data/synthetic.py's SYNTHETIC_SAMPLES (tests/test_job_work.py keeps them equal)."""
+
+
+def train_images(spec) -> tuple[int | None, str]:
+    """(training images per epoch or None, where the figure comes from)."""
+    source = spec.data.source
+    if source == "synthetic":
+        n = spec.data.synthetic_samples or SYNTHETIC_IMAGES
+        return n, "data.synthetic_samples" if spec.data.synthetic_samples else "synthetic data's default"
+    if source == "demo":
+        return DEMO_TRAIN_IMAGES, "the demo set"
+    meta = Path(spec.data.index) if spec.data.index else Path(source) / ".torus-train-index"
+    try:
+        count = json.loads((meta / "meta.json").read_text())["splits"]["train"]["count"]
+        return int(count), f"the index of {source}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"no index of {source} yet (torus-train data index --data {source})"
+
+
+def images_processed(schedule, images_per_epoch: int) -> int:
+    """Images over every step of a BatchSchedule (global batch x steps per epoch, capped at schedule.steps);
+    one term per stage, so a spec of 45,826 epochs answers as fast as one of 7."""
+    from torus_train.train.schedule import steps_per_epoch
+
+    total, steps = 0, 0
+    cap, end = schedule.schedule.steps, schedule.schedule.end_epoch
+    for st in schedule.stages:
+        epochs = min(st.until_epoch, end) - st.start_epoch
+        if epochs <= 0:
+            continue
+        n = steps_per_epoch(images_per_epoch, st.global_batch) * epochs
+        if cap:
+            n = max(0, min(n, cap - steps))
+        steps += n
+        total += n * st.global_batch
+    return total
+
+
+def _si(x: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def work_text(spec, schedule) -> str:
+    """'training work: N images x F per image = W' (or what is missing for it), for --dry-run."""
+    flops = forward_flops(spec.model.arch, spec.data.image_size, spec.model.num_classes)
+    per_epoch, where = train_images(spec)
+    f_text = (f"{_si(flops, 'FLOP')} per image ({spec.model.arch} at {spec.data.image_size} px, forward)"
+              if flops else f"FLOPs per image not known for {spec.model.arch} (counted for ResNets)")
+    if per_epoch is None or schedule is None:
+        return f"training work: images not known ({where}); {f_text}"
+    images = images_processed(schedule, per_epoch)
+    total = f" = {_si(images * flops, 'FLOP')} (forward; about 3x that with backward)" if flops else ""
+    return (f"training work: {images:,} images processed ({per_epoch:,} per epoch from {where}, padded to whole "
+            f"steps) x {f_text}{total}")

@@ -1,0 +1,135 @@
+"""Reading the files a user hands to a command (run folders, bench JSON, step and layer profiles): one reader
+per format, each field checked for type, range and finiteness, every error one line that names the flag, the
+file and the field. No torch import.
+
+A reader describes its format as a tuple of ``Field``s and calls ``check``; values come back converted
+(``int`` for counts, ``float`` for times), so no caller meets a string where a number belongs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torus_train.errors import UserError, shown_path
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a JSON object: its dotted path, its kind and its range."""
+
+    path: str
+    """Dotted path inside the object ("spec.model.arch")."""
+    kind: str
+    """"int", "number" (finite int or float), "str", "dict" or "list"."""
+    low: float | None = None
+    """Smallest allowed value (numbers), inclusive unless ``low_open``."""
+    high: float | None = None
+    """Largest allowed value (numbers), inclusive."""
+    low_open: bool = False
+    """True: the value must be above ``low``, not equal to it."""
+    optional: bool = False
+    """True: a missing field (or null) passes and comes back as None."""
+    choices: tuple = ()
+    """Allowed values ("str" fields), when not empty."""
+
+
+KINDS = {
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "number": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "dict": ("an object", lambda v: isinstance(v, dict)),
+    "list": ("a list", lambda v: isinstance(v, list)),
+}
+
+
+def read_text(path: str | os.PathLike, where: str) -> str:
+    """The UTF-8 text of a user file; one line (prefixed ``where``) when missing, a folder or unreadable."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{where}: {shown_path(p)} does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"{where}: {shown_path(p)} is a folder, not a file") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{where}: {shown_path(p)}: byte {e.start} is not UTF-8 text") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the name
+        raise UserError(f"{where}: {shown_path(p)}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def read_json(path: str | os.PathLike, where: str) -> Any:
+    """A user file's JSON value; one line when it is not JSON (empty, truncated, NaN literals allowed by
+    Python's parser are kept and caught by the field checks)."""
+    text = read_text(path, where)
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        what = "is empty" if not text.strip() else f"is not JSON ({e})"
+        raise UserError(f"{where}: {shown_path(path)} {what}") from None
+    except RecursionError:
+        raise UserError(f"{where}: {shown_path(path)} is nested too deeply") from None
+
+
+def read_json_lines(path: str | os.PathLike, where: str) -> list:
+    """The records of a JSON Lines file; a line that is not JSON is named by its number (a last line cut short
+    by a run still writing, or killed, is dropped: it is the one line such a run may leave half-written)."""
+    lines = read_text(path, where).split("\n")
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except (ValueError, RecursionError) as e:
+            if n == len(lines):  # no newline after it: still being written, or cut by a kill
+                break
+            raise UserError(f"{where}: {shown_path(path)}: line {n} is not JSON ({e})") from None
+    return records
+
+
+def check(obj: Any, fields: tuple[Field, ...], where: str) -> dict:
+    """Check ``obj`` against ``fields``; {path: value} with ints as int and numbers as float."""
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: must hold a JSON object, not {_kind_of(obj)}")
+    return {f.path: _check_field(obj, f, where) for f in fields}
+
+
+def _check_field(obj: dict, f: Field, where: str) -> Any:
+    v: Any = obj
+    for part in f.path.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    if v is None:
+        if f.optional:
+            return None
+        raise UserError(f"{where}: {f.path}: missing")
+    name, ok = KINDS[f.kind]
+    if not ok(v):
+        raise UserError(f"{where}: {f.path}: {_short(v)} must be {name}")
+    if f.kind in ("int", "number"):
+        return _check_range(v, f, where)
+    if f.choices and v not in f.choices:
+        raise UserError(f"{where}: {f.path}: {_short(v)} must be one of {', '.join(map(str, f.choices))}")
+    return v
+
+
+def _check_range(v: float, f: Field, where: str) -> float:
+    if f.kind == "number" and not math.isfinite(v):
+        raise UserError(f"{where}: {f.path}: {v} must be a finite number")
+    if f.low is not None and (v < f.low or (f.low_open and v == f.low)):
+        raise UserError(f"{where}: {f.path}: {_short(v)} must be {'>' if f.low_open else '>='} {f.low:g}")
+    if f.high is not None and v > f.high:
+        raise UserError(f"{where}: {f.path}: {_short(v)} must be <= {f.high:g}")
+    return int(v) if f.kind == "int" else float(v)
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:30]}...({len(text)} characters)"
+
+
+def _kind_of(v: Any) -> str:
+    return next((name for name, ok in KINDS.values() if ok(v)), "null" if v is None else type(v).__name__)
