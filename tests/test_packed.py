@@ -241,7 +241,7 @@ def test_cli_pack_and_bad_input(folder, packed, tmp_path):
                           "--out", str(tmp_path / "run"))
     assert_one_line_error(code, err, "neither an ImageNet-layout folder (train/CLASS/*, val/CLASS/*) nor a packed set")
     code, _, err = invoke("run", "--gpus", "1", "--grid", "1x1", "--steps", "1", "--data", str(folder),
-                          "--set", "data.stage=node", "--out", str(tmp_path / "run2"))
+                          "--set", "data.stage=node", "--set", "model.num_classes=3", "--out", str(tmp_path / "run2"))
     assert_one_line_error(code, err, "data.stage = node needs a packed set")
 
 

@@ -113,6 +113,9 @@ def data_classes(spec: JobSpec) -> tuple[str, dict] | None:
 
     if is_packed(root):  # a packed set: its classes per split are in packed.json
         return str(root), split_classes(root)
+    if not any((root / s).is_dir() for s in SPLITS):
+        raise UserError(f"data.source: {root}: neither an ImageNet-layout folder (train/CLASS/*, val/CLASS/*) nor "
+                        f"a packed set (packed.json; torus-train data pack)")
     index = Path(spec.data.index) if spec.data.index else default_location(root)
     indexed = _indexed_classes(index)
     try:
