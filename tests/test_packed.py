@@ -251,3 +251,22 @@ def test_decode_threads_use_the_bound_cores():
     assert decode_threads(4, affinity=8, machine=32, usable=8) == 8  # bound by srun/mpirun: all its cores
     assert decode_threads(4, affinity=32, machine=32, usable=32) == 8  # unbound: the node's cores shared
     assert decode_threads(4, affinity=2, machine=2, usable=2) == 1
+
+
+def test_dali_webdataset_reader_reads_the_shards(packed):
+    """DALI's own WebDataset reader (no index of its own: it scans the tar) reads KEY.jpg + KEY.cls in the
+    packed order, with the packed labels."""
+    from nvidia.dali import fn, pipeline_def
+
+    sp = load_packed(packed).split("train")
+
+    @pipeline_def(batch_size=N_TRAIN, num_threads=1, device_id=None)
+    def pipe():
+        img, cls = fn.readers.webdataset(paths=list(sp.shard_paths), ext=["jpg", "cls"],
+                                         missing_component_behavior="error")
+        return fn.decoders.image(img, device="cpu"), cls
+
+    p = pipe()
+    p.build()
+    _, cls = p.run()
+    assert [int(np.array(cls[i]).tobytes()) for i in range(N_TRAIN)] == sp.labels.tolist()
