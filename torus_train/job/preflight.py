@@ -94,8 +94,8 @@ def check_data_classes(spec: JobSpec) -> str:
 
 
 def data_classes(spec: JobSpec) -> tuple[str, dict] | None:
-    """(the data's name for messages, {split: classes}); None for synthetic data, or for a folder that is
-    missing (prepare_data names that)."""
+    """(the data's name for messages, {split: classes}); None for synthetic data. A missing folder, or staging
+    asked for a folder that is not a packed set, is a UserError."""
     from torus_train.data.index import SPLITS, DataError, default_location, list_classes
 
     source = spec.data.source
@@ -108,8 +108,13 @@ def data_classes(spec: JobSpec) -> tuple[str, dict] | None:
         return "the demo data set", {s: names for s in SPLITS}
     root = Path(source)
     if not root.is_dir():
-        return None
+        raise UserError(f"data.source: {source}: no such folder (expected train/ and val/ inside, or a packed set)"
+                        if not root.exists() else f"data.source: {source}: not a folder")
     from torus_train.data.packed import is_packed, split_classes
+
+    if spec.data.stage != "none" and not is_packed(root):
+        raise UserError(f"data.stage = {spec.data.stage} needs a packed set (torus-train data pack --data DIR --out "
+                        f"SHARDS, then --data SHARDS); data.source is {source}")
 
     if is_packed(root):  # a packed set: its classes per split are in packed.json
         return str(root), split_classes(root)
