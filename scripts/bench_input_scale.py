@@ -16,7 +16,9 @@ DALI loader (CPU decoding, all cores of this machine, --io-workers reader thread
   make openat calls, which Python's audit hooks would not all see). The child marks the timed window (after
   the warm-up batches: the pipeline is built, its libraries loaded) with two failing openat calls of a marker
   path; inside it, opens_per_image = every openat of any thread / images delivered, training_thread_opens =
-  the openats whose thread id is the training thread's (the thread that calls the loader). The readers run
+  the openats whose thread id is the training thread's (the thread that calls the loader); opens of the kernel's
+  pseudo-files under /proc and /sys (glibc reads /proc/sys/vm/overcommit_memory once, from whichever thread first
+  frees memory) touch no storage and are not counted. The readers run
   up to a few batches ahead, so the window also holds the reads of batches delivered after it.
 
 JSON: {"images": N, "results": [{"layout", "images_per_s", "opens_per_image", "training_thread_opens"}]};
@@ -182,6 +184,8 @@ def count_opens(trace: Path, tid: int) -> tuple[int, int, int, int]:
             before_main += 1
         if window != 1:
             continue
+        if re.search(r'openat\([^,]*, "/(proc|sys)/', line):
+            continue  # kernel pseudo-files (glibc's malloc reads /proc/sys/vm/overcommit_memory once): no storage
         total += 1
         main += int(m.group(1)) == tid
         data += bool(re.search(r'\.(JPEG|tar)"', line))
