@@ -7,9 +7,9 @@
 #
 # The configuration: ResNet-50 at 224 px, per-GPU batch 32 and 256 (its two stages), fp16 with a GradScaler and
 # fp16 exchange, LARS, channels_last, evaluation on, DALI's mixed decoder on photo-size JPEGs
-# (scripts/photo_like_set.py), the torus hook on NCCL on the 1x1 grid (its side stream, Future and an NCCL
-# all-reduce over the world of one run on the GPU; the row and column phases of comm/hooks.exchange_cuda need
-# X > 1 and are not run by one GPU). Parts, each under its own limit:
+# (scripts/photo_like_set.py), the torus hook on NCCL on the 1x1 grid (its side stream, Future and its three
+# phases, reduce-scatter along the row, all-reduce along the column, all-gather along the row, each over a
+# group of one rank, which NCCL accepts). Parts, each under its own limit:
 #   syncs       the loop (train/loop.py, in process, NCCL world of one) in fp16 with the GradScaler, host reads
 #               counted per step (torus_train/train/syncs.py)
 #   speed       in process, rounds alternating: the loop against a bare PyTorch loop of the same model and batch

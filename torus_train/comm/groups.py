@@ -172,12 +172,15 @@ def _my_group(method: str, members: list[list[int]], mine: int, tmo: timedelta):
 
 
 def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 300.0,
-                      method: str = "auto") -> GridGroups:
+                      method: str = "auto", singletons: bool | None = None) -> GridGroups:
     """Create the row and column groups of `grid` (collective over the whole world) and return this rank's view.
 
     use_shm: None = shared-memory rows wherever a gloo row lies inside one host; False = never.
     timeout: seconds a shared-memory row waits for a peer before failing with the peer's rank.
     method: auto | split | enumerate | per-group (see the module docstring).
+    singletons: also make rows of one rank (X = 1) and columns of one rank (Y = 1); None = on NCCL, where the
+    hook's three phases then run as on any grid (a collective over one rank is a valid NCCL call), so a 1x1
+    run on one GPU exercises the same side stream, buffers and Future as the full job.
     """
     if not dist.is_initialized():
         raise RuntimeError("build_grid_groups needs torch.distributed to be initialised first")
@@ -190,9 +193,11 @@ def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 
     g = GridGroups(grid=grid, rank=rank, row=row, col=col, backend=backend, row_leader=grid.rank_at(row, 0))
     tmo = timedelta(seconds=max(timeout, 1.0))
     how = group_method(method)
-    if grid.x > 1:
+    if singletons is None:
+        singletons = backend == "nccl"
+    if grid.x > 1 or singletons:
         g.row_group = _my_group(how, [grid.row_ranks(r) for r in range(grid.y)], row, tmo)
-    if grid.y > 1:
+    if grid.y > 1 or singletons:
         g.col_group = _my_group(how, [grid.col_ranks(c) for c in range(grid.x)], col, tmo)
     g.notes.append(f"row and column groups: {how}")
 

@@ -110,7 +110,7 @@ def exchange_cuda(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
     """
     g = state.groups
     buffer.div_(state.world_size)                       # divide first, in the bucket's precision
-    if state.algo != "torus" or g.grid.x == 1:
+    if state.algo != "torus" or g.row_group is None:  # a row of one without its group (gloo): nothing to split
         return sum_divided(state, buffer)
     x, n = g.grid.x, buffer.numel()
     m = -(-n // x)
@@ -124,7 +124,7 @@ def exchange_cuda(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
         padded = flat
     chunk = torch.empty(m, dtype=dtype, device=buffer.device)
     dist.reduce_scatter_tensor(chunk, padded, group=g.row_group)     # 1.
-    if g.grid.y > 1:
+    if g.col_group is not None:
         dist.all_reduce(chunk, group=g.col_group)                    # 2.
     dist.all_gather_into_tensor(padded, chunk, group=g.row_group)    # 3.
     if padded is not flat:
