@@ -72,8 +72,9 @@ def test_size_dependent_fixes_tree_correction_and_ring_plateau():
 
 
 def test_choice_switches_from_tree_to_ring_where_the_model_says():
-    """abci-v100, 64 ranks: tree/LL128 and ring/LL128 cross where 89.5 + S/(1000 x 7.5) = 316.4 + S/(1000 x
-    11.215) us: S = 226.9 / (1/7500 - 1/11215.2) x 1e-3... worked out below (tree correction 0.8 at 4-8 MiB)."""
+    """abci-v100, 64 ranks: tree/LL128 (89.5 us, 9.375 GB/s x the 0.8 correction of 4..8 MiB) and ring/LL128
+    (316.4 us, 11.215 GB/s) cross where 89.5 + S / 7500 = 316.4 + S / 11215.2 (us, S in bytes / 1000): about
+    5.14 MB. Below it NCCL's model picks the tree, above it the ring."""
     m = NcclModel(ABCI, 64)
     tree_lat, tree_bw = terms(m, "tree", "LL128")
     ring_lat, ring_bw = terms(m, "ring", "LL128")

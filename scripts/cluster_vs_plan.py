@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""The planner against `bench allreduce` on the namespace cluster past two nodes (docs/cluster.md).
+
+    python scripts/cluster_vs_plan.py --nodes 4 --json OUT.json      # as root; takes the cluster lock itself
+
+Under /tmp/torus-cluster.lock: `scripts/dev/cluster.sh up N` with TTC_RATE (default 1gbit: a tbf token bucket
+on each node's outgoing link), 2 ranks per node, then for each backend (gloo; mpi = OpenMPI's coll/tuned, with
+`--mca coll ^han` as docs/cluster.md found necessary across nodes):
+
+1. calibration: `bench allreduce` on the first 2 nodes (grid 2x2) for flat, torus, hierarchical at 1..64 MiB;
+   a Network of 2 ranks per node is fitted to those rows (intra-node and inter-node bandwidth and the reduction
+   rate, least squares in log time over a grid; latencies fixed);
+2. measurement: `bench allreduce` on all N nodes, grid 2xN (a node per row: the rows inside nodes, the columns
+   across), same algorithms and sizes;
+3. prediction: the planner's allreduce_cost with the fitted Network for every measured row.
+
+Writes [{"nodes", "algo", "backend", "bytes", "measured_s", "predicted_s"}] (calibration rows with nodes 2,
+then the N-node rows) and prints the table with predicted/measured and torus/flat at 2 and N nodes. The cluster
+is always torn down, also on failure.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from torus_train.job.topology import Grid  # noqa: E402
+from torus_train.plan.cost import allreduce_cost  # noqa: E402
+from torus_train.plan.networks import Link, Network  # noqa: E402
+
+CLUSTER = ROOT / "scripts" / "dev" / "cluster.sh"
+LOCK = "/tmp/torus-cluster.lock"
+RANKS_PER_NODE = 2
+MAX_NODES = 8
+"""2 ranks per node on this machine's 2 cores: 8 nodes = 16 ranks is the most that still finishes."""
+ALGOS = ("flat", "torus", "hierarchical")
+BACKENDS = {"gloo": [], "mpi": ["--mca", "coll", "^han"]}
+"""Backend -> extra mpirun arguments (OpenMPI 5's coll/han makes the flat all-reduce across nodes 17x slower)."""
+INTRA_LATENCY_US, INTER_LATENCY_US = 30.0, 150.0
+"""Fixed latencies of the fit (shared memory between 2 processes; TCP over a veth), from the 2-node 64 KiB
+rounds of docs/cluster.md (a few ms for 6 steps)."""
+
+
+def fail(msg: str, code: int = 2) -> None:
+    print(f"cluster_vs_plan.py: error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+def sizes_of(text: str) -> list[int]:
+    try:
+        out = [int(float(s) * 2**20) for s in text.split(",")]
+    except ValueError:
+        fail(f"--sizes-mib: {text!r} must be comma-separated MiB, e.g. 1,16,64")
+    if not out or any(s < 1024 for s in out):
+        fail(f"--sizes-mib: {text!r}: every size must be at least 1 KiB")
+    return out
+
+
+def cluster(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CLUSTER), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+def bench(nodes: int, backend: str, sizes: list[int], out: Path, iters: int) -> list[dict]:
+    """`bench allreduce` on nodes node1..nodeN, 2 ranks each, grid 2xN, every size of `sizes`."""
+    hosts = out.with_suffix(".hosts")
+    hosts.write_text("".join(f"node{i} slots={RANKS_PER_NODE}\n" for i in range(1, nodes + 1)))
+    rows = []
+    for size in sizes:                      # one size per call: -b = -e
+        j = out.with_name(f"{out.stem}-{size}.json")
+        argv = ["exec", "node1", "mpirun", "-np", str(nodes * RANKS_PER_NODE), "--map-by",
+                f"ppr:{RANKS_PER_NODE}:node", "--hostfile", str(hosts), "-x", "OMP_NUM_THREADS=1", "-x", "PATH",
+                "-x", "PYTHONPATH", *BACKENDS[backend], sys.executable, "-m", "torus_train", "bench", "allreduce",
+                "--grid", f"{RANKS_PER_NODE}x{nodes}", "--algo", ",".join(ALGOS), "-b", str(size), "-e", str(size),
+                "-n", str(iters), "-w", "1", "-c", "0", "--backend", backend, "--json", str(j)]
+        r = cluster(*argv, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout=900)
+        if r.returncode != 0:
+            raise RuntimeError(f"bench {backend} on {nodes} nodes at {size} B failed (exit {r.returncode}): "
+                               f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+        rows += [x for x in json.loads(j.read_text()) if x["wrong"] == 0]
+    return rows
+
+
+def network(intra_gbps: float, inter_gbps: float, reduce_gbps: float) -> Network:
+    """The namespace cluster as the planner sees it: 2 ranks per node, one shaped link out of each node."""
+    return Network("namespace-cluster", RANKS_PER_NODE, Link(intra_gbps, INTRA_LATENCY_US),
+                   Link(inter_gbps, INTER_LATENCY_US), 1, reduce_gbytes_per_s=reduce_gbps)
+
+
+def predict(net: Network, nodes: int, algo: str, nbytes: int) -> float:
+    return allreduce_cost(algo, Grid(RANKS_PER_NODE, nodes, RANKS_PER_NODE), net, nbytes).seconds
+
+
+def fit(rows: list[dict], nodes: int) -> tuple[Network, float]:
+    """The Network whose predictions are closest to rows (least squares in log time) over a grid of intra,
+    inter and reduction bandwidths; returns it and the rms log error."""
+    grid = lambda lo, hi, k: [lo * (hi / lo) ** (i / (k - 1)) for i in range(k)]   # noqa: E731
+    best = (math.inf, None)
+    for intra, inter, red in itertools.product(grid(0.05, 5.0, 16), grid(0.02, 0.5, 24), grid(0.1, 10.0, 12)):
+        net = network(intra, inter, red)
+        err = sum((math.log(predict(net, nodes, r["algo"], r["size_bytes"]) / (r["time_us"] * 1e-6))) ** 2
+                  for r in rows)
+        if err < best[0]:
+            best = (err, net)
+    return best[1], math.sqrt(best[0] / len(rows))
+
+
+def run(args) -> list[dict]:
+    out_rows: list[dict] = []
+    tmp = Path(tempfile.mkdtemp(prefix="cvp-", dir="/tmp"))
+    r = cluster("up", str(args.nodes), env={"TTC_RATE": args.rate, "TTC_SLURM": "0"}, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"cluster.sh up {args.nodes}: {r.stderr.strip()}")
+    for backend in args.backends:
+        cal = bench(2, backend, args.sizes, tmp / f"{backend}-2", args.iters)
+        net, rms = fit(cal, 2)
+        print(f"# {backend}: fitted on 2 nodes ({len(cal)} rows): intra {net.intra.bandwidth_gbytes_per_s:.3f} GB/s, "
+              f"inter {net.inter.bandwidth_gbytes_per_s:.4f} GB/s, reduction {net.reduce_gbytes_per_s:.3f} GB/s; "
+              f"rms log error {rms:.3f}", flush=True)
+        meas = cal if args.nodes == 2 else bench(args.nodes, backend, args.sizes, tmp / f"{backend}-{args.nodes}",
+                                                  args.iters)
+        for nodes, rows in ((2, cal), (args.nodes, meas)) if args.nodes != 2 else ((2, cal),):
+            for x in rows:
+                out_rows.append({"nodes": nodes, "algo": x["algo"], "backend": backend, "bytes": x["size_bytes"],
+                                 "measured_s": x["time_us"] * 1e-6,
+                                 "predicted_s": predict(net, nodes, x["algo"], x["size_bytes"]),
+                                 "fit": {"intra_gbps": net.intra.bandwidth_gbytes_per_s,
+                                         "inter_gbps": net.inter.bandwidth_gbytes_per_s,
+                                         "reduce_gbps": net.reduce_gbytes_per_s, "rms_log_error": rms}})
+    return out_rows
+
+
+def report(rows: list[dict]) -> None:
+    print(f"{'backend':>7} {'nodes':>5} {'algo':>12} {'MiB':>5} {'measured s':>11} {'predicted s':>12} {'pred/meas':>10}")
+    for r in rows:
+        print(f"{r['backend']:>7} {r['nodes']:>5} {r['algo']:>12} {r['bytes'] / 2**20:>5g} {r['measured_s']:>11.4f} "
+              f"{r['predicted_s']:>12.4f} {r['predicted_s'] / r['measured_s']:>10.2f}")
+    key = {(r["backend"], r["nodes"], r["algo"], r["bytes"]): r["measured_s"] for r in rows}
+    for (b, n, a, s), t in sorted(key.items()):
+        if a == "torus" and (b, n, "flat", s) in key:
+            print(f"# {b} {n} nodes {s / 2**20:g} MiB: measured flat/torus {key[(b, n, 'flat', s)] / t:.2f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, required=True, help=f"nodes of 2 ranks, 2..{MAX_NODES}")
+    ap.add_argument("--json", dest="json_path", required=True)
+    ap.add_argument("--sizes-mib", default="1,16,64")
+    ap.add_argument("--backends", default="gloo,mpi")
+    ap.add_argument("--rate", default="1gbit", help="tbf rate of each node's outgoing link")
+    ap.add_argument("--iters", type=int, default=3)
+    args = ap.parse_args(argv)
+    if not 2 <= args.nodes <= MAX_NODES:
+        fail(f"--nodes: {args.nodes}: this machine hosts 2..{MAX_NODES} namespace nodes of {RANKS_PER_NODE} ranks "
+             f"(2 CPU cores)")
+    args.backends = args.backends.split(",")
+    bad = [b for b in args.backends if b not in BACKENDS]
+    if bad:
+        fail(f"--backends: unknown backend {bad[0]!r}; use {', '.join(BACKENDS)}")
+    args.sizes = sizes_of(args.sizes_mib)
+    if os.geteuid() != 0:
+        fail("needs root (network namespaces)")
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)              # the cluster exists once on the machine
+        try:
+            rows = run(args)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print(f"cluster_vs_plan.py: {e}", file=sys.stderr)
+            return 1
+        finally:
+            cluster("down", timeout=300)
+    report(rows)
+    Path(args.json_path).write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"# wrote {args.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
