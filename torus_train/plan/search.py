@@ -373,7 +373,11 @@ def verdict(p: "Plan", counts: Iterable[int] = VERDICT_COUNTS) -> dict:
     here = _outcome({"gpus": p.gpus, "grid": p.grid, "torus_step_seconds": t.step_seconds,
                      "nccl_step_seconds": n.step_seconds, "torus_efficiency": t.scaling_efficiency,
                      "nccl_efficiency": n.scaling_efficiency, "torus_allreduce_seconds": t.allreduce_seconds,
-                     "nccl_allreduce_seconds": n.allreduce_seconds, "nccl_choice": n.nccl_choice})
+                     "nccl_allreduce_seconds": n.allreduce_seconds, "nccl_choice": n.nccl_choice,
+                     "cap_mb": p.bucket_cap_bytes / 2**20})
+    if p.overlap is None:
+        best = min(bucket_sweep(p, "nccl"), key=lambda c: c["step_seconds"])
+        here["nccl_best_cap_mb"], here["nccl_best_cap_step_seconds"] = best["cap_mb"], best["step_seconds"]
     counts = sorted({c for c in counts if c > 1} | {p.gpus})
     scan = [here if c == p.gpus else torus_vs_nccl_step(c, p.network, p) for c in counts]
     return {"here": here, "scan": scan, "text": verdict_text(here, scan, p.network.name)}
@@ -394,6 +398,10 @@ def verdict_text(here: dict, scan: list[dict], network: str) -> list[str]:
         lines.append(f"one fused all-reduce of the gradient: torus {here['torus_allreduce_seconds'] * 1e3:.3f} ms, "
                      f"NCCL ({here['nccl_choice']}) {here['nccl_allreduce_seconds'] * 1e3:.3f} ms, torus/NCCL "
                      f"{ratio:.2f}; the step hides most of either behind the backward pass")
+    if "nccl_best_cap_mb" in here:
+        lines.append(f"NCCL at its own best bucket cap ({here['nccl_best_cap_mb']:g} MiB): "
+                     f"{here['nccl_best_cap_step_seconds'] * 1e3:.2f} ms per step (the comparison above gives both "
+                     f"the plan's cap, {here.get('cap_mb', 0):g} MiB)")
     lines.append("over GPU counts: " + _where_it_changes(scan))
     return lines
 
