@@ -7,12 +7,13 @@ Under /tmp/torus-cluster.lock: `scripts/dev/cluster.sh up N` with TTC_RATE (defa
 on each node's outgoing link), 2 ranks per node, then for each backend (gloo; mpi = OpenMPI's coll/tuned, with
 `--mca coll ^han` as docs/cluster.md found necessary across nodes):
 
-1. calibration: `bench allreduce` on the first 2 nodes (grid 2x2) for flat, torus, hierarchical at 1..64 MiB;
-   a Network of 2 ranks per node is fitted to those rows (intra-node and inter-node bandwidth and the reduction
-   rate, least squares in log time over a grid; latencies fixed);
+1. calibration: `bench allreduce` on the first 2 nodes (grid 2x2) for flat, torus, hierarchical at the same
+   sizes; a Network of 2 ranks per node is fitted to those rows (both links' bandwidth and per-step latency
+   and the reduction rate, least squares in log time: `fit`);
 2. measurement: `bench allreduce` on all N nodes, grid 2xN (a node per row: the rows inside nodes, the columns
    across), same algorithms and sizes;
-3. prediction: the planner's allreduce_cost with the fitted Network for every measured row.
+3. prediction: the planner's allreduce_cost with the fitted Network for every measured row, its per-step
+   latencies scaled by N/2 (2N ranks share the same 2 cores: `predict`).
 
 Writes [{"nodes", "algo", "backend", "bytes", "measured_s", "predicted_s"}] (calibration rows with nodes 2,
 then the N-node rows) and prints the table with predicted/measured and torus/flat at 2 and N nodes. The cluster
@@ -29,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,9 +48,6 @@ MAX_NODES = 8
 ALGOS = ("flat", "torus", "hierarchical")
 BACKENDS = {"gloo": [], "mpi": ["--mca", "coll", "^han"]}
 """Backend -> extra mpirun arguments (OpenMPI 5's coll/han makes the flat all-reduce across nodes 17x slower)."""
-INTRA_LATENCY_US, INTER_LATENCY_US = 30.0, 150.0
-"""Fixed latencies of the fit (shared memory between 2 processes; TCP over a veth), from the 2-node 64 KiB
-rounds of docs/cluster.md (a few ms for 6 steps)."""
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -91,28 +90,44 @@ def bench(nodes: int, backend: str, sizes: list[int], out: Path, iters: int) -> 
     return rows
 
 
-def network(intra_gbps: float, inter_gbps: float, reduce_gbps: float) -> Network:
+PARAMS = {"intra_gbps": (0.02, 10.0), "inter_gbps": (0.01, 1.0), "reduce_gbps": (0.05, 20.0),
+          "intra_us": (1.0, 20_000.0), "inter_us": (1.0, 50_000.0)}
+"""What the fit chooses, each within (low, high) on a log scale: the two links' bandwidths and per-step latencies
+(on 2 shared cores a step's latency is mostly the wait for a core, so it is fitted, not assumed) and the
+reduction rate."""
+
+
+def network(intra_gbps: float, inter_gbps: float, reduce_gbps: float, intra_us: float, inter_us: float) -> Network:
     """The namespace cluster as the planner sees it: 2 ranks per node, one shaped link out of each node."""
-    return Network("namespace-cluster", RANKS_PER_NODE, Link(intra_gbps, INTRA_LATENCY_US),
-                   Link(inter_gbps, INTER_LATENCY_US), 1, reduce_gbytes_per_s=reduce_gbps)
+    return Network("namespace-cluster", RANKS_PER_NODE, Link(intra_gbps, intra_us), Link(inter_gbps, inter_us), 1,
+                   reduce_gbytes_per_s=reduce_gbps)
 
 
-def predict(net: Network, nodes: int, algo: str, nbytes: int) -> float:
+def predict(net: Network, nodes: int, algo: str, nbytes: int, fitted_nodes: int | None = None) -> float:
+    """The planner's all-reduce on grid 2 x nodes. With fitted_nodes, net was fitted there, and its per-step
+    latencies are scaled by nodes / fitted_nodes: the ranks share this machine's cores, so a step waits for
+    ranks / cores processes to be scheduled (the oversubscription term of torus_train.plan.calibrate)."""
+    if fitted_nodes:
+        s = nodes / fitted_nodes
+        net = replace(net, intra=Link(net.intra.bandwidth_gbytes_per_s, net.intra.latency_us * s),
+                      inter=Link(net.inter.bandwidth_gbytes_per_s, net.inter.latency_us * s))
     return allreduce_cost(algo, Grid(RANKS_PER_NODE, nodes, RANKS_PER_NODE), net, nbytes).seconds
 
 
-def fit(rows: list[dict], nodes: int) -> tuple[Network, float]:
-    """The Network whose predictions are closest to rows (least squares in log time) over a grid of intra,
-    inter and reduction bandwidths; returns it and the rms log error."""
-    grid = lambda lo, hi, k: [lo * (hi / lo) ** (i / (k - 1)) for i in range(k)]   # noqa: E731
-    best = (math.inf, None)
-    for intra, inter, red in itertools.product(grid(0.05, 5.0, 16), grid(0.02, 0.5, 24), grid(0.1, 10.0, 12)):
-        net = network(intra, inter, red)
-        err = sum((math.log(predict(net, nodes, r["algo"], r["size_bytes"]) / (r["time_us"] * 1e-6))) ** 2
-                  for r in rows)
-        if err < best[0]:
-            best = (err, net)
-    return best[1], math.sqrt(best[0] / len(rows))
+def fit(rows: list[dict], nodes: int, sweeps: int = 5, points: int = 41) -> tuple[Network, float]:
+    """The Network whose predictions are closest to rows (least squares in log time), by coordinate descent
+    over PARAMS on log grids of `points` values; returns it and the rms log error."""
+    def err(p: dict) -> float:
+        net = network(**p)
+        return sum(math.log(predict(net, nodes, r["algo"], r["size_bytes"]) / (r["time_us"] * 1e-6)) ** 2
+                   for r in rows)
+
+    p = {k: math.sqrt(lo * hi) for k, (lo, hi) in PARAMS.items()}
+    for _ in range(sweeps):
+        for k, (lo, hi) in PARAMS.items():
+            p[k] = min((lo * (hi / lo) ** (i / (points - 1)) for i in range(points)),
+                       key=lambda v: err({**p, k: v}))
+    return network(**p), math.sqrt(err(p) / len(rows))
 
 
 def run(args) -> list[dict]:
@@ -125,7 +140,8 @@ def run(args) -> list[dict]:
         cal = bench(2, backend, args.sizes, tmp / f"{backend}-2", args.iters)
         net, rms = fit(cal, 2)
         print(f"# {backend}: fitted on 2 nodes ({len(cal)} rows): intra {net.intra.bandwidth_gbytes_per_s:.3f} GB/s, "
-              f"inter {net.inter.bandwidth_gbytes_per_s:.4f} GB/s, reduction {net.reduce_gbytes_per_s:.3f} GB/s; "
+              f"inter {net.inter.bandwidth_gbytes_per_s:.4f} GB/s, reduction {net.reduce_gbytes_per_s:.3f} GB/s, "
+              f"step latency intra {net.intra.latency_us:.0f} us, inter {net.inter.latency_us:.0f} us; "
               f"rms log error {rms:.3f}", flush=True)
         meas = cal if args.nodes == 2 else bench(args.nodes, backend, args.sizes, tmp / f"{backend}-{args.nodes}",
                                                   args.iters)
@@ -133,10 +149,11 @@ def run(args) -> list[dict]:
             for x in rows:
                 out_rows.append({"nodes": nodes, "algo": x["algo"], "backend": backend, "bytes": x["size_bytes"],
                                  "measured_s": x["time_us"] * 1e-6,
-                                 "predicted_s": predict(net, nodes, x["algo"], x["size_bytes"]),
+                                 "predicted_s": predict(net, nodes, x["algo"], x["size_bytes"], fitted_nodes=2),
                                  "fit": {"intra_gbps": net.intra.bandwidth_gbytes_per_s,
                                          "inter_gbps": net.inter.bandwidth_gbytes_per_s,
-                                         "reduce_gbps": net.reduce_gbytes_per_s, "rms_log_error": rms}})
+                                         "reduce_gbps": net.reduce_gbytes_per_s, "intra_us": net.intra.latency_us,
+                                         "inter_us": net.inter.latency_us, "rms_log_error": rms}})
     return out_rows
 
 
@@ -159,6 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="gloo,mpi")
     ap.add_argument("--rate", default="1gbit", help="tbf rate of each node's outgoing link")
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--no-lock", action="store_true",
+                    help=f"the caller already holds {LOCK} (e.g. `flock {LOCK} pytest tests/cluster`)")
     args = ap.parse_args(argv)
     if not 2 <= args.nodes <= MAX_NODES:
         fail(f"--nodes: {args.nodes}: this machine hosts 2..{MAX_NODES} namespace nodes of {RANKS_PER_NODE} ranks "
@@ -170,8 +189,11 @@ def main(argv=None) -> int:
     args.sizes = sizes_of(args.sizes_mib)
     if os.geteuid() != 0:
         fail("needs root (network namespaces)")
-    with open(LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)              # the cluster exists once on the machine
+    if args.iters < 1:
+        fail(f"--iters: {args.iters} must be >= 1")
+    with open(LOCK, "a") as lock:
+        if not args.no_lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)          # the cluster exists once on the machine
         try:
             rows = run(args)
         except (RuntimeError, subprocess.TimeoutExpired) as e:

@@ -160,3 +160,24 @@ def test_nccl_model_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", "import sys, torus_train.plan.nccl, torus_train.commands.plan_verdict; "
                           "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--nodes", "9", "--json", "x.json"], "--nodes: 9: this machine hosts 2..8"),
+    (["--nodes", "1", "--json", "x.json"], "--nodes: 1"),
+    (["--nodes", "4", "--backends", "nccl", "--json", "x.json"], "--backends: unknown backend 'nccl'"),
+    (["--nodes", "4", "--sizes-mib", "big", "--json", "x.json"], "--sizes-mib"),
+])
+def test_cluster_vs_plan_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "cluster_vs_plan.py"
+    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_torus_vs_nccl_script_bad_preset_is_one_line_and_exit_2():
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "torus_vs_nccl.py"
+    r = subprocess.run([sys.executable, str(script), "--networks", "nope"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown preset 'nope'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
