@@ -133,6 +133,7 @@ def fit(rows: list[dict], nodes: int, sweeps: int = 5, points: int = 41) -> tupl
 def run(args) -> list[dict]:
     out_rows: list[dict] = []
     tmp = Path(tempfile.mkdtemp(prefix="cvp-", dir="/tmp"))
+    print(f"# raw bench rows: {tmp}", flush=True)
     r = cluster("up", str(args.nodes), env={"TTC_RATE": args.rate, "TTC_SLURM": "0"}, timeout=300)
     if r.returncode != 0:
         raise RuntimeError(f"cluster.sh up {args.nodes}: {r.stderr.strip()}")
