@@ -8,8 +8,8 @@ on each node's outgoing link), 2 ranks per node, then for each backend (gloo; mp
 `--mca coll ^han` as docs/cluster.md found necessary across nodes):
 
 1. calibration: `bench allreduce` on the first 2 nodes (grid 2x2) for flat, torus, hierarchical at the same
-   sizes; a Network of 2 ranks per node is fitted to those rows (both links' bandwidth and per-step latency
-   and the reduction rate, least squares in log time: `fit`);
+   sizes and CALIBRATION_SIZES; a Network of 2 ranks per node is fitted to those rows (both links' bandwidth
+   and per-step latency and the reduction rate, least squares in log time: `fit`);
 2. measurement: `bench allreduce` on all N nodes, grid 2xN (a node per row: the rows inside nodes, the columns
    across), same algorithms and sizes;
 3. prediction: the planner's allreduce_cost with the fitted Network for every measured row, its per-step
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import itertools
 import json
 import math
 import os
@@ -46,6 +45,8 @@ RANKS_PER_NODE = 2
 MAX_NODES = 8
 """2 ranks per node on this machine's 2 cores: 8 nodes = 16 ranks is the most that still finishes."""
 ALGOS = ("flat", "torus", "hierarchical")
+CALIBRATION_SIZES = (64 << 10, 256 << 10, 4 << 20)
+"""Sizes the 2-node calibration adds to the measured ones: small sizes pin the per-step latencies."""
 BACKENDS = {"gloo": [], "mpi": ["--mca", "coll", "^han"]}
 """Backend -> extra mpirun arguments (OpenMPI 5's coll/han makes the flat all-reduce across nodes 17x slower)."""
 
@@ -138,9 +139,12 @@ def run(args) -> list[dict]:
     if r.returncode != 0:
         raise RuntimeError(f"cluster.sh up {args.nodes}: {r.stderr.strip()}")
     for backend in args.backends:
-        cal = bench(2, backend, args.sizes, tmp / f"{backend}-2", args.iters)
-        net, rms = fit(cal, 2)
-        print(f"# {backend}: fitted on 2 nodes ({len(cal)} rows): intra {net.intra.bandwidth_gbytes_per_s:.3f} GB/s, "
+        cal_sizes = sorted(set(args.sizes) | set(CALIBRATION_SIZES))
+        cal_rows = bench(2, backend, cal_sizes, tmp / f"{backend}-2", args.iters)
+        cal = [x for x in cal_rows if x["size_bytes"] in args.sizes]
+        net, rms = fit(cal_rows, 2)
+        print(f"# {backend}: fitted on 2 nodes ({len(cal_rows)} rows): "
+              f"intra {net.intra.bandwidth_gbytes_per_s:.3f} GB/s, "
               f"inter {net.inter.bandwidth_gbytes_per_s:.4f} GB/s, reduction {net.reduce_gbytes_per_s:.3f} GB/s, "
               f"step latency intra {net.intra.latency_us:.0f} us, inter {net.inter.latency_us:.0f} us; "
               f"rms log error {rms:.3f}", flush=True)
@@ -159,7 +163,8 @@ def run(args) -> list[dict]:
 
 
 def report(rows: list[dict]) -> None:
-    print(f"{'backend':>7} {'nodes':>5} {'algo':>12} {'MiB':>5} {'measured s':>11} {'predicted s':>12} {'pred/meas':>10}")
+    print(f"{'backend':>7} {'nodes':>5} {'algo':>12} {'MiB':>5} {'measured s':>11} {'predicted s':>12} "
+          f"{'pred/meas':>10}")
     for r in rows:
         print(f"{r['backend']:>7} {r['nodes']:>5} {r['algo']:>12} {r['bytes'] / 2**20:>5g} {r['measured_s']:>11.4f} "
               f"{r['predicted_s']:>12.4f} {r['predicted_s'] / r['measured_s']:>10.2f}")

@@ -59,7 +59,8 @@ def markdown(rows: list[dict]) -> str:
     head = ("| network | GPUs | grid, cap | torus step ms (eff.) | NCCL step ms (eff.) | NCCL picks (fused) | winner | "
             "NCCL at its best cap | drives |\n|---|---|---|---|---|---|---|---|---|\n")
     return head + "".join(
-        f"| {r['network']} | {r['gpus']} | {r['grid']}, {r['bucket_cap_mb']:g} MiB | {r['torus_step_ms']:.2f} ({r['torus_efficiency'] * 100:.2f}%)"
+        f"| {r['network']} | {r['gpus']} | {r['grid']}, {r['bucket_cap_mb']:g} MiB | "
+        f"{r['torus_step_ms']:.2f} ({r['torus_efficiency'] * 100:.2f}%)"
         f" | {r['nccl_step_ms']:.2f} ({r['nccl_efficiency'] * 100:.2f}%) | {r['nccl_choice']} | "
         f"{_winner(r)} | {r['nccl_best_cap_step_ms']:.2f} ms at {r['nccl_best_cap_mb']:g} MiB | {r['drives']} |\n"
         for r in rows)

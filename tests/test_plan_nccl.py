@@ -149,10 +149,12 @@ def test_plan_prints_nccl_beside_torus_and_json_carries_it(tmp_path):
     assert set(d["algorithms"]) == {"flat", "tree", "hierarchical", "torus", "nccl-ring", "nccl-tree",
                                     "nccl-nvls", "nccl-collnet", "nccl"}
     n = d["algorithms"]["nccl"]
-    assert n["nccl_choice"] and n["label"] and n["timeline"]["buckets"] and d["algorithms"]["torus"]["nccl_choice"] is None
+    assert n["nccl_choice"] and n["label"] and n["timeline"]["buckets"]
+    assert d["algorithms"]["torus"]["nccl_choice"] is None
     v = d["verdict"]
     assert set(v) == {"here", "scan", "text"} and v["here"]["gpus"] == 64 and v["here"]["grid"] == "8x8"
-    assert {"gpus", "grid", "torus_step_seconds", "nccl_step_seconds", "outcome", "torus_gain_seconds"} <= set(v["scan"][0])
+    assert {"gpus", "grid", "torus_step_seconds", "nccl_step_seconds", "outcome",
+            "torus_gain_seconds"} <= set(v["scan"][0])
     assert v["here"]["outcome"] in ("torus", "nccl", "tie") and d["network"]["nccl"]["generation"] == "hopper"
 
 

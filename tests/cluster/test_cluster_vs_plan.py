@@ -36,7 +36,8 @@ def test_four_nodes_bench_against_the_plan_calibrated_on_two(no_cluster_up, tmp_
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert not (STATE / "nodes").exists(), "the 4-node cluster was not torn down"
     rows = json.loads(out.read_text())
-    assert {(x["nodes"], x["algo"]) for x in rows} == {(n, a) for n in (2, 4) for a in ("flat", "torus", "hierarchical")}
+    algos = ("flat", "torus", "hierarchical")
+    assert {(x["nodes"], x["algo"]) for x in rows} == {(n, a) for n in (2, 4) for a in algos}
     for x in rows:
         assert {"nodes", "algo", "backend", "bytes", "measured_s", "predicted_s"} <= set(x)
         assert x["backend"] == "gloo" and x["bytes"] == 2**20 and x["measured_s"] > 0 and x["predicted_s"] > 0

@@ -268,7 +268,8 @@ class NcclModel:
             if proto == "LL":
                 bus = min(bus / 3.8, ll_max)
             elif proto == "LL128":
-                bus = min(bus * (7.0 / 9.0 if self.nodes == 1 else 120.0 / 128.0), ch.count * TREE_LL128_PER_CHANNEL[g][b])
+                scale = 7.0 / 9.0 if self.nodes == 1 else 120.0 / 128.0
+                bus = min(bus * scale, ch.count * TREE_LL128_PER_CHANNEL[g][b])
         elif algo == "collnet":
             gpus_per_head = self.ppn / ch.count              # CollNet Direct wants a NIC per GPU
             bus /= gpus_per_head - (gpus_per_head - 1) / 2

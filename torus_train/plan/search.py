@@ -12,7 +12,7 @@ from typing import Iterable
 
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pairs
-from torus_train.plan.cost import (ALGORITHM_LABELS, ALGORITHMS, BACKWARD_FRACTION, DTYPE_BYTES, MODELS, STEP_OVERHEAD,
+from torus_train.plan.cost import (ALGORITHM_LABELS, BACKWARD_FRACTION, DTYPE_BYTES, MODELS, STEP_OVERHEAD,
                                    AllreduceCost, algorithms_for, allreduce_cost, allreduce_seconds_fn, step_cost)
 from torus_train.plan.networks import Network
 from torus_train.plan.timeline import (DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP, layers_with_profile, model_layers,
