@@ -2,6 +2,7 @@
 """The planner against `bench allreduce` on the namespace cluster past two nodes (docs/cluster.md).
 
     python scripts/cluster_vs_plan.py --nodes 4 --json OUT.json      # as root; takes the cluster lock itself
+    python scripts/cluster_vs_plan.py --markdown RUN.json ...         # the tables of docs/cluster.md
 
 Under /tmp/torus-cluster.lock: `scripts/dev/cluster.sh up N` with TTC_RATE (default 1gbit: a tbf token bucket
 on each node's outgoing link), 2 ranks per node, then for each backend (gloo; mpi = OpenMPI's coll/tuned, with
@@ -174,7 +175,34 @@ def report(rows: list[dict]) -> None:
             print(f"# {b} {n} nodes {s / 2**20:g} MiB: measured flat/torus {key[(b, n, 'flat', s)] / t:.2f}")
 
 
+def markdown(paths: list[str]) -> str:
+    """The tables of docs/cluster.md from recorded runs: predicted/measured per row and run, then measured
+    flat/torus at 2 and N nodes per run."""
+    runs = [(Path(p).stem, json.loads(Path(p).read_text())) for p in paths]
+    keys = sorted({(r["backend"], r["nodes"], r["algo"], r["bytes"]) for _, rows in runs for r in rows},
+                  key=lambda k: (k[0], k[1], ALGOS.index(k[2]), k[3]))
+    out = ["| backend | nodes | algo | MiB | " + " | ".join(f"{n}: measured s, pred/meas" for n, _ in runs) + " |",
+           "|---|---|---|---|" + "---|" * len(runs)]
+    for k in keys:
+        cells = []
+        for _, rows in runs:
+            r = next((r for r in rows if (r["backend"], r["nodes"], r["algo"], r["bytes"]) == k), None)
+            cells.append(f"{r['measured_s']:.4f}, {r['predicted_s'] / r['measured_s']:.2f}" if r else "")
+        out.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3] / 2**20:g} | " + " | ".join(cells) + " |")
+    out += ["", "| run | backend | MiB | flat/torus at 2 nodes | flat/torus at N nodes (N) |", "|---|---|---|---|---|"]
+    for name, rows in runs:
+        t = {(r["backend"], r["nodes"], r["algo"], r["bytes"]): r["measured_s"] for r in rows}
+        for b, s in sorted({(r["backend"], r["bytes"]) for r in rows}):
+            n = max(r["nodes"] for r in rows)
+            ratio = [f"{t[(b, m, 'flat', s)] / t[(b, m, 'torus', s)]:.2f}" for m in (2, n)]
+            out.append(f"| {name} | {b} | {s / 2**20:g} | {ratio[0]} | {ratio[1]} ({n}) |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
+    if argv is None and sys.argv[1:2] == ["--markdown"]:
+        print(markdown(sys.argv[2:]), end="")
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, required=True, help=f"nodes of 2 ranks, 2..{MAX_NODES}")
     ap.add_argument("--json", dest="json_path", required=True)
