@@ -72,7 +72,7 @@ def cluster(*args: str, env: dict | None = None, timeout: float = 600) -> subpro
                           env={**os.environ, **(env or {})}, cwd=ROOT)
 
 
-def bench(nodes: int, backend: str, sizes: list[int], out: Path, iters: int) -> list[dict]:
+def bench(nodes: int, backend: str, sizes: list[int], out: Path, iters: int, algos=ALGOS) -> list[dict]:
     """`bench allreduce` on nodes node1..nodeN, 2 ranks each, grid 2xN, every size of `sizes`."""
     hosts = out.with_suffix(".hosts")
     hosts.write_text("".join(f"node{i} slots={RANKS_PER_NODE}\n" for i in range(1, nodes + 1)))
@@ -82,7 +82,7 @@ def bench(nodes: int, backend: str, sizes: list[int], out: Path, iters: int) -> 
         argv = ["exec", "node1", "mpirun", "-np", str(nodes * RANKS_PER_NODE), "--map-by",
                 f"ppr:{RANKS_PER_NODE}:node", "--hostfile", str(hosts), "-x", "OMP_NUM_THREADS=1", "-x", "PATH",
                 "-x", "PYTHONPATH", *BACKENDS[backend], sys.executable, "-m", "torus_train", "bench", "allreduce",
-                "--grid", f"{RANKS_PER_NODE}x{nodes}", "--algo", ",".join(ALGOS), "-b", str(size), "-e", str(size),
+                "--grid", f"{RANKS_PER_NODE}x{nodes}", "--algo", ",".join(algos), "-b", str(size), "-e", str(size),
                 "-n", str(iters), "-w", "1", "-c", "0", "--backend", backend, "--json", str(j)]
         r = cluster(*argv, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout=900)
         if r.returncode != 0:
@@ -141,7 +141,7 @@ def run(args) -> list[dict]:
         raise RuntimeError(f"cluster.sh up {args.nodes}: {r.stderr.strip()}")
     for backend in args.backends:
         cal_sizes = sorted(set(args.sizes) | set(CALIBRATION_SIZES))
-        cal_rows = bench(2, backend, cal_sizes, tmp / f"{backend}-2", args.iters)
+        cal_rows = bench(2, backend, cal_sizes, tmp / f"{backend}-2", args.iters, args.algos)
         cal = [x for x in cal_rows if x["size_bytes"] in args.sizes]
         net, rms = fit(cal_rows, 2)
         print(f"# {backend}: fitted on 2 nodes ({len(cal_rows)} rows): "
@@ -150,7 +150,7 @@ def run(args) -> list[dict]:
               f"step latency intra {net.intra.latency_us:.0f} us, inter {net.inter.latency_us:.0f} us; "
               f"rms log error {rms:.3f}", flush=True)
         meas = cal if args.nodes == 2 else bench(args.nodes, backend, args.sizes, tmp / f"{backend}-{args.nodes}",
-                                                  args.iters)
+                                                  args.iters, args.algos)
         for nodes, rows in ((2, cal), (args.nodes, meas)) if args.nodes != 2 else ((2, cal),):
             for x in rows:
                 out_rows.append({"nodes": nodes, "algo": x["algo"], "backend": backend, "bytes": x["size_bytes"],
@@ -194,6 +194,8 @@ def markdown(paths: list[str]) -> str:
         t = {(r["backend"], r["nodes"], r["algo"], r["bytes"]): r["measured_s"] for r in rows}
         for b, s in sorted({(r["backend"], r["bytes"]) for r in rows}):
             n = max(r["nodes"] for r in rows)
+            if not all((b, m, a, s) in t for m in (2, n) for a in ("flat", "torus")):
+                continue
             ratio = [f"{t[(b, m, 'flat', s)] / t[(b, m, 'torus', s)]:.2f}" for m in (2, n)]
             out.append(f"| {name} | {b} | {s / 2**20:g} | {ratio[0]} | {ratio[1]} ({n}) |")
     return "\n".join(out) + "\n"
@@ -208,6 +210,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", dest="json_path", required=True)
     ap.add_argument("--sizes-mib", default="1,16,64")
     ap.add_argument("--backends", default="gloo,mpi")
+    ap.add_argument("--algos", default=",".join(ALGOS), help="algorithms benched and predicted (of flat, torus, "
+                    "hierarchical; flat is the backend's own all-reduce)")
     ap.add_argument("--rate", default="1gbit", help="tbf rate of each node's outgoing link")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--no-lock", action="store_true",
@@ -221,6 +225,10 @@ def main(argv=None) -> int:
     if bad:
         fail(f"--backends: unknown backend {bad[0]!r}; use {', '.join(BACKENDS)}")
     args.sizes = sizes_of(args.sizes_mib)
+    args.algos = args.algos.split(",")
+    bad = [a for a in args.algos if a not in ALGOS]
+    if bad:
+        fail(f"--algos: unknown algorithm {bad[0]!r}; use {', '.join(ALGOS)}")
     if os.geteuid() != 0:
         fail("needs root (network namespaces)")
     if args.iters < 1:
