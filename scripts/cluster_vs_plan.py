@@ -72,23 +72,31 @@ def cluster(*args: str, env: dict | None = None, timeout: float = 600) -> subpro
                           env={**os.environ, **(env or {})}, cwd=ROOT)
 
 
+def sweeps(sizes: list[int]) -> list[tuple[int, int]]:
+    """(first, last) of `bench allreduce -b first -e last -f 4` calls that cover `sizes`: one call when every
+    size is the smallest times a power of 4 (each mpirun start costs seconds here), else one call per size."""
+    lo, hi = min(sizes), max(sizes)
+    chain = {lo * 4**k for k in range(40) if lo * 4**k <= hi}
+    return [(lo, hi)] if set(sizes) <= chain else [(s, s) for s in sizes]
+
+
 def bench(nodes: int, backend: str, sizes: list[int], out: Path, iters: int, algos=ALGOS) -> list[dict]:
-    """`bench allreduce` on nodes node1..nodeN, 2 ranks each, grid 2xN, every size of `sizes`."""
+    """`bench allreduce` on nodes node1..nodeN, 2 ranks each, grid 2xN: the rows of every size of `sizes`."""
     hosts = out.with_suffix(".hosts")
     hosts.write_text("".join(f"node{i} slots={RANKS_PER_NODE}\n" for i in range(1, nodes + 1)))
     rows = []
-    for size in sizes:                      # one size per call: -b = -e
-        j = out.with_name(f"{out.stem}-{size}.json")
+    for first, last in sweeps(sizes):
+        j = out.with_name(f"{out.stem}-{first}-{last}.json")
         argv = ["exec", "node1", "mpirun", "-np", str(nodes * RANKS_PER_NODE), "--map-by",
                 f"ppr:{RANKS_PER_NODE}:node", "--hostfile", str(hosts), "-x", "OMP_NUM_THREADS=1", "-x", "PATH",
                 "-x", "PYTHONPATH", *BACKENDS[backend], sys.executable, "-m", "torus_train", "bench", "allreduce",
-                "--grid", f"{RANKS_PER_NODE}x{nodes}", "--algo", ",".join(algos), "-b", str(size), "-e", str(size),
-                "-n", str(iters), "-w", "1", "-c", "0", "--backend", backend, "--json", str(j)]
+                "--grid", f"{RANKS_PER_NODE}x{nodes}", "--algo", ",".join(algos), "-b", str(first), "-e", str(last),
+                "-f", "4", "-n", str(iters), "-w", "1", "-c", "0", "--backend", backend, "--json", str(j)]
         r = cluster(*argv, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout=900)
         if r.returncode != 0:
-            raise RuntimeError(f"bench {backend} on {nodes} nodes at {size} B failed (exit {r.returncode}): "
-                               f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
-        rows += [x for x in json.loads(j.read_text()) if x["wrong"] == 0]
+            raise RuntimeError(f"bench {backend} on {nodes} nodes at {first}..{last} B failed (exit {r.returncode}):"
+                               f" {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+        rows += [x for x in json.loads(j.read_text()) if x["wrong"] == 0 and x["size_bytes"] in sizes]
     return rows
 
 
