@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from torus_train.commands.plan_verdict import algorithm_notes, print_buckets, print_verdict
 from torus_train.errors import UserError
 
 PLOT_COUNTS = (64, 128, 256, 512, 1024, 1088, 2048, 2176, 3456, 4096)
@@ -132,6 +133,7 @@ def plan(gpus, grid_text, network, model, per_gpu_batch, grad_dtype, images_per_
     out = p.to_json()
     if p.overlap is None:
         out["bucket_caps"] = _bucket_caps(p)
+    out["verdict"] = print_verdict(p)
     if simulate:
         out["simulation"] = _simulate(parse_grid(p.grid))
     if check_groups:
@@ -257,6 +259,7 @@ def _plot_timeline(p, path: str) -> None:
 def _print_plan(p) -> None:
     """The plan as printed: its inputs with their sources, one line per algorithm, the torus's summary."""
     from torus_train.plan.cost import BACKWARD_FRACTION, MODELS, step_cost
+    from torus_train.plan.nccl import NCCL_SOURCE
 
     m, net = MODELS[p.model], p.network
     click.echo(f"# torus-train plan: {p.gpus} GPUs, {p.model} ({m.parameters:,} parameters, {p.gradient_dtype} "
@@ -286,6 +289,9 @@ def _print_plan(p) -> None:
         click.echo(f"{a.algo:>13} {a.steps:>6} {_mb(a.bytes_across_nodes):>16} {a.allreduce_seconds * 1e3:>14.3f} "
                    f"{a.busbw_gbytes_per_s:>11.2f} {a.exposed_seconds * 1e3:>11.3f} "
                    f"{_overlap_text(a, p):>8} {a.step_seconds * 1e3:>9.2f} {a.scaling_efficiency * 100:>10.2f}%")
+    for line in algorithm_notes(p):
+        click.echo(f"# {line}")
+    print_buckets(p)
     t = p.algorithms["torus"]
     if t.timeline is not None:
         for b in t.timeline["buckets"]:
@@ -302,6 +308,7 @@ def _print_plan(p) -> None:
     click.echo("# sources:" + ("" if net.sources else " none given"))
     for s in net.sources:
         click.echo(f"#   - {s}")
+    click.echo(f"#   - {NCCL_SOURCE}")
 
 
 CANDIDATES_SHOWN = 8

@@ -37,10 +37,30 @@ import numpy as np
 
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid, parse_grid
+from torus_train.plan.nccl import NcclHardware, NcclModel
 from torus_train.plan.networks import Network
 
 ALGORITHMS = ("flat", "tree", "hierarchical", "torus")
-"""Algorithms the model knows, in the order tables print them."""
+"""Algorithms the alpha-beta-gamma phases model, in the order tables print them. flat and tree are TEXTBOOK
+algorithms (one unpipelined ring; a binomial tree of whole buffers), not what NCCL runs: NCCL_ALGORITHMS are."""
+
+NCCL_ALGORITHMS = ("nccl-ring", "nccl-tree", "nccl-nvls", "nccl-collnet", "nccl")
+"""NCCL's algorithms from its own tuning model (torus_train.plan.nccl), each with its fastest protocol per size;
+"nccl" is the (algorithm, protocol) NCCL's default tuning chooses per size (no CollNet: it needs
+NCCL_COLLNET_ENABLE=1)."""
+
+ALGORITHM_LABELS = {
+    "flat": "textbook ring (one ring, no channels)",
+    "tree": "textbook binomial tree (whole buffer per round)",
+    "hierarchical": "reduce to node leader, leaders' ring, broadcast",
+    "torus": "2D torus (this project)",
+    "nccl-ring": "NCCL Ring, its best protocol",
+    "nccl-tree": "NCCL double binary tree, its best protocol",
+    "nccl-nvls": "NCCL NVLS (NVLSTree across nodes)",
+    "nccl-collnet": "NCCL CollNet Direct (SHARP; opt-in)",
+    "nccl": "what NCCL's tuning chooses per size",
+}
+"""What each algorithm name stands for, printed beside the table."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +151,7 @@ class AllreduceCost:
     """Predicted cost of one all-reduce of `nbytes` with one algorithm on one grid."""
 
     algo: str
-    """flat | tree | hierarchical | torus."""
+    """flat | tree | hierarchical | torus | nccl-ring | nccl-tree | nccl-nvls | nccl-collnet | nccl."""
     grid: str
     """The grid, XxY."""
     nbytes: int
@@ -144,6 +164,8 @@ class AllreduceCost:
     """Predicted all-reduce time."""
     phases: list = field(default_factory=list)
     """The phases, for the printout."""
+    nccl_choice: str | None = None
+    """NCCL algorithms: the (algorithm/protocol) its tuning model picked at this size; None for ours."""
 
     @property
     def busbw_gbytes_per_s(self) -> float:
@@ -235,6 +257,49 @@ _PHASES_OF = {"flat": _flat, "tree": _tree, "hierarchical": _hierarchical, "toru
 """Algorithm name -> the function that adds its phases."""
 
 
+def algorithms_for(net: Network, ranks: int | None = None) -> tuple[str, ...]:
+    """Every algorithm the planner prints for this network: ours, and NCCL's where its hardware has them
+    (NVLS: Hopper with NVSwitch; CollNet: SHARP switches with NVSwitch nodes, and more than one node)."""
+    hw = net.nccl or NcclHardware()
+    absent = set()
+    if not (hw.generation == "hopper" and hw.nvswitch):
+        absent.add("nccl-nvls")
+    if not (hw.sharp and hw.nvswitch) or (ranks is not None and ranks <= net.gpus_per_node):
+        absent.add("nccl-collnet")
+    return ALGORITHMS + tuple(a for a in NCCL_ALGORITHMS if a not in absent)
+
+
+def check_algorithm(algo: str, net: Network | None = None) -> None:
+    """Raise UserError naming the algorithm when it is unknown, or absent from this network's hardware."""
+    known = ALGORITHMS + NCCL_ALGORITHMS
+    if algo not in known:
+        raise UserError(f"algo: unknown all-reduce algorithm {algo!r}; known: {', '.join(known)}")
+    if net is not None and algo not in algorithms_for(net):
+        raise UserError(f"algo: {algo} needs hardware network {net.name} does not have "
+                        f"(nccl-nvls: Hopper + NVSwitch; nccl-collnet: SHARP + NVSwitch)")
+
+
+def _nccl_estimate(algo: str, model: NcclModel, nbytes: float):
+    """NCCL's estimate for a planner name: nccl-<algo> with its best protocol, or nccl's own choice."""
+    if algo == "nccl":
+        return model.choose(nbytes)
+    return model.best(algo.removeprefix("nccl-"), nbytes)
+
+
+def _nccl_cost(algo: str, grid: Grid, net: Network, nbytes: int) -> AllreduceCost:
+    """One NCCL all-reduce as its tuning model predicts it (one communicator of all ranks; the grid only names
+    the world size)."""
+    model = NcclModel(net, grid.size)
+    e = _nccl_estimate(algo, model, nbytes)
+    if e is None or nbytes == 0:
+        return AllreduceCost(algo, str(grid), int(nbytes), 0, 0.0, 0.0, [])
+    chosen = f"{e.algo}/{e.protocol}"
+    phase = Phase(f"NCCL {chosen}: latency {e.latency_us:.1f} us + bytes / {e.algbw_gbps:.1f} GB/s", e.steps,
+                  float(nbytes), e.seconds)
+    return AllreduceCost(algo, str(grid), int(nbytes), e.steps, model.bytes_across_nodes(e.algo, nbytes),
+                         e.seconds, [phase], chosen)
+
+
 def allreduce_cost(algo: str, grid: Grid, net: Network, nbytes: int, placement: str = "rows") -> AllreduceCost:
     """Predicted all-reduce of nbytes over `grid` (laid out on net.gpus_per_node GPUs per node) with `algo`.
 
@@ -248,9 +313,11 @@ def allreduce_cost(algo: str, grid: Grid, net: Network, nbytes: int, placement: 
     """
     if grid.gpus_per_node != net.gpus_per_node:
         grid = Grid(grid.x, grid.y, net.gpus_per_node)
+    check_algorithm(algo, net)
+    if algo in NCCL_ALGORITHMS:
+        node_map(grid, net.gpus_per_node, placement)              # checks the placement
+        return _nccl_cost(algo, grid, net, nbytes)
     phases = _Phases(grid, node_map(grid, net.gpus_per_node, placement))
-    if algo not in _PHASES_OF:
-        raise UserError(f"algo: unknown all-reduce algorithm {algo!r}; known: {', '.join(ALGORITHMS)}")
     ranks = np.arange(grid.size).reshape(grid.y, grid.x)          # ranks[row, col]
     _PHASES_OF[algo](phases, ranks, float(nbytes), net)
     return phases.result(algo, int(nbytes))
@@ -300,8 +367,14 @@ def allreduce_seconds_fn(algo: str, grid: Grid, net: Network, placement: str = "
     worked out once: the bucket timeline asks for hundreds of sizes on one grid."""
     if grid.gpus_per_node != net.gpus_per_node:
         grid = Grid(grid.x, grid.y, net.gpus_per_node)
-    if algo not in _PHASES_OF:
-        raise UserError(f"algo: unknown all-reduce algorithm {algo!r}; known: {', '.join(ALGORITHMS)}")
+    check_algorithm(algo, net)
+    if algo in NCCL_ALGORITHMS:
+        model = NcclModel(net, grid.size)
+
+        def nccl_seconds(nbytes: float) -> float:
+            e = _nccl_estimate(algo, model, nbytes)
+            return 0.0 if e is None or nbytes == 0 else e.seconds
+        return nccl_seconds
     rec = _Recorder(grid, node_map(grid, net.gpus_per_node, placement))
     _PHASES_OF[algo](rec, np.arange(grid.size).reshape(grid.y, grid.x), 1.0, net)
     terms, gamma = rec.terms, net.gamma

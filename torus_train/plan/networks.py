@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from torus_train.errors import UserError
+from torus_train.plan.nccl import NcclHardware
 
 
 class NetworkError(UserError):
@@ -62,6 +63,9 @@ class Network:
     """One line saying what this network is."""
     sources: tuple = ()
     """Where each figure comes from (datasheets, papers, measurements)."""
+    nccl: NcclHardware | None = None
+    """What NCCL's tuning model needs beyond the links (GPU generation, NVSwitch, SHARP); None: Volta on NVLink,
+    no NVSwitch, no SHARP."""
 
     @property
     def gamma(self) -> float:
@@ -88,11 +92,13 @@ class Network:
                 raise NetworkError(f"{where}.{path}: {value!r} must be a number >= 0")
         for model, ips in self.images_per_second.items():
             positive(f"images_per_second.{model}", ips)
+        if self.nccl is not None:
+            self.nccl.check(f"{where}.nccl")
         return self
 
     def describe(self) -> list[str]:
         """Printable lines with every parameter the prediction uses."""
-        k = self.gpus_per_node
+        k, hw = self.gpus_per_node, self.nccl or NcclHardware()
         return [
             f"network {self.name}: {self.description}".rstrip(": "),
             f"  {k} x {self.gpu} per node; intra-node {self.intra.bandwidth_gbytes_per_s:g} GB/s per GPU per "
@@ -101,6 +107,8 @@ class Network:
             f"({self.nics_per_node * self.inter.bandwidth_gbytes_per_s / k:g} GB/s per GPU), "
             f"{self.inter.latency_us:g} us",
             f"  reduction {self.reduce_gbytes_per_s:g} GB/s per GPU (gamma)",
+            f"  for NCCL's model: {hw.generation} GPUs on {hw.intra}, "
+            f"{'an NVSwitch' if hw.nvswitch else 'no NVSwitch'}, {'SHARP switches' if hw.sharp else 'no SHARP'}",
         ]
 
 
@@ -116,12 +124,14 @@ PRESETS: dict[str, Network] = {
         gpu="V100 SXM2 16GB",
         reduce_gbytes_per_s=300.0,
         images_per_second={"resnet50": 1376.0},
+        nccl=NcclHardware("volta", nvswitch=False, sharp=False),
         sources=(
             "NVLink 2: 25 GB/s per link per direction (NVIDIA V100 datasheet); ABCI's 4 GPUs are fully connected "
             "with 2 links per pair = 50 GB/s per direction to a ring neighbour",
             "InfiniBand EDR: 100 Gb/s = 12.5 GB/s per direction per HCA, 2 HCAs per ABCI node (ABCI system overview)",
             "latency: NVLink and IB about 1-2 us at MPI/NCCL level; 2 us taken for both",
             "V100 HBM2 900 GB/s; a sum reads 2 and writes 1 -> 300 GB/s reduction rate",
+            "NCCL: Volta without NVSwitch (ABCI's 4 GPUs are directly linked): no NVLS, no CollNet Direct",
             "ResNet-50 v1.5 mixed precision, 1 V100: about 1,376 img/s (NVIDIA DeepLearningExamples)",
         ),
     ),
@@ -135,11 +145,14 @@ PRESETS: dict[str, Network] = {
         gpu="H100 SXM 80GB",
         reduce_gbytes_per_s=1100.0,
         images_per_second={"resnet50": 3000.0},
+        nccl=NcclHardware("hopper", nvswitch=True, sharp=True),
         sources=(
             "NVLink 4: 900 GB/s bidirectional = 450 GB/s per direction per GPU through NVSwitch (NVIDIA H100 datasheet)",
             "NDR400 InfiniBand: 400 Gb/s = 50 GB/s per direction per NIC, 8 per DGX H100 (NVIDIA DGX H100 datasheet)",
             "latency: 2 us intra and inter (NVLink/IB at NCCL level, 1-2 us)",
             "H100 HBM3 3.35 TB/s; a sum reads 2 and writes 1 -> about 1,100 GB/s",
+            "NCCL: Hopper with 4 NVSwitch chips (NVLS); Quantum-2 NDR switches reduce in-network (SHARP v3, "
+            "CollNet; NCCL uses it only with NCCL_COLLNET_ENABLE=1) (NVIDIA DGX SuperPOD H100 reference architecture)",
             "ResNet-50 1 H100: 3,000 img/s is an ESTIMATE (A100 80GB about 2,180 img/s per NVIDIA "
             "DeepLearningExamples, times about 1.4); not a measurement",
         ),
@@ -154,6 +167,7 @@ PRESETS: dict[str, Network] = {
         gpu="P100 SXM2 16GB",
         reduce_gbytes_per_s=240.0,
         images_per_second={"resnet50": 219.0},
+        nccl=NcclHardware("pascal", nvswitch=False, sharp=False),
         sources=(
             "8 P100 per Big Basin server with one 50 Gbit Ethernet NIC (Goyal et al. 2017, section 5)",
             "NVLink 1: 20 GB/s per link per direction (NVIDIA P100 datasheet); a ring hop uses one link",
@@ -172,6 +186,7 @@ PRESETS: dict[str, Network] = {
         gpu="Tesla P40 24GB",
         reduce_gbytes_per_s=115.0,
         images_per_second={"resnet50": 200.0},
+        nccl=NcclHardware("pascal", nvswitch=False, sharp=False, intra="pci"),
         sources=(
             "8 P40 per node is an ASSUMPTION (2048 GPUs = 256 nodes); 100 Gbit Ethernet as the paper reports",
             "PCIe 3.0 x16: 15.75 GB/s theoretical, about 12 GB/s achieved per direction; 5 us through the host bridge",
@@ -213,7 +228,7 @@ def _read_toml(path: Path) -> dict:
 
 
 _TOP_KEYS = {"name", "description", "gpu", "gpus_per_node", "nics_per_node", "reduce_gbytes_per_s",
-             "images_per_second", "sources", "intra", "inter"}
+             "images_per_second", "sources", "intra", "inter", "nccl"}
 """Keys a network TOML file may hold at the top level."""
 
 
@@ -240,9 +255,21 @@ def network_from_dict(data: dict, where: str = "network", default_name: str = "c
         reduce_gbytes_per_s=data.get("reduce_gbytes_per_s", 300.0),
         images_per_second=dict(ips),
         sources=tuple(str(s) for s in data.get("sources", ())),
+        nccl=_nccl_from_dict(data.get("nccl"), where),
     )
     net.check(where)
     return replace(net, gpus_per_node=int(net.gpus_per_node), nics_per_node=int(net.nics_per_node))
+
+
+def _nccl_from_dict(sec, where: str) -> NcclHardware | None:
+    """Optional table [nccl] (generation, nvswitch, sharp, intra) as NcclHardware; checked by Network.check."""
+    if sec is None:
+        return None
+    known = {"generation", "nvswitch", "sharp", "intra"}
+    if not isinstance(sec, dict) or set(sec) - known:
+        bad = sorted(set(sec) - known)[0] if isinstance(sec, dict) else "nccl"
+        raise NetworkError(f"{where}.nccl.{bad}: unknown key; use {', '.join(sorted(known))}")
+    return NcclHardware(**sec)
 
 
 def _link_from_dict(sec, where: str, section: str) -> Link:

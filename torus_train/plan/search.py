@@ -12,8 +12,8 @@ from typing import Iterable
 
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pairs
-from torus_train.plan.cost import (ALGORITHMS, BACKWARD_FRACTION, DTYPE_BYTES, MODELS, STEP_OVERHEAD,
-                                   AllreduceCost, allreduce_cost, allreduce_seconds_fn, step_cost)
+from torus_train.plan.cost import (ALGORITHM_LABELS, BACKWARD_FRACTION, DTYPE_BYTES, MODELS, STEP_OVERHEAD,
+                                   AllreduceCost, algorithms_for, allreduce_cost, allreduce_seconds_fn, step_cost)
 from torus_train.plan.networks import Network
 from torus_train.plan.timeline import (DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP, layers_with_profile, model_layers,
                                        timeline)
@@ -81,6 +81,10 @@ class AlgoPlan:
     """Fraction of the backward pass that hid communication, from the bucket timeline (None with --overlap)."""
     timeline: dict | None = None
     """The bucket timeline of one step (torus_train.plan.timeline.Timeline.to_json), when it decided the step."""
+    nccl_choice: str | None = None
+    """NCCL algorithms: the algorithm/protocol NCCL's model picks for the fused gradient; None for ours."""
+    label: str = ""
+    """What the name stands for (cost.ALGORITHM_LABELS): textbook, ours, or NCCL's."""
 
 
 @dataclass
@@ -189,18 +193,20 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
         why = f"given by --grid ({grid.torus_steps} torus steps)"
     bucket_cap = DDP_BUCKET_CAP if bucket_cap is None else bucket_cap
     algos = {}
-    for algo in ALGORITHMS:
+    for algo in algorithms_for(net, gpus):
         c = allreduce_cost(algo, grid, net, nbytes, placement)
+        label = ALGORITHM_LABELS[algo]
         if overlap is not None:
             s = step_cost(compute, c.seconds, overlap)
             algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, s.step_seconds,
-                                   s.scaling_efficiency, c.busbw_gbytes_per_s, s.exposed_seconds)
+                                   s.scaling_efficiency, c.busbw_gbytes_per_s, s.exposed_seconds,
+                                   nccl_choice=c.nccl_choice, label=label)
             continue
         t = timeline(layers, compute, BACKWARD_FRACTION, allreduce_seconds_fn(algo, grid, net, placement),
                      DTYPE_BYTES[gradient_dtype], algo, bucket_cap, overhead_seconds=overhead)
         algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, t.step_seconds,
                                t.scaling_efficiency, c.busbw_gbytes_per_s, t.exposed_seconds, t.derived_overlap,
-                               t.to_json())
+                               t.to_json(), c.nccl_choice, label)
     return Plan(gpus, str(grid), why, net, model, gradient_dtype, nbytes, per_gpu_batch, images_per_second,
                 overlap, placement, compute, algos, bucket_cap,
                 "measured profile" if layer_profile is not None else "forward FLOPs", tuple(layers),
@@ -315,13 +321,108 @@ def sweep(net: Network, nbytes: int, gpu_counts: Iterable[int],
     """Predicted all-reduce seconds per algorithm for each GPU count: torus on its fastest grid, hierarchical
     with one leader per node (rows of K = GPUs per node, its definition; any grid when K does not divide the
     count), flat and tree (which do not depend on the grid) as they are."""
-    out: dict[str, list[tuple[int, float]]] = {a: [] for a in ALGORITHMS}
+    algos = [a for a in algorithms_for(net) if a != "nccl-collnet"]   # CollNet: opt-in, and none on one node
+    out: dict[str, list[tuple[int, float]]] = {a: [] for a in algos}
     k = net.gpus_per_node
     for n in gpu_counts:
         grids = [Grid(x, y, k) for x, y in factor_pairs(n)]
         per_node = [g for g in grids if g.x == k] or grids
-        for a in ALGORITHMS:
+        for a in algos:
             pool = {"torus": grids, "hierarchical": per_node}.get(a, grids[:1])
             out[a].append((n, min(allreduce_cost(a, g, net, nbytes, placement).seconds for g in pool)))
     return out
 
+
+
+VERDICT_COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 2176, 4096)
+"""GPU counts the verdict scans for where the torus starts (or stops) beating NCCL."""
+
+TIE = 0.005
+"""Step times within this fraction of each other are a tie: the model cannot tell them apart."""
+
+
+def torus_vs_nccl_step(gpus: int, net: Network, p: "Plan") -> dict:
+    """At `gpus` GPUs with p's model, batch, dtype, bucket cap and overhead: the torus on its fastest grid
+    against what NCCL's tuning chooses, both on the bucket timeline. {gpus, grid, torus_step_seconds,
+    nccl_step_seconds, torus_efficiency, nccl_efficiency, outcome: torus | nccl | tie}."""
+    layers = p.layers or model_layers(p.model)
+    cap_mb = p.bucket_cap_bytes / 2**20
+    best = choose_grid_and_cap(gpus, net, p.model, p.per_gpu_batch, p.gradient_dtype, p.compute_seconds,
+                               p.placement, layers, (cap_mb,), p.overhead_seconds)[0]
+    g = Grid(gpus, 1, net.gpus_per_node)
+    t = timeline(layers, p.compute_seconds, BACKWARD_FRACTION, allreduce_seconds_fn("nccl", g, net),
+                 DTYPE_BYTES[p.gradient_dtype], "nccl", p.bucket_cap_bytes, overhead_seconds=p.overhead_seconds)
+    return _outcome({"gpus": gpus, "grid": best.grid, "torus_step_seconds": best.step_seconds,
+                     "nccl_step_seconds": t.step_seconds, "torus_efficiency": best.scaling_efficiency,
+                     "nccl_efficiency": t.scaling_efficiency})
+
+
+def _outcome(row: dict) -> dict:
+    """Add who wins the step (a tie within TIE) and the margin: nccl step - torus step, and over nccl's step."""
+    gain = row["nccl_step_seconds"] - row["torus_step_seconds"]
+    row["torus_gain_seconds"] = gain
+    row["torus_gain_fraction"] = gain / row["nccl_step_seconds"]
+    row["outcome"] = "tie" if abs(row["torus_gain_fraction"]) < TIE else ("torus" if gain > 0 else "nccl")
+    return row
+
+
+def verdict(p: "Plan", counts: Iterable[int] = VERDICT_COUNTS) -> dict:
+    """Whether the torus beats NCCL's own choice on p's network: at p's point (its grid), and over GPU counts,
+    from which count on it starts (or stops) to. Returns {here, scan, text}; text is what plan prints."""
+    t, n = p.algorithms["torus"], p.algorithms["nccl"]
+    here = _outcome({"gpus": p.gpus, "grid": p.grid, "torus_step_seconds": t.step_seconds,
+                     "nccl_step_seconds": n.step_seconds, "torus_efficiency": t.scaling_efficiency,
+                     "nccl_efficiency": n.scaling_efficiency, "torus_allreduce_seconds": t.allreduce_seconds,
+                     "nccl_allreduce_seconds": n.allreduce_seconds, "nccl_choice": n.nccl_choice,
+                     "cap_mb": p.bucket_cap_bytes / 2**20})
+    if p.overlap is None:
+        best = min(bucket_sweep(p, "nccl"), key=lambda c: c["step_seconds"])
+        here["nccl_best_cap_mb"], here["nccl_best_cap_step_seconds"] = best["cap_mb"], best["step_seconds"]
+    counts = sorted({c for c in counts if c > 1} | {p.gpus})
+    scan = [here if c == p.gpus else torus_vs_nccl_step(c, p.network, p) for c in counts]
+    return {"here": here, "scan": scan, "text": verdict_text(here, scan, p.network.name)}
+
+
+def verdict_text(here: dict, scan: list[dict], network: str) -> list[str]:
+    """The verdict in words: who wins at this point and by how much per step, then where that changes."""
+    ms = abs(here["torus_gain_seconds"]) * 1e3
+    pct = abs(here["torus_gain_fraction"]) * 100
+    who = {"torus": f"the torus beats NCCL by {ms:.2f} ms per step ({pct:.1f}% of NCCL's step)",
+           "nccl": f"NCCL beats the torus by {ms:.2f} ms per step ({pct:.1f}% of NCCL's step): the torus LOSES here",
+           "tie": f"the torus and NCCL tie ({ms:.2f} ms per step apart, under {TIE * 100:g}%)"}[here["outcome"]]
+    lines = [f"verdict on {network} at {here['gpus']} GPUs, grid {here['grid']}: {who} "
+             f"(torus {here['torus_step_seconds'] * 1e3:.2f} ms, {here['torus_efficiency'] * 100:.2f}%; NCCL "
+             f"{here['nccl_step_seconds'] * 1e3:.2f} ms, {here['nccl_efficiency'] * 100:.2f}%)"]
+    if "torus_allreduce_seconds" in here:
+        ratio = here["torus_allreduce_seconds"] / here["nccl_allreduce_seconds"]
+        lines.append(f"one fused all-reduce of the gradient: torus {here['torus_allreduce_seconds'] * 1e3:.3f} ms, "
+                     f"NCCL ({here['nccl_choice']}) {here['nccl_allreduce_seconds'] * 1e3:.3f} ms, torus/NCCL "
+                     f"{ratio:.2f}; the step hides most of either behind the backward pass")
+    if "nccl_best_cap_mb" in here:
+        lines.append(f"NCCL at its own best bucket cap ({here['nccl_best_cap_mb']:g} MiB): "
+                     f"{here['nccl_best_cap_step_seconds'] * 1e3:.2f} ms per step (the comparison above gives both "
+                     f"the plan's cap, {here.get('cap_mb', 0):g} MiB)")
+    lines.append("over GPU counts: " + _where_it_changes(scan))
+    return lines
+
+
+def _where_it_changes(scan: list[dict]) -> str:
+    """From which GPU count the torus starts (or stops) to beat NCCL, in words."""
+    wins = [(r["gpus"], r["outcome"]) for r in scan]
+    lo, hi = wins[0][0], wins[-1][0]
+    kinds = {o for _, o in wins}
+    if kinds == {"torus"}:
+        return f"the torus wins at every count scanned ({lo}..{hi})"
+    if kinds == {"nccl"}:
+        return f"NCCL wins at every count scanned ({lo}..{hi}): the torus never pays off on this network"
+    if "torus" not in kinds:
+        return f"the torus never wins ({lo}..{hi}): NCCL wins or ties"
+    first = next(n for n, o in wins if o == "torus")
+    last = max(n for n, o in wins if o == "torus")
+    after = [f"{n} {o}" for n, o in wins if n > last]
+    contiguous = all(o == "torus" for n, o in wins if first <= n <= last)
+    text = (f"the torus starts to win at {first} GPUs" if contiguous else f"the torus first wins at {first} GPUs, "
+            f"not at every count after")
+    text += f" and wins up to {last}" + (f", then stops ({', '.join(after)})" if after else
+                                         " (the largest count scanned)")
+    return text + "; per count: " + ", ".join(f"{n} {o}" for n, o in wins)
