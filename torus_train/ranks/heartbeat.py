@@ -65,6 +65,9 @@ class Heartbeat:
         """(step, time) of the last record: replaced whole by one assignment, read whole by the writer."""
         self._written: tuple[int, float] | None = None
         self._stop = threading.Event()
+        self._fresh = threading.Event()
+        """Set by record(): the writer wakes at once, so a rank that dies a second after its first steps has
+        still left the step it reached."""
         self._write()  # the start-up beat, before any step
         self._thread = threading.Thread(target=self._flush_loop, name="heartbeat", daemon=True)
         self._thread.start()
@@ -72,16 +75,25 @@ class Heartbeat:
     def record(self, step: int) -> None:
         """The training thread's part: remember the step (the writer thread puts it in the file)."""
         self._latest = (step, time.time())
+        self._fresh.set()
 
     def close(self) -> None:
         """Write the last recorded step and stop the writer thread."""
         self._stop.set()
+        self._fresh.set()
         self._thread.join(timeout=2 * self.every_s)
         self._write()
 
     def _flush_loop(self) -> None:
-        while not self._stop.wait(self.every_s):
+        """Write a new step as soon as it is recorded, then at most once per every_s."""
+        while True:
+            self._fresh.wait()
+            if self._stop.is_set():
+                return
+            self._fresh.clear()
             self._write()
+            if self._stop.wait(self.every_s):
+                return
 
     def _write(self) -> None:
         latest = self._latest
