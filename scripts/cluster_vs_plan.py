@@ -14,9 +14,11 @@ on each node's outgoing link), 2 ranks per node, then for each backend (gloo; mp
 2. measurement: `bench allreduce` on all N nodes, grid 2xN (a node per row: the rows inside nodes, the columns
    across), same algorithms and sizes;
 3. prediction: the planner's allreduce_cost with the fitted Network for every measured row, its per-step
-   latencies scaled by N/2 (2N ranks share the same 2 cores: `predict`).
+   latencies scaled by N/2 (2N ranks share the same 2 cores: `predict`). `--calibration same-ranks` instead
+   calibrates on the 2 nodes with N ranks each (as many ranks as the N-node run) and scales nothing
+   (CALIBRATIONS). Backend `mpi-yield`: mpi with `--mca mpi_yield_when_idle 1`, calibration included.
 
-Writes [{"nodes", "algo", "backend", "bytes", "measured_s", "predicted_s"}] (calibration rows with nodes 2,
+Writes [{"nodes", "ranks_per_node", "algo", "backend", "bytes", "measured_s", "predicted_s", "fit"}] (calibration rows with nodes 2,
 then the N-node rows) and prints the table with predicted/measured and torus/flat at 2 and N nodes. The cluster
 is always torn down, also on failure.
 """
