@@ -18,9 +18,9 @@ on each node's outgoing link), 2 ranks per node, then for each backend (gloo; mp
    calibrates on the 2 nodes with N ranks each (as many ranks as the N-node run) and scales nothing
    (CALIBRATIONS). Backend `mpi-yield`: mpi with `--mca mpi_yield_when_idle 1`, calibration included.
 
-Writes [{"nodes", "ranks_per_node", "algo", "backend", "bytes", "measured_s", "predicted_s", "fit"}] (calibration rows with nodes 2,
-then the N-node rows) and prints the table with predicted/measured and torus/flat at 2 and N nodes. The cluster
-is always torn down, also on failure.
+Writes [{"nodes", "ranks_per_node", "algo", "backend", "bytes", "measured_s", "predicted_s", "fit"}]
+(calibration rows with nodes 2, then the N-node rows) and prints the table with predicted/measured and
+torus/flat at 2 and N nodes. The cluster is always torn down, also on failure.
 """
 from __future__ import annotations
 
