@@ -14,11 +14,13 @@ on each node's outgoing link), 2 ranks per node, then for each backend (gloo; mp
 2. measurement: `bench allreduce` on all N nodes, grid 2xN (a node per row: the rows inside nodes, the columns
    across), same algorithms and sizes;
 3. prediction: the planner's allreduce_cost with the fitted Network for every measured row, its per-step
-   latencies scaled by N/2 (2N ranks share the same 2 cores: `predict`).
+   latencies scaled by N/2 (2N ranks share the same 2 cores: `predict`). `--calibration same-ranks` instead
+   calibrates on the 2 nodes with N ranks each (as many ranks as the N-node run) and scales nothing
+   (CALIBRATIONS). Backend `mpi-yield`: mpi with `--mca mpi_yield_when_idle 1`, calibration included.
 
-Writes [{"nodes", "algo", "backend", "bytes", "measured_s", "predicted_s"}] (calibration rows with nodes 2,
-then the N-node rows) and prints the table with predicted/measured and torus/flat at 2 and N nodes. The cluster
-is always torn down, also on failure.
+Writes [{"nodes", "ranks_per_node", "algo", "backend", "bytes", "measured_s", "predicted_s", "fit"}]
+(calibration rows with nodes 2, then the N-node rows) and prints the table with predicted/measured and
+torus/flat at 2 and N nodes. The cluster is always torn down, also on failure.
 """
 from __future__ import annotations
 
@@ -48,8 +50,10 @@ MAX_NODES = 8
 ALGOS = ("flat", "torus", "hierarchical")
 CALIBRATION_SIZES = (64 << 10, 256 << 10, 4 << 20)
 """Sizes the 2-node calibration adds to the measured ones: small sizes pin the per-step latencies."""
-BACKENDS = {"gloo": [], "mpi": ["--mca", "coll", "^han"]}
-"""Backend -> extra mpirun arguments (OpenMPI 5's coll/han makes the flat all-reduce across nodes 17x slower)."""
+BACKENDS = {"gloo": ("gloo", []), "mpi": ("mpi", ["--mca", "coll", "^han"]),
+            "mpi-yield": ("mpi", ["--mca", "coll", "^han", "--mca", "mpi_yield_when_idle", "1"])}
+"""Name -> (`bench --backend`, extra mpirun arguments). OpenMPI 5's coll/han makes the flat all-reduce across
+nodes 17x slower; `mpi-yield`: the waiting ranks call sched_yield instead of spinning on their core."""
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -80,18 +84,20 @@ def sweeps(sizes: list[int]) -> list[tuple[int, int]]:
     return [(lo, hi)] if set(sizes) <= chain else [(s, s) for s in sizes]
 
 
-def bench(nodes: int, backend: str, sizes: list[int], out: Path, iters: int, algos=ALGOS) -> list[dict]:
-    """`bench allreduce` on nodes node1..nodeN, 2 ranks each, grid 2xN: the rows of every size of `sizes`."""
+def bench(nodes: int, backend: str, sizes: list[int], out: Path, iters: int, algos=ALGOS,
+          per_node: int = RANKS_PER_NODE) -> list[dict]:
+    """`bench allreduce` on nodes node1..nodeN, `per_node` ranks each, grid per_node x N: the rows of every size
+    of `sizes`."""
     hosts = out.with_suffix(".hosts")
-    hosts.write_text("".join(f"node{i} slots={RANKS_PER_NODE}\n" for i in range(1, nodes + 1)))
+    hosts.write_text("".join(f"node{i} slots={per_node}\n" for i in range(1, nodes + 1)))
     rows = []
     for first, last in sweeps(sizes):
         j = out.with_name(f"{out.stem}-{first}-{last}.json")
-        argv = ["exec", "node1", "mpirun", "-np", str(nodes * RANKS_PER_NODE), "--map-by",
-                f"ppr:{RANKS_PER_NODE}:node", "--hostfile", str(hosts), "-x", "OMP_NUM_THREADS=1", "-x", "PATH",
-                "-x", "PYTHONPATH", *BACKENDS[backend], sys.executable, "-m", "torus_train", "bench", "allreduce",
-                "--grid", f"{RANKS_PER_NODE}x{nodes}", "--algo", ",".join(algos), "-b", str(first), "-e", str(last),
-                "-f", "4", "-n", str(iters), "-w", "1", "-c", "0", "--backend", backend, "--json", str(j)]
+        argv = ["exec", "node1", "mpirun", "-np", str(nodes * per_node), "--map-by",
+                f"ppr:{per_node}:node", "--hostfile", str(hosts), "-x", "OMP_NUM_THREADS=1", "-x", "PATH",
+                "-x", "PYTHONPATH", *BACKENDS[backend][1], sys.executable, "-m", "torus_train", "bench", "allreduce",
+                "--grid", f"{per_node}x{nodes}", "--algo", ",".join(algos), "-b", str(first), "-e", str(last),
+                "-f", "4", "-n", str(iters), "-w", "1", "-c", "0", "--backend", BACKENDS[backend][0], "--json", str(j)]
         r = cluster(*argv, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout=900)
         if r.returncode != 0:
             raise RuntimeError(f"bench {backend} on {nodes} nodes at {first}..{last} B failed (exit {r.returncode}):"
@@ -107,28 +113,30 @@ PARAMS = {"intra_gbps": (0.02, 10.0), "inter_gbps": (0.01, 1.0), "reduce_gbps": 
 reduction rate."""
 
 
-def network(intra_gbps: float, inter_gbps: float, reduce_gbps: float, intra_us: float, inter_us: float) -> Network:
-    """The namespace cluster as the planner sees it: 2 ranks per node, one shaped link out of each node."""
-    return Network("namespace-cluster", RANKS_PER_NODE, Link(intra_gbps, intra_us), Link(inter_gbps, inter_us), 1,
+def network(intra_gbps: float, inter_gbps: float, reduce_gbps: float, intra_us: float, inter_us: float,
+            per_node: int = RANKS_PER_NODE) -> Network:
+    """The namespace cluster as the planner sees it: `per_node` ranks per node, one shaped link out of each."""
+    return Network("namespace-cluster", per_node, Link(intra_gbps, intra_us), Link(inter_gbps, inter_us), 1,
                    reduce_gbytes_per_s=reduce_gbps)
 
 
-def predict(net: Network, nodes: int, algo: str, nbytes: int, fitted_nodes: int | None = None) -> float:
-    """The planner's all-reduce on grid 2 x nodes. With fitted_nodes, net was fitted there, and its per-step
-    latencies are scaled by nodes / fitted_nodes: the ranks share this machine's cores, so a step waits for
-    ranks / cores processes to be scheduled (the oversubscription term of torus_train.plan.calibrate)."""
-    if fitted_nodes:
-        s = nodes / fitted_nodes
-        net = replace(net, intra=Link(net.intra.bandwidth_gbytes_per_s, net.intra.latency_us * s),
-                      inter=Link(net.inter.bandwidth_gbytes_per_s, net.inter.latency_us * s))
-    return allreduce_cost(algo, Grid(RANKS_PER_NODE, nodes, RANKS_PER_NODE), net, nbytes).seconds
+def predict(net: Network, nodes: int, algo: str, nbytes: int, latency_scale: float = 1.0) -> float:
+    """The planner's all-reduce on grid (net's ranks per node) x nodes, the Network's per-step latencies times
+    latency_scale (the `two-per-node` calibration's oversubscription term; 1 otherwise)."""
+    if latency_scale != 1.0:
+        net = replace(net, intra=Link(net.intra.bandwidth_gbytes_per_s, net.intra.latency_us * latency_scale),
+                      inter=Link(net.inter.bandwidth_gbytes_per_s, net.inter.latency_us * latency_scale))
+    k = net.gpus_per_node
+    return allreduce_cost(algo, Grid(k, nodes, k), net, nbytes).seconds
 
 
-def fit(rows: list[dict], nodes: int, sweeps: int = 5, points: int = 41) -> tuple[Network, float]:
-    """The Network whose predictions are closest to rows (least squares in log time), by coordinate descent
-    over PARAMS on log grids of `points` values; returns it and the rms log error."""
+def fit(rows: list[dict], nodes: int, per_node: int = RANKS_PER_NODE, sweeps: int = 5,
+        points: int = 41) -> tuple[Network, float]:
+    """The Network (per_node ranks per node) whose predictions are closest to rows measured on `nodes` nodes
+    (least squares in log time), by coordinate descent over PARAMS on log grids of `points` values; returns it
+    and the rms log error."""
     def err(p: dict) -> float:
-        net = network(**p)
+        net = network(**p, per_node=per_node)
         return sum(math.log(predict(net, nodes, r["algo"], r["size_bytes"]) / (r["time_us"] * 1e-6)) ** 2
                    for r in rows)
 
@@ -137,7 +145,30 @@ def fit(rows: list[dict], nodes: int, sweeps: int = 5, points: int = 41) -> tupl
         for k, (lo, hi) in PARAMS.items():
             p[k] = min((lo * (hi / lo) ** (i / (points - 1)) for i in range(points)),
                        key=lambda v: err({**p, k: v}))
-    return network(**p), math.sqrt(err(p) / len(rows))
+    return network(**p, per_node=per_node), math.sqrt(err(p) / len(rows))
+
+
+CALIBRATIONS = {
+    "two-per-node": lambda nodes: (RANKS_PER_NODE, nodes / 2),
+    "same-ranks": lambda nodes: (nodes * RANKS_PER_NODE // 2, 1.0),
+}
+"""How the 2-node calibration bench is run, for N measured nodes -> (its ranks per node, the factor on the
+fitted per-step latencies when predicting N nodes). `two-per-node` (default): 2 ranks per node as in the run
+predicted, the per-step latencies scaled by N/2 (2N ranks time-share the same 2 cores). `same-ranks`: as many
+ranks on the 2 nodes as the N-node run has (N per node), so the cores are shared as in the run predicted and no
+oversubscription is extrapolated; but its grid (N x 2) sends little across nodes, so the inter-node link is
+weakly pinned (fits at the bounds of PARAMS with one size or one iteration). Figures of both:
+docs/cluster.md section 7."""
+
+
+def row(x: dict, nodes: int, per_node: int, backend: str, calibration: str, predicted_s: float, net: Network,
+        rms: float) -> dict:
+    return {"nodes": nodes, "ranks_per_node": per_node, "algo": x["algo"], "backend": backend,
+            "bytes": x["size_bytes"], "measured_s": x["time_us"] * 1e-6, "predicted_s": predicted_s,
+            "fit": {"calibration": calibration, "ranks_per_node": net.gpus_per_node,
+                    "intra_gbps": net.intra.bandwidth_gbytes_per_s, "inter_gbps": net.inter.bandwidth_gbytes_per_s,
+                    "reduce_gbps": net.reduce_gbytes_per_s, "intra_us": net.intra.latency_us,
+                    "inter_us": net.inter.latency_us, "rms_log_error": rms}}
 
 
 def run(args) -> list[dict]:
@@ -147,27 +178,26 @@ def run(args) -> list[dict]:
     r = cluster("up", str(args.nodes), env={"TTC_RATE": args.rate, "TTC_SLURM": "0"}, timeout=300)
     if r.returncode != 0:
         raise RuntimeError(f"cluster.sh up {args.nodes}: {r.stderr.strip()}")
+    cal_k, scale = CALIBRATIONS[args.calibration](args.nodes)
     for backend in args.backends:
         cal_sizes = sorted(set(args.sizes) | set(CALIBRATION_SIZES))
-        cal_rows = bench(2, backend, cal_sizes, tmp / f"{backend}-2", args.iters, args.algos)
-        cal = [x for x in cal_rows if x["size_bytes"] in args.sizes]
-        net, rms = fit(cal_rows, 2)
-        print(f"# {backend}: fitted on 2 nodes ({len(cal_rows)} rows): "
+        cal_rows = bench(2, backend, cal_sizes, tmp / f"{backend}-2x{cal_k}", args.iters, args.algos, cal_k)
+        net, rms = fit(cal_rows, 2, cal_k)
+        print(f"# {backend}: fitted on 2 nodes x {cal_k} ranks ({len(cal_rows)} rows, {args.calibration}): "
               f"intra {net.intra.bandwidth_gbytes_per_s:.3f} GB/s, "
               f"inter {net.inter.bandwidth_gbytes_per_s:.4f} GB/s, reduction {net.reduce_gbytes_per_s:.3f} GB/s, "
               f"step latency intra {net.intra.latency_us:.0f} us, inter {net.inter.latency_us:.0f} us; "
-              f"rms log error {rms:.3f}", flush=True)
-        meas = cal if args.nodes == 2 else bench(args.nodes, backend, args.sizes, tmp / f"{backend}-{args.nodes}",
-                                                  args.iters, args.algos)
-        for nodes, rows in ((2, cal), (args.nodes, meas)) if args.nodes != 2 else ((2, cal),):
-            for x in rows:
-                out_rows.append({"nodes": nodes, "algo": x["algo"], "backend": backend, "bytes": x["size_bytes"],
-                                 "measured_s": x["time_us"] * 1e-6,
-                                 "predicted_s": predict(net, nodes, x["algo"], x["size_bytes"], fitted_nodes=2),
-                                 "fit": {"intra_gbps": net.intra.bandwidth_gbytes_per_s,
-                                         "inter_gbps": net.inter.bandwidth_gbytes_per_s,
-                                         "reduce_gbps": net.reduce_gbytes_per_s, "intra_us": net.intra.latency_us,
-                                         "inter_us": net.inter.latency_us, "rms_log_error": rms}})
+              f"rms log error {rms:.3f}; latency x {scale:g} at {args.nodes} nodes", flush=True)
+        for x in cal_rows:
+            if x["size_bytes"] in args.sizes:
+                out_rows.append(row(x, 2, cal_k, backend, args.calibration,
+                                    predict(net, 2, x["algo"], x["size_bytes"]), net, rms))
+        if args.nodes == 2 and cal_k == RANKS_PER_NODE:
+            continue
+        two = replace(net, gpus_per_node=RANKS_PER_NODE)  # the links and latencies fitted, 2 ranks per node
+        for x in bench(args.nodes, backend, args.sizes, tmp / f"{backend}-{args.nodes}", args.iters, args.algos):
+            out_rows.append(row(x, args.nodes, RANKS_PER_NODE, backend, args.calibration,
+                                predict(two, args.nodes, x["algo"], x["size_bytes"], scale), net, rms))
     return out_rows
 
 
@@ -222,6 +252,8 @@ def main(argv=None) -> int:
                     "hierarchical; flat is the backend's own all-reduce)")
     ap.add_argument("--rate", default="1gbit", help="tbf rate of each node's outgoing link")
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--calibration", default="two-per-node",
+                    help="2-node calibration: same-ranks (as many ranks as the N-node run) or two-per-node")
     ap.add_argument("--no-lock", action="store_true",
                     help=f"the caller already holds {LOCK} (e.g. `flock {LOCK} pytest tests/cluster`)")
     args = ap.parse_args(argv)
@@ -237,6 +269,8 @@ def main(argv=None) -> int:
     bad = [a for a in args.algos if a not in ALGOS]
     if bad:
         fail(f"--algos: unknown algorithm {bad[0]!r}; use {', '.join(ALGOS)}")
+    if args.calibration not in CALIBRATIONS:
+        fail(f"--calibration: unknown calibration {args.calibration!r}; use {', '.join(CALIBRATIONS)}")
     if os.geteuid() != 0:
         fail("needs root (network namespaces)")
     if args.iters < 1:

@@ -170,6 +170,7 @@ def test_nccl_model_imports_no_torch():
     (["--nodes", "4", "--backends", "nccl", "--json", "x.json"], "--backends: unknown backend 'nccl'"),
     (["--nodes", "4", "--sizes-mib", "big", "--json", "x.json"], "--sizes-mib"),
     (["--nodes", "4", "--algos", "flat,nccl-ring", "--json", "x.json"], "--algos: unknown algorithm 'nccl-ring'"),
+    (["--nodes", "4", "--calibration", "guess", "--json", "x.json"], "--calibration: unknown calibration 'guess'"),
 ])
 def test_cluster_vs_plan_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     from pathlib import Path
