@@ -179,7 +179,8 @@ def _arrays(names: list[str], labels: list[int]) -> dict[str, np.ndarray]:
             "labels": np.asarray(labels, dtype=np.int32)}
 
 
-def _checksum(arrays: dict[str, np.ndarray]) -> str:
+def arrays_checksum(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 over the arrays' names and bytes in name order (an index's and a packed set's checksum)."""
     h = hashlib.sha256()
     for key in sorted(arrays):
         h.update(key.encode())
@@ -203,7 +204,7 @@ def build_index(data_root: str | os.PathLike, location: str | os.PathLike | None
             arrays[f"{split}.{key}"] = a
         meta["splits"][split] = {"classes": list(classes), "count": len(names),
                                  "class_mtimes": class_mtimes(data, split, classes)}
-    meta["checksum"] = _checksum(arrays)
+    meta["checksum"] = arrays_checksum(arrays)
     meta["seconds"] = round(time.time() - t0, 3)
     _write(dest, meta, arrays, flag)
     if log:
@@ -269,7 +270,7 @@ class Index:
         return Split(self.root / name, tuple(s["classes"]), files, self.arrays[f"{name}.labels"])
 
     def verify_checksum(self) -> None:
-        if _checksum(self.arrays) != self.meta["checksum"]:
+        if arrays_checksum(self.arrays) != self.meta["checksum"]:
             raise DataError(f"{self.path}: index is damaged (checksum differs); {_rebuild_hint(str(self.root))}")
 
     def check_fresh(self) -> None:

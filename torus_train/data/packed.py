@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from torus_train.data.checks import jpeg_problem
-from torus_train.data.index import SPLITS, DataError, Split, list_split
+from torus_train.data.index import SPLITS, DataError, Split, arrays_checksum, list_split
 from torus_train.errors import UserError, shown_path
 from torus_train.outdir import FolderKind, check_target, resolve_target, write_folder
 
@@ -198,7 +198,7 @@ def pack(data_root: str | os.PathLike, out: str | os.PathLike, shard_mb: float =
             arrays.update({f"{split}.{k}": v for k, v in a.items()})
         for key, a in arrays.items():
             np.save(tmp / f"{key}.npy", a)
-        meta["checksum"] = _checksum(arrays)
+        meta["checksum"] = arrays_checksum(arrays)
         meta["bytes"] = sum(s["bytes"] for sp in meta["splits"].values() for s in sp["shards"])
         meta["seconds"] = round(time.time() - t0, 3)
         (tmp / MARKER).write_text(json.dumps(meta, indent=1))  # last: a folder without it is no packed set
@@ -212,14 +212,6 @@ def pack(data_root: str | os.PathLike, out: str | os.PathLike, shard_mb: float =
                            for s, m in meta["splits"].items())
         log(f"packed {data}: {counts}, {meta['bytes'] / 1e6:,.1f} MB in {meta['seconds']:.1f} s -> {dest}")
     return dest
-
-
-def _checksum(arrays: dict[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for key in sorted(arrays):
-        h.update(key.encode())
-        h.update(np.ascontiguousarray(arrays[key]).data)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -293,7 +285,7 @@ class Packed:
     def verify(self) -> None:
         """The arrays match their checksum and every shard is there with its packed size (one stat per shard):
         the launcher's check before any rank starts."""
-        if _checksum(self.arrays) != self.meta["checksum"]:
+        if arrays_checksum(self.arrays) != self.meta["checksum"]:
             raise DataError(f"{self.path}: packed set's index is damaged (checksum differs); pack it again")
         for name, size, _ in self.shard_files():
             try:
