@@ -1,4 +1,4 @@
-"""The preflight (torus_train.job.preflight): what can be known before a rank starts is refused by `run` and by
+"""The preflight (torus_train.ranks.preflight): what can be known before a rank starts is refused by `run` and by
 `run --dry-run` alike, in one line (exit 2), before anything is written or trained; the dry run says what it
 checked. Each case here used to pass the checks before launch and fail inside the ranks or at a later stage."""
 from __future__ import annotations

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from torus_train.errors import UserError
-from torus_train.train.schedule import Schedule, Stage, steps_per_epoch
+from torus_train.job.schedule import Schedule, Stage, steps_per_epoch
 
 
 def G(until: int, batch: int) -> Stage:
@@ -119,7 +119,7 @@ def test_table_lists_every_stage():
 
 
 def test_module_is_pure():
-    code = "import sys, torus_train.train.schedule; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, torus_train.job.schedule; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 

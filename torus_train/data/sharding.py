@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torus_train.train.schedule import steps_per_epoch
+from torus_train.job.schedule import steps_per_epoch
 
 
 @dataclass(frozen=True)

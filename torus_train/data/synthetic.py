@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from torus_train.data.base import LoaderConfig
-from torus_train.train.schedule import steps_per_epoch
+from torus_train.job.schedule import steps_per_epoch
 
 SYNTHETIC_SAMPLES = 10_000  # default "epoch" size (ImageNet has 1,281,167 training images)
 

@@ -27,7 +27,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI (a depende
 from torus_train.errors import UserError
 from torus_train.job.topology import MAX_WORLD
 from torus_train.job.models import HOUSE_ARCHS
-from torus_train.train.schedule import Schedule, ScheduleError
+from torus_train.job.schedule import Schedule, ScheduleError
 
 
 class SpecError(UserError):

@@ -37,7 +37,7 @@ def train_images(spec) -> tuple[int | None, str]:
 def images_processed(schedule, images_per_epoch: int) -> int:
     """Images over every step of a BatchSchedule (global batch x steps per epoch, capped at schedule.steps);
     one term per stage, so a spec of 45,826 epochs answers as fast as one of 7."""
-    from torus_train.train.schedule import steps_per_epoch
+    from torus_train.job.schedule import steps_per_epoch
 
     total, steps = 0, 0
     cap, end = schedule.schedule.steps, schedule.schedule.end_epoch

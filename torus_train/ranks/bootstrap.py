@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Mapping
 
 from torus_train.errors import RunFailed
+from torus_train.job.rank import Bootstrap, RankInfo  # noqa: F401  (the value types, one floor down)
 from torus_train.job.topology import Grid
 
 _SOURCES = (
@@ -26,22 +26,6 @@ _SOURCES = (
     ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
     ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
 )
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """This process's place in the job."""
-
-    rank: int
-    """Global rank."""
-    world_size: int
-    """Number of ranks."""
-    local_rank: int
-    """Index on this node (selects the GPU)."""
-    local_world_size: int
-    """Ranks on this node."""
-    source: str
-    """Which environment said so: torchrun | openmpi | slurm | pmi | single."""
 
 
 def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
@@ -100,20 +84,6 @@ def rendezvous(info: RankInfo, environ: Mapping[str, str] | None = None) -> tupl
         return comm.bcast(addr, root=0)
     raise RunFailed(f"rank {info.rank}: no MASTER_ADDR/MASTER_PORT in the environment and no MPI to broadcast "
                     "them; set both or start the job with `torus-train run`")
-
-
-@dataclass
-class Bootstrap:
-    """What a rank holds after start-up."""
-
-    info: RankInfo
-    grid: Grid
-    device: Any
-    """torch.device: cuda:local_rank, or cpu."""
-    backend: str
-    """nccl or gloo."""
-    groups: Any
-    """torus_train.comm.groups.GridGroups (row and column groups of the grid)."""
 
 
 def _arch(name: str) -> tuple[str, int, int] | None:

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from torus_train.errors import UserError
 from torus_train.job.spec import JobSpec
-from torus_train.ranks.bootstrap import Bootstrap
+from torus_train.job.rank import Bootstrap
 
 
 def seed_everything(seed: int, rank: int) -> None:

@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from torus_train.errors import RunFailed
 from torus_train.job.spec import JobSpec
-from torus_train.ranks.bootstrap import Bootstrap
+from torus_train.job.rank import Bootstrap
 from torus_train.train.build import (amp_settings, build_loader, build_model, build_optimizer, prime_buckets,
                                      seed_everything, time_step, wrap_ddp)
 from torus_train.train.eta import Eta

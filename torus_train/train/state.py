@@ -18,9 +18,9 @@ import torch.nn as nn
 
 from torus_train.errors import RunFailed
 from torus_train.job.spec import JobSpec
-from torus_train.ranks.bootstrap import Bootstrap
+from torus_train.job.rank import Bootstrap
 from torus_train.train import checkpoint as ckpt
-from torus_train.train.schedule import BatchSchedule
+from torus_train.job.schedule import BatchSchedule
 from torus_train.train.step import check_replicas, sync_buffers
 from torus_train.train.stop import StopRequest
 
