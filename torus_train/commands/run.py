@@ -21,8 +21,7 @@ FLAG_FIELDS = {
     "steps": "schedule.steps", "epochs": "schedule.epochs", "out": "job.out",
 }
 RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "tensorboard")
-RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "tensorboard", "report.png",
-               "report.json"}
+RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "report.png", "report.json"}
 """Everything a run writes at the top of its output folder: a folder holding anything else is not a run's."""
 
 
@@ -141,13 +140,13 @@ class Restarts:
 
 def run_preflight(spec: JobSpec, legs, first: int, plan, out: Path, elastic: bool, max_restarts: int,
                   dry_run: bool) -> list[str]:
-    """torus_train.job.preflight over the job, reusing the first leg's plan; the report lines."""
-    from torus_train.job.preflight import preflight
+    """torus_train.ranks.preflight over the job, reusing the first leg's plan; the report lines."""
+    from torus_train.ranks.preflight import preflight
 
     def plan_of(lspec: JobSpec, strict: bool):
         return make_plan(lspec, out / "job.json", strict)
 
-    return preflight(spec, legs, first, plan, plan_of, elastic, max_restarts, strict=not dry_run)[1]
+    return preflight(spec, legs, first, plan, plan_of, elastic, max_restarts, strict=not dry_run)
 
 
 def run_legs(spec: JobSpec, legs, first: int, plan, out: Path, resume: bool, restarts: Restarts) -> None:

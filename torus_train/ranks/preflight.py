@@ -23,23 +23,23 @@ from torus_train.job.spec import JobSpec, input_size_problem
 
 
 def preflight(spec: JobSpec, legs: list[Leg], first: int, first_plan, make_plan: Callable, elastic: bool,
-              max_restarts: int, strict: bool) -> tuple[list, list[str]]:
-    """Run every check; (the launch plan of each leg from ``first`` on, the report lines).
+              max_restarts: int, strict: bool) -> list[str]:
+    """Run every check; the report lines (a later leg's plan is built again when it starts: a fresh port).
 
     first_plan: the launch plan of leg ``first``; make_plan(leg_spec, strict) builds a later leg's plan;
     strict=False (the dry run) lets a leg that cannot start on this machine through with a note, as the first
     leg's plan does."""
-    plans, lines = check_legs(spec, legs, first, first_plan, make_plan, strict)
+    lines = check_legs(spec, legs, first, first_plan, make_plan, strict)
     lines.append(check_elastic(elastic, legs, max_restarts))
     lines.append(check_model_input(spec))
     lines.append(check_data_classes(spec, strict))
-    return plans, [line for line in lines if line]
+    return [line for line in lines if line]
 
 
 def check_legs(spec: JobSpec, legs: list[Leg], first: int, first_plan, make_plan: Callable,
-               strict: bool) -> tuple[list, list]:
+               strict: bool) -> list[str]:
     """Each leg's plan built (its grid placed on the launcher's hosts) and its stages' batches split."""
-    plans, lines = [], []
+    lines = []
     for i in range(first, len(legs)):
         lspec = leg_spec(spec, legs[i])
         where = f"grid stage {i + 1} (epochs {legs[i].start_epoch}-{legs[i].until_epoch}" + \
@@ -49,11 +49,10 @@ def check_legs(spec: JobSpec, legs: list[Leg], first: int, first_plan, make_plan
         except UserError as e:
             raise UserError(f"{where}: {e}") from None
         lspec.schedule.at(plan.world_size)  # its errors name the stage's field
-        plans.append(plan)
         cannot = next((n for n in plan.notes if n.startswith("cannot start here")), "")
         lines.append(f"epochs {legs[i].start_epoch}-{legs[i].until_epoch}: grid {plan.grid}, {plan.world_size} "
                      f"ranks, {plan.launcher} launcher" + (f" ({cannot})" if cannot else ", fits"))
-    return plans, lines
+    return lines
 
 
 def check_elastic(elastic: bool, legs: list[Leg], max_restarts: int) -> str:
