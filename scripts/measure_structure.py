@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Measure the structure of torus_train: what issue 23 asks a rerunnable script to show.
+
+  python scripts/measure_structure.py [--json out.json]
+
+Prints, from the source alone (nothing is imported):
+- imports that run from a lower package up to a higher one, in the order written in docs/extending.md;
+- imports written inside functions (all, and those of torch);
+- the largest module and the largest function, in lines;
+- for every algorithm, launcher and data-source name: the modules of torus_train that spell it as a string
+  literal (the registry's own module is where it belongs);
+- the files a contributor touches for each worked example of docs/extending.md ("Files touched:" lines).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "torus_train"
+
+# Lowest first. A module may import from its own package and from any package before it in this list.
+ORDER = ("errors", "cache", "outdir", "userfiles", "specs", "job", "comm", "data", "plan", "train", "ranks",
+         "bench", "commands", "cli", "__main__")
+
+# The names a registry owns; a module outside that registry that spells one as a whole string literal is a
+# branch the registry should have answered.
+NAMES = {
+    "algorithm": ("flat", "torus", "hierarchical", "torus-sync", "ddp"),
+    "launcher": ("local", "mpirun", "srun"),
+    "data source": ("synthetic", "demo", "folder", "packed"),
+}
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def package_of(path: Path) -> str:
+    parts = path.relative_to(PKG).parts
+    return parts[0] if len(parts) > 1 else parts[0][:-3]
+
+
+def imported(node) -> list[str]:
+    if isinstance(node, ast.ImportFrom):
+        return [node.module] if node.module and node.level == 0 else []
+    return [a.name for a in node.names]
+
+
+def import_sites(tree: ast.AST):
+    """Yield (import node, inside_function) for every import in the module."""
+    def walk(node, in_fn):
+        for child in ast.iter_child_nodes(node):
+            inner = in_fn or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, in_fn
+            yield from walk(child, inner)
+    yield from walk(tree, False)
+
+
+def upward_imports(trees: dict[Path, ast.AST]) -> list[str]:
+    rank = {name: i for i, name in enumerate(ORDER)}
+    found = []
+    for path, tree in trees.items():
+        src = package_of(path)
+        for node, _ in import_sites(tree):
+            for name in imported(node):
+                if not name.startswith("torus_train."):
+                    continue
+                dst = name.split(".")[1]
+                if dst != src and rank.get(dst, -1) > rank.get(src, len(ORDER)):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {src} -> {dst} ({name})")
+    return found
+
+
+def imports_in_functions(trees: dict[Path, ast.AST]) -> dict:
+    total, torch_ = 0, 0
+    for tree in trees.values():
+        for node, in_fn in import_sites(tree):
+            if in_fn:
+                total += 1
+                torch_ += any(n == "torch" or n.startswith("torch.") for n in imported(node))
+    return {"all": total, "torch": torch_}
+
+
+def largest(trees: dict[Path, ast.AST], sources: dict[Path, str]) -> dict:
+    mod = max(sources, key=lambda p: len(sources[p].splitlines()))
+    best = (0, "")
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > best[0]:
+                    best = (n, f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    return {"module": str(mod.relative_to(ROOT)), "module_lines": len(sources[mod].splitlines()),
+            "function": best[1], "function_lines": best[0]}
+
+
+def docstring_nodes(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                ids.add(id(first.value))
+    return ids
+
+
+def name_spellings(trees: dict[Path, ast.AST]) -> dict:
+    out = {}
+    for kind, names in NAMES.items():
+        for name in names:
+            where = set()
+            for path, tree in trees.items():
+                docs = docstring_nodes(tree)
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Constant) and node.value == name and id(node) not in docs:
+                        where.add(str(path.relative_to(ROOT)))
+            out[f"{kind} {name}"] = sorted(where)
+    return out
+
+
+def files_touched() -> dict:
+    doc = ROOT / "docs" / "extending.md"
+    if not doc.exists():
+        return {}
+    found, section = {}, None
+    for line in doc.read_text().splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip()
+        m = re.match(r"Files touched:\s*(.*)", line.strip())
+        if m and section:
+            files = [f.strip(" `.") for f in m.group(1).split(",") if f.strip()]
+            found[section] = files
+    return found
+
+
+def measure() -> dict:
+    sources = {p: p.read_text() for p in modules()}
+    trees = {p: ast.parse(s, str(p)) for p, s in sources.items()}
+    spell = name_spellings(trees)
+    return {
+        "package_order": list(ORDER),
+        "upward_imports": upward_imports(trees),
+        "imports_in_functions": imports_in_functions(trees),
+        "largest": largest(trees, sources),
+        "name_spellings": spell,
+        "modules_spelling_names": sorted({m for ms in spell.values() for m in ms}),
+        "files_touched": files_touched(),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+    m = measure()
+    print(f"upward imports: {len(m['upward_imports'])}")
+    for line in m["upward_imports"]:
+        print(f"  {line}")
+    f = m["imports_in_functions"]
+    print(f"imports inside functions: {f['all']} ({f['torch']} of torch)")
+    lg = m["largest"]
+    print(f"largest module: {lg['module']} ({lg['module_lines']} lines)")
+    print(f"largest function: {lg['function']} ({lg['function_lines']} lines)")
+    print(f"modules spelling a registry's name: {len(m['modules_spelling_names'])}")
+    for key, where in m["name_spellings"].items():
+        print(f"  {key:24} {len(where):2}  {', '.join(where)}")
+    for section, files in m["files_touched"].items():
+        print(f"files touched, {section}: {len(files)} ({', '.join(files)})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(m, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
