@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "torus_train"
 
 # Lowest first. A module may import from its own package and from any package before it in this list.
-ORDER = ("errors", "cache", "outdir", "userfiles", "specs", "job", "comm", "data", "plan", "train", "ranks",
+ORDER = ("errors", "registry", "cache", "outdir", "userfiles", "specs", "job", "comm", "data", "plan", "train", "ranks",
          "bench", "commands", "cli", "__main__")
 
 # The names a registry owns; a module outside that registry that spells one as a whole string literal is a
