@@ -10,7 +10,7 @@ from torus_train.errors import RunFailed, UserError
 from torus_train.job.spec import load_spec
 from torus_train.ranks.heartbeat import Beat, Heartbeat, first_stopped, read_beats
 from torus_train.ranks.supervisor import RanksFailed, Watch, restartable
-from torus_train.ranks.worker import Terminated, classify, hang_at
+from torus_train.ranks.worker import Terminated, classify
 from torus_train.train.stop import StopRequested
 
 
@@ -109,12 +109,6 @@ def test_watchdog_limits_and_the_start_up_allowance():
     assert w.due(10.0, 2)
     with pytest.raises(UserError, match="launch.watchdog_s"):
         load_spec(None, [("launch.watchdog_s", -1.0)])
-
-
-def test_hang_fault_parsing():
-    assert hang_at({"TORUS_TRAIN_FAULT": "hang:1:3"}) == (1, 3)
-    assert hang_at({"TORUS_TRAIN_FAULT": "step:1:3"}) is None
-    assert hang_at({}) is None
 
 
 def test_a_failed_mpirun_step_is_judged_from_the_ranks_files(tmp_path):

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torus_train.errors import RunFailed
 from torus_train.job.spec import JobSpec
 from torus_train.train import checkpoint as ckpt
+from torus_train.train import faults
 from torus_train.train.report import truncate_metrics
 from torus_train.train.state import check_identity, job_identity
 from torus_train.train.step import bit_digest, check_nonfinite, check_replicas, train_step
@@ -187,7 +188,7 @@ def scaler_run(monkeypatch, k=3):
                                loss_fn=torch.nn.CrossEntropyLoss(), amp_dtype=None, spec=spec, pos=pos,
                                scaler=torch.amp.GradScaler("cpu"), skip_counts=None, skipped_steps=0,
                                nonfinite_in_a_row=0, boot=types.SimpleNamespace(info=types.SimpleNamespace(rank=0)))
-    monkeypatch.setenv("TORUS_TRAIN_FAULT", "nanfrom:0:3")
+    faults.install(faults.parse("nanfrom:0:3"), rs)  # rank 0's loss is NaN from step 3 on
     return rs
 
 

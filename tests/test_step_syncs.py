@@ -49,7 +49,8 @@ def test_no_host_read_in_a_step_of_any_precision(monkeypatch):
 def test_a_read_in_a_step_is_counted_and_placed(monkeypatch):
     from torus_train.train import loop
 
-    monkeypatch.setattr(loop, "maybe_perturb", lambda rs: rs.optimizer.param_groups[0]["params"][0].sum().item())
+    # a host read planted in the step's own code: set_lr runs once per step
+    monkeypatch.setattr(loop, "set_lr", lambda opt, lr: opt.param_groups[0]["params"][0].sum().item())
     found = script().count_all(7, "sgd", ["fp32"], **SMALL)["fp32"]
     assert found["syncs"] == found["steps"] == 4
     [(where, n)] = found["where"].items()

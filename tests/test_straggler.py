@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from torus_train.train.faults import slow_seconds
+from torus_train.errors import UserError
+from torus_train.train.faults import parse
 from torus_train.train.report import rank_lines, stragglers
 from torus_train.train.timing import StepTimes
 
@@ -54,9 +55,12 @@ def test_no_line_under_the_ratio():
     assert rank_lines({"stragglers": st}) == []
 
 
-@pytest.mark.parametrize("fault, rank, want", [
-    ("slow:1:0.5", 1, 0.5), ("slow:1:0.5", 0, 0.0), ("slow:1:x", 1, 0.0), ("slow:1:-2", 1, 0.0),
-    ("slow:1:inf", 1, 0.0), ("step:1:3", 1, 0.0), ("", 1, 0.0)])
-def test_slow_fault(monkeypatch, fault, rank, want):
-    monkeypatch.setenv("TORUS_TRAIN_FAULT", fault)
-    assert slow_seconds(rank) == want
+def test_slow_fault():
+    f = parse("slow:1:0.5")
+    assert (f.kind.name, f.rank, f.at, f.targets(1), f.targets(0)) == ("slow", 1, 0.5, True, False)
+
+
+@pytest.mark.parametrize("fault", ["slow:1:x", "slow:1:-2", "slow:1:inf", "slow:1:4000", "slow:1"])
+def test_slow_fault_refused(fault):
+    with pytest.raises(UserError, match="TORUS_TRAIN_FAULT="):
+        parse(fault)

@@ -20,7 +20,6 @@ import logging
 import os
 import signal
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from torus_train.ranks.heartbeat import Heartbeat, beat_interval, die_with_paren
 from torus_train.errors import RunFailed, UserError, comm_failure
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
+from torus_train.train import faults
 from torus_train.train.stop import StopRequest, StopRequested
 
 REDIRECTED = "TORUS_TRAIN_LOG_REDIRECTED"
@@ -72,26 +72,9 @@ def classify(e: BaseException) -> tuple[int, str, str]:
     return 1, "crash", said or f"{type(e).__name__}: {first}"
 
 
-def hang_at(environ) -> tuple[int, int] | None:
-    """TORUS_TRAIN_FAULT=hang:R:N (the watchdog's tests): rank R blocks in Python after the gradient exchange of
-    step N, before the step is recorded in its heartbeat."""
-    kind, _, rest = environ.get("TORUS_TRAIN_FAULT", "").partition(":")
-    rank, _, step = rest.partition(":")
-    if kind == "hang" and rank.isdigit() and step.isdigit():
-        return int(rank), int(step)
-    return None
-
-
 def start_heartbeat(out: Path, rank: int, stop: StopRequest) -> None:
     beat = Heartbeat(out, rank, beat_interval(rank_info().world_size))
-    hang = hang_at(os.environ)
-
-    def on_step(step: int) -> None:
-        if hang == (rank, step):
-            while True:
-                time.sleep(3600)
-        beat.record(step)
-    stop.on_step = on_step
+    stop.on_step = beat.record
 
 
 def redirect_output(out: Path, rank: int) -> int:
@@ -133,7 +116,8 @@ def rank_threads(environ) -> int | None:
     return None
 
 
-def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regrid: bool = False) -> dict:
+def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regrid: bool = False,
+               fault: faults.Fault | None = None) -> dict:
     """Start-up, training, shutdown of one rank (torch imported here)."""
     threads = rank_threads(os.environ)
     import torch
@@ -147,7 +131,7 @@ def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regri
     logging.getLogger("torus_train.ranks.worker").info(
         "rank %d/%d (local %d, from %s) at grid %s position %s on %s/%s", boot.info.rank, boot.info.world_size,
         boot.info.local_rank, boot.info.source, grid, grid.position(boot.info.rank), boot.device, boot.backend)
-    summary = run_training(spec, boot, spec.out_dir, resume, stop, regrid=regrid)
+    summary = run_training(spec, boot, spec.out_dir, resume, stop, regrid=regrid, fault=fault)
     shutdown()
     return summary
 
@@ -166,9 +150,10 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, regrid: bool = False) -> No
         signal.signal(signal.SIGINT, signal_handler(stop))
         die_with_parent()
         start_heartbeat(out, rank, stop)
-        if os.environ.get("TORUS_TRAIN_FAULT") == f"start:{rank}":  # fault injection for the launcher's tests
+        fault = faults.from_environ()  # the launcher's and the loop's tests inject faults (docs/faults.md)
+        if faults.fails_at_start(fault, rank):
             raise RunFailed("injected start-up failure")
-        run_worker(spec, grid, resume, stop, regrid)
+        run_worker(spec, grid, resume, stop, regrid, fault)
         done_path(out, rank).write_text("ok\n")
     except BaseException as e:  # noqa: BLE001  every failure: its traceback in the log, one line for the user
         code, kind, message = classify(e)

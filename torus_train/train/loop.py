@@ -25,25 +25,27 @@ from torus_train.job.rank import Bootstrap
 from torus_train.train.build import (amp_settings, build_loader, build_model, build_optimizer, prime_buckets,
                                      seed_everything, time_step, wrap_ddp)
 from torus_train.train.eta import Eta
-from torus_train.train.faults import maybe_inject_fault
+from torus_train.train.faults import Fault, install
 from torus_train.train.checkpoint import write_atomic
 from torus_train.train.report import (Progress, log_interval, new_interval, rank_report, record_eval,
                                       record_resume, record_stage, summary, summary_text)
 from torus_train.train.state import RunState, resume, save
-from torus_train.train.step import (check_replicas, evaluate, maybe_perturb, param_digest, set_lr, sync_buffers,
-                                    train_step)
+from torus_train.train.step import check_replicas, evaluate, param_digest, set_lr, sync_buffers, train_step
 from torus_train.train.stop import StopRequest, StopRequested
 from torus_train.train.timing import StepTimes
 from torus_train.train.writer import APPENDER
 
 
 def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = False,
-                 stop: StopRequest | None = None, regrid: bool = False) -> dict:
+                 stop: StopRequest | None = None, regrid: bool = False, fault: Fault | None = None) -> dict:
     """Train as the spec says; rank 0 writes metrics.jsonl and summary.json. Returns the summary.
 
     regrid: resuming a checkpoint written on another grid is on purpose (the launcher moved the job);
-    without it such a checkpoint is refused."""
+    without it such a checkpoint is refused. fault: the test's injected fault (train/faults.py), wrapped in
+    once here so that the steps hold no fault branch."""
     rs = start(spec, boot, out, stop or StopRequest())
+    if fault is not None:
+        install(fault, rs)
     if resume_run and resume(rs, regrid):
         record_resume(rs)
     rs.t0 = time.time()
@@ -128,8 +130,6 @@ def run_epoch(rs: RunState, epoch: int) -> bool:
         rs.times.stop()
         advance(rs, interval, i, stage.global_batch)
         rs.stop.beat(rs.pos.global_step)
-        maybe_inject_fault(rs.boot.info.rank, rs.pos.global_step)
-        maybe_perturb(rs)
         last = i == steps - 1 or rs.steps_done
         if rs.pos.global_step % rs.spec.job.log_every == 0 or last:
             log_interval(rs, interval, epoch, stage, lr)

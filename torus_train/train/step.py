@@ -4,8 +4,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
-import time
 from collections import Counter
 
 import torch
@@ -13,17 +11,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from torus_train.errors import RunFailed
-from torus_train.train.faults import fault_here, slow_seconds
 
 log = logging.getLogger("torus_train.train")
-
-
-def fault_from(kind: str, rank: int, step: int) -> bool:
-    """TORUS_TRAIN_FAULT=KIND:R:S with R a rank or ``all``: true on that rank at every step from S on (the
-    faults of this module; faults.fault_here matches one step)."""
-    parts = os.environ.get("TORUS_TRAIN_FAULT", "").split(":")
-    return (len(parts) == 3 and parts[0] == kind and parts[1] in (str(rank), "all") and parts[2].isdigit()
-            and step >= int(parts[2]))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -61,17 +50,11 @@ def train_step(rs, images, labels, accumulation: int) -> torch.Tensor:
     reads the counts at each logging interval and before anything is saved."""
     rs.optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), dtype=torch.float64, device=images.device)
-    rank, step = rs.boot.info.rank, rs.pos.global_step + 1
-    delay = slow_seconds(rank)
     for i, (x, y) in enumerate(zip(images.chunk(accumulation), labels.chunk(accumulation))):
         # DDP exchanges gradients only on the last micro-batch; the others accumulate locally
         with rs.ddp.no_sync() if i < accumulation - 1 else contextlib.nullcontext():
             with torch.autocast(x.device.type, dtype=rs.amp_dtype, enabled=rs.amp_dtype is not None):
                 loss = rs.loss_fn(rs.ddp(x), y) / accumulation
-            if fault_here("nan", rank, step) or fault_from("nanfrom", rank, step):
-                loss = loss * float("nan")  # a non-finite gradient on this rank only
-            if delay and i == 0:
-                time.sleep(delay)  # an injected straggler
             (rs.scaler.scale(loss) if rs.scaler else loss).backward()
         total += loss.detach().float()
     if rs.scaler is not None:
@@ -239,12 +222,3 @@ def _ranks(ranks: list[int], limit: int = 16) -> str:
     text = ", ".join(map(str, ranks[:limit]))
     return text + (f" and {len(ranks) - limit} more" if len(ranks) > limit else "")
 
-
-def maybe_perturb(rs) -> None:
-    """Fault injection: TORUS_TRAIN_FAULT=diverge:R:S nudges one parameter of rank R after step S (a replica
-    that went its own way); nanparam:R:S puts a NaN into it (an optimizer that produced one)."""
-    rank, step = rs.boot.info.rank, rs.pos.global_step
-    for kind, value in (("diverge", 1e-3), ("nanparam", float("nan"))):
-        if fault_here(kind, rank, step) or fault_here(kind, "all", step):
-            with torch.no_grad():
-                next(rs.model.parameters()).view(-1)[0] += value
