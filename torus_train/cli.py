@@ -11,31 +11,47 @@ import click
 
 from torus_train import __version__
 from torus_train.errors import RunFailed, UserError
+from torus_train.registry import Registry, load
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+# Every command by name: its module is imported only when the command runs (or its own --help is asked for),
+# so `torus-train --help` and `run --dry-run` never pay for the others' imports (torch among them).
+COMMANDS: Registry[tuple[str, str]] = Registry("command")
+for _name, _ref, _short in (
+    ("bench", "torus_train.commands.bench:bench", "Benchmarks: the all-reduce sweep (nccl-tests columns), the input pipeline."),
+    ("data", "torus_train.commands.data:data", "Data sets: the demo set, packing a folder, checks."),
+    ("plan", "torus_train.commands.plan:plan", "Plan a job without running it: grid, cost model, NCCL comparison."),
+    ("report", "torus_train.commands.report:report", "Read a finished run's folder: curves, summary, comparison."),
+    ("run", "torus_train.commands.run:run", "Train: launch the ranks of a job spec on this machine or a cluster."),
+):
+    COMMANDS.add(_name, (_ref, _short))
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands are loaded from COMMANDS on first use."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted(COMMANDS.names())
+
+    def get_command(self, ctx, name: str):
+        if name not in COMMANDS:
+            return None
+        ref, short = COMMANDS.get(name)
+        command = load(ref)
+        command.short_help = command.short_help or short
+        return command
+
+    def format_commands(self, ctx, formatter) -> None:
+        # the listing of `torus-train --help` from the table, without importing any command
+        rows = [(name, COMMANDS.get(name)[1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="torus-train")
 def cli() -> None:
     """Data-parallel image-classification training on a 2D torus of GPUs, with staged batch-size growth."""
-
-
-def _register() -> None:
-    # One line per command module; each module keeps torch out of its top level.
-    from torus_train.commands.bench import bench
-    cli.add_command(bench)
-    from torus_train.commands.bench_input import bench_input
-    bench.add_command(bench_input, "input")
-    from torus_train.commands.data import data
-    cli.add_command(data)
-    from torus_train.commands.plan import plan
-    cli.add_command(plan)
-    from torus_train.commands.run import run
-    cli.add_command(run)
-    from torus_train.commands.report import report
-    cli.add_command(report)
-
-
-_register()
 
 
 def error(message: str, code: int = 2) -> "NoReturn":  # noqa: F821

@@ -201,3 +201,8 @@ def _torch_grid(grid, backend, timeout):
     def finish():
         dist.destroy_process_group()
     return groups, finish
+
+
+from torus_train.commands.bench_input import bench_input  # noqa: E402  (the group's second subcommand)
+
+bench.add_command(bench_input, "input")
