@@ -9,9 +9,9 @@ from pathlib import Path
 
 from torus_train.data.pipelines import check_class_count, file_loader
 from torus_train.data.base import LoaderRequest
-from torus_train.data.checks import verify_files
-from torus_train.data.index import (SPLITS, DataError, default_location, ensure_index, list_classes,
-                                    load_index)
+from torus_train.data.checks import scan, verify_files
+from torus_train.data.index import (SPLITS, DataError, compare_with_folder, default_location, ensure_index,
+                                    list_classes, load_index)
 from torus_train.errors import UserError
 
 
@@ -70,3 +70,22 @@ def prepare(spec, log=None) -> None:
     if problem:
         raise UserError(problem)
     spec.data.index = str(ensure_index(spec.data.source, spec.data.index or None, log=log))
+
+
+def check_files(root, splits, location, echo) -> None:
+    """`torus-train data check`: each split scanned file by file (layout, empty classes, non-image files, JPEG
+    markers) and, where the folder has an index, the index compared with the folder."""
+    for split in splits:
+        s = scan(root, split, verify=True)
+        echo(f"{s.root}: {len(s.classes)} classes, {len(s)} images, ok")
+    dest = Path(location) if location else default_location(root)
+    if not (dest / "meta.json").exists():
+        echo(f"no index at {dest} (a run builds one; or: torus-train data index --data {root})")
+        return
+    idx = load_index(dest, root)
+    idx.verify_checksum()
+    problems = compare_with_folder(idx)
+    if problems:
+        raise DataError(f"{dest}: index does not match the folder ({'; '.join(problems)}); rebuild it with: "
+                        f"torus-train data index --data {root}")
+    echo(f"{dest}: index matches the folder")

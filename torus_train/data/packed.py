@@ -362,6 +362,13 @@ def prepare(spec, log=None) -> None:
     load_packed(spec.data.source).verify()
 
 
+def check_files(root, splits, location, echo) -> None:
+    """`torus-train data check`: the index and every shard's SHA-256 (all splits: shards hold one each)."""
+    packed = load_packed(root)
+    check_shards(packed)
+    echo(f"{root}: packed set, {len(packed.shard_files())} shards, checksums match")
+
+
 class ShardReader:
     """Reads sample i of a packed split with one pread from a shard file kept open (at most ``keep`` open).
 

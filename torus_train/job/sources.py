@@ -7,6 +7,7 @@ folder. `source_of` answers which entry a value is, and everything that depends 
 
     prepare      the launcher, once before any rank starts: the demo set made, a folder's index built, a
                  packed set's shards checked
+    verify       `torus-train data check`: a folder or packed set checked file by file
     classes      the preflight (run and --dry-run): the class names per split, checked against the model
     train_images --dry-run's training work: images per epoch, known without reading the data
     path         the folder the ranks read (container binds, node-local staging)
@@ -61,6 +62,9 @@ class DataSource:
     prepare: Any = None
     """``"module:attr"`` of ``prepare(spec, log)``, run once by the launcher before any rank starts; it may set
     spec.data.index (the ranks are handed it). None: nothing to do."""
+    verify: Any = None
+    """A path source: ``"module:attr"`` of ``verify(root, splits, index, echo)``, the full file-by-file check of
+    ``torus-train data check`` (it reads everything; echo(line) reports what passed)."""
     reads_files: bool = True
     """The ranks read files (data.stage applies to it: refused unless stageable)."""
     stageable: bool = False
@@ -89,6 +93,12 @@ class DataSource:
         if self.prepare:
             load(self.prepare)(spec, log)
 
+    def check_files(self, root, splits, index, echo) -> None:
+        """`torus-train data check --data ROOT`: the set at ``root`` checked file by file (see ``verify``)."""
+        if not self.verify:
+            raise UserError(f"--data: {root}: {self.label} has no files to check")
+        load(self.verify)(root, splits, index, echo)
+
     def check(self, spec) -> None:
         """What the spec asks of this source that it cannot give, in one line: a missing folder, staging of a
         set that cannot be staged."""
@@ -106,12 +116,16 @@ SOURCES: Registry[DataSource] = Registry("data source")
 
 
 def source_of(value: str) -> DataSource:
-    """The entry data.source = ``value`` names: a source that takes no path by its name, else the path source
-    that claims the path, else the one that takes any path."""
+    """The entry data.source = ``value`` names: a source that takes no path by its name, else the path's."""
     if value in SOURCES and not SOURCES.get(value).takes_path:
         return SOURCES.get(value)
+    return path_source(value)
+
+
+def path_source(path) -> DataSource:
+    """The path source that claims ``path`` (a packed set by its packed.json), else the one that takes any."""
     paths = [s for s in SOURCES if s.takes_path]
-    claimed = next((s for s in paths if s.claims is not None and s.claims(Path(value))), None)
+    claimed = next((s for s in paths if s.claims is not None and s.claims(Path(path))), None)
     return claimed or next(s for s in paths if s.claims is None)
 
 
@@ -175,8 +189,10 @@ register(DataSource(
 register(DataSource(
     "folder", "an ImageNet-layout folder: train/CLASS/*.JPEG and val/CLASS/*.JPEG, read by DALI or torchvision",
     "torus_train.data.folder:open_loader", _folder_images, takes_path=True,
-    classes="torus_train.data.folder:classes", prepare="torus_train.data.folder:prepare"))
+    classes="torus_train.data.folder:classes", prepare="torus_train.data.folder:prepare",
+    verify="torus_train.data.folder:check_files"))
 register(DataSource(
     "packed", "a packed set: tar shards with an index (torus-train data pack), read by DALI or torchvision",
     "torus_train.data.packed:open_loader", _packed_images, takes_path=True, claims=PACKED_KIND.holds,
-    classes="torus_train.data.packed:classes", prepare="torus_train.data.packed:prepare", stageable=True))
+    classes="torus_train.data.packed:classes", prepare="torus_train.data.packed:prepare",
+    verify="torus_train.data.packed:check_files", stageable=True))
