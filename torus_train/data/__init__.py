@@ -16,12 +16,13 @@ This module imports torch lazily, inside the functions that build loaders.
 """
 from __future__ import annotations
 
-from torus_train.data.base import LoaderRequest
+from torus_train.data.base import IMAGE_DTYPES, ON_CORRUPT, LoaderConfig, LoaderRequest
 from torus_train.data.checks import DataError, scan  # noqa: F401  (pure)
 from torus_train.data.pipelines import KINDS, resolve_kind  # noqa: F401
 from torus_train.data.sharding import shard  # noqa: F401  (pure)
 from torus_train.errors import UserError
-from torus_train.job.sources import SOURCES, source_of
+from torus_train.job.sources import SOURCES, path_source
+
 
 def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batch_size: int, image_size: int,
                 num_classes: int | None, seed: int, channels_last: bool, device, num_threads: int = 2,
@@ -58,15 +59,13 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
         raise UserError(f"data.loader: {kind!r} is not one of {', '.join(KINDS)}")
     if root is None:
         raise UserError(f"data.source: a data folder is needed for the {kind} loader")
-    return source_of(str(root)).open_loader(request)
+    return path_source(root).open_loader(request)
 
 
 def loader_config(split: str, rank: int, world_size: int, batch_size: int, image_size: int, seed: int,
                   channels_last: bool, num_threads: int, dtype: str, on_corrupt: str, io_workers: int,
                   prefetch: int, shuffle_buffer: int):
     """make_loader's arguments checked (UserError naming the field) and gathered into a base.LoaderConfig."""
-    from torus_train.data.base import IMAGE_DTYPES, ON_CORRUPT, LoaderConfig
-
     if split not in ("train", "val"):
         raise UserError(f"split: {split!r} must be train or val")
     for name, v in (("batch_size", batch_size), ("image_size", image_size), ("world_size", world_size),
