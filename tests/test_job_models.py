@@ -9,7 +9,7 @@ import pytest
 
 from torus_train.job.models import HOUSE_ARCHS, forward_flops
 from torus_train.job.spec import load_spec
-from torus_train.job.work import SYNTHETIC_IMAGES, images_processed, work_text
+from torus_train.job.work import images_processed, work_text
 
 
 @pytest.mark.parametrize("arch,size", [("resnet18", 32), ("resnet18_w32", 32), ("resnext50_32x4d", 40)])
@@ -64,12 +64,6 @@ def test_work_text_of_the_default_job_and_of_a_folder_without_index(tmp_path):
     folder = load_spec(None, [("data.source", str(tmp_path)), ("model.arch", "vit_b_16")])
     text = work_text(folder, folder.schedule.at(2))
     assert "no index of" in text and "not known for vit_b_16" in text
-
-
-def test_synthetic_default_matches_the_loader():
-    from torus_train.data.synthetic import SYNTHETIC_SAMPLES
-
-    assert SYNTHETIC_IMAGES == SYNTHETIC_SAMPLES
 
 
 def test_models_and_work_do_not_import_torch():

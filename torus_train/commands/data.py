@@ -7,6 +7,7 @@ import time
 import click
 
 from torus_train.errors import UserError
+from torus_train.job.sources import path_source
 
 
 @click.group()
@@ -85,31 +86,7 @@ def index(root: str, location: str | None) -> None:
 def check(root: str, splits: tuple[str, ...], location: str | None) -> None:
     """Check a data folder file by file (layout, empty classes, non-image files, JPEG markers) and, where it
     has an index, that the index lists exactly its files; or a packed set's index and shard checksums."""
-    from pathlib import Path
-
-    from torus_train.data.checks import scan
-    from torus_train.data.index import DataError, compare_with_folder, default_location, load_index
-    from torus_train.data.packed import check_shards, is_packed, load_packed
-
-    if is_packed(root):  # a packed set: its index and every shard's checksum
-        packed = load_packed(root)
-        check_shards(packed)
-        click.echo(f"{root}: packed set, {len(packed.shard_files())} shards, checksums match")
-        return
-    for split in splits:
-        s = scan(root, split, verify=True)
-        click.echo(f"{s.root}: {len(s.classes)} classes, {len(s)} images, ok")
-    dest = Path(location) if location else default_location(root)
-    if not (dest / "meta.json").exists():
-        click.echo(f"no index at {dest} (a run builds one; or: torus-train data index --data {root})")
-        return
-    idx = load_index(dest, root)
-    idx.verify_checksum()
-    problems = compare_with_folder(idx)
-    if problems:
-        raise DataError(f"{dest}: index does not match the folder ({'; '.join(problems)}); rebuild it with: "
-                        f"torus-train data index --data {root}")
-    click.echo(f"{dest}: index matches the folder")
+    path_source(root).check_files(root, splits, location, click.echo)
 
 
 @data.command("pack")

@@ -12,6 +12,7 @@ import click
 
 from torus_train.errors import RunFailed, UserError
 from torus_train.job.spec import JobSpec, load_spec, parse_override
+from torus_train.job.sources import choices_text, source_of
 
 # CLI flag -> dotted spec field.
 FLAG_FIELDS = {
@@ -38,7 +39,7 @@ RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "r
               help="How ranks start (launch.launcher).")
 @click.option("--hostfile", default=None, help="OpenMPI hostfile ('host slots=K') or PBS node file.")
 @click.option("--container", default=None, help="Singularity/Apptainer image every rank runs in.")
-@click.option("--data", default=None, help="synthetic | demo | an ImageNet-layout folder | a packed set (data.source).")
+@click.option("--data", default=None, help=f"{choices_text()} (data.source).")
 @click.option("--model", default=None, help="torchvision architecture (model.arch), e.g. resnet50, or the house resnet18_w32.")
 @click.option("--image-size", type=int, default=None, help="Training crop side (data.image_size).")
 @click.option("--steps", type=int, default=None, help="Stop after this many optimizer steps (schedule.steps).")
@@ -254,32 +255,10 @@ def dry_run_report(spec: JobSpec, plan, legs, checked: list[str] | None = None,
 
 
 def prepare_data(spec: JobSpec, log=None) -> None:
-    """Once, before any rank starts: the demo set generated, and the data folder's index built (when missing)
-    and checked (the ranks are handed the index's place in spec.data.index), or a packed set's index and
-    shards checked."""
-    if spec.data.source == "synthetic":
-        return
-    from torus_train.data.index import ensure_index
-    from torus_train.data.packed import is_packed, load_packed
-
-    if is_packed(spec.data.source):  # a packed set: its index is in it, checked whole once here
-        load_packed(spec.data.source).verify()
-        return
-    if spec.data.stage != "none":
-        raise UserError(f"data.stage = {spec.data.stage} needs a packed set (torus-train data pack --data DIR --out "
-                        f"SHARDS, then --data SHARDS); data.source is {spec.data.source}")
-    if spec.data.source == "demo":
-        from torus_train.data.demo import ensure_demo_dataset
-
-        root = ensure_demo_dataset(seed=0, log=log)
-    elif not Path(spec.data.source).is_dir():
-        raise UserError(f"data.source: {spec.data.source}: no such folder (expected train/ and val/ inside)")
-    elif not all((Path(spec.data.source) / s).is_dir() for s in ("train", "val")):
-        raise UserError(f"data.source: {spec.data.source}: neither an ImageNet-layout folder (train/CLASS/*, "
-                        f"val/CLASS/*) nor a packed set (packed.json; torus-train data pack)")
-    else:
-        root = Path(spec.data.source)
-    spec.data.index = str(ensure_index(root, spec.data.index or None, log=log))
+    """Once, before any rank starts, what the data source needs (job/sources.py): the demo set generated, a
+    data folder's index built (when missing) and checked (the ranks are handed its place in spec.data.index),
+    or a packed set's index and shards checked."""
+    source_of(spec.data.source).prepare_data(spec, log)
 
 
 def announce(spec: JobSpec, plan, schedule, out: Path) -> None:

@@ -1,4 +1,5 @@
-"""What every loader shares: the constructor arguments, the per-epoch shard, and the padding convention.
+"""What every loader shares: the contract (`Loader`), what it is built from (`LoaderRequest`, `LoaderConfig`),
+the per-epoch shard, and the padding convention.
 
 Training shards are padded with real samples wrapped around from the start of the epoch's order (they train
 like any other sample). Validation shards are padded the same way, but the padded samples carry label -1:
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 from torus_train.data.index import DataError, Split
 from torus_train.data.packed import PackedSplit
@@ -69,6 +71,77 @@ class LoaderConfig:
         import torch
 
         return getattr(torch, self.dtype)
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """The loader contract: what every data source's loader is (job/sources.py: ``open_loader``), and all that
+    the training loop, the evaluation and the tools use of it.
+
+        loader.set_epoch(epoch)          # every rank, the same epoch, before iterating
+        for images, labels in loader:    # len(loader) batches
+            ...
+        loader.close()
+
+    A batch is (images [batch_size, 3, image_size, image_size] in LoaderConfig.dtype, normalised with the
+    ImageNet statistics (MEAN, STD), channels_last when asked; labels int64 [batch_size]), both on the
+    request's device. ``len(loader)`` is the same on every rank: the epoch's samples are split into equal
+    shards by GLOBAL rank, padded with wrapped-around samples; in validation a padded sample's label is
+    PAD_LABEL (-1), so that every image is counted once.
+    """
+
+    kind: str
+    """The pipeline that makes the batches, for logs and summaries: "dali", "torchvision", "synthetic", ..."""
+    num_samples: int
+    """Samples in the split (one epoch over all ranks, before padding)."""
+    num_classes: int
+    """Label range: labels are in [0, num_classes), or PAD_LABEL in validation."""
+    batch_size: int
+    """Per-rank batch."""
+
+    @property
+    def pad(self) -> int:
+        """Padded samples in this rank's shard this epoch."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch`` (training); every rank calls it with the same epoch."""
+
+    def __len__(self) -> int:
+        """Batches per epoch, equal on every rank."""
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        """The epoch's (images, labels) batches of this rank's shard, in order."""
+
+    def close(self) -> None:
+        """Release reader threads, worker processes and pipelines now (not at exit)."""
+
+
+@dataclass
+class LoaderRequest:
+    """What a data source's loader is built from (train/build.py fills it from the spec and the rank; tools
+    through data.make_loader)."""
+
+    cfg: LoaderConfig
+    """The checked shape of the loader: split, rank, world size, batch, image size, seed, dtype, threads."""
+    device: Any
+    """torch.device the batches are delivered on."""
+    root: str | None = None
+    """A path source's folder (its node-local copy with data.stage = node); None for a named source."""
+    pipeline: str = "auto"
+    """data.loader for sources that read files: auto, dali or torchvision."""
+    num_classes: int | None = None
+    """The model's classes: a file source refuses a set with another count; synthetic labels are drawn below it."""
+    index: str | None = None
+    """A folder's file index (data/index.py); None = its default place."""
+    build_index: bool = False
+    """Build the index at its default place when missing (single-process tools; ranks are handed the
+    launcher's)."""
+    verify: bool = False
+    """Check every JPEG's markers before the first batch (a full pass over the files: tools only)."""
+    samples: int = 0
+    """data.synthetic_samples: images per epoch of a source that makes them (0 = its default)."""
+    corrupt: "CorruptLog | None" = None
+    """The run's CorruptLog (files skipped under on_corrupt = skip, kept across the loaders of a run)."""
 
 
 IMAGE_DTYPES = ("float32", "float16", "bfloat16")

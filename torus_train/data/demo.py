@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +24,9 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 from torus_train.cache import cache_root
+from torus_train.data import folder
+from torus_train.data.base import LoaderRequest
+from torus_train.data.index import ensure_index
 from torus_train.errors import UserError
 
 VERSION = 4
@@ -237,3 +241,24 @@ def ensure_demo_dataset(path: str | os.PathLike | None = None, seed: int = 0, *,
     if log:
         log(f"demo data set ready: {m['train']} train + {m['val']} val images, {m['seconds']} s")
     return path
+
+
+# --------------------------------------------------------------------------------------------------------
+# the demo data source (its entry is ``demo`` in job/sources.py): the set in the cache, read as a folder
+# --------------------------------------------------------------------------------------------------------
+def open_loader(request: LoaderRequest):
+    """The loader of the demo set in the cache (generated there when missing), read as a folder."""
+    return folder.open_loader(replace(request, root=str(ensure_demo_dataset(seed=0, log=None))))
+
+
+def classes(spec) -> tuple[str, dict]:
+    """The preflight's view: the ten class folders, in both splits (known without generating the set)."""
+    names = tuple(class_dir(c) for c in range(len(CLASSES)))
+    return "the demo data set", {s: names for s in _SPLIT_ID}
+
+
+def prepare(spec, log=None) -> None:
+    """Before any rank starts: the set generated into the cache (when missing) and its index built; the ranks
+    are handed the index's place in spec.data.index."""
+    root = ensure_demo_dataset(seed=0, log=log)
+    spec.data.index = str(ensure_index(root, spec.data.index or None, log=log))

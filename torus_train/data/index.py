@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from torus_train.errors import UserError
+from torus_train.job.sources import INDEX_DIR
 from torus_train.outdir import FolderKind, check_target, resolve_target, write_folder
 from torus_train.userfiles import Field, check
 
 VERSION = 1
-INDEX_DIR = ".torus-train-index"
 SPLITS = ("train", "val")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 ARRAYS = ("names", "offsets", "labels")

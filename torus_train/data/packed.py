@@ -38,15 +38,14 @@ import numpy as np
 from torus_train.data.checks import jpeg_problem
 from torus_train.data.index import SPLITS, DataError, Split, arrays_checksum, list_split
 from torus_train.errors import UserError, shown_path
-from torus_train.outdir import FolderKind, check_target, resolve_target, write_folder
+from torus_train.job.sources import PACKED_FORMAT as FORMAT
+from torus_train.job.sources import PACKED_KIND
+from torus_train.outdir import check_target, resolve_target, write_folder
 
-FORMAT = "torus-train packed"
 VERSION = 1
-MARKER = "packed.json"
+MARKER = PACKED_KIND.marker
 ARRAYS = ("starts", "offsets", "sizes", "labels", "crc32")
 SHARD_MB_RANGE = (0.01, 65536.0)   # 10 KB (tests) to 64 GiB; 256 MB is WebDataset's and DALI's usual size
-PACKED_KIND = FolderKind("packed data set", MARKER,
-                         lambda m: m.get("format") == FORMAT and isinstance(m.get("splits"), dict))
 BLOCK = 512
 
 
@@ -338,6 +337,36 @@ def load_packed(path: str | os.PathLike) -> Packed:
 def split_classes(path: str | os.PathLike) -> dict[str, tuple[str, ...]]:
     """{"train": classes, "val": classes} of a packed set, from packed.json alone (for preflight checks)."""
     return load_packed(path).classes()
+
+
+# --------------------------------------------------------------------------------------------------------
+# the packed data source (its entry is ``packed`` in job/sources.py)
+# --------------------------------------------------------------------------------------------------------
+def open_loader(request):
+    """The loader of a packed split (request.root: the set, or its node-local copy): its index opened
+    memory-mapped (the launcher checked the shards: Packed.verify), read by DALI or torchvision."""
+    from torus_train.data.pipelines import check_class_count, file_loader  # it imports data.base, which imports this module
+
+    files = load_packed(request.root).split(request.cfg.split)
+    check_class_count(files, request.num_classes, "packed classes")
+    return file_loader(files, request)
+
+
+def classes(spec) -> tuple[str, dict]:
+    """The preflight's view: each split's classes, from packed.json."""
+    return str(spec.data.source), split_classes(spec.data.source)
+
+
+def prepare(spec, log=None) -> None:
+    """Before any rank starts: the index checked whole and every shard's size (one stat per shard)."""
+    load_packed(spec.data.source).verify()
+
+
+def check_files(root, splits, location, echo) -> None:
+    """`torus-train data check`: the index and every shard's SHA-256 (all splits: shards hold one each)."""
+    packed = load_packed(root)
+    check_shards(packed)
+    echo(f"{root}: packed set, {len(packed.shard_files())} shards, checksums match")
 
 
 class ShardReader:

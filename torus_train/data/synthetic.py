@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from torus_train.data.base import LoaderConfig
+from torus_train.data.base import LoaderConfig, LoaderRequest
 from torus_train.job.schedule import steps_per_epoch
+from torus_train.job.sources import SYNTHETIC_SAMPLES
 
-SYNTHETIC_SAMPLES = 10_000  # default "epoch" size (ImageNet has 1,281,167 training images)
+
+def open_loader(request: LoaderRequest) -> "SyntheticLoader":
+    """The synthetic data source's loader (its entry is ``synthetic`` in job/sources.py): labels in the
+    model's range (1000 when none is given), request.samples images per epoch (0 = SYNTHETIC_SAMPLES)."""
+    return SyntheticLoader(request.cfg, request.num_classes or 1000, request.device,
+                           request.samples or SYNTHETIC_SAMPLES)
 
 
 class SyntheticLoader:

@@ -39,6 +39,7 @@ from typing import Mapping
 from torus_train.errors import UserError
 from torus_train.job.hosts import Host, HostsError, read_hostfile, slurm_hosts, total_slots
 from torus_train.job.spec import JobSpec
+from torus_train.job.sources import source_of
 from torus_train.job.topology import Grid, check_grid_size, choose_grid, parse_grid
 
 WORKER = ["-m", "torus_train.ranks.worker"]
@@ -232,7 +233,7 @@ def container_binds(spec: JobSpec, job_file: str) -> list[str]:
     elsewhere), the output folder (it holds job.json) and launch.binds. Many sites bind only $HOME and the
     working directory by default, so a data set on /groups or /scratch would be invisible without these."""
     binds: list[str] = []
-    if spec.data.source not in ("synthetic", "demo"):
+    if source_of(spec.data.source).takes_path:
         binds.append(spec.data.source)
     if spec.data.index and not spec.data.index.startswith(spec.data.source.rstrip("/") + "/"):
         binds.append(spec.data.index)

@@ -28,6 +28,7 @@ from torus_train.errors import UserError
 from torus_train.job.topology import MAX_WORLD
 from torus_train.job.models import HOUSE_ARCHS
 from torus_train.job.schedule import Schedule, ScheduleError
+from torus_train.job.sources import DEFAULT_SOURCE, choices_text
 
 
 class SpecError(UserError):
@@ -149,8 +150,9 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    source: str = "synthetic"
-    """synthetic | demo | a folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG | a packed set (`data pack`)."""
+    source: str = DEFAULT_SOURCE
+    """synthetic | demo | a folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG | a packed set (`data pack`):
+    the data sources of job/sources.py."""
     loader: str = "auto"
     """auto | dali | torchvision (auto = dali when importable)."""
     image_size: int = 224
@@ -337,7 +339,7 @@ class JobSpec:
             hint = f"did you mean {', '.join(close)}?" if close else "e.g. resnet18, resnet50, vit_b_16"
             raise SpecError(f"model.arch: {self.model.arch!r} is not a torchvision classification model; {hint}")
         if not self.data.source:
-            raise SpecError("data.source: must be synthetic, demo or a folder path")
+            raise SpecError(f"data.source: must be one of {choices_text()}")
         try:
             self.schedule.check()
         except ScheduleError as e:

@@ -2,36 +2,18 @@
 
 Images processed: every optimizer step's global batch over the run (epochs padded to whole steps, as the
 loaders pad them; schedule.steps caps it). The count of training images per epoch comes from what is known
-without reading the data: the demo set's size, a data folder's index (its meta.json) when it has been built,
-or data.synthetic_samples.
+without reading the data, as the data source's entry tells it (job/sources.py): the demo set's size, a data
+folder's index (its meta.json) when it has been built, a packed set's packed.json, or data.synthetic_samples.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from torus_train.job.models import forward_flops
-
-DEMO_TRAIN_IMAGES = 10_000
-"""The demo set's training images (data/demo.py: 10 classes x 1,000), the default job's data."""
-SYNTHETIC_IMAGES = 10_000
-"""data.synthetic_samples = 0: data/synthetic.py's SYNTHETIC_SAMPLES (tests/test_job_work.py keeps them equal)."""
+from torus_train.job.sources import source_of
 
 
 def train_images(spec) -> tuple[int | None, str]:
-    """(training images per epoch or None, where the figure comes from)."""
-    source = spec.data.source
-    if source == "synthetic":
-        n = spec.data.synthetic_samples or SYNTHETIC_IMAGES
-        return n, "data.synthetic_samples" if spec.data.synthetic_samples else "synthetic data's default"
-    if source == "demo":
-        return DEMO_TRAIN_IMAGES, "the demo set"
-    meta = Path(spec.data.index) if spec.data.index else Path(source) / ".torus-train-index"
-    try:
-        count = json.loads((meta / "meta.json").read_text())["splits"]["train"]["count"]
-        return int(count), f"the index of {source}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, f"no index of {source} yet (torus-train data index --data {source})"
+    """(training images per epoch or None, where the figure comes from): the data source's answer."""
+    return source_of(spec.data.source).train_images(spec)
 
 
 def images_processed(schedule, images_per_epoch: int) -> int:

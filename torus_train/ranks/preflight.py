@@ -19,6 +19,7 @@ from pathlib import Path
 
 from torus_train.errors import UserError
 from torus_train.job.legs import Leg, leg_spec
+from torus_train.job.sources import source_of
 from torus_train.job.spec import JobSpec, input_size_problem
 
 
@@ -75,9 +76,9 @@ def check_model_input(spec: JobSpec) -> str:
 def check_data_classes(spec: JobSpec, strict: bool = True) -> str:
     """The data's classes per split against model.num_classes and each other. strict=False (the dry run, often
     on a login node that does not mount the data): a missing data folder is noted instead of refused."""
-    source = spec.data.source
-    if not strict and source not in ("synthetic", "demo") and not Path(source).exists():
-        return f"data: {source} is not on this machine, its classes are not checked"
+    source = source_of(spec.data.source)
+    if not strict and source.takes_path and not Path(spec.data.source).exists():
+        return f"data: {spec.data.source} is not on this machine, its classes are not checked"
     found = data_classes(spec)
     if found is None:
         return ""
@@ -97,50 +98,9 @@ def check_data_classes(spec: JobSpec, strict: bool = True) -> str:
 
 
 def data_classes(spec: JobSpec) -> tuple[str, dict] | None:
-    """(the data's name for messages, {split: classes}); None for synthetic data. A missing folder, or staging
-    asked for a folder that is not a packed set, is a UserError."""
-    from torus_train.data.index import SPLITS, DataError, default_location, list_classes
-
-    source = spec.data.source
-    if source == "synthetic":
-        return None
-    if source == "demo":
-        from torus_train.data.demo import CLASSES, class_dir
-
-        names = tuple(class_dir(c) for c in range(len(CLASSES)))
-        return "the demo data set", {s: names for s in SPLITS}
-    root = Path(source)
-    if not root.is_dir():
-        raise UserError(f"data.source: {source}: no such folder (expected train/ and val/ inside, or a packed set)"
-                        if not root.exists() else f"data.source: {source}: not a folder")
-    from torus_train.data.packed import is_packed, split_classes
-
-    if spec.data.stage != "none" and not is_packed(root):
-        raise UserError(f"data.stage = {spec.data.stage} needs a packed set (torus-train data pack --data DIR --out "
-                        f"SHARDS, then --data SHARDS); data.source is {source}")
-
-    if is_packed(root):  # a packed set: its classes per split are in packed.json
-        return str(root), split_classes(root)
-    if not any((root / s).is_dir() for s in SPLITS):
-        raise UserError(f"data.source: {root}: neither an ImageNet-layout folder (train/CLASS/*, val/CLASS/*) nor "
-                        f"a packed set (packed.json; torus-train data pack)")
-    index = Path(spec.data.index) if spec.data.index else default_location(root)
-    indexed = _indexed_classes(index)
-    try:
-        return str(root), indexed or {s: list_classes(root, s) for s in SPLITS}
-    except DataError:
-        raise
-    except OSError as e:
-        raise UserError(f"data.source: {root}: {e.strerror or e}") from None
-
-
-def _indexed_classes(index: Path) -> dict | None:
-    """{split: classes} from an index's meta.json (None when there is none; the launcher checks it whole)."""
-    import json
-
-    try:
-        meta = json.loads((index / "meta.json").read_text())
-        return {s: tuple(meta["splits"][s]["classes"]) for s in ("train", "val")}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
+    """(the data's name for messages, {split: classes}) as the data source's entry reads them (job/sources.py);
+    None for a source without classes (synthetic). A missing folder, or staging asked for a source that cannot
+    be staged, is a UserError."""
+    source = source_of(spec.data.source)
+    source.check(spec)
+    return source.class_names(spec)

@@ -7,9 +7,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from torus_train.data import loader_config
+from torus_train.data.base import LoaderRequest
+from torus_train.data.readers import decode_threads
 from torus_train.errors import UserError
-from torus_train.job.spec import JobSpec
 from torus_train.job.rank import Bootstrap
+from torus_train.job.sources import source_of
+from torus_train.job.spec import JobSpec
 
 
 def seed_everything(seed: int, rank: int) -> None:
@@ -128,41 +132,17 @@ def time_step(ddp: nn.Module, spec: JobSpec, device: torch.device, micro_batch: 
     return seconds
 
 
-def data_root(spec: JobSpec) -> str | None:
-    """None for synthetic data, the demo set's folder (created if missing) for demo, else the folder."""
-    if spec.data.source == "synthetic":
-        return None
-    if spec.data.source == "demo":
-        from torus_train.data.demo import ensure_demo_dataset
-
-        return str(ensure_demo_dataset(seed=0, log=None))
-    return spec.data.source
-
-
 def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int, corrupt=None):
-    """The loader of ``split``; ``corrupt``: the run's data.base.CorruptLog (the files skipped so far)."""
-    from torus_train.data import make_loader
-
-    kind = "synthetic" if spec.data.source == "synthetic" else spec.data.loader
-    from torus_train.data.readers import decode_threads
-
-    threads = spec.data.num_threads or decode_threads(boot.info.local_world_size)
-    root = staged_root(spec, boot, data_root(spec))
-    index = None
-    from torus_train.data.packed import is_packed
-
-    if root is not None and not is_packed(root):  # the launcher checked (or built) the index; a rank opens it
-        from torus_train.data.index import default_location
-
-        index = spec.data.index or str(default_location(root))
-    return make_loader(kind, root, split, rank=boot.info.rank, world_size=boot.info.world_size, index=index,
-                       batch_size=per_rank_batch, image_size=spec.data.image_size,
-                       num_classes=spec.model.num_classes, seed=spec.job.seed,
-                       channels_last=spec.model.channels_last, device=boot.device, num_threads=threads,
-                       verify=False, synthetic_samples=spec.data.synthetic_samples or None,
-                       dtype=image_dtype(spec, boot.device), on_corrupt=spec.data.on_corrupt, corrupt=corrupt,
-                       io_workers=spec.data.io_workers, prefetch=spec.data.prefetch,
-                       shuffle_buffer=spec.data.shuffle_buffer)
+    """The loader of ``split`` from the spec's data source (job/sources.py; data/base.py's Loader contract);
+    ``corrupt``: the run's data.base.CorruptLog (the files skipped so far)."""
+    source = source_of(spec.data.source)
+    d = spec.data
+    cfg = loader_config(split, boot.info.rank, boot.info.world_size, per_rank_batch, d.image_size, spec.job.seed,
+                        spec.model.channels_last, d.num_threads or decode_threads(boot.info.local_world_size),
+                        image_dtype(spec, boot.device), d.on_corrupt, d.io_workers, d.prefetch, d.shuffle_buffer)
+    root = staged_root(spec, boot, source.path(spec)) if source.stageable else source.path(spec)
+    request = LoaderRequest(cfg, boot.device, root, d.loader, spec.model.num_classes, d.index or None, samples=d.synthetic_samples, corrupt=corrupt)
+    return source.open_loader(request)
 
 
 _staged: dict[str, str] = {}

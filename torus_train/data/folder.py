@@ -1,0 +1,91 @@
+"""The folder data source: an ImageNet-layout folder (train/CLASS/*.JPEG, val/CLASS/*.JPEG) read through its
+file index (data/index.py) by DALI or torchvision. Its entry is ``folder`` in job/sources.py.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from torus_train.data.pipelines import check_class_count, file_loader
+from torus_train.data.base import LoaderRequest
+from torus_train.data.checks import scan, verify_files
+from torus_train.data.index import (SPLITS, DataError, compare_with_folder, default_location, ensure_index,
+                                    list_classes, load_index)
+from torus_train.errors import UserError
+
+
+def open_loader(request: LoaderRequest):
+    """The loader of ``request.root``'s split: its index opened (the launcher built and checked it; tools
+    build it here when ``request.build_index``), every JPEG checked first when ``request.verify``."""
+    root = request.root
+    index = request.index
+    if not index and request.build_index:
+        index = ensure_index(root, log=lambda m: print(m, file=sys.stderr))
+    files = load_index(index or default_location(root), root).split(request.cfg.split)
+    if request.verify:
+        verify_files(files)
+    check_class_count(files, request.num_classes, "class folders")
+    return file_loader(files, request)
+
+
+def layout_problem(root: Path, need_both: bool) -> str | None:
+    """Why ``root`` is not an ImageNet-layout folder (train/ and val/; ``need_both``: both, else either)."""
+    found = [(root / s).is_dir() for s in SPLITS]
+    if all(found) if need_both else any(found):
+        return None
+    return (f"data.source: {root}: neither an ImageNet-layout folder (train/CLASS/*, val/CLASS/*) nor a packed "
+            f"set (packed.json; torus-train data pack)")
+
+
+def classes(spec) -> tuple[str, dict]:
+    """The preflight's view (no per-file work): each split's classes from the index's meta.json when one
+    exists, else one directory read per split."""
+    root = Path(spec.data.source)
+    problem = layout_problem(root, need_both=False)
+    if problem:
+        raise UserError(problem)
+    index = Path(spec.data.index) if spec.data.index else default_location(root)
+    try:
+        return str(root), indexed_classes(index) or {s: list_classes(root, s) for s in SPLITS}
+    except DataError:
+        raise
+    except OSError as e:
+        raise UserError(f"data.source: {root}: {e.strerror or e}") from None
+
+
+def indexed_classes(index: Path) -> dict | None:
+    """{split: classes} from an index's meta.json (None when there is none; the launcher checks it whole)."""
+    try:
+        meta = json.loads((index / "meta.json").read_text())
+        return {s: tuple(meta["splits"][s]["classes"]) for s in SPLITS}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def prepare(spec, log=None) -> None:
+    """Before any rank starts: the folder's index built (when missing) and checked; the ranks are handed its
+    place in spec.data.index."""
+    problem = layout_problem(Path(spec.data.source), need_both=True)
+    if problem:
+        raise UserError(problem)
+    spec.data.index = str(ensure_index(spec.data.source, spec.data.index or None, log=log))
+
+
+def check_files(root, splits, location, echo) -> None:
+    """`torus-train data check`: each split scanned file by file (layout, empty classes, non-image files, JPEG
+    markers) and, where the folder has an index, the index compared with the folder."""
+    for split in splits:
+        s = scan(root, split, verify=True)
+        echo(f"{s.root}: {len(s.classes)} classes, {len(s)} images, ok")
+    dest = Path(location) if location else default_location(root)
+    if not (dest / "meta.json").exists():
+        echo(f"no index at {dest} (a run builds one; or: torus-train data index --data {root})")
+        return
+    idx = load_index(dest, root)
+    idx.verify_checksum()
+    problems = compare_with_folder(idx)
+    if problems:
+        raise DataError(f"{dest}: index does not match the folder ({'; '.join(problems)}); rebuild it with: "
+                        f"torus-train data index --data {root}")
+    echo(f"{dest}: index matches the folder")
