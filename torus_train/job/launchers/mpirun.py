@@ -3,7 +3,8 @@
 ``mpirun -np N --map-by ppr:K:node --hostfile F -x PATH -x LD_LIBRARY_PATH -x VAR=... -x MASTER_ADDR=host
 -x MASTER_PORT=port [launch.launcher_args] COMMAND``. With the CPUs per node known (PBS ``NCPUS``) each rank is
 bound to its share of cores (``ppr:K:node:PE=C --bind-to core``). Hosts given without a file (ranks on this
-machine, as `bench --backend mpi` starts them) go in ``--host name:slots``.
+machine, as `bench --backend mpi` starts them) need no host option, with ``--oversubscribe`` when the ranks
+outnumber the CPUs.
 
 PBS is not a launcher of its own: a PBS job starts its ranks with this same mpirun; it only supplies the host
 list (``$PBS_NODEFILE``, one line per slot), the job id and the cores per node (``NCPUS``), which this entry
@@ -59,19 +60,27 @@ class Mpirun(Launcher):
             return threads_per_rank(ranks_on_node, int(ncpus)), "NCPUS"
         return super().threads(environ, ranks_on_node, cpu_count, all_local)
 
+    @staticmethod
+    def _where(req: PlanRequest) -> list[str]:
+        """The hosts: the hostfile; else this machine, where mpirun counts its cores as slots: more ranks than
+        CPUs must be allowed (--oversubscribe), and then OpenMPI has idle ranks yield instead of spinning;
+        else the hosts by name."""
+        if req.hostfile:
+            return ["--hostfile", req.hostfile]
+        if req.all_local():
+            return ["--oversubscribe"] if req.grid.size > req.cpu_count else []
+        return ["--host", ",".join(f"{h.name}:{h.slots}" for h in req.used)]
+
     def build(self, req: PlanRequest) -> LaunchPlan:
         n, k = req.grid.size, req.grid.gpus_per_node
         threads, source = self.threads(req.environ, k, req.cpu_count, req.all_local())
         env = {"OMP_NUM_THREADS": str(threads), **req.env}
-        argv = ["mpirun"] + (["--allow-run-as-root"] if req.as_root else [])
+        argv = [self.program] + (["--allow-run-as-root"] if req.as_root else [])
         if source == "NCPUS":  # the node's cores are known: each rank gets its own share
             argv += ["-np", str(n), "--map-by", f"ppr:{k}:node:PE={threads}", "--bind-to", "core"]
         else:
             argv += ["-np", str(n), "--map-by", f"ppr:{k}:node", "--bind-to", "none"]
-        if req.hostfile:
-            argv += ["--hostfile", req.hostfile]
-        else:
-            argv += ["--host", ",".join(f"{h.name}:{h.slots}" for h in req.used)]
+        argv += self._where(req)
         # the ranks on other nodes start from the remote shell's environment: carry this one's PATH (the
         # activated environment) and LD_LIBRARY_PATH (modules) with them
         for name in ("PATH", "LD_LIBRARY_PATH"):

@@ -65,7 +65,7 @@ class Srun(Launcher):
     def build(self, req: PlanRequest) -> LaunchPlan:
         g = req.grid
         threads, source = self.threads(req.environ, g.gpus_per_node, req.cpu_count, req.all_local())
-        argv = ["srun", f"--nodes={g.nodes}", f"--ntasks={g.size}", f"--ntasks-per-node={g.gpus_per_node}"]
+        argv = [self.program, f"--nodes={g.nodes}", f"--ntasks={g.size}", f"--ntasks-per-node={g.gpus_per_node}"]
         if source == "SLURM_CPUS_PER_TASK":  # a step does not inherit it from the job (Slurm >= 22.05)
             argv += [f"--cpus-per-task={threads}", "--cpu-bind=cores"]
         # the ranks' variables go in srun's environment and --export=ALL carries them: srun splits --export
