@@ -93,3 +93,31 @@ def test_bench_mpi_backend_through_the_mpirun_entry(tmp_path):
     rows = json.loads(path.read_text())
     assert [(row["algo"], row["backend"], row["grid"], row["wrong"]) for row in rows] == [
         ("flat", "mpi", "2x1", 0), ("torus", "mpi", "2x1", 0)]
+
+
+def test_ranks_started_by_hand_fix_the_grid_from_the_spec_alone():
+    """`mpirun -n 4 torus-train run`: world size and ranks per node come from the ranks, no host list."""
+    from torus_train.job.launch import fixed_grid
+
+    spec = load_spec(None, [("grid.gpus", 4), ("grid.grid", ""), ("grid.gpus_per_node", 2)])
+    assert fixed_grid(spec) == Grid(2, 2, 2)
+    spec = load_spec(None, [("grid.gpus", 4), ("grid.grid", "4x1"), ("grid.gpus_per_node", 4)])
+    assert fixed_grid(spec) == Grid(4, 1, 4)
+    with pytest.raises(Exception, match="grid.gpus and grid.gpus_per_node must both be set"):
+        fixed_grid(load_spec(None, [("grid.gpus", 4), ("grid.grid", "")]))
+
+
+def test_each_launcher_reads_its_own_culprit_line():
+    """The rank (and host) that mpirun or srun names on stderr when a step ends; the local launcher has none."""
+    mpirun, srun, local = LAUNCHERS.get("mpirun"), LAUNCHERS.get("srun"), LAUNCHERS.get("local")
+    mpi = ["----", "prterun noticed that process rank 3 with PID 28781 on node node2 exited on",
+           "signal 9 (Killed).", "----"]
+    assert mpirun.culprit(mpi) == (3, "node2", "was killed by SIGKILL")
+    assert srun.culprit(mpi) is None and local.culprit(mpi) is None
+    assert srun.culprit(["srun: error: node2: tasks 2-3: Killed"]) == (2, "node2", "was killed by SIGKILL")
+    lines = ["srun: error: node2: task 2: Exited with exit code 1", "srun: launch/slurm: _step_signal: Terminating",
+             "srun: error: node2: task 3: Killed", "srun: error: node1: tasks 0-1: Exited with exit code 1"]
+    assert srun.culprit(lines) == (3, "node2", "was killed by SIGKILL")  # the killed task, not the first line
+    assert srun.culprit(["srun: error: node1: task 0: Exited with exit code 1"]) == \
+        (0, "node1", "ended (Exited with exit code 1)")
+    assert mpirun.culprit(lines) is None and srun.culprit(["nothing useful"]) is None

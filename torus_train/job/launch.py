@@ -24,22 +24,18 @@ import shutil
 from typing import Mapping
 
 from torus_train.job.hosts import Host
-from torus_train.job.launchers import LAUNCHERS, Launcher, LaunchError, LaunchPlan, PlanRequest, choose, entry
-from torus_train.job.launchers import launched_by
-from torus_train.job.launchers.base import LOCAL_NAMES, threads_per_rank
-from torus_train.job.launchers.local import MAX_LOCAL_CPU_RANKS
-from torus_train.job.launchers.rendezvous import (DEFAULT_EPHEMERAL, EPHEMERAL_FILE, PORT_BAND, ephemeral_range,
-                                                  job_key, port_band, rendezvous_port)
+from torus_train.job.launchers import (LAUNCHERS, Launcher, LaunchError, LaunchPlan, PlanRequest, choose, entry,
+                                       launched_by, threads_per_rank)
+from torus_train.job.launchers.rendezvous import DEFAULT_EPHEMERAL, ephemeral_range, job_key, port_band, rendezvous_port
 from torus_train.job.spec import JobSpec
 from torus_train.job.topology import Grid, check_grid_size, choose_grid, parse_grid
 
 WORKER = ["-m", "torus_train.ranks.worker"]
 
-__all__ = ["DEFAULT_EPHEMERAL", "EPHEMERAL_FILE", "LAUNCHERS", "LOCAL_NAMES", "MAX_LOCAL_CPU_RANKS", "PORT_BAND",
-           "LaunchError", "LaunchPlan", "build_plan", "check_capacity", "choose_launcher", "container_binds",
-           "container_runtime", "cpus_per_rank", "ephemeral_range", "fixed_grid", "inside_launched_rank",
-           "job_key", "launcher_here", "plan_here", "plan_launch", "port_band", "rendezvous_port",
-           "resolve_grid", "resolve_hosts", "threads_per_rank", "usable_cpus"]
+__all__ = ["DEFAULT_EPHEMERAL", "LAUNCHERS", "LaunchError", "LaunchPlan", "build_plan", "check_capacity",
+           "choose_launcher", "container_binds", "container_runtime", "cpus_per_rank", "ephemeral_range",
+           "fixed_grid", "inside_launched_rank", "job_key", "launcher_here", "plan_here", "plan_launch",
+           "port_band", "rendezvous_port", "resolve_grid", "resolve_hosts", "threads_per_rank", "usable_cpus"]
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ for argv. No torch import.
 from __future__ import annotations
 
 import shlex
+import signal
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -127,6 +128,14 @@ class PlanRequest:
         return all(h.name in LOCAL_NAMES for h in self.used)
 
 
+def killed_by(sig: int) -> str:
+    """How a rank ended by signal `sig` is told: 'was killed by SIGKILL'."""
+    try:
+        return f"was killed by {signal.Signals(sig).name}"
+    except ValueError:
+        return f"was killed by signal {sig}"
+
+
 def threads_per_rank(ranks_on_node: int, cpu_count: int) -> int:
     """CPU threads per rank so that the ranks of one node share its cores: max(1, cores // ranks)."""
     return max(1, cpu_count // max(1, ranks_on_node))
@@ -204,6 +213,11 @@ class Launcher:
     def build(self, req: PlanRequest) -> LaunchPlan:
         """The exact argv and environment that start req.grid's ranks (pure)."""
         raise NotImplementedError(f"launcher {self.name} does not build a command")
+
+    def culprit(self, lines: list[str]) -> tuple[int, str, str] | None:
+        """(rank, host, how it ended) of the rank that the launcher's last stderr lines say ended the job,
+        or None when they do not say."""
+        return None
 
     def plan(self, req: PlanRequest, argv: list[str], env: dict[str, str], *, hosts: list[Host] | None = None,
              rank_env: list[dict[str, str]] | None = None, notes: list[str] | None = None) -> LaunchPlan:

@@ -10,8 +10,7 @@ import shlex
 from typing import Mapping
 
 from torus_train.job.hosts import Host
-from torus_train.job.launchers.base import (Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars,
-                                            threads_per_rank)
+from torus_train.job.launchers.base import Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars
 from torus_train.job.topology import Grid
 
 MAX_LOCAL_CPU_RANKS = 8

@@ -12,10 +12,12 @@ reads. A PBS entry would build the identical command under a second name.
 """
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 from torus_train.job.hosts import Host, read_hostfile
-from torus_train.job.launchers.base import Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars, threads_per_rank
+from torus_train.job.launchers.base import (Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars, killed_by,
+                                            threads_per_rank)
 from torus_train.registry import load
 
 OPENMPI = RankVars("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -24,13 +26,15 @@ PMI = RankVars("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANK
 """MPICH and Intel MPI's mpiexec; srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE too, so Slurm's own variables are
 read before these (they carry the local rank, which PMI under srun does not)."""
 
+# OpenMPI/PRRTE: "mpirun noticed that process rank 3 with PID 123 on node node2 exited on signal 9 (Killed)."
+KILLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)")
+
 
 class Mpirun(Launcher):
     name = "mpirun"
     program = "mpirun"
     mpi_world = True
     auto_priority = 20  # after a Slurm allocation, before this machine
-    allocation = "the host list"
     rank_vars = (OPENMPI,)
     shared_rank_vars = (PMI,)
 
@@ -45,6 +49,10 @@ class Mpirun(Launcher):
     def rendezvous_by_hand(self, environ: Mapping[str, str]) -> tuple[str, int] | None:
         # rank 0 broadcasts its host and a free port over MPI: mpi4py lives with the ranks, a floor up
         return load("torus_train.ranks.bootstrap:mpi_rendezvous")(environ)
+
+    def culprit(self, lines: list[str]) -> tuple[int, str, str] | None:
+        m = KILLED.search(" ".join(lines))  # mpirun breaks this message over two lines
+        return (int(m.group(1)), m.group(2), killed_by(int(m.group(3)))) if m else None
 
     def hosts(self, hostfile: str, environ: Mapping[str, str]) -> tuple[list[Host], str]:
         path = hostfile or environ.get("PBS_NODEFILE", "")

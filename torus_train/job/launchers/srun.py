@@ -7,12 +7,15 @@ inside it. Since Slurm 22.05 a step does not inherit ``--cpus-per-task`` from th
 """
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 from torus_train.job.hosts import Host, expand_nodelist, read_hostfile, slurm_hosts
 from torus_train.job.launchers.base import Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars
 from torus_train.job.launchers.rendezvous import ephemeral_range, rendezvous_port
 
+# "srun: error: node2: task 3: Killed" (or "tasks 2-3")
+TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
 SLURM = RankVars("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")
 
 
@@ -46,6 +49,16 @@ class Srun(Launcher):
 
     def rendezvous_by_hand(self, environ: Mapping[str, str]) -> tuple[str, int] | None:
         return slurm_rendezvous(environ)
+
+    def culprit(self, lines: list[str]) -> tuple[int, str, str] | None:
+        """srun lists every task that ended, often a survivor's exit code first: a task ended by a signal is
+        preferred."""
+        found = [m for ln in lines if (m := TASK_ERROR.search(ln))]
+        if not found:
+            return None
+        m = next((m for m in found if "exit code" not in m.group(3).lower()), found[0])
+        status = m.group(3).strip()
+        return int(m.group(2)), m.group(1), "was killed by SIGKILL" if status == "Killed" else f"ended ({status})"
 
     def hosts(self, hostfile: str, environ: Mapping[str, str]) -> tuple[list[Host], str]:
         if hostfile:
