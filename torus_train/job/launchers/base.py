@@ -1,11 +1,12 @@
 """What a launcher is: a class of pure methods, the request its `build` answers and the plan it returns.
 
-A launcher knows five things, each a method (Horovod's runner keeps one launcher per module behind one call):
-when `launch.launcher = auto` should pick it (`auto`), the hosts it may use (`hosts`), whether a grid fits
-them (`check_capacity`), the exact argv and environment that start the ranks (`build`), and how a process
-recognises that it is one of its ranks and reads its place (`is_rank`, `rank_vars`). Only `hosts` reads a
-file (a hostfile or node file); everything else is a function of its arguments, which the tests check argv
-for argv. No torch import.
+A launcher answers, each with a method (Horovod's runner keeps one launcher per module behind one call):
+whether `launch.launcher = auto` should pick it here (`auto`), the hosts it may use (`hosts`), whether a grid
+fits them (`check_capacity`), the threads per rank (`threads`), the exact argv and environment that start the
+ranks (`build`), how a process recognises that it is one of its ranks and reads its place (`is_rank`,
+`rank_vars`), where rank 0 is when nobody said (`rendezvous_by_hand`), and which rank its last stderr lines
+blame for a failure (`culprit`). Of the planning methods only `hosts` reads a file (a hostfile or node file);
+the others are functions of their arguments, which the tests check argv for argv. No torch import.
 """
 from __future__ import annotations
 
