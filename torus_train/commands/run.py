@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from torus_train.errors import RunFailed, UserError
+from torus_train.job.launchers import choices as launcher_choices
 from torus_train.job.spec import JobSpec, load_spec, parse_override
 from torus_train.job.sources import choices_text, source_of
 
@@ -35,7 +36,7 @@ RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "r
 @click.option("--gpus-per-node", type=int, default=None,
               help="Ranks per node (grid.gpus_per_node); 0 = detect: all ranks on this machine for the local "
                    "launcher, the slots of the first host under mpirun or srun.")
-@click.option("--launcher", type=click.Choice(["auto", "local", "mpirun", "srun"]), default=None,
+@click.option("--launcher", type=click.Choice(launcher_choices()), default=None,
               help="How ranks start (launch.launcher).")
 @click.option("--hostfile", default=None, help="OpenMPI hostfile ('host slots=K') or PBS node file.")
 @click.option("--container", default=None, help="Singularity/Apptainer image every rank runs in.")

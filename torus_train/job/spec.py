@@ -26,6 +26,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI (a depende
 
 from torus_train.errors import UserError
 from torus_train.job.topology import MAX_WORLD
+from torus_train.job.launchers import choices as launcher_choices
 from torus_train.job.models import HOUSE_ARCHS
 from torus_train.job.schedule import Schedule, ScheduleError
 from torus_train.job.sources import DEFAULT_SOURCE, choices_text
@@ -261,7 +262,7 @@ class JobSpec:
         return self
 
     def _check_choices(self) -> None:
-        _choice("launch.launcher", self.launch.launcher, ("auto", "local", "mpirun", "srun"))
+        _choice("launch.launcher", self.launch.launcher, launcher_choices())
         _choice("launch.container_runtime", self.launch.container_runtime, ("singularity", "apptainer"))
         _choice("model.precision", self.model.precision, ("fp32", "fp16", "bf16"))
         _choice("data.loader", self.data.loader, ("auto", "dali", "torchvision"))

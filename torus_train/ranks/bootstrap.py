@@ -1,11 +1,12 @@
 """Inside a rank: who am I, where is rank 0, and the process groups (torch is imported inside the functions).
 
-Rank, world size and local rank come from torchrun / our local launcher (RANK, WORLD_SIZE, LOCAL_RANK),
+Rank, world size and local rank come from the variables of the launcher that started this process, as its
+entry in torus_train.job.launchers lists them: torchrun / our local launcher (RANK, WORLD_SIZE, LOCAL_RANK),
 OpenMPI (OMPI_COMM_WORLD_*), Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or PMI (PMI_RANK, PMI_SIZE).
 The rendezvous address is MASTER_ADDR/MASTER_PORT, which `torus-train run` hands every rank it launches
-(local, mpirun -x, srun --export). Ranks started by hand: under `srun` the first node of the step's node list
-and a port from the Slurm job and step id (no MPI needed); under `mpirun` rank 0 picks a free port on its
-host and broadcasts (host, port) with mpi4py, the only place a rank needs MPI to start.
+(local, mpirun -x, srun --export). Ranks started by hand ask their launcher's entry: under `srun` the first
+node of the step's node list and a port from the Slurm job and step id (no MPI needed); under `mpirun` rank 0
+picks a free port on its host and broadcasts (host, port) with mpi4py, the only place a rank needs MPI to start.
 """
 from __future__ import annotations
 
@@ -15,32 +16,15 @@ from datetime import timedelta
 from typing import Mapping
 
 from torus_train.errors import RunFailed
+from torus_train.job.launchers import read_rank, source_launcher
+from torus_train.job.launchers.srun import slurm_rendezvous  # noqa: F401  (ranks started by srun by hand)
 from torus_train.job.rank import Bootstrap, RankInfo  # noqa: F401  (the value types, one floor down)
 from torus_train.job.topology import Grid
-
-_SOURCES = (
-    # (name, rank, world size, local rank, local world size)
-    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
-    ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-)
 
 
 def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
     """Read rank / world size / local rank from the first launcher environment that is present."""
-    env = os.environ if environ is None else environ
-    for name, r, n, lr, ln in _SOURCES:
-        if r in env and n in env:
-            rank, size = int(env[r]), int(env[n])
-            local = int(env.get(lr, rank))
-            lsize = env.get(ln, "")
-            lsize_i = int(lsize) if lsize.isdigit() else size
-            if not 0 <= rank < size:
-                raise RunFailed(f"{name} environment says rank {rank} of {size}")
-            return RankInfo(rank, size, local, lsize_i, name)
-    return RankInfo(0, 1, 0, 1, "single")
+    return read_rank(os.environ if environ is None else environ)[0]
 
 
 def free_port() -> int:
@@ -49,39 +33,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def slurm_rendezvous(env: Mapping[str, str], ephemeral: tuple[int, int] | None = None) -> tuple[str, int] | None:
-    """(first node of the step, port from job and step id) for ranks started by `srun` by hand; None outside
-    a Slurm step. srun places rank 0 on the first node of the step's list (block and cyclic distributions)."""
-    from torus_train.job.hosts import expand_nodelist
-    from torus_train.job.launch import ephemeral_range, rendezvous_port
+def mpi_rendezvous(env: Mapping[str, str]) -> tuple[str, int]:
+    """(rank 0's host, a free port there), broadcast from rank 0 over MPI: ranks that mpirun started by hand."""
+    from mpi4py import MPI  # only ranks started by an MPI launcher get here
 
-    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    job = env.get("SLURM_JOB_ID", "")
-    if not nodes or not job.isdigit():
-        return None
-    step = env.get("SLURM_STEP_ID", "0")
-    # job id x 16 + step: consecutive steps of one allocation get different ports; every node of a cluster
-    # shares the ephemeral range, so every rank computes the same port
-    key = str(int(job) * 16 + (int(step) % 16 if step.isdigit() else 0))
-    return expand_nodelist(nodes)[0], rendezvous_port(key, ephemeral or ephemeral_range())
+    comm = MPI.COMM_WORLD
+    addr = (env.get("TORUS_TRAIN_MASTER_ADDR") or socket.gethostname(), free_port()) if comm.rank == 0 else None
+    return comm.bcast(addr, root=0)
 
 
 def rendezvous(info: RankInfo, environ: Mapping[str, str] | None = None) -> tuple[str, int]:
-    """(MASTER_ADDR, MASTER_PORT): from the environment; under srun by hand from the Slurm variables; under
-    mpirun by hand rank 0's host and a free port broadcast with mpi4py."""
+    """(MASTER_ADDR, MASTER_PORT): from the environment; for ranks started by hand, from the launcher whose
+    variables named the rank (srun: the Slurm variables; mpirun: rank 0's host and port over mpi4py)."""
     env = os.environ if environ is None else environ
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return env["MASTER_ADDR"], int(env["MASTER_PORT"])
     if info.world_size == 1:
         return "127.0.0.1", free_port()
-    if info.source == "slurm" and (found := slurm_rendezvous(env)) is not None:
+    launcher = source_launcher(info.source)
+    if launcher is not None and (found := launcher.rendezvous_by_hand(env)) is not None:
         return found
-    if info.source in ("openmpi", "pmi"):
-        from mpi4py import MPI  # only ranks started by an MPI launcher get here
-
-        comm = MPI.COMM_WORLD
-        addr = (env.get("TORUS_TRAIN_MASTER_ADDR") or socket.gethostname(), free_port()) if comm.rank == 0 else None
-        return comm.bcast(addr, root=0)
     raise RunFailed(f"rank {info.rank}: no MASTER_ADDR/MASTER_PORT in the environment and no MPI to broadcast "
                     "them; set both or start the job with `torus-train run`")
 
@@ -128,9 +99,11 @@ def check_gpu_arch(device) -> None:
         raise RunFailed(problem)
 
 
-def init_distributed(grid: Grid, timeout_s: float, environ: Mapping[str, str] | None = None) -> Bootstrap:
-    """Rank info -> device (its architecture checked against this torch build) -> process group (NCCL with CUDA,
-    else gloo) with the timeout -> row/column groups."""
+def init_distributed(grid: Grid, timeout_s: float, environ: Mapping[str, str] | None = None,
+                     backend: str | None = None) -> Bootstrap:
+    """Rank info -> device (its architecture checked against this torch build) -> process group with the
+    timeout -> row/column groups. backend: None = NCCL with CUDA, else gloo; 'gloo' keeps the ranks on the
+    CPU even where there are GPUs (bench --backend gloo)."""
     import torch
     import torch.distributed as dist
 
@@ -138,13 +111,14 @@ def init_distributed(grid: Grid, timeout_s: float, environ: Mapping[str, str] | 
     if info.world_size != grid.size:
         raise RunFailed(f"rank {info.rank}: the launcher started {info.world_size} ranks but grid {grid} needs "
                         f"{grid.size}")
-    if torch.cuda.is_available():
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
         device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
         check_gpu_arch(device)
         torch.cuda.set_device(device)
-        backend = "nccl"
     else:
-        device, backend = torch.device("cpu"), "gloo"
+        device = torch.device("cpu")
     addr, port = rendezvous(info, environ)
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
                             world_size=info.world_size, timeout=timedelta(seconds=timeout_s),

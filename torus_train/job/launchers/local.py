@@ -1,0 +1,66 @@
+"""`local`: N worker processes on this machine, which `run` starts and supervises itself (no torch import).
+
+Each rank gets RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT, the variables
+torchrun sets, so a rank cannot tell the two apart and needs nothing else to find rank 0.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Mapping
+
+from torus_train.job.hosts import Host
+from torus_train.job.launchers.base import Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars
+from torus_train.job.topology import Grid
+
+MAX_LOCAL_CPU_RANKS = 8
+"""CPU ranks (no GPU) one machine runs at least, whatever its core count: gloo ranks time-share cores."""
+TORCHRUN = RankVars("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+class Local(Launcher):
+    name = "local"
+    runs_here = True
+    auto_priority = 90  # the fallback: no scheduler and no hostfile
+    rank_vars = (TORCHRUN,)
+
+    def auto(self, environ: Mapping[str, str], hostfile: str) -> str:
+        return "auto: no hostfile and no scheduler, so ranks start on this machine"
+
+    def is_rank(self, environ: Mapping[str, str]) -> bool:
+        # torchrun sets TORCHELASTIC_RUN_ID; our own ranks (and torchrun's) RANK and WORLD_SIZE
+        return "TORCHELASTIC_RUN_ID" in environ or ("RANK" in environ and "WORLD_SIZE" in environ)
+
+    def hosts(self, hostfile: str, environ: Mapping[str, str]) -> tuple[list[Host], str]:
+        return [Host("localhost", 0)], ""
+
+    def default_world(self, hosts: list[Host], local_gpus: int) -> int:
+        return max(local_gpus, 1)
+
+    def default_per_node(self, world: int, hosts: list[Host]) -> int:
+        return world
+
+    def check_capacity(self, grid: Grid, hosts: list[Host], hostfile: str, local_gpus: int,
+                       cpu_count: int) -> None:
+        n = grid.size
+        limit = local_gpus if local_gpus else max(MAX_LOCAL_CPU_RANKS, cpu_count)
+        if n > limit:
+            kind = f"{local_gpus} GPUs" if local_gpus else f"no GPU (CPU ranks: at most {limit})"
+            raise LaunchError(
+                f"{n} ranks do not fit on this machine ({kind}); to launch grid {grid} pass --hostfile FILE "
+                f"('host slots=K' per node, e.g. K=4 for {math.ceil(n / 4)} nodes; mpirun), submit from inside a "
+                f"Slurm or PBS job (scripts/slurm/, scripts/pbs/), or add --dry-run to only print the plan")
+
+    def build(self, req: PlanRequest) -> LaunchPlan:
+        n = req.grid.size
+        threads, _ = self.threads(req.environ, n, req.cpu_count, True)
+        notes = [] if req.local_gpus else [f"no GPU here: {n} CPU ranks on gloo, {threads} thread(s) each"]
+        rank_env = [{"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n),
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(req.port)} for r in range(n)]
+        return self.plan(req, req.command, {"OMP_NUM_THREADS": str(threads), **req.env},
+                         hosts=[Host("localhost", n)], rank_env=rank_env, notes=notes)
+
+    def command_text(self, plan: LaunchPlan) -> str:
+        first = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**plan.rank_env[0], **plan.env}.items())
+        return (f"{first} {shlex.join(plan.argv)}\n  (x{plan.world_size} ranks, RANK/LOCAL_RANK 0.."
+                f"{plan.world_size - 1})")

@@ -1,0 +1,99 @@
+"""`mpirun` (OpenMPI): one command starts every rank over a hostfile (no torch import).
+
+``mpirun -np N --map-by ppr:K:node --hostfile F -x PATH -x LD_LIBRARY_PATH -x VAR=... -x MASTER_ADDR=host
+-x MASTER_PORT=port [launch.launcher_args] COMMAND``. With the CPUs per node known (PBS ``NCPUS``) each rank is
+bound to its share of cores (``ppr:K:node:PE=C --bind-to core``). Hosts given without a file (ranks on this
+machine, as `bench --backend mpi` starts them) need no host option, with ``--oversubscribe`` when the ranks
+outnumber the CPUs.
+
+PBS is not a launcher of its own: a PBS job starts its ranks with this same mpirun; it only supplies the host
+list (``$PBS_NODEFILE``, one line per slot), the job id and the cores per node (``NCPUS``), which this entry
+reads. A PBS entry would build the identical command under a second name.
+"""
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+from torus_train.job.hosts import Host, read_hostfile
+from torus_train.job.launchers.base import (Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars, killed_by,
+                                            threads_per_rank)
+from torus_train.registry import load
+
+OPENMPI = RankVars("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                   "OMPI_COMM_WORLD_LOCAL_SIZE")
+PMI = RankVars("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+"""MPICH and Intel MPI's mpiexec; srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE too, so Slurm's own variables are
+read before these (they carry the local rank, which PMI under srun does not)."""
+
+# OpenMPI/PRRTE: "mpirun noticed that process rank 3 with PID 123 on node node2 exited on signal 9 (Killed)."
+KILLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)")
+
+
+class Mpirun(Launcher):
+    name = "mpirun"
+    program = "mpirun"
+    mpi_world = True
+    auto_priority = 20  # after a Slurm allocation, before this machine
+    rank_vars = (OPENMPI,)
+    shared_rank_vars = (PMI,)
+
+    def auto(self, environ: Mapping[str, str], hostfile: str) -> str:
+        if environ.get("PBS_NODEFILE"):
+            return f"auto: inside a PBS job (PBS_NODEFILE={environ['PBS_NODEFILE']})"
+        return "auto: a hostfile was given" if hostfile else ""
+
+    def is_rank(self, environ: Mapping[str, str]) -> bool:
+        return "OMPI_COMM_WORLD_SIZE" in environ or "PMI_SIZE" in environ or "PMIX_RANK" in environ
+
+    def rendezvous_by_hand(self, environ: Mapping[str, str]) -> tuple[str, int] | None:
+        # rank 0 broadcasts its host and a free port over MPI: mpi4py lives with the ranks, a floor up
+        return load("torus_train.ranks.bootstrap:mpi_rendezvous")(environ)
+
+    def culprit(self, lines: list[str]) -> tuple[int, str, str] | None:
+        m = KILLED.search(" ".join(lines))  # mpirun breaks this message over two lines
+        return (int(m.group(1)), m.group(2), killed_by(int(m.group(3)))) if m else None
+
+    def hosts(self, hostfile: str, environ: Mapping[str, str]) -> tuple[list[Host], str]:
+        path = hostfile or environ.get("PBS_NODEFILE", "")
+        if not path:
+            raise LaunchError("launcher mpirun needs a hostfile: pass --hostfile FILE ('host slots=K' per line) or "
+                              "run inside a PBS job (PBS_NODEFILE)")
+        return read_hostfile(path, "--hostfile" if hostfile else "PBS_NODEFILE"), path
+
+    def threads(self, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int,
+                all_local: bool) -> tuple[int, str]:
+        ncpus = environ.get("NCPUS", "")
+        if environ.get("PBS_JOBID") and ncpus.isdigit() and int(ncpus) > 0:  # PBS: the cores of each node
+            return threads_per_rank(ranks_on_node, int(ncpus)), "NCPUS"
+        return super().threads(environ, ranks_on_node, cpu_count, all_local)
+
+    @staticmethod
+    def _where(req: PlanRequest) -> list[str]:
+        """The hosts: the hostfile; else this machine, where mpirun counts its cores as slots: more ranks than
+        CPUs must be allowed (--oversubscribe), and then OpenMPI has idle ranks yield instead of spinning;
+        else the hosts by name."""
+        if req.hostfile:
+            return ["--hostfile", req.hostfile]
+        if req.all_local():
+            return ["--oversubscribe"] if req.grid.size > req.cpu_count else []
+        return ["--host", ",".join(f"{h.name}:{h.slots}" for h in req.used)]
+
+    def build(self, req: PlanRequest) -> LaunchPlan:
+        n, k = req.grid.size, req.grid.gpus_per_node
+        threads, source = self.threads(req.environ, k, req.cpu_count, req.all_local())
+        env = {"OMP_NUM_THREADS": str(threads), **req.env}
+        argv = [self.program] + (["--allow-run-as-root"] if req.as_root else [])
+        if source == "NCPUS":  # the node's cores are known: each rank gets its own share
+            argv += ["-np", str(n), "--map-by", f"ppr:{k}:node:PE={threads}", "--bind-to", "core"]
+        else:
+            argv += ["-np", str(n), "--map-by", f"ppr:{k}:node", "--bind-to", "none"]
+        argv += self._where(req)
+        # the ranks on other nodes start from the remote shell's environment: carry this one's PATH (the
+        # activated environment) and LD_LIBRARY_PATH (modules) with them
+        for name in ("PATH", "LD_LIBRARY_PATH"):
+            if name in req.environ and name not in env:
+                argv += ["-x", name]
+        for name, value in {**env, **req.rendezvous()}.items():
+            argv += ["-x", f"{name}={value}"]
+        return self.plan(req, [*argv, *req.launcher_args, *req.command], {})
