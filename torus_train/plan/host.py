@@ -224,14 +224,14 @@ JOB_FIELDS = (
     Field("spec.comm.compression", "str"), Field("spec.comm.bucket_mb", "number", 0, 1 << 20, low_open=True),
     Field("grid.x", "int", 1, 1 << 20), Field("grid.y", "int", 1, 1 << 20),
 )
-"""What --compare-run reads from OUT/job.json."""
+"""What `plan compare-run` reads from OUT/job.json."""
 SUMMARY_FIELDS = (Field("device", "str"), Field("steps", "int", 0))
-"""What --compare-run reads from OUT/summary.json."""
+"""What `plan compare-run` reads from OUT/summary.json."""
 STEP_FIELDS = (Field("per_rank_batch", "int", 1, 1 << 30), Field("step_time", "number", 0, low_open=True))
-"""What --compare-run reads from each step record of OUT/metrics.jsonl."""
+"""What `plan compare-run` reads from each step record of OUT/metrics.jsonl."""
 
 
-def read_run(out: str, flag: str = "--compare-run") -> RunRecord:
+def read_run(out: str, flag: str = "plan compare-run") -> RunRecord:
     """OUT/job.json, OUT/summary.json and OUT/metrics.jsonl of a finished run, each field checked; one line
     naming the file and the field when one cannot be used."""
     d = Path(out)
@@ -365,7 +365,7 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser(description="Measure one rank's step (forward, backward per module, optimizer) "
-                                             "on CPU, for `torus-train plan --compare-run --layer-profile`.")
+                                             "on CPU, for `torus-train plan compare-run --layer-profile`.")
     ap.add_argument("model")
     ap.add_argument("out")
     ap.add_argument("--image-size", type=int, default=64)
