@@ -33,7 +33,7 @@ class PlanGroup(click.Group):
             moved = "--compare-run" if "--compare-run" in args else e.option_name
             if moved not in MOVED:
                 raise
-            raise click.UsageError(f"{moved} is an option of a subcommand now: torus-train plan {MOVED[moved]}",
+            raise click.UsageError(f"{moved} belongs to a subcommand: torus-train plan {MOVED[moved]}",
                                    ctx) from None
 
 
@@ -123,7 +123,7 @@ def _no_plan_options(ctx: click.Context) -> None:
                         f"{ctx.invoked_subcommand} --help')")
 
 
-@plan.command("calibrate")
+@plan.command("calibrate", short_help="Fit this machine from bench files; predict a grid or compare another.")
 @click.argument("bench", metavar="BENCH.json")
 @click.option("--grid", default=None, metavar="XxY",
               help="Grid to predict, all ranks on this host [default: 2x4 unless --compare is given].")
@@ -154,7 +154,7 @@ def calibrate(json_path, **options) -> None:
     _write_json(json_path, calibrate_report(CalibrateRequest(**options), click.echo))
 
 
-@plan.command("compare-run")
+@plan.command("compare-run", short_help="A finished CPU run's measured step against the calibrated prediction.")
 @click.argument("run_out", metavar="OUT", type=click.Path(file_okay=False))
 @click.option("--calibrate", default=None, metavar="BENCH.json",
               help="This machine's calibration: `bench allreduce --json` file(s) of the run's algorithm (required).")
