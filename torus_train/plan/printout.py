@@ -110,7 +110,7 @@ def bucket_lines(p: Plan) -> list[str]:
 
 def torus_lines(p: Plan) -> list[str]:
     """The torus's buckets on the timeline, its summary, and its efficiency with no and with full overlap."""
-    t = p.algorithms["torus"]
+    t = p.torus
     lines = [f"# torus bucket {b['index']}: {b['parameter_count']} tensors ({b['last_parameter']} .. "
              f"{b['first_parameter']}), {mb(b['nbytes'])} MB, ready {b['ready_seconds'] * 1e3:.2f} ms, "
              f"exchange {b['start_seconds'] * 1e3:.2f}..{b['end_seconds'] * 1e3:.2f} ms"
@@ -135,7 +135,7 @@ def source_lines(p: Plan) -> list[str]:
 def bucket_caps_line(p: Plan, caps: list[dict]) -> str:
     """The torus step at the plan's bucket cap against the fastest of the caps tried (search.bucket_sweep)."""
     best = min(caps, key=lambda c: c["step_seconds"])
-    here = p.algorithms["torus"]
+    here = p.torus
     return (f"# bucket cap: {p.bucket_cap_bytes / 2**20:g} MiB gives the torus {here.step_seconds * 1e3:.2f} ms "
             f"per step; of {', '.join(str(c['cap_mb']) for c in caps)} MiB the fastest is "
             f"{best['cap_mb']:g} MiB ({best['buckets']} buckets, {best['step_seconds'] * 1e3:.2f} ms, "

@@ -130,6 +130,11 @@ class Plan:
     with --overlap (the old model has none)."""
 
     @property
+    def torus(self) -> AlgoPlan:
+        """The torus's line (every plan has one)."""
+        return self.algorithms["torus"]
+
+    @property
     def overhead_seconds(self) -> float:
         """Seconds every step pays unhidden."""
         return (self.step_overhead or 0.0) * self.compute_seconds
