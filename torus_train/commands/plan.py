@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from torus_train.errors import UserError
+from torus_train.errors import UserError, check_output_file
 
 MOVED = {"--calibrate": "calibrate BENCH.json", "--calibrate-algo": "calibrate BENCH.json --algo NAME",
          "--compare": "calibrate BENCH.json --compare OTHER.json", "--cores": "calibrate BENCH.json --cores N",
@@ -44,8 +44,6 @@ def _json_option(f):
 
 def _check_json(path: str | None) -> None:
     """Before any work: the --json file can be written."""
-    from torus_train.errors import check_output_file
-
     if path is not None:
         check_output_file(path, "--json")
 
