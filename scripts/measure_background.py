@@ -7,7 +7,7 @@ Every --interval seconds it reads the state of every thread on the machine (/pro
 the runnable ones (state R) that belong neither to the command's process tree nor to this script. At the end
 it prints `background: MEAN runnable threads (median M, N samples)` and exits with the command's status.
 The mean is the `background` term of the calibration's oversubscription model,
-max(1, (ranks + background) / cores): `plan --calibrate --background` and
+max(1, (ranks + background) / cores): `plan calibrate --background` and
 `scripts/check_calibration.py --fit-background/--check-background`. Linux only.
 """
 from __future__ import annotations

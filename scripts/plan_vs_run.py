@@ -9,7 +9,7 @@ For each repeat, and inside it for each grid in turn (so the grids alternate und
      and the training loop's CPU per step in a one-rank run of the same job (1x1, 30 steps; --no-loop skips it);
   3. run: `torus-train run` on G with the torus hook, ResNet-18 at 64 px on synthetic data, --batch images per
      rank, --steps steps, metrics every 5 steps;
-  4. compare: `torus-train plan --compare-run RUN --calibrate BENCH --layer-profile PROF`, with the background
+  4. compare: `torus-train plan compare-run RUN --calibrate BENCH --layer-profile PROF`, with the background
      load measured during each of 1 to 3.
 The background is sampled every 0.5 s while each of 1 to 3 runs: the other runnable threads, as
 scripts/measure_background.py counts them, and the other runnable scheduling groups (sessions with a runnable
@@ -195,12 +195,12 @@ def one(grid: str, rep: int, work: Path, args) -> dict:
                 "none": (0.0, 0.0)}
     for label, (bb, br) in variants.items():
         out = d / f"compare_{label}.json"
-        r = subprocess.run([*tt, "plan", "--compare-run", str(run), "--calibrate", str(bench), "--layer-profile",
+        r = subprocess.run([*tt, "plan", "compare-run", str(run), "--calibrate", str(bench), "--layer-profile",
                             str(prof), "--cores", str(args.cores), "--background", f"{bb}", "--run-background", f"{br}",
                             "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
         (d / f"compare_{label}.log").write_text(r.stdout + r.stderr)
         if r.returncode != 0:
-            raise RuntimeError(f"plan --compare-run failed: {r.stderr.strip()}")
+            raise RuntimeError(f"plan compare-run failed: {r.stderr.strip()}")
         rows[label] = json.loads(out.read_text())["stages"][0]
     w = rows[pick]
     pred = w["prediction"]

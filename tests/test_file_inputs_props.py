@@ -1,7 +1,7 @@
 """Property-based tests over the files commands read (issue: nothing lost, nothing refused late).
 
 Hypothesis generates malformed run folders (job.json, summary.json, metrics.jsonl), bench JSON for
---calibrate, step and layer profiles, hostfiles and index targets; each goes through the real entry point
+`plan calibrate`, step and layer profiles, hostfiles and index targets; each goes through the real entry point
 (``torus_train.cli.main``) in process. Every example must end in exit 0, or exit 2 with exactly one
 ``torus-train: error:`` line and no traceback, and must change no file outside the place the command was asked
 to write. Valid documents are mutated (a field replaced by any JSON value, removed, or the text cut short), so
@@ -135,7 +135,7 @@ def test_run_folders(place, which, data):
         texts[which] = data.draw(mutated(json.loads(texts[which])))
     for name, text in texts.items():
         (run / name).write_text(text)
-    run_cli(place, "plan", "--compare-run", "run", "--calibrate", "bench.json", "--layer-profile", "profile.json",
+    run_cli(place, "plan", "compare-run", "run", "--calibrate", "bench.json", "--layer-profile", "profile.json",
             "--cores", "2")
 
 
@@ -143,7 +143,7 @@ def test_run_folders(place, which, data):
 @given(data=st.data())
 def test_bench_files_for_calibrate(place, data):
     (place / "b.json").write_text(data.draw(mutated(GOOD_BENCH)))
-    run_cli(place, "plan", "--calibrate", "b.json", "--grid", "2x2", "--cores", "2", "--llc-mib", "32")
+    run_cli(place, "plan", "calibrate", "b.json", "--grid", "2x2", "--cores", "2", "--llc-mib", "32")
 
 
 @SETTINGS
@@ -153,12 +153,12 @@ def test_profiles(place, kind, data):
     (place / "p.json").write_text(data.draw(mutated(good)))
     if kind == "layers":
         run_cli(place, "plan", "--gpus", "8", "--grid", "2x4", "--model", "resnet18", "--layer-profile", "p.json")
-    else:  # a step profile is read by --compare-run
+    else:  # a step profile is read by plan compare-run
         (place / "run").mkdir(exist_ok=True)
         for name, doc in (("job.json", GOOD_JOB), ("summary.json", GOOD_SUMMARY)):
             (place / "run" / name).write_text(json.dumps(doc))
         (place / "run" / "metrics.jsonl").write_text(json.dumps(GOOD_STEP) + "\n")
-        run_cli(place, "plan", "--compare-run", "run", "--calibrate", "bench.json", "--layer-profile", "p.json",
+        run_cli(place, "plan", "compare-run", "run", "--calibrate", "bench.json", "--layer-profile", "p.json",
                 "--cores", "2")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from clihelp import assert_one_line_error, invoke
 from torus_train.commands.plan import plan
 from torus_train.job.topology import Grid
 from torus_train.plan.calibrate import fit_terms, local_coefficients
@@ -163,7 +164,7 @@ def test_calibrate_fits_a_bench_file_and_predicts_2x4(tmp_path):
     bench = tmp_path / "bench_2x2.json"
     bench.write_text(json.dumps(_bench_rows("2x2")))
     out = tmp_path / "cal.json"
-    r = run_cli("--calibrate", str(bench), "--grid", "2x4", "--cores", "2", "--llc-mib", "1", "--json", str(out))
+    r = run_cli("calibrate", str(bench), "--grid", "2x4", "--cores", "2", "--llc-mib", "1", "--json", str(out))
     assert r.returncode == 0, r.stderr
     for text in ("alpha = 150.00 us per step", "1/beta_cache = 0.5000 GB/s per rank in cache",
                  "1/(beta_cache + beta_extra) = 0.2500 GB/s per rank beyond the cache (2 rows beyond it)",
@@ -177,9 +178,9 @@ def test_calibrate_fits_a_bench_file_and_predicts_2x4(tmp_path):
     assert p24[-1]["time_us"] == pytest.approx(4 * (s8 * 150 + c8 * n * ((1 - miss) / 0.5e3 + miss / 0.25e3)))
     bad = tmp_path / "bad.json"
     bad.write_text("[{\"algo\": \"torus\"}]")
-    r = run_cli("--calibrate", str(bad))
+    r = run_cli("calibrate", str(bad))
     assert r.returncode == 2 and "grid: missing" in r.stderr
-    r = run_cli("--calibrate", str(bench), "--llc-mib", "0")
+    r = run_cli("calibrate", str(bench), "--llc-mib", "0")
     assert r.returncode == 2 and "--llc-mib: 0 must be > 0" in r.stderr
 
 
@@ -189,24 +190,59 @@ def test_calibrate_compare_prints_predicted_against_measured(tmp_path):
     f22.write_text(json.dumps(_bench_rows("2x2")))
     f24.write_text(json.dumps(_bench_rows("2x4")))
     out = tmp_path / "cmp.json"
-    r = run_cli("--calibrate", str(f22), "--compare", str(f24), "--cores", "2", "--llc-mib", "1", "--json", str(out))
+    r = run_cli("calibrate", str(f22), "--compare", str(f24), "--cores", "2", "--llc-mib", "1", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "pred/meas" in r.stdout and "at >= 1 MiB pred/meas 1.00 to 1.00, 2 of 2 within 30%" in r.stdout
     comp = json.loads(out.read_text())["comparison"]
     assert [c["grid"] for c in comp] == ["2x4"] * 5 and all(c["ratio"] == pytest.approx(1) for c in comp)
-    r = run_cli("--calibrate", str(f22), "--compare", str(tmp_path / "missing.json"), "--llc-mib", "1")
+    r = run_cli("calibrate", str(f22), "--compare", str(tmp_path / "missing.json"), "--llc-mib", "1")
     assert r.returncode == 2 and "missing.json does not exist" in r.stderr
     flat_only = tmp_path / "flat.json"
     flat_only.write_text(json.dumps(_bench_rows("2x4", algos=("flat",))))
-    r = run_cli("--calibrate", str(f22), "--compare", str(flat_only), "--llc-mib", "1")
+    r = run_cli("calibrate", str(f22), "--compare", str(flat_only), "--llc-mib", "1")
     assert r.returncode == 2 and "--compare" in r.stderr and "no rows of torus" in r.stderr
 
 
 def test_help_does_not_import_torch():
     r = subprocess.run([sys.executable, "-c", "import sys; from torus_train.cli import cli; "
-                        "import torus_train.commands.plan; print('torch' in sys.modules)"],
+                        "import torus_train.commands.plan, torus_train.plan.predict, torus_train.plan.calibrate_report, "
+                        "torus_train.plan.run_report; print('torch' in sys.modules)"],
                        capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
+
+
+def _options(help_text: str) -> set[str]:
+    """The long options a --help page lists."""
+    section = help_text.split("Options:")[1].split("Commands:")[0]
+    rows = [line for line in section.splitlines() if line.startswith("  -") and not line.startswith("   ")]
+    return {w.rstrip(",") for line in rows for w in line.split()[:2] if w.startswith("--")}
+
+
+def test_each_command_lists_only_its_own_options():
+    pages = {name: CliRunner().invoke(plan, [*name.split(), "--help"]) for name in ("", "calibrate", "compare-run")}
+    assert all(r.exit_code == 0 for r in pages.values())
+    main = _options(pages[""].output)
+    assert {"--gpus", "--grid", "--network", "--overlap", "--simulate", "--check-groups", "--png", "--plot"} <= main
+    assert not main & {"--calibrate", "--compare", "--compare-run", "--cores", "--llc-mib", "--run-background"}
+    assert "calibrate" in pages[""].output.split("Commands:")[1]
+    assert _options(pages["calibrate"].output) == {"--grid", "--algo", "--compare", "--cores", "--background",
+                                                   "--llc-mib", "--json", "--help"}
+    assert _options(pages["compare-run"].output) == {"--calibrate", "--layer-profile", "--cores", "--background",
+                                                     "--run-background", "--llc-mib", "--json", "--help"}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--calibrate", "b.json", "--grid", "2x4"], "torus-train plan calibrate BENCH.json"),
+    (["--gpus", "8", "--llc-mib", "32"], "torus-train plan calibrate BENCH.json --llc-mib M"),
+    (["--calibrate", "b.json", "--compare-run", "run"], "torus-train plan compare-run OUT --calibrate"),
+    (["--gpus", "8", "calibrate", "b.json"], "--gpus: an option of the main plan, not of `plan calibrate`"),
+    (["calibrate", "b.json", "--gpus", "8"], "No such option"),
+    (["calibrate"], "Missing argument 'BENCH.json'"),
+    (["compare-run", "run", "--overlap", "0.5"], "No such option"),
+    (["calibrate", "missing.json"], "BENCH.json: missing.json"),
+])
+def test_old_and_misplaced_options_are_one_line_and_exit_2(args, needle):
+    assert_one_line_error(*invoke("plan", *args)[::2], needle)
 
 
 @pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""`plan --compare-run`: a finished CPU run's measured step against the host prediction (torus_train.plan.host)."""
+"""`plan compare-run`: a finished CPU run's measured step against the host prediction (torus_train.plan.host)."""
 from __future__ import annotations
 
 import json
@@ -44,7 +44,7 @@ def _run_folder(tmp_path: Path, device: str = "cpu", times=(9.0, 0.5, 0.5, 0.7))
 
 def test_compare_run_on_a_fixture_folder_predicts_by_hand(tmp_path):
     out, prof, js = _run_folder(tmp_path), _profile(tmp_path), tmp_path / "cmp.json"
-    r = CliRunner().invoke(plan, ["--compare-run", str(out), "--calibrate", str(BENCH), "--layer-profile", str(prof),
+    r = CliRunner().invoke(plan, ["compare-run", str(out), "--calibrate", str(BENCH), "--layer-profile", str(prof),
                                   "--cores", "2", "--json", str(js)])
     assert r.exit_code == 0, r.output
     d = json.loads(js.read_text())
@@ -80,7 +80,7 @@ def test_the_timeline_bound_decides_when_cores_are_free():
 @pytest.mark.parametrize("what, needle", [
     ("missing", "summary.json is missing"),
     ("gpu", "ran on cuda; only runs on CPU ranks"),
-    ("no-bench", "--compare-run needs this machine's calibration"),
+    ("no-bench", "plan compare-run needs this machine's calibration"),
     ("other-model", "is resnet50 at 64 px; the run is resnet18"),
 ])
 def test_compare_run_bad_input_is_one_line_exit_2(tmp_path, what, needle):
@@ -91,7 +91,7 @@ def test_compare_run_bad_input_is_one_line_exit_2(tmp_path, what, needle):
     if what == "other-model":
         d = json.loads(prof.read_text())
         prof.write_text(json.dumps(d | {"model": "resnet50"}))
-    args = ["--compare-run", str(out), "--layer-profile", str(prof)]
+    args = ["compare-run", str(out), "--layer-profile", str(prof)]
     if what != "no-bench":
         args += ["--calibrate", str(BENCH)]
     r = subprocess.run([sys.executable, "-m", "torus_train", "plan", *args], capture_output=True, text=True,
@@ -115,7 +115,7 @@ def test_compare_run_on_a_real_run(tmp_path):
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
         assert r.returncode == 0, r.stdout + r.stderr
     js = tmp_path / "cmp.json"
-    r = subprocess.run([*env_py, "plan", "--compare-run", str(out), "--calibrate", str(bench), "--layer-profile",
+    r = subprocess.run([*env_py, "plan", "compare-run", str(out), "--calibrate", str(bench), "--layer-profile",
                         str(prof), "--json", str(js)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     (st,) = json.loads(js.read_text())["stages"]

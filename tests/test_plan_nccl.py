@@ -159,7 +159,7 @@ def test_plan_prints_nccl_beside_torus_and_json_carries_it(tmp_path):
 
 
 def test_nccl_model_imports_no_torch():
-    out = subprocess.run([sys.executable, "-c", "import sys, torus_train.plan.nccl, torus_train.commands.plan_verdict; "
+    out = subprocess.run([sys.executable, "-c", "import sys, torus_train.plan.nccl, torus_train.plan.printout; "
                           "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 

@@ -1,8 +1,18 @@
 """`torus-train plan`, as pure modules (numpy, no torch), in the order the pipeline uses them:
 
-networks   clusters as the cost model sees them: links, presets with their sources, TOML files
-cost       alpha-beta-gamma cost of one all-reduce per algorithm and of one training step
-search     grid choice by predicted time, and a whole plan over algorithms or GPU counts
-calibrate  the model fitted to one CPU host from bench rows, and held against another grid
-simulate   the torus's exact data movement on virtual ranks
+networks         clusters as the cost model sees them: links, presets with their sources, TOML files
+nccl             NCCL's own tuning model (ring, tree, NVLS, CollNet) for the cost model's NCCL rows
+cost             alpha-beta-gamma cost of one all-reduce per algorithm and of one training step
+timeline         DDP's buckets of a model and the step they make, each bucket all-reduced in turn
+search           grid choice by predicted step, a whole plan over algorithms or GPU counts, the verdict vs NCCL
+calibrate        the model fitted to one CPU host from bench rows, and held against another grid
+host             a CPU run's step predicted from the calibration and a measured step profile
+simulate         the torus's exact data movement on virtual ranks
+
+What each `plan` command calls, one function each:
+
+predict          `plan`: PlanRequest -> predict (printout: its text; checks: --simulate, --check-groups;
+                 plots: --plot, --png)
+calibrate_report `plan calibrate`: CalibrateRequest -> calibrate_report
+run_report       `plan compare-run`: CompareRunRequest -> compare_run
 """

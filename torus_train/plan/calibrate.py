@@ -245,18 +245,20 @@ def _llc(llc_bytes: int | None) -> int:
 
 
 def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = None,
-              cores: int | None = None, background: float = 0.0, llc_bytes: int | None = None) -> Calibration:
+              cores: int | None = None, background: float = 0.0, llc_bytes: int | None = None,
+              flag: str = "--calibrate") -> Calibration:
     """Fit alpha, beta_cache and beta_extra (all >= 0) of the model above to the rows of one algorithm on one
     grid (the first present unless named) with wrong == 0, minimising the relative error of the time.
 
     Relative, not absolute: bench rows span several decades of time, and a fit on seconds would follow the
-    largest rows alone and leave alpha undetermined. llc_bytes: default this machine's.
+    largest rows alone and leave alpha undetermined. llc_bytes: default this machine's. flag: what errors about
+    the rows name (the option or argument that gave them).
     """
     cores = cores or os.cpu_count() or 1
     if background < 0:
         raise UserError(f"--background: {background} must be >= 0")
     llc = _llc(llc_bytes)
-    algo, grid, used = _rows_to_fit(rows, algo, grid)
+    algo, grid, used = _rows_to_fit(rows, algo, grid, flag)
     backends = sorted({str(r.get("backend", "?")) for r in used})
     g = host_grid(grid)
     t = np.array([r["time_us"] * 1e-6 for r in used])
@@ -264,7 +266,7 @@ def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = 
     a = np.stack([fit_terms(algo, g, s, cores, background, llc) for s in n])
     alpha, beta_c, extra = nonnegative_lstsq(a / t[:, None], np.ones_like(t))
     if beta_c <= 0:
-        raise UserError(f"--calibrate: times of {algo} on {grid} do not grow with size "
+        raise UserError(f"{flag}: times of {algo} on {grid} do not grow with size "
                         f"({', '.join(f'{int(s)} B: {x * 1e6:.0f} us' for s, x in zip(n, t))}); "
                         f"cannot fit a bandwidth: rerun the bench with more iterations (-n) on a quieter machine")
     beyond = int((a[:, 2] > 0).sum())
@@ -276,18 +278,19 @@ def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = 
                        rms)
 
 
-def _rows_to_fit(rows: Sequence[dict], algo: str | None, grid: str | None) -> tuple[str, str, list[dict]]:
+def _rows_to_fit(rows: Sequence[dict], algo: str | None, grid: str | None,
+                 flag: str = "--calibrate") -> tuple[str, str, list[dict]]:
     """(algo, grid, rows) that calibrate fits: torus (else the first algorithm) unless named, its first grid
     unless named, the rows with wrong == 0; raise UserError unless they hold two sizes or more."""
     algos = [r["algo"] for r in rows]
     algo = algo or ("torus" if "torus" in algos else algos[0])
     grids = [r["grid"] for r in rows if r["algo"] == algo]
     if not grids:
-        raise UserError(f"--calibrate: no rows for algo {algo!r} (present: {', '.join(sorted(set(algos)))})")
+        raise UserError(f"{flag}: no rows for algo {algo!r} (present: {', '.join(sorted(set(algos)))})")
     grid = grid or grids[0]
     used = [r for r in rows if r["algo"] == algo and r["grid"] == grid and int(r.get("wrong", 0)) == 0]
     if len({r["size_bytes"] for r in used}) < 2:
-        raise UserError(f"--calibrate: need rows at two or more sizes for {algo} on {grid} with wrong == 0, "
+        raise UserError(f"{flag}: need rows at two or more sizes for {algo} on {grid} with wrong == 0, "
                         f"found {len(used)}")
     return algo, grid, used
 

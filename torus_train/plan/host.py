@@ -224,14 +224,14 @@ JOB_FIELDS = (
     Field("spec.comm.compression", "str"), Field("spec.comm.bucket_mb", "number", 0, 1 << 20, low_open=True),
     Field("grid.x", "int", 1, 1 << 20), Field("grid.y", "int", 1, 1 << 20),
 )
-"""What --compare-run reads from OUT/job.json."""
+"""What `plan compare-run` reads from OUT/job.json."""
 SUMMARY_FIELDS = (Field("device", "str"), Field("steps", "int", 0))
-"""What --compare-run reads from OUT/summary.json."""
+"""What `plan compare-run` reads from OUT/summary.json."""
 STEP_FIELDS = (Field("per_rank_batch", "int", 1, 1 << 30), Field("step_time", "number", 0, low_open=True))
-"""What --compare-run reads from each step record of OUT/metrics.jsonl."""
+"""What `plan compare-run` reads from each step record of OUT/metrics.jsonl."""
 
 
-def read_run(out: str, flag: str = "--compare-run") -> RunRecord:
+def read_run(out: str, flag: str = "plan compare-run") -> RunRecord:
     """OUT/job.json, OUT/summary.json and OUT/metrics.jsonl of a finished run, each field checked; one line
     naming the file and the field when one cannot be used."""
     d = Path(out)
@@ -277,39 +277,46 @@ def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_
     m = getattr(torchvision.models, model)(num_classes=num_classes)
     m.train()
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-5)
+    names, stamps = _stamp_backward(m, clock)
+    x = torch.randn(batch, 3, image_size, image_size)
+    y = torch.randint(0, num_classes, (batch,))
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    steps = [_timed_step(m, opt, lambda: loss_fn(m(x), y), stamps, clock) for _ in range(warmup + repeats)][warmup:]
+    fw, bw, op = ([s[i] for s in steps] for i in range(3))
+    modules = {n: statistics.median(s[3].get(n, 0.0) for s in steps) for n in names}
+    return StepProfile(model, image_size, batch, num_classes, threads, statistics.median(fw), statistics.median(bw),
+                       statistics.median(op), modules, cores=len(os.sched_getaffinity(0)), background=0.0,
+                       clock="cpu" if threads == 1 else "wall")
+
+
+def _stamp_backward(m, clock) -> tuple[list[str], dict[str, float]]:
+    """(the names of m's modules that own parameters, a dict each of them stamps with clock() when its last
+    gradient is accumulated in the backward pass)."""
     names = [n for n, mod in m.named_modules() if any(True for _ in mod.parameters(recurse=False))]
     mods = dict(m.named_modules())
     stamps: dict[str, float] = {}
     for n in names:
         for p in mods[n].parameters(recurse=False):
             p.register_post_accumulate_grad_hook(lambda _p, n=n: stamps.__setitem__(n, clock()))
-    x = torch.randn(batch, 3, image_size, image_size)
-    y = torch.randint(0, num_classes, (batch,))
-    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
-    fw, bw, op, per_module = [], [], [], []
-    for i in range(warmup + repeats):
-        opt.zero_grad(set_to_none=True)
-        stamps.clear()
-        t0 = clock()
-        loss = loss_fn(m(x), y)
-        t1 = clock()
-        loss.backward()
-        t2 = clock()
-        opt.step()
-        t3 = clock()
-        if i < warmup:
-            continue
-        fw.append(t1 - t0)
-        bw.append(t2 - t1)
-        op.append(t3 - t2)
-        prev, d = t1, {}
-        for n, t in sorted(stamps.items(), key=lambda kv: kv[1]):
-            d[n], prev = t - prev, t
-        per_module.append(d)
-    modules = {n: statistics.median(r.get(n, 0.0) for r in per_module) for n in names}
-    return StepProfile(model, image_size, batch, num_classes, threads, statistics.median(fw), statistics.median(bw),
-                       statistics.median(op), modules, cores=len(os.sched_getaffinity(0)), background=0.0,
-                       clock="cpu" if threads == 1 else "wall")
+    return names, stamps
+
+
+def _timed_step(m, opt, loss_of, stamps: dict[str, float], clock) -> tuple[float, float, float, dict[str, float]]:
+    """One training step: (forward + loss, backward, optimizer step, each module's share of the backward: the
+    time since the previous stamp)."""
+    opt.zero_grad(set_to_none=True)
+    stamps.clear()
+    t0 = clock()
+    loss = loss_of()
+    t1 = clock()
+    loss.backward()
+    t2 = clock()
+    opt.step()
+    t3 = clock()
+    prev, per_module = t1, {}
+    for n, t in sorted(stamps.items(), key=lambda kv: kv[1]):
+        per_module[n], prev = t - prev, t
+    return t1 - t0, t2 - t1, t3 - t2, per_module
 
 
 def profile_to_json(p: StepProfile) -> dict:
@@ -365,7 +372,7 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser(description="Measure one rank's step (forward, backward per module, optimizer) "
-                                             "on CPU, for `torus-train plan --compare-run --layer-profile`.")
+                                             "on CPU, for `torus-train plan compare-run --layer-profile`.")
     ap.add_argument("model")
     ap.add_argument("out")
     ap.add_argument("--image-size", type=int, default=64)

@@ -15,8 +15,8 @@ from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pa
 from torus_train.plan.cost import (ALGORITHM_LABELS, BACKWARD_FRACTION, DTYPE_BYTES, MODELS, STEP_OVERHEAD,
                                    AllreduceCost, algorithms_for, allreduce_cost, allreduce_seconds_fn, step_cost)
 from torus_train.plan.networks import Network
-from torus_train.plan.timeline import (DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP, layers_with_profile, model_layers,
-                                       timeline)
+from torus_train.plan.timeline import (DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP, Timeline, layers_with_profile,
+                                       model_layers, timeline)
 
 
 def rank_grids(n: int, net: Network, nbytes: int, placement: str = "rows") -> list[tuple[Grid, AllreduceCost]]:
@@ -130,6 +130,11 @@ class Plan:
     with --overlap (the old model has none)."""
 
     @property
+    def torus(self) -> AlgoPlan:
+        """The torus's line (every plan has one)."""
+        return self.algorithms["torus"]
+
+    @property
     def overhead_seconds(self) -> float:
         """Seconds every step pays unhidden."""
         return (self.step_overhead or 0.0) * self.compute_seconds
@@ -166,51 +171,65 @@ def make_plan(gpus: int, net: Network, model: str = "resnet50", per_gpu_batch: i
     model, each all-reduced with that algorithm, queued; torus_train.plan.timeline). A number: the old stated
     overlap, an override, with the whole gradient as one all-reduce. step_overhead: the fraction of the compute
     every timeline step also pays unhidden (the fitted STEP_OVERHEAD unless given; not used with overlap)."""
-    _check_plan_inputs(gpus, per_gpu_batch, model, gradient_dtype)
-    if bucket_cap is not None and not bucket_cap > 0:
-        raise UserError(f"--bucket-cap-mb: {bucket_cap / 2**20:g} must be > 0")
+    _check_plan_inputs(gpus, per_gpu_batch, model, gradient_dtype, bucket_cap, step_overhead)
     nbytes = MODELS[model].gradient_bytes(gradient_dtype)
     images_per_second = _throughput(net, model, images_per_second)
     compute = per_gpu_batch / images_per_second
-    if not (step_overhead >= 0 and math.isfinite(step_overhead)):
-        raise UserError(f"--step-overhead: {step_overhead!r} must be a number >= 0")
     overhead = step_overhead * compute
     layers = model_layers(model) if overlap is None else ()
     if layers and layer_profile is not None:
         layers = layers_with_profile(layers, layer_profile)
-    candidates: list[Candidate] = []
-    if grid is None and overlap is None:
-        caps = BUCKET_CAPS_MB if bucket_cap is None else (bucket_cap / 2**20,)
-        candidates = choose_grid_and_cap(gpus, net, model, per_gpu_batch, gradient_dtype, compute, placement,
-                                         layers, caps, overhead)
-        grid = Grid(*map(int, candidates[0].grid.split("x")), net.gpus_per_node)
-        bucket_cap, why = int(candidates[0].cap_mb * 2**20), why_chosen(candidates)
-    elif grid is None:
-        grid, why = best_grid(gpus, net, nbytes, placement)
-    else:
-        check_grid_size(grid, gpus)
-        grid = Grid(grid.x, grid.y, net.gpus_per_node)
-        why = f"given by --grid ({grid.torus_steps} torus steps)"
-    bucket_cap = DDP_BUCKET_CAP if bucket_cap is None else bucket_cap
-    algos = {}
-    for algo in algorithms_for(net, gpus):
-        c = allreduce_cost(algo, grid, net, nbytes, placement)
-        label = ALGORITHM_LABELS[algo]
-        if overlap is not None:
-            s = step_cost(compute, c.seconds, overlap)
-            algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, s.step_seconds,
-                                   s.scaling_efficiency, c.busbw_gbytes_per_s, s.exposed_seconds,
-                                   nccl_choice=c.nccl_choice, label=label)
-            continue
-        t = timeline(layers, compute, BACKWARD_FRACTION, allreduce_seconds_fn(algo, grid, net, placement),
-                     DTYPE_BYTES[gradient_dtype], algo, bucket_cap, overhead_seconds=overhead)
-        algos[algo] = AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, t.step_seconds,
-                               t.scaling_efficiency, c.busbw_gbytes_per_s, t.exposed_seconds, t.derived_overlap,
-                               t.to_json(), c.nccl_choice, label)
+    grid, bucket_cap, why, candidates = _grid_and_cap(
+        gpus, net, grid, nbytes, placement, overlap, bucket_cap,
+        lambda caps: choose_grid_and_cap(gpus, net, model, per_gpu_batch, gradient_dtype, compute, placement,
+                                         layers, caps, overhead))
+
+    def step_timeline(algo: str, cost) -> Timeline:
+        return timeline(layers, compute, BACKWARD_FRACTION, cost, DTYPE_BYTES[gradient_dtype], algo, bucket_cap,
+                        overhead_seconds=overhead)
+
+    algos = {algo: _algo_plan(algo, grid, net, nbytes, placement, compute, overlap, step_timeline)
+             for algo in algorithms_for(net, gpus)}
     return Plan(gpus, str(grid), why, net, model, gradient_dtype, nbytes, per_gpu_batch, images_per_second,
                 overlap, placement, compute, algos, bucket_cap,
                 "measured profile" if layer_profile is not None else "forward FLOPs", tuple(layers),
                 [asdict(c) for c in candidates], None if overlap is not None else step_overhead)
+
+
+def _grid_and_cap(gpus: int, net: Network, grid: Grid | None, nbytes: int, placement: str, overlap: float | None,
+                  bucket_cap: int | None, choose) -> tuple[Grid, int, str, list[Candidate]]:
+    """(grid, bucket cap, why, candidates): the grid given; else with --overlap the fastest fused all-reduce;
+    else the (grid, cap) pair of the fastest step that choose(caps) ranks first (the cap fixed when given)."""
+    if grid is not None:
+        check_grid_size(grid, gpus)
+        grid = Grid(grid.x, grid.y, net.gpus_per_node)
+        return grid, _cap(bucket_cap), f"given by --grid ({grid.torus_steps} torus steps)", []
+    if overlap is not None:
+        grid, why = best_grid(gpus, net, nbytes, placement)
+        return grid, _cap(bucket_cap), why, []
+    candidates = choose(BUCKET_CAPS_MB if bucket_cap is None else (bucket_cap / 2**20,))
+    best = candidates[0]
+    return (Grid(*map(int, best.grid.split("x")), net.gpus_per_node), int(best.cap_mb * 2**20),
+            why_chosen(candidates), candidates)
+
+
+def _cap(bucket_cap: int | None) -> int:
+    return DDP_BUCKET_CAP if bucket_cap is None else bucket_cap
+
+
+def _algo_plan(algo: str, grid: Grid, net: Network, nbytes: int, placement: str, compute: float,
+               overlap: float | None, step_timeline) -> AlgoPlan:
+    """One algorithm's line: its fused all-reduce, and its step from the stated overlap or from
+    step_timeline(algo, seconds per bucket size)."""
+    c = allreduce_cost(algo, grid, net, nbytes, placement)
+    label = ALGORITHM_LABELS[algo]
+    if overlap is not None:
+        s = step_cost(compute, c.seconds, overlap)
+        return AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, s.step_seconds, s.scaling_efficiency,
+                        c.busbw_gbytes_per_s, s.exposed_seconds, nccl_choice=c.nccl_choice, label=label)
+    t = step_timeline(algo, allreduce_seconds_fn(algo, grid, net, placement))
+    return AlgoPlan(algo, c.steps, c.bytes_across_nodes, c.seconds, t.step_seconds, t.scaling_efficiency,
+                    c.busbw_gbytes_per_s, t.exposed_seconds, t.derived_overlap, t.to_json(), c.nccl_choice, label)
 
 
 BUCKET_CAPS_MB = (1, 2, 5, 10, 25, 50, 100, 200)
@@ -292,7 +311,8 @@ def why_chosen(cands: list[Candidate]) -> str:
     return why
 
 
-def _check_plan_inputs(gpus: int, per_gpu_batch: int, model: str, gradient_dtype: str) -> None:
+def _check_plan_inputs(gpus: int, per_gpu_batch: int, model: str, gradient_dtype: str,
+                       bucket_cap: int | None = None, step_overhead: float = 0.0) -> None:
     """Raise UserError naming the option when a plan input is not usable."""
     if not isinstance(gpus, int) or gpus < 1:
         raise UserError(f"--gpus: {gpus!r} must be a positive integer")
@@ -302,6 +322,10 @@ def _check_plan_inputs(gpus: int, per_gpu_batch: int, model: str, gradient_dtype
         raise UserError(f"--model: unknown model {model!r}; known: {', '.join(MODELS)}")
     if gradient_dtype not in DTYPE_BYTES:
         raise UserError(f"--grad-dtype: {gradient_dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+    if bucket_cap is not None and not bucket_cap > 0:
+        raise UserError(f"--bucket-cap-mb: {bucket_cap / 2**20:g} must be > 0")
+    if not (step_overhead >= 0 and math.isfinite(step_overhead)):
+        raise UserError(f"--step-overhead: {step_overhead!r} must be a number >= 0")
 
 
 def _throughput(net: Network, model: str, images_per_second: float | None) -> float:

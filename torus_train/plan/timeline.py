@@ -54,6 +54,21 @@ def model_layers(model: str, image_size: int = 224, num_classes: int = 1000) -> 
     """The parameters of torchvision `model` (with `num_classes` outputs) in parameter order with their forward
     FLOPs at one image, from the model built on the meta device (no memory, no weights) and one meta forward
     pass that records every module's output shape."""
+    m = _meta_model(model, num_classes)
+    flops = _forward_flops(m, model, image_size)
+    layers = []
+    for mname, mod in m.named_modules():
+        own = [(n, p) for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
+        for n, p in own:
+            layers.append((f"{mname}.{n}" if mname else n, p.numel(), flops.get(mname, 0.0) / len(own)))
+    # named_modules + own parameters gives the same order as model.parameters() for torchvision models; keep it.
+    order = {n: i for i, (n, _) in enumerate(m.named_parameters())}
+    layers.sort(key=lambda t: order[t[0]])
+    return tuple(Layer(n, int(k), float(f)) for n, k, f in layers)
+
+
+def _meta_model(model: str, num_classes: int):
+    """torchvision's `model` built on the meta device; UserError when torch is missing or cannot build it."""
     try:
         import torch
         import torchvision
@@ -65,24 +80,23 @@ def model_layers(model: str, image_size: int = 224, num_classes: int = 1000) -> 
         raise UserError(f"--model: torchvision has no model {model!r}") from None
     try:
         with torch.device("meta"):
-            m = ctor(num_classes=num_classes)
+            return ctor(num_classes=num_classes)
     except NotImplementedError as e:  # a constructor that initialises weights by copying data (regnet)
         raise UserError(f"the bucket timeline cannot build {model} without memory ({e}); plan's --overlap F "
                         f"skips the timeline") from None
+
+
+def _forward_flops(m, model: str, image_size: int) -> dict[str, float]:
+    """Forward FLOPs at one image of every module of m that owns parameters, from one meta forward pass."""
+    import torch
+
     flops: dict[str, float] = {}
 
     def hook(name):
         def record(mod, inputs, output):
             if isinstance(output, (tuple, list)):   # attention returns (output, weights)
                 output = output[0]
-            out = output.numel()
-            if isinstance(mod, torch.nn.Conv2d):
-                k = mod.kernel_size[0] * mod.kernel_size[1] * mod.in_channels // mod.groups
-                flops[name] = 2.0 * k * out
-            elif isinstance(mod, torch.nn.Linear):
-                flops[name] = 2.0 * mod.in_features * out
-            else:                                   # BatchNorm and other parameterised elementwise layers
-                flops[name] = 4.0 * out
+            flops[name] = _module_flops(mod, output.numel())
         return record
 
     handles = [mod.register_forward_hook(hook(name)) for name, mod in m.named_modules()
@@ -97,15 +111,19 @@ def model_layers(model: str, image_size: int = 224, num_classes: int = 1000) -> 
                         f"skips the timeline") from None
     for h in handles:
         h.remove()
-    layers = []
-    for mname, mod in m.named_modules():
-        own = [(n, p) for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
-        for n, p in own:
-            layers.append((f"{mname}.{n}" if mname else n, p.numel(), flops.get(mname, 0.0) / len(own)))
-    # named_modules + own parameters gives the same order as model.parameters() for torchvision models; keep it.
-    order = {n: i for i, (n, _) in enumerate(m.named_parameters())}
-    layers.sort(key=lambda t: order[t[0]])
-    return tuple(Layer(n, int(k), float(f)) for n, k, f in layers)
+    return flops
+
+
+def _module_flops(mod, out: int) -> float:
+    """Forward FLOPs of one module with `out` output elements: 2 per multiply-add, 4 per element otherwise."""
+    import torch
+
+    if isinstance(mod, torch.nn.Conv2d):
+        k = mod.kernel_size[0] * mod.kernel_size[1] * mod.in_channels // mod.groups
+        return 2.0 * k * out
+    if isinstance(mod, torch.nn.Linear):
+        return 2.0 * mod.in_features * out
+    return 4.0 * out                                # BatchNorm and other parameterised elementwise layers
 
 
 def ddp_buckets(sizes_bytes: list[int], bucket_cap: int = DDP_BUCKET_CAP,

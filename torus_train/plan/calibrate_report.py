@@ -1,0 +1,108 @@
+"""`torus-train plan calibrate`: fit this machine from `bench allreduce --json` rows (torus_train.plan.calibrate),
+print the fit, then predict other grids or hold another bench file against the fit (pure, no torch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torus_train.errors import UserError, check_number
+from torus_train.job.topology import Grid
+from torus_train.plan.calibrate import Calibration, calibrate, compare, host_grid, read_benches
+
+BENCH_ARG = "BENCH.json"
+"""What errors about the fitted bench file name: the command's argument."""
+
+DEFAULT_TARGET = "2x4"
+"""The grid predicted when neither --grid nor --compare is given."""
+
+
+@dataclass(frozen=True)
+class CalibrateRequest:
+    """What `plan calibrate` takes; checked when made."""
+
+    bench: str
+    """`bench allreduce --json` file(s) to fit, comma-separated: the median time per point."""
+    grid: str | None = None
+    """XxY to predict (all ranks on this host); None: DEFAULT_TARGET unless `compare` is given."""
+    algo: str | None = None
+    """Which algorithm's rows to fit; None: torus if present, else the first."""
+    cores: int | None = None
+    """CPU cores for the oversubscription term; None: this machine's."""
+    background: float = 0.0
+    """Other runnable processes that shared the cores during the bench."""
+    llc_mib: float | None = None
+    """Last-level cache (MiB) the ranks' buffers share; None: this machine's, from /sys."""
+    compare: str | None = None
+    """Bench file(s) of another grid whose measured busbw is printed beside the predicted one."""
+
+    def __post_init__(self) -> None:
+        check_number(self.background, "--background", 0.0, low_ok=True)
+        check_number(self.llc_mib, "--llc-mib")
+
+    @property
+    def llc_bytes(self) -> int | None:
+        return None if self.llc_mib is None else int(self.llc_mib * 2**20)
+
+
+def calibrate_report(req: CalibrateRequest, echo: Callable[[str], None] = print) -> dict:
+    """Fit, echo the fit and its rows measured against fitted, then the predictions (--grid, or 2x4 without
+    --compare) and the comparison (--compare). Returns {calibration, predictions?, comparison?} for JSON."""
+    rows = read_benches(req.bench, BENCH_ARG)
+    other = read_benches(req.compare, "--compare") if req.compare else None
+    cal = calibrate(rows, algo=req.algo, cores=req.cores, background=req.background, llc_bytes=req.llc_bytes,
+                    flag=BENCH_ARG)
+    for line in fit_lines(cal, req.bench):
+        echo(line)
+    out: dict = {"calibration": cal.__dict__}
+    targets = [host_grid(req.grid)] if req.grid else ([] if other else [host_grid(DEFAULT_TARGET)])
+    if targets:
+        out["predictions"] = predictions(cal, targets, [s for s, _ in cal.rows_used], echo)
+    if other is not None:
+        out["comparison"] = comparison(cal, other, req.compare, echo)
+    return out
+
+
+def fit_lines(cal: Calibration, bench: str) -> list[str]:
+    """The rows used, the model and its fitted figures, and every row measured against fitted."""
+    sizes = [s for s, _ in cal.rows_used]
+    lines = [f"# calibration from {bench}: {cal.algo} on {cal.grid} ({cal.backend}), "
+             f"{len(cal.rows_used)} rows used ({min(sizes)}..{max(sizes)} bytes, wrong == 0), "
+             f"{cal.rows_skipped} rows left out (other algo/grid or wrong != 0)"]
+    lines += [f"# {line}" for line in cal.describe()]
+    g0 = host_grid(cal.grid)
+    lines.append(f"{'grid':>6} {'size (B)':>10} {'measured us':>12} {'fitted us':>12} {'fit/meas':>9}")
+    for s, t in cal.rows_used:
+        f = cal.predict_seconds(g0, s) * 1e6
+        lines.append(f"{cal.grid:>6} {s:>10} {t:>12.1f} {f:>12.1f} {f / t:>9.2f}")
+    return lines
+
+
+def predictions(cal: Calibration, grids: list[Grid], sizes: list[int], echo: Callable[[str], None]) -> list[dict]:
+    """Predicted time and busbw of cal.algo on each grid (all ranks on this host) at each size, echoed; returns
+    them as JSON rows."""
+    rows = []
+    echo(f"{'grid':>6} {'size (B)':>10} {'predicted us':>13} {'busbw GB/s':>11}")
+    for g in grids:
+        for s in sizes:
+            t, bw = cal.predict_seconds(g, s), cal.predict_busbw(g, s)
+            rows.append({"algo": cal.algo, "grid": str(g), "size_bytes": s, "time_us": t * 1e6, "busbw_gbps": bw})
+            echo(f"{g!s:>6} {s:>10} {t * 1e6:>13.1f} {bw:>11.4f}")
+    echo(f"# summary: predicted {cal.algo} on {', '.join(str(g) for g in grids)} from a fit on {cal.grid}")
+    return rows
+
+
+def comparison(cal: Calibration, rows: list[dict], path: str, echo: Callable[[str], None]) -> list[dict]:
+    """Measured against predicted busbw for the rows of cal.algo in another bench file, echoed with how many
+    sizes >= 1 MiB are within 30%; returns them as JSON rows."""
+    comp = compare(cal, rows)
+    if not comp:
+        raise UserError(f"--compare: {path} has no rows of {cal.algo} with wrong == 0")
+    echo(f"{'grid':>6} {'size (B)':>10} {'measured GB/s':>14} {'predicted GB/s':>15} {'pred/meas':>10}")
+    for c in comp:
+        echo(f"{c.grid:>6} {c.size_bytes:>10} {c.measured_busbw:>14.4f} {c.predicted_busbw:>15.4f} {c.ratio:>10.2f}")
+    big = [c.ratio for c in comp if c.size_bytes >= 1 << 20]
+    tail = (f"; at >= 1 MiB pred/meas {min(big):.2f} to {max(big):.2f}, {sum(abs(r - 1) <= 0.3 for r in big)} of "
+            f"{len(big)} within 30%" if big else "")
+    echo(f"# summary: {cal.algo} fitted on {cal.grid}, compared with {len(comp)} rows of {path}{tail}")
+    return [c.__dict__ | {"ratio": c.ratio} for c in comp]

@@ -1,0 +1,156 @@
+"""`torus-train plan`'s main plan: what the command asks for (PlanRequest) and the one call that answers it
+(predict): every algorithm's all-reduce, step time and scaling efficiency on a described cluster, the grid and
+bucket cap chosen when none is given, the verdict against NCCL, and on request the virtual-rank checks and the
+pictures. Pure but for check_groups (torus_train.plan.checks imports torch there only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torus_train.errors import UserError, check_number, check_output_file
+from torus_train.job.topology import Grid, check_world_size, parse_grid
+from torus_train.plan.checks import MAX_CHECKED_RANKS, check_groups, simulate_grid
+from torus_train.plan.cost import STEP_OVERHEAD
+from torus_train.plan.host import check_module_seconds
+from torus_train.plan.networks import Network, load_network
+from torus_train.plan.plots import plot_curves, plot_timeline, require_matplotlib
+from torus_train.plan.printout import bucket_caps_line, mb, plan_lines
+from torus_train.plan.search import Plan, bucket_sweep, make_plan, verdict
+from torus_train.userfiles import read_json
+
+MAX_BUCKET_MIB = 1 << 20
+"""--bucket-cap-mb: 1 TiB, far above any model's gradients (one bucket then holds them all)."""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """The main plan's inputs, as `torus-train plan` takes them (one field per option); checked when made."""
+
+    gpus: int | None = None
+    """World size N; None: the size of `grid`."""
+    grid: str | None = None
+    """XxY (X ranks per row); None: the fastest predicted grid for N."""
+    network: str = "abci-v100"
+    """A network preset's name or a TOML file."""
+    model: str = "resnet50"
+    """The model whose gradients are exchanged."""
+    per_gpu_batch: int = 32
+    """Images per GPU per step."""
+    grad_dtype: str = "fp16"
+    """Dtype the gradients are exchanged in."""
+    images_per_second: float | None = None
+    """Single-GPU training throughput; None: the network's figure for the model."""
+    overlap: float | None = None
+    """OVERRIDE: the fraction of the backward pass that hides one fused all-reduce; None: the bucket timeline."""
+    step_overhead: float | None = None
+    """Fraction of the compute every step also pays unhidden; None: the fitted STEP_OVERHEAD."""
+    placement: str = "rows"
+    """How ranks fill nodes: rows or columns."""
+    bucket_cap_mb: float | None = None
+    """DDP's bucket cap (MiB); None: 25 with a grid, else chosen with the grid."""
+    layer_profile: str | None = None
+    """JSON file of backward seconds per module, to share the backward pass by instead of layer FLOPs."""
+    simulate: bool = False
+    """Run the torus's exact data movement on the grid's virtual ranks."""
+    check_groups: bool = False
+    """Build every row and column process group on torch's fake backend."""
+    plot: str | None = None
+    """PNG of the predicted all-reduce time over GPU counts per algorithm."""
+    png: str | None = None
+    """PNG of one step's bucket timeline."""
+
+    def __post_init__(self) -> None:
+        self._check_numbers()
+        self._check_outputs()
+        if self.gpus is None and self.grid is None:
+            raise UserError("--gpus is required (or --grid XxY)")
+
+    def _check_numbers(self) -> None:
+        """Every number finite and in range, naming its flag; the step overhead only with the timeline."""
+        check_number(self.images_per_second, "--images-per-second")
+        check_number(self.overlap, "--overlap", 0.0, low_ok=True, high=1.0)
+        check_number(self.step_overhead, "--step-overhead", 0.0, low_ok=True)
+        if self.step_overhead is not None and self.overlap is not None:
+            raise UserError("--step-overhead belongs to the bucket timeline, which --overlap replaces; leave one out")
+        if self.gpus is not None:
+            if self.gpus < 1:
+                raise UserError(f"--gpus: {self.gpus} must be at least 1")
+            check_world_size(self.gpus, "--gpus")
+        if self.per_gpu_batch < 1:
+            raise UserError(f"--per-gpu-batch: {self.per_gpu_batch} must be a positive integer")
+        check_number(self.bucket_cap_mb, "--bucket-cap-mb", 0.0, high=MAX_BUCKET_MIB)
+
+    def _check_outputs(self) -> None:
+        """The pictures can be written and drawn (matplotlib installed); --png needs the timeline."""
+        if self.png is not None and self.overlap is not None:
+            raise UserError("--png draws the bucket timeline, which --overlap replaces; leave one out")
+        for path, flag in ((self.plot, "--plot"), (self.png, "--png")):
+            if path is not None:
+                check_output_file(path, flag)
+                require_matplotlib(flag)
+
+
+def predict(req: PlanRequest, echo: Callable[[str], None] = print) -> dict:
+    """The plan for req, echoed line by line as `plan` prints it; returns it as the JSON document (the plan's
+    inputs and algorithms, then bucket_caps, verdict, and simulation and check_groups when asked for)."""
+    net = load_network(req.network)
+    gpus, grid = _world(req, net)
+    p = make_plan(gpus, net, req.model, req.per_gpu_batch, grid, req.grad_dtype, req.images_per_second,
+                  req.overlap, req.placement, None if req.bucket_cap_mb is None else int(req.bucket_cap_mb * 2**20),
+                  read_layer_profile(req.layer_profile) if req.layer_profile else None,
+                  STEP_OVERHEAD if req.step_overhead is None else req.step_overhead)
+    for line in plan_lines(p):
+        echo(line)
+    out = p.to_json()
+    if p.overlap is None:
+        out["bucket_caps"] = bucket_sweep(p)
+        echo(bucket_caps_line(p, out["bucket_caps"]))
+    out["verdict"] = _verdict(p, echo)
+    if req.simulate:
+        out["simulation"] = simulate_grid(parse_grid(p.grid), echo)
+    if req.check_groups:
+        out["check_groups"] = check_groups(parse_grid(p.grid, net.gpus_per_node), echo)
+    _draw(req, p, echo)
+    return out
+
+
+def _world(req: PlanRequest, net: Network) -> tuple[int, Grid | None]:
+    """(N, the grid or None): N from --gpus, else from --grid; the virtual-rank checks' size limit."""
+    grid = parse_grid(req.grid, net.gpus_per_node) if req.grid else None
+    gpus = req.gpus if req.gpus is not None else grid.size
+    size = grid.size if grid else gpus
+    if (req.simulate or req.check_groups) and size > MAX_CHECKED_RANKS:
+        raise UserError(f"--simulate and --check-groups run on at most {MAX_CHECKED_RANKS:,} virtual ranks, not "
+                        f"{size:,}")
+    return gpus, grid
+
+
+def read_layer_profile(path: str) -> dict:
+    """--layer-profile: {module name: backward seconds} from a JSON file (or a step profile's modules)."""
+    where = f"--layer-profile: {path}"
+    d = read_json(path, where)
+    if isinstance(d, dict) and isinstance(d.get("modules"), dict):   # a step profile (torus_train.plan.host)
+        return check_module_seconds(d["modules"], f"{where}: modules")
+    return check_module_seconds(d, where)
+
+
+def _verdict(p: Plan, echo: Callable[[str], None]) -> dict | None:
+    """The torus against NCCL's own choice, echoed; None with --overlap or on one GPU (nothing to compare)."""
+    if p.overlap is not None or "nccl" not in p.algorithms or p.gpus < 2:
+        return None
+    v = verdict(p)
+    for line in v["text"]:
+        echo(f"# {line}")
+    return v
+
+
+def _draw(req: PlanRequest, p: Plan, echo: Callable[[str], None]) -> None:
+    """--plot (all-reduce time over GPU counts) and --png (the bucket timeline), each announced when written."""
+    if req.plot is not None:
+        plot_curves(p.network, p.gradient_bytes, req.plot,
+                    f"{p.model} {p.gradient_dtype} gradients ({mb(p.gradient_bytes)} MB)", p.placement, p.gpus)
+        echo(f"# wrote plot {req.plot}")
+    if req.png is not None:
+        plot_timeline(p, req.png)
+        echo(f"# wrote timeline {req.png}")
