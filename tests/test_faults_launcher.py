@@ -5,11 +5,12 @@ import time
 
 import pytest
 
-from torus_train.commands.run import no_restart, watchdog_limits
 from torus_train.errors import RunFailed, UserError
 from torus_train.job.spec import load_spec
 from torus_train.ranks.heartbeat import Beat, Heartbeat, first_stopped, read_beats
-from torus_train.ranks.supervisor import RanksFailed, Watch, restartable
+from torus_train.ranks.diagnosis import RanksFailed, restartable
+from torus_train.ranks.orchestrate import no_restart
+from torus_train.ranks.watchdog import Watch, watchdog_limits
 from torus_train.ranks.worker import Terminated, classify, hang_at
 from torus_train.train.stop import StopRequested
 
@@ -120,7 +121,7 @@ def test_hang_fault_parsing():
 def test_a_failed_mpirun_step_is_judged_from_the_ranks_files(tmp_path):
     import json
 
-    from torus_train.ranks.supervisor import command_failed
+    from torus_train.ranks.diagnosis import command_failed
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -136,7 +137,8 @@ def test_a_failed_mpirun_step_is_judged_from_the_ranks_files(tmp_path):
 
 
 def test_the_rank_mpirun_or_srun_names():
-    from torus_train.ranks.supervisor import CommandFailed, command_failed, culprit
+    from torus_train.ranks.diagnosis import command_failed, culprit
+    from torus_train.ranks.runner import CommandFailed
 
     mpi = ["----", "prterun noticed that process rank 3 with PID 28781 on node node2 exited on",
            "signal 9 (Killed).", "----"]
@@ -177,7 +179,7 @@ NCCL_LINES = {
     ("remote", "NCCL remote error: a peer exited or the network between them failed"),
 ])
 def test_nccl_failures_are_named_like_gloos(tmp_path, kind, meaning):
-    from torus_train.ranks.supervisor import failure_kind, mark_comm_failure
+    from torus_train.ranks.diagnosis import failure_kind, mark_comm_failure
 
     code, what, line = classify(RuntimeError(NCCL_LINES[kind] + "\nException raised from ..."))
     assert (code, what) == (1, "crash") and line.startswith(meaning) and NCCL_LINES[kind][:60] in line
