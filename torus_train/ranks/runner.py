@@ -154,25 +154,7 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
         said, reader = pass_through(p.stderr)
         try:
             while p.poll() is None:
-                if sig.got is not None:
-                    signal_group(p, sig.got)
-                    try:
-                        p.wait(timeout=GRACE_S)
-                    except subprocess.TimeoutExpired:
-                        pass
-                    raise RunFailed(f"interrupted by {signal.Signals(sig.got).name}: forwarded to {what}")
-                if out is not None and ranks and (late := all_ended_for(out, ranks)) > ENDED_GRACE_S:
-                    # every rank has left its last word, yet mpirun/srun waits: typically for the daemon of a
-                    # node it can no longer reach (a partition); it would wait until the link comes back
-                    stop_all([p], grace=GRACE_S)
-                    raise RunFailed(f"all {ranks} ranks ended {late:.0f} s ago (see OUT/logs/) but {what} did not "
-                                    f"exit (a node it cannot reach?); stopped it")
-                if watch is not None and out is not None and (found := stall(out, ranks, watch,
-                                                                              lambda: p.send_signal(signal.SIGUSR1))):
-                    f = stalled(out, ranks, *found, {})
-                    stop_all([p], grace=f.grace)
-                    raise RanksFailed(f.text, f.rank, found[0][f.rank].step if f.rank in found[0] else -1, True,
-                                      True, f.how)
+                check_command(p, what, sig, out, ranks, watch)
                 time.sleep(POLL_S)
         finally:
             if p.poll() is None:
@@ -182,6 +164,31 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
     if p.returncode != 0:
         raise CommandFailed(f"{what} {how_it_ended(p.returncode)}; see the ranks' lines above and OUT/logs/",
                             list(said))
+
+
+def check_command(p: subprocess.Popen, what: str, sig: Signals, out: Path | None, ranks: int,
+                  watch: Watch | None) -> None:
+    """One poll of a running launcher command: RunFailed when this launcher got SIGINT/SIGTERM (forwarded to
+    the command) or when every rank has ended but the command does not exit; RanksFailed when the watchdog
+    fires. The command is stopped first in each case."""
+    if sig.got is not None:
+        signal_group(p, sig.got)
+        try:
+            p.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        raise RunFailed(f"interrupted by {signal.Signals(sig.got).name}: forwarded to {what}")
+    if out is not None and ranks and (late := all_ended_for(out, ranks)) > ENDED_GRACE_S:
+        # every rank has left its last word, yet mpirun/srun waits: typically for the daemon of a node it can
+        # no longer reach (a partition); it would wait until the link comes back
+        stop_all([p], grace=GRACE_S)
+        raise RunFailed(f"all {ranks} ranks ended {late:.0f} s ago (see OUT/logs/) but {what} did not exit (a "
+                        f"node it cannot reach?); stopped it")
+    if watch is not None and out is not None and (found := stall(out, ranks, watch,
+                                                                  lambda: p.send_signal(signal.SIGUSR1))):
+        f = stalled(out, ranks, *found, {})
+        stop_all([p], grace=f.grace)
+        raise RanksFailed(f.text, f.rank, found[0][f.rank].step if f.rank in found[0] else -1, True, True, f.how)
 
 
 def all_ended_for(out: Path, ranks: int) -> float:
