@@ -5,11 +5,12 @@ import time
 
 import pytest
 
-from torus_train.commands.run import no_restart, watchdog_limits
 from torus_train.errors import RunFailed, UserError
 from torus_train.job.spec import load_spec
 from torus_train.ranks.heartbeat import Beat, Heartbeat, first_stopped, read_beats
-from torus_train.ranks.supervisor import RanksFailed, Watch, restartable
+from torus_train.ranks.diagnosis import RanksFailed, restartable
+from torus_train.ranks.orchestrate import no_restart
+from torus_train.ranks.watchdog import Watch, watchdog_limits
 from torus_train.ranks.worker import Terminated, classify
 from torus_train.train.stop import StopRequested
 
@@ -114,40 +115,46 @@ def test_watchdog_limits_and_the_start_up_allowance():
 def test_a_failed_mpirun_step_is_judged_from_the_ranks_files(tmp_path):
     import json
 
-    from torus_train.ranks.supervisor import command_failed
+    from torus_train.job.launchers import LAUNCHERS
+    from torus_train.ranks.diagnosis import command_failed
 
+    mpirun = LAUNCHERS.get("mpirun")
     logs = tmp_path / "logs"
     logs.mkdir()
-    e = command_failed(RunFailed("mpirun exited with code 137; see ..."), tmp_path, 2)
+    e = command_failed(RunFailed("mpirun exited with code 137; see ..."), tmp_path, 2, mpirun)
     assert (e.restartable, e.progressed, e.step) == (True, False, -1)  # nothing written: a start-up failure
     (logs / "rank00000.beat").write_text(json.dumps({"rank": 0, "pid": 1, "step": 4, "time": 0.0}))
     (logs / "rank00000.failed").write_text(json.dumps({"kind": "stopped"}))  # mpirun's SIGTERM after rank 1 died
-    e = command_failed(RunFailed("mpirun exited with code 137"), tmp_path, 2)
+    e = command_failed(RunFailed("mpirun exited with code 137"), tmp_path, 2, mpirun)
     assert (e.restartable, e.progressed) == (True, True) and "the 2-rank step failed (mpirun exited" in e.how
     (logs / "rank00001.failed").write_text(json.dumps({"kind": "verdict"}))
-    assert command_failed(RunFailed("mpirun exited with code 1"), tmp_path, 2).restartable is False
-    assert command_failed(RunFailed("interrupted by SIGTERM: forwarded to mpirun"), tmp_path, 2).rank == -1
+    assert command_failed(RunFailed("mpirun exited with code 1"), tmp_path, 2, mpirun).restartable is False
+    assert command_failed(RunFailed("interrupted by SIGTERM: forwarded to mpirun"), tmp_path, 2, mpirun).rank == -1
 
 
 def test_the_rank_mpirun_or_srun_names():
-    from torus_train.ranks.supervisor import CommandFailed, command_failed, culprit
+    from torus_train.job.launchers import LAUNCHERS
+    from torus_train.ranks.diagnosis import command_failed
+    from torus_train.ranks.runner import CommandFailed
+
+    mpirun, srun = LAUNCHERS.get("mpirun"), LAUNCHERS.get("srun")
 
     mpi = ["----", "prterun noticed that process rank 3 with PID 28781 on node node2 exited on",
            "signal 9 (Killed).", "----"]
-    assert culprit(mpi) == (3, "node2", "was killed by SIGKILL")
-    assert culprit(["srun: error: node2: tasks 2-3: Killed"]) == (2, "node2", "was killed by SIGKILL")
-    srun = ["srun: error: node2: task 2: Exited with exit code 1", "srun: launch/slurm: _step_signal: Terminating",
+    assert mpirun.culprit(mpi) == (3, "node2", "was killed by SIGKILL")
+    assert srun.culprit(["srun: error: node2: tasks 2-3: Killed"]) == (2, "node2", "was killed by SIGKILL")
+    srun_lines = ["srun: error: node2: task 2: Exited with exit code 1", "srun: launch/slurm: _step_signal: Terminating",
             "srun: error: node2: task 3: Killed", "srun: error: node1: tasks 0-1: Exited with exit code 1"]
-    assert culprit(srun) == (3, "node2", "was killed by SIGKILL")  # the killed task, not the first line
-    assert culprit(["srun: error: node1: task 0: Exited with exit code 1"]) == \
+    assert srun.culprit(srun_lines) == (3, "node2", "was killed by SIGKILL")  # the killed task, not the first line
+    assert srun.culprit(["srun: error: node1: task 0: Exited with exit code 1"]) == \
         (0, "node1", "ended (Exited with exit code 1)")
-    assert culprit(["nothing useful"]) is None
+    assert mpirun.culprit(["nothing useful"]) is None and srun.culprit(["nothing useful"]) is None
     import pathlib
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         (pathlib.Path(d) / "logs").mkdir()
-        e = command_failed(CommandFailed("mpirun exited with code 137", mpi), pathlib.Path(d), 4)
+        e = command_failed(CommandFailed("mpirun exited with code 137", mpi), pathlib.Path(d), 4, mpirun)
     assert (e.rank, e.how) == (3, "rank 3 on node2 was killed by SIGKILL")
 
 
@@ -171,7 +178,7 @@ NCCL_LINES = {
     ("remote", "NCCL remote error: a peer exited or the network between them failed"),
 ])
 def test_nccl_failures_are_named_like_gloos(tmp_path, kind, meaning):
-    from torus_train.ranks.supervisor import failure_kind, mark_comm_failure
+    from torus_train.ranks.diagnosis import failure_kind, mark_comm_failure
 
     code, what, line = classify(RuntimeError(NCCL_LINES[kind] + "\nException raised from ..."))
     assert (code, what) == (1, "crash") and line.startswith(meaning) and NCCL_LINES[kind][:60] in line

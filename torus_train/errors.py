@@ -83,7 +83,7 @@ def check_number(value: float | None, flag: str, low: float = 0.0, low_ok: bool 
 # What gloo and NCCL write when a collective fails, and what it means for the user: (the wordings that say it,
 # library, meaning), the first match wins. NCCL's watchdog may abort the process (TORCH_NCCL_ASYNC_ERROR_HANDLING=1)
 # before Python runs, leaving only its log lines: the launcher then reads them from the rank's log
-# (ranks/supervisor.py).
+# (ranks/diagnosis.py).
 COMM_FAILURES = (
     (("Timed out waiting",), "gloo", "a collective waited comm.timeout_s for a peer (a lost, hung or cut-off rank)"),
     (("Connection closed by peer",), "gloo", "a peer's connection closed in a collective (the peer died?)"),

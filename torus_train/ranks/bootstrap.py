@@ -17,7 +17,6 @@ from typing import Mapping
 
 from torus_train.errors import RunFailed
 from torus_train.job.launchers import read_rank, source_launcher
-from torus_train.job.launchers.srun import slurm_rendezvous  # noqa: F401  (ranks started by srun by hand)
 from torus_train.job.rank import Bootstrap, RankInfo  # noqa: F401  (the value types, one floor down)
 from torus_train.job.topology import Grid
 

@@ -2,7 +2,7 @@
 
 The first rank to fail is the root cause: it is named with its exit code or signal, the others are stopped
 (SIGTERM, then SIGKILL after a grace period), and nothing is left behind. SIGINT and SIGTERM sent to the
-supervisor are forwarded to every rank. The pieces are torus_train.ranks.supervisor's.
+supervisor are forwarded to every rank. The pieces are torus_train.ranks.runner's.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import subprocess
 import time
 
 from torus_train.errors import RunFailed
-from torus_train.ranks.supervisor import POLL_S, _Signals, _signal_group, how_it_ended, stop_all
+from torus_train.ranks.diagnosis import how_it_ended
+from torus_train.ranks.runner import POLL_S, Signals, signal_group, stop_all
 
 
 def run_local_ranks(argvs: list[list[str]], envs: list[dict], what: str = "job", grace: float = 5.0) -> int:
@@ -20,7 +21,7 @@ def run_local_ranks(argvs: list[list[str]], envs: list[dict], what: str = "job",
     Returns 0 when all succeed, 128+signal when interrupted; raises RunFailed naming the first failed rank.
     """
     procs: list[subprocess.Popen] = []
-    with _Signals() as sig:
+    with Signals() as sig:
         try:
             for argv, extra in zip(argvs, envs):
                 procs.append(subprocess.Popen(argv, env={**os.environ, **extra}, stdin=subprocess.DEVNULL,
@@ -29,7 +30,7 @@ def run_local_ranks(argvs: list[list[str]], envs: list[dict], what: str = "job",
                 if sig.got is not None:
                     for p in procs:
                         if p.poll() is None:
-                            _signal_group(p, sig.got)
+                            signal_group(p, sig.got)
                     return 128 + sig.got
                 codes = [p.poll() for p in procs]
                 for rank, code in enumerate(codes):

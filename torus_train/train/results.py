@@ -59,7 +59,7 @@ class Run:
 
 
 def _failed(out: Path) -> bool:
-    """A rank left its failure marker (logs/rankNNNNN.failed, ranks/supervisor.py)."""
+    """A rank left its failure marker (logs/rankNNNNN.failed, ranks/diagnosis.py)."""
     return any((out / "logs").glob("rank*.failed"))
 
 

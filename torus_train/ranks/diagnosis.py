@@ -1,0 +1,267 @@
+"""What the ranks left behind and what it says: the root cause of a failure, and whether a restart may help.
+
+Each rank leaves files in OUT/logs: ``rankNNNNN.log`` (its stderr), ``rankNNNNN.done`` on success and
+``rankNNNNN.failed`` (the kind of a failure it recognised: input, stopped, verdict, crash) besides its
+heartbeat (ranks/heartbeat.py). From these, from the exit codes of local ranks and from the last lines of an
+mpirun or srun command, a failure becomes one ``RanksFailed``: the rank that most likely started it, the step
+it had finished, whether a restart from the latest checkpoint could help (``restartable``) and whether any
+rank finished a step (``progressed``). No torch import.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from torus_train.errors import RunFailed, comm_failure
+from torus_train.ranks.heartbeat import clear_beats, read_beats
+
+GRACE_S = 10.0
+"""Seconds the ranks get to stop after SIGTERM before SIGKILL."""
+RESTARTABLE = ("crash",)
+"""Kinds of a rank's own failure (its .failed marker) that a restart may cure; input errors, a stop asked for
+by a signal and the job's own verdicts (diverged replicas, non-finite loss, a bad checkpoint) would repeat."""
+
+
+class RanksFailed(RunFailed):
+    """The ranks failed after launch. `rank` is the root cause, `step` the last step it finished (-1: none),
+    `restartable` whether starting again from the latest checkpoint could help, `progressed` whether any rank
+    finished a step in this attempt."""
+
+    def __init__(self, text: str, rank: int = -1, step: int = -1, restartable: bool = False,
+                 progressed: bool = False, how: str = ""):
+        super().__init__(text)
+        self.rank, self.step, self.restartable, self.progressed = rank, step, restartable, progressed
+        self.how = how or text
+
+
+@dataclass
+class Failure:
+    """What the poll loop saw: the root-cause rank, the line for the user, and how it ended."""
+
+    rank: int
+    text: str
+    how: str
+    """'rank 3 was killed by SIGKILL', 'rank 1 stopped responding', ... (for the restart line)."""
+    restartable: bool
+    grace: float = GRACE_S
+    """Seconds the ranks get to stop after SIGTERM; short once the watchdog found them hung."""
+
+
+# --------------------------------------------------------------------------------------------------------
+# The files a rank leaves in OUT/logs
+# --------------------------------------------------------------------------------------------------------
+def log_path(out: Path, rank: int) -> Path:
+    return out / "logs" / f"rank{rank:05d}.log"
+
+
+def done_path(out: Path, rank: int) -> Path:
+    return out / "logs" / f"rank{rank:05d}.done"
+
+
+def failed_path(out: Path, rank: int) -> Path:
+    return out / "logs" / f"rank{rank:05d}.failed"
+
+
+def reset_rank_files(out: Path, ranks: int) -> None:
+    """Before an attempt: no .done, .failed or .beat file of an earlier one may speak for this one."""
+    clear_beats(out, ranks)
+    for rank in range(ranks):
+        done_path(out, rank).unlink(missing_ok=True)
+        failed_path(out, rank).unlink(missing_ok=True)
+
+
+def tail(path: Path, lines: int = 8) -> list[str]:
+    try:
+        with open(path, errors="replace") as f:
+            return [ln.rstrip("\n") for ln in deque(f, maxlen=lines)]
+    except OSError:
+        return []
+
+
+def failure_kind(out: Path, rank: int) -> str:
+    """The kind a rank gave its own failure (input, stopped, verdict, crash), or '' if it said nothing."""
+    try:
+        return str(json.loads(failed_path(out, rank).read_text()).get("kind", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def mark_comm_failure(out: Path, rank: int, lines: int = 60) -> str:
+    """A rank that died without its .failed marker (NCCL's watchdog aborts the process before Python runs) but
+    whose log tail holds gloo's or NCCL's words for a failed collective: the marker is written for it (kind
+    crash, restartable) and its one line returned; '' otherwise."""
+    if failed_path(out, rank).exists():
+        return ""
+    said = comm_failure("\n".join(tail(log_path(out, rank), lines)))
+    if said is None:
+        return ""
+    try:
+        failed_path(out, rank).write_text(json.dumps({"rank": rank, "kind": "crash", "message": said,
+                                                       "written_by": "launcher, from the log"}))
+    except OSError:
+        pass
+    return said
+
+
+def failure_message(out: Path, rank: int) -> str:
+    """The one line a rank gave a failure it recognised (input, verdict, stopped); '' for a crash or none."""
+    try:
+        d = json.loads(failed_path(out, rank).read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(d, dict) or d.get("kind") not in ("input", "verdict", "stopped"):
+        return ""
+    return str(d.get("message", "")).splitlines()[0] if d.get("message") else ""
+
+
+# --------------------------------------------------------------------------------------------------------
+# Local ranks: exit codes, logs and process states
+# --------------------------------------------------------------------------------------------------------
+def how_it_ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def restartable(code: int, kind: str) -> bool:
+    """A rank killed by a signal, exited 0 too early, or crashed (or died without saying why): a restart may
+    cure it. Bad input, a requested stop and the job's own verdicts would fail again the same way."""
+    if code < 0 or code == 0 or not kind:
+        return True
+    return kind in RESTARTABLE
+
+
+# Log lines of a rank that failed only because a peer went away: not the root cause.
+PEER_LOST = ("connection closed", "connection reset", "connection refused", "broken pipe", "timed out",
+             "timeout", "peer", "exited during", "died", "lost")
+
+
+def root_cause(failed: dict[int, int], out: Path) -> int:
+    """Among ranks that ended badly at about the same time, the one that most likely started it:
+    killed by a signal first, then one whose log shows no lost-peer error, then the lowest rank."""
+    def score(rank: int) -> tuple[int, int]:
+        code = failed[rank]
+        if code < 0:
+            return 0, rank
+        text = " ".join(tail(log_path(out, rank), 30)).lower()
+        return (2 if any(k in text for k in PEER_LOST) else 1), rank
+    return min(failed, key=score)
+
+
+def peer_lost(rank: int, out: Path) -> bool:
+    """True when a rank's log ends with a lost-peer or timeout error (a symptom, not a cause)."""
+    text = " ".join(tail(log_path(out, rank), 30)).lower()
+    return any(k in text for k in PEER_LOST)
+
+
+def process_state(pid: int) -> str:
+    """'stopped', 'running', 'sleeping', ... from /proc (Linux), else 'still alive'."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "still alive"
+    return {"T": "stopped", "t": "stopped", "R": "running", "S": "sleeping", "D": "in uninterruptible wait",
+            "Z": "exited"}.get(state, f"state {state}")
+
+
+def describe(rank: int, code: int) -> str:
+    if code == 0:
+        return f"rank {rank} exited with code 0 before finishing"
+    return f"rank {rank} {how_it_ended(code)}"
+
+
+def failed_ranks(procs: list[subprocess.Popen], out: Path) -> dict[int, int]:
+    """rank -> exit code of every rank that failed so far (0 = exited without its .done marker)."""
+    failed = {}
+    for rank, p in enumerate(procs):
+        code = p.poll()
+        if code is not None and (code != 0 or not done_path(out, rank).exists()):
+            failed[rank] = code
+    return failed
+
+
+def diagnose(procs: list[subprocess.Popen], out: Path, failed: dict[int, int]) -> Failure:
+    rank = root_cause(failed, out)
+    alive = [r for r, p in enumerate(procs) if p.poll() is None]
+    if alive and all(peer_lost(r, out) for r in failed):
+        # Everyone that failed was waiting for a peer; the peer that neither failed nor progressed is
+        # the one that hung (e.g. stopped, or stuck outside any collective).
+        hung = likely_hung(procs, out, alive)
+        state = process_state(procs[hung].pid)
+        how = f"rank {hung} stopped responding (process {state})"
+        return Failure(hung, f"{how}; rank(s) {', '.join(map(str, sorted(failed)))} timed out or lost the "
+                             f"connection waiting for it (log: {log_path(out, hung)}); stopped the other ranks", how,
+                       True)
+    others = sorted(set(failed) - {rank})
+    also = f"; then rank(s) {', '.join(map(str, others))} failed too" if others else ""
+    how = describe(rank, failed[rank])
+    return Failure(rank, f"{how} (log: {log_path(out, rank)}){also}; stopped the other ranks", how,
+                   restartable(failed[rank], failure_kind(out, rank)))
+
+
+def likely_hung(procs: list[subprocess.Popen], out: Path, alive: list[int]) -> int:
+    """Among the ranks still alive when the others timed out: a stopped process, else the lowest last step
+    in the heartbeats, else the lowest rank."""
+    stopped = [r for r in alive if process_state(procs[r].pid) == "stopped"]
+    if stopped:
+        return stopped[0]
+    beats = read_beats(out, len(procs))
+    return min(alive, key=lambda r: (beats[r].step if r in beats else -2, r))
+
+
+def ranks_failed(failure: Failure, out: Path, ranks: int, say: Callable[[str], None]) -> RanksFailed:
+    """The error for a failure of local ranks, after saying the rank's own line or the tail of its log."""
+    # a rank that named its own failure (bad input, a failed check, a stop) gets that one line; the log's tail
+    # (with its traceback) is for crashes and deaths
+    told = failure_message(out, failure.rank) if failure.rank >= 0 else ""
+    if not told and failure.rank >= 0:
+        told = mark_comm_failure(out, failure.rank)
+    if told:
+        say(f"torus-train: rank {failure.rank} failed: {told}")
+    lines = tail(log_path(out, failure.rank)) if failure.rank >= 0 and not told else []
+    if lines:
+        say(f"last lines of {log_path(out, failure.rank)}:")
+        for ln in lines:
+            say(f"  {ln}")
+    beats = read_beats(out, ranks)
+    step = beats[failure.rank].step if failure.rank in beats else -1
+    progressed = any(b.step >= 0 for b in beats.values())
+    return RanksFailed(failure.text, failure.rank, step, failure.restartable, progressed, failure.how)
+
+
+# --------------------------------------------------------------------------------------------------------
+# An mpirun or srun step: the command's last lines and OUT/logs
+# --------------------------------------------------------------------------------------------------------
+def command_failed(e: RunFailed, out: Path, ranks: int, launcher) -> RanksFailed:
+    """An mpirun/srun step that failed, judged from the command's own last lines (the launcher entry's
+    `culprit`: which rank, on which host)
+    and from what the ranks left in OUT/logs (a shared folder): whether a restart may help (no rank reported
+    bad input or a failed check) and whether any rank finished a step."""
+    text = str(e)
+    if text.startswith("interrupted"):
+        return RanksFailed(text)
+    beats = read_beats(out, ranks)
+    progressed = any(b.step >= 0 for b in beats.values())
+    reported = [r for r in range(ranks) if failed_path(out, r).exists()]
+    kinds = {failure_kind(out, r) for r in reported}
+    # "stopped": mpirun/srun send SIGTERM to the other ranks once one failed, a symptom (a stop the user asked
+    # for reaches this launcher first and is never restarted)
+    ok = (kinds - {"stopped"}) <= set(RESTARTABLE)
+    named = launcher.culprit(getattr(e, "lines", []))
+    if named is not None:
+        rank, host, how = named
+        said = mark_comm_failure(out, rank) or failure_message(out, rank)
+        how += f": {said}" if said else ""
+        return RanksFailed(text, rank, beats[rank].step if rank in beats else -1, ok, progressed,
+                           f"rank {rank} on {host} {how}")
+    rank = min((r for r in reported if failure_kind(out, r) in RESTARTABLE), default=min(reported, default=0))
+    step = beats[rank].step if rank in beats and reported else -1  # no rank said anything: no rank to name
+    return RanksFailed(text, rank, step, ok, progressed, f"the {ranks}-rank step failed ({text.split(';')[0]})")

@@ -1,0 +1,138 @@
+"""A run's output folder (OUT = job.out) as the launcher sees it: chosen, checked, prepared, read back.
+
+A run writes job.json, logs/ and its results (summary.json, metrics.jsonl, checkpoints/, tensorboard/) into
+OUT; a folder that holds anything else is someone's folder, not a run's, and is refused. No torch import.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from torus_train.errors import RunFailed, UserError, check_output_folder, shown_path
+from torus_train.job.spec import JobSpec
+from torus_train.train.checkpoint import list_checkpoints
+
+RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "tensorboard")
+RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "report.png", "report.json"}
+"""Everything a run writes at the top of its output folder: a folder holding anything else is not a run's."""
+
+
+def check_user_paths(spec: JobSpec) -> None:
+    """Before anything is planned or launched: the output folder can be made and the hostfile is readable
+    UTF-8 text; each problem is one UserError naming the flag and the path."""
+    flag = "--out" if spec.job.out else "job.name"
+    check_output_folder(spec.out_dir, flag)
+    check_not_foreign(spec.out_dir, flag)
+    if spec.launch.hostfile:
+        hf = spec.launch.hostfile
+        try:
+            Path(hf).read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"--hostfile {shown_path(hf)}: not UTF-8 text (byte {e.start})") from None
+        except FileNotFoundError:
+            raise UserError(f"--hostfile {shown_path(hf)}: no such file") from None
+        except OSError as e:
+            raise UserError(f"--hostfile {shown_path(hf)}: {e.strerror or e}") from None
+
+
+def check_not_foreign(out: Path, flag: str) -> None:
+    """A run writes job.json, logs/ and its results into its output folder: a folder that holds anything else
+    (the user's own files) is refused, so that nothing there is overwritten or mixed with a run."""
+    try:
+        entries = sorted(os.listdir(out)) if out.is_dir() else []
+    except OSError as e:
+        raise UserError(f"{flag} {shown_path(out)}: {e.strerror or e}") from None
+    foreign = [e for e in entries if e not in RUN_ENTRIES]
+    if foreign:
+        raise UserError(f"{flag} {shown_path(out)}: the folder holds files that are not a torus-train run's "
+                        f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); they are left untouched: "
+                        f"give a new or empty folder")
+
+
+def holds_results(out: Path) -> list[str]:
+    return [name for name in RESULT_FILES if (out / name).exists()]
+
+
+def choose_out(spec: JobSpec, resume: bool, overwrite: bool) -> Path:
+    """The output folder. A folder the user named (job.out / --out) that holds results is refused later
+    unless --resume or --overwrite; the default runs/<name> moves on to a fresh runs/<name>-<timestamp>."""
+    out = spec.out_dir.resolve()
+    if spec.job.out or resume or overwrite or not holds_results(out):
+        return out
+    return out.with_name(f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def prepare_out(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to mix a new run into an output folder that holds results, unless --resume or --overwrite."""
+    present = holds_results(out)
+    if present and not resume:
+        if not overwrite:
+            raise UserError(f"{out} already holds results ({', '.join(present)}); pass --resume to continue, "
+                            "--overwrite to replace them, or --out for another folder")
+        for name in (*present, "logs"):
+            p = out / name
+            if not p.exists():
+                continue
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    if resume and not (out / "checkpoints").is_dir():
+        raise UserError(f"--resume: {out / 'checkpoints'} does not exist; nothing to resume")
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+
+
+def write_job(path: Path, spec: JobSpec, grid, resume: bool, regrid: bool = False) -> None:
+    """job.json for the ranks; regrid: a checkpoint of another grid is resumed on purpose (the job moved)."""
+    job = {"spec": spec.to_dict(), "grid": {"x": grid.x, "y": grid.y, "gpus_per_node": grid.gpus_per_node},
+           "resume": resume, "regrid": regrid}
+    job["spec"]["job"]["out"] = str(path.parent)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(job, indent=1))
+    os.replace(tmp, path)
+
+
+def write_hosts(hosts, path: Path) -> Path:
+    """An OpenMPI hostfile ('host slots=K' lines)."""
+    path.write_text("".join(f"{h.name} slots={h.slots}\n" for h in hosts))
+    return path
+
+
+def resume_epoch(out: Path) -> int:
+    """The epoch of the newest checkpoint's manifest (0 when there is none or it cannot be read); it picks
+    the leg to start with, the ranks verify and agree on the checkpoint themselves."""
+    found = list_checkpoints(out / "checkpoints")
+    try:
+        return int(json.loads(found[0][1].read_text()).get("epoch", 0)) if found else 0
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def latest_checkpoint_text(out: Path) -> str:
+    """'the checkpoint at step 30' or 'the start (no checkpoint yet)', from the manifests' names (the ranks
+    verify and agree on the checkpoint themselves)."""
+    found = list_checkpoints(out / "checkpoints")
+    return f"the checkpoint at step {found[0][0]}" if found else "the start (no checkpoint yet)"
+
+
+def read_summary(out: Path) -> dict:
+    """summary.json of ranks that exited 0; RunFailed when it is missing, unreadable or the replicas differ."""
+    summary = out / "summary.json"
+    try:
+        s = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        raise RunFailed(unfinished(out)) from None
+    if not isinstance(s, dict) or not s.get("param_digests_agree"):
+        raise RunFailed(f"replicas differ: see {summary}")
+    return s
+
+
+def unfinished(out: Path) -> str:
+    """Why there is no summary although the launcher reported success: mpirun can exit 0 when a node's daemon
+    is lost with its ranks. Counted once from the ranks' markers (every rank that started left a heartbeat)."""
+    logs = out / "logs"
+    done, started = len(list(logs.glob("rank*.done"))), len(list(logs.glob("rank*.beat")))
+    if started and done < started:
+        return (f"the launcher ended without an error, but only {done} of {started} ranks finished and no "
+                f"summary.json was written: a node or rank was lost; see {logs}/ (resume with --resume)")
+    return f"the ranks exited but {out / 'summary.json'} was not written or cannot be read"
