@@ -502,6 +502,7 @@ def _compare_run(out: str, bench_path, profile_path, cores, background: float, r
                  json_path) -> None:
     """--compare-run: a finished CPU run's measured step (per stage) against the host prediction
     (torus_train.plan.host) from this machine's calibration and a measured step profile."""
+    from torus_train.job.algorithms import measured_as
     from torus_train.plan.calibrate import calibrate, host_grid, read_benches
     from torus_train.plan.host import predict_host_step, read_run, read_step_profile
     from torus_train.plan.timeline import model_layers
@@ -522,7 +523,10 @@ def _compare_run(out: str, bench_path, profile_path, cores, background: float, r
     if (prof.model, prof.image_size) != (arch, size):
         raise UserError(f"--layer-profile: {profile_path} is {prof.model} at {prof.image_size} px; the run is {arch} "
                         f"at {size} px: measure the run's model")
-    algo = {"ddp": "flat"}.get(spec["comm"]["algo"], spec["comm"]["algo"].removesuffix("-sync"))
+    try:
+        algo = measured_as(spec["comm"]["algo"])  # bench rows of the algorithm the run's comm.algo exchanges with
+    except ValueError as exc:
+        raise UserError(f"--compare-run: {out}: comm.algo: {exc}") from None
     cal = calibrate(read_benches(bench_path), algo=algo, cores=cores, background=background,
                     llc_bytes=None if llc_mib is None else int(llc_mib * 2**20))
     layers = model_layers(arch, size, int(spec["model"]["num_classes"]))
