@@ -58,10 +58,6 @@ class GridGroups:
     notes: list = field(default_factory=list)
     """What was decided while building, for logs."""
 
-    def __post_init__(self) -> None:
-        if self.rows is None:
-            self.rows = GroupRow(self.row_group, self.col, self.row_leader, self.backend)
-
     # --- the transport contract (torus_train.comm.transport.Transport) ------------------------------
     @staticmethod
     def buffer(tensor):
@@ -99,7 +95,8 @@ class GridGroups:
         self.rows.broadcast_from_leader(piece)
 
     def close(self) -> None:
-        self.rows.close()
+        if self.rows is not None:
+            self.rows.close()
         self.rows = GroupRow(self.row_group, self.col, self.row_leader, self.backend)  # a shm row is gone
 
 
@@ -237,6 +234,7 @@ def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 
     if grid.y > 1 or singletons:
         g.col_group = _my_group(how, [grid.col_ranks(c) for c in range(grid.x)], col, tmo)
     g.notes.append(f"row and column groups: {how}")
+    g.rows = GroupRow(g.row_group, col, g.row_leader, backend)
 
     if use_shm is None:
         use_shm = backend == "gloo" and os.environ.get("TORUS_TRAIN_SHM", "1") != "0"
