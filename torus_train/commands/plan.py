@@ -523,10 +523,7 @@ def _compare_run(out: str, bench_path, profile_path, cores, background: float, r
     if (prof.model, prof.image_size) != (arch, size):
         raise UserError(f"--layer-profile: {profile_path} is {prof.model} at {prof.image_size} px; the run is {arch} "
                         f"at {size} px: measure the run's model")
-    try:
-        algo = measured_as(spec["comm"]["algo"])  # bench rows of the algorithm the run's comm.algo exchanges with
-    except ValueError as exc:
-        raise UserError(f"--compare-run: {out}: comm.algo: {exc}") from None
+    algo = measured_as(spec["comm"]["algo"])  # bench rows of the algorithm the run's comm.algo exchanges with
     cal = calibrate(read_benches(bench_path), algo=algo, cores=cores, background=background,
                     llc_bytes=None if llc_mib is None else int(llc_mib * 2**20))
     layers = model_layers(arch, size, int(spec["model"]["num_classes"]))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torus_train.errors import UserError
 from torus_train.registry import Registry
 
 # The operations of the transport contract (torus_train.comm.transport.Transport) an algorithm may call.
@@ -134,6 +135,9 @@ def training_choices() -> tuple[str, ...]:
 
 
 def measured_as(name: str) -> str:
-    """The runnable algorithm that bench and calibration measure for comm.algo `name`."""
-    algo = ALGORITHMS.get(name)
+    """The runnable algorithm that bench and calibration measure for comm.algo `name` (UserError if unknown)."""
+    try:
+        algo = ALGORITHMS.get(name)
+    except ValueError as exc:
+        raise UserError(f"comm.algo: {exc}") from None
     return algo.same_as or algo.name
