@@ -7,7 +7,8 @@ the Python replay and, with NATIVE=1, the C one), for ragged sizes and three dty
 - rounding: fractional inputs land within tolerance of a float64 sum and are bitwise equal on every rank
   (MPI: the C replay equal to the Python one, and replayed by C for float32, Python for half types);
 - the operations an algorithm calls are the ones its table entry declares (`uses`);
-- a strided tensor is refused (MPI caches views by address, length and dtype).
+- a strided tensor is refused (MPI caches views by address, length and dtype);
+- the transport (and its row exchange) implements the Protocols of torus_train.comm.transport.
 REGISTER=path.py runs that file first (it registers more algorithms: docs/extending.md's example).
 Exits non-zero naming the rank, transport, algorithm, dtype and size on the first failure; writes the number of
 checks per transport to $CHECK_OUT.<rank> as JSON.
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 from torus_train.bench.allreduce import EPS, pattern
 from torus_train.comm.algos import algorithm, allreduce
+from torus_train.comm.transport import RowExchange, Transport
 from torus_train.job.algorithms import ALGORITHMS, OPERATIONS, runnable
 from torus_train.job.topology import parse_grid
 
@@ -54,6 +56,14 @@ class Spy:
 
 
 def build(name: str, grid):
+    comm = _build(name, grid)
+    rows = getattr(comm, "rows", None)  # GridGroups' row exchange (MpiGrid does its rows itself)
+    if not isinstance(comm, Transport) or (rows is not None and not isinstance(rows, RowExchange)):
+        raise SystemExit(f"rank {comm.rank}: {name}: {type(comm).__name__} does not implement the contract")
+    return comm
+
+
+def _build(name: str, grid):
     if name == "mpi":
         from torus_train.comm.mpi.transport import MpiGrid
         return MpiGrid(grid, native=False)  # the Python replay

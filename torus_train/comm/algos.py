@@ -23,7 +23,7 @@ from functools import lru_cache
 import torch
 
 from torus_train.comm.chunks import chunk_bounds
-from torus_train.job.algorithms import ALGORITHMS
+from torus_train.job.algorithms import ALGORITHMS, runnable
 from torus_train.registry import load
 
 
@@ -35,10 +35,10 @@ def allreduce(tensor: torch.Tensor, algo: str, comm) -> torch.Tensor:
 
 def algorithm(name: str):
     """The function of a runnable algorithm of the table (ValueError naming the runnable ones otherwise)."""
-    entry = ALGORITHMS.get(name)
-    if entry.run is None:
-        runnable = ", ".join(a.name for a in ALGORITHMS if a.run is not None)
-        raise ValueError(f"all-reduce algorithm {name!r} does not run on ranks; choose one of {runnable}")
+    entry = ALGORITHMS.get(name) if name in ALGORITHMS else None
+    if entry is None or entry.run is None:
+        raise ValueError(f"{name!r} is not an all-reduce algorithm that ranks run; choose one of "
+                         f"{', '.join(runnable())}")
     return _function(entry.run)
 
 

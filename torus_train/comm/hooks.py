@@ -10,7 +10,7 @@ exchange does, so the backward pass of bucket k+1 runs while bucket k is on the 
      overflow where the sum could: fp16 tops out at 65504);
   2. compress to fp16 or bf16 if asked (what crosses the wire is then half the bytes);
   3. sum with the chosen algorithm (torus_train.comm.algos; on NCCL the torus runs as three collectives on equal
-     chunks, see exchange_cuda);
+     chunks, see exchange_torus_nccl, its table entry's `nccl`);
   4. decompress into the bucket.
 Where the exchange runs:
 - CUDA tensors on NCCL: on a side stream that first waits for the backward stream (the bucket is written
