@@ -23,6 +23,7 @@ Three kinds of entry, told apart by their fields (not by a second table, so a na
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from torus_train.errors import UserError
 from torus_train.registry import Registry
@@ -40,9 +41,10 @@ class Algorithm:
     """What comm.algo, `bench allreduce --algo` and `plan` call it."""
     summary: str
     """One line: what it does (help, docs)."""
-    run: str | None = None
-    """``"module:function"`` of ``function(buf, transport) -> None``, summing buf over all ranks in place through
-    the transport's operations; None: no rank runs it (cost model only, or a mode of another entry)."""
+    run: str | Callable | None = None
+    """``"module:function"`` of ``function(buf, transport) -> None`` (or the function itself), summing buf over
+    all ranks in place through the transport's operations; None: no rank runs it (cost model only, or a mode
+    of another entry)."""
     uses: tuple[str, ...] = ()
     """The transport operations `run` calls (of OPERATIONS); the shared transport test checks the list."""
     phases: str | None = None
