@@ -1,6 +1,6 @@
 """The native replay's build and load (torus_train.comm.mpi.native): built with the real mpicc, refused with a reason.
 
-Its results are checked against the Python replay under real mpirun in tests/dist/test_allreduce.py.
+Its results are checked against the Python replay under real mpirun in tests/dist/test_transports.py.
 """
 import ctypes
 import os

@@ -8,6 +8,7 @@ import uuid
 import pytest
 import torch
 
+from torus_train.comm.chunks import chunk_bounds
 from torus_train.comm.shm import ShmRow
 from torus_train.errors import RunFailed
 
@@ -33,14 +34,16 @@ def _both(fa, fb):
 
 def test_two_members_reduce_scatter_and_all_gather_in_pieces():
     a, b = _pair()
-    for n in (1, 5, 1024, 1023):
+    for n in (1, 5, 1024, 1023, 2500):
         x = torch.arange(n, dtype=torch.float32)
         y = torch.full((n,), 100.0)
         out = {}
 
         def run(row, t, key):
-            own = row.reduce_scatter(t)
-            row.all_gather(t, own)
+            for piece in row.pieces(t):  # a 4096-byte slot holds 1024 float32: 2500 crosses in three pieces
+                bounds = chunk_bounds(len(piece), row.size)
+                row.reduce_scatter(piece, bounds)
+                row.all_gather(piece, bounds)
             out[key] = t
 
         _both(lambda: run(a, x, "a"), lambda: run(b, y, "b"))

@@ -49,7 +49,7 @@ def main() -> None:
         "rank": rank, "host": socket.gethostname(), "row": g.row, "col": g.col,
         "row_hosts": sorted({names[r] for r in grid.row_ranks(g.row)}),
         "col_hosts": sorted({names[r] for r in grid.col_ranks(g.col)}),
-        "shm_row": g.shm_row is not None, "notes": g.notes,
+        "shm_row": g.rows.kind == "shm", "notes": g.notes,
         "sent_eth0": after.get("eth0", 0) - before.get("eth0", 0),
         "sent_lo": after.get("lo", 0) - before.get("lo", 0),
         "correct": bool(torch.all(out == expected)),

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from torus_train.comm.groups import build_grid_groups
 from torus_train.comm.hooks import TorusHookState, allreduce_hook, exchange_cuda
+from torus_train.job.algorithms import runnable
 from torus_train.job.topology import parse_grid
 
 
@@ -59,7 +60,7 @@ class Bucket:
 
 def future_check(groups, rank, world) -> int:
     checks = 0
-    for algo in ("torus", "hierarchical", "flat"):
+    for algo in runnable():
         for asynchronous in (True, False):
             state = TorusHookState(groups, algo=algo, asynchronous=asynchronous, timeline=True)
             dist.barrier()
@@ -115,7 +116,7 @@ def grads_check(groups, rank) -> int:
     if all(torch.allclose(a, b) for a, b in zip(ref, local)):
         sys.exit(f"rank {rank}: per-rank gradients equal the averaged ones; the check would be blind")
     checks = 0
-    for algo in ("torus", "hierarchical", "flat"):
+    for algo in runnable():
         for compression, rtol in ((None, 1e-5), ("fp16", 2e-3), ("bf16", 2e-2)):
             for asynchronous in (True, False):
                 ddp = DDP(model(), bucket_cap_mb=0.002)

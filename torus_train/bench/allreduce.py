@@ -17,6 +17,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from torus_train.errors import UserError
+from torus_train.job.algorithms import BASELINE, runnable
 
 DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",
           "bfloat16": "bfloat16", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -71,13 +72,12 @@ class BenchConfig:
     """-c: count wrong elements against a float64 reference."""
     dtype: str = "float32"
     """-d: float32, float16 or bfloat16."""
-    algos: list = field(default_factory=lambda: ["flat", "torus"])
-    """--algo: the algorithms, measured interleaved at every size."""
+    algos: list = field(default_factory=lambda: list(runnable()))
+    """--algo: the algorithms, measured interleaved at every size (default: every one a rank can run)."""
     max_seconds_per_point: float = 10.0
     """Cap on the timed iterations of one (size, algorithm) so a sweep of big sizes stays bounded."""
 
     def __post_init__(self) -> None:
-        from torus_train.comm import ALGOS
         if self.min_bytes > self.max_bytes:
             raise UserError(f"-b {self.min_bytes} is larger than -e {self.max_bytes}; the sweep runs from -b up to -e")
         if self.factor < 2:
@@ -86,9 +86,10 @@ class BenchConfig:
             raise UserError("-n must be at least 1 and -w at least 0")
         if self.dtype not in ITEMSIZE:
             raise UserError(f"-d {self.dtype!r} is not supported; use float, half or bfloat16")
-        bad = [a for a in self.algos if a not in ALGOS]
+        known = runnable()
+        bad = [a for a in self.algos if a not in known]
         if bad or not self.algos:
-            raise UserError(f"--algo {','.join(bad) or '(empty)'} is unknown; choose from {','.join(ALGOS)}")
+            raise UserError(f"--algo {','.join(bad) or '(empty)'} is unknown; choose from {','.join(known)}")
 
     def sizes(self) -> list[int]:
         """Message sizes in bytes, rounded down to whole elements (at least one)."""
@@ -251,7 +252,7 @@ def table(rows: list[Row], algo: str) -> str:
     return "\n".join(out)
 
 
-def ratio_table(rows: list[Row], base: str = "flat") -> str:
+def ratio_table(rows: list[Row], base: str = BASELINE) -> str:
     """busbw of each other algorithm divided by the baseline's, per size (measured in the same run)."""
     others = [a for a in dict.fromkeys(r.algo for r in rows) if a != base]
     by = {(r.algo, r.size_bytes): r for r in rows}

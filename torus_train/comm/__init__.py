@@ -1,11 +1,11 @@
-"""Collectives over the grid: flat (the backend's own all-reduce), 2D torus and hierarchical.
+"""Collectives over the grid: the all-reduce algorithms, the transport contract and its transports.
 
-algos.py: the three algorithms, written once against a small transport interface;
-groups.py: that interface on torch.distributed (gloo on CPU, NCCL on GPU) row and column groups;
-mpi/: the same on MPI communicators through mpi4py (CPU buffers), with its C replay; serves the benchmark;
-shm.py: rows inside one host, through shared memory; chunks.py: how a tensor is cut into chunks;
-hooks.py: the DDP communication hook.
+algos.py: the algorithms, written once against the transport contract (transport.py); each is registered with
+its transport needs, cost-model phases and simulator in torus_train.job.algorithms;
+groups.py: the contract on torch.distributed (gloo on CPU, NCCL on GPU) row and column groups;
+shm.py: rows inside one host through shared memory (the row exchange of a gloo GridGroups);
+mpi/: the contract on MPI communicators through mpi4py (CPU buffers), with its C replay; serves the benchmark;
+chunks.py: how a tensor is cut into chunks; hooks.py: the DDP communication hook.
 """
 
-ALGOS = ("flat", "torus", "hierarchical")
 BACKENDS = ("gloo", "mpi", "nccl")

@@ -1,8 +1,9 @@
-"""Flat, 2D-torus and hierarchical all-reduce of one flat tensor, written once for every transport.
+"""Flat, 2D-torus and hierarchical all-reduce of one flat tensor, written once over the transport contract.
 
 All three SUM in place and leave the identical result on every rank. Any length works (1, 7, primes, not
-divisible by X) and float32, float16 and bfloat16. `comm` is a grid communicator: GridGroups
-(torch.distributed: gloo, NCCL; torus_train.comm.groups) or MpiGrid (mpi4py; torus_train.comm.mpi.transport).
+divisible by X) and float32, float16 and bfloat16. `comm` is any transport (torus_train.comm.transport.Transport:
+GridGroups on torch.distributed, with its rows on the row group or in shared memory; MpiGrid on mpi4py). Each
+is registered with its transport needs, cost-model phases and simulator in torus_train.job.algorithms.
 
 torus (Mikami et al. 2018, Fig. 2), for a grid of Y rows of X ranks:
   1. reduce-scatter along each row: rank (r, c) ends with chunk c of its row's sum;
@@ -11,23 +12,39 @@ torus (Mikami et al. 2018, Fig. 2), for a grid of Y rows of X ranks:
 hierarchical (the scheme the paper compares against):
   1. reduce to the row leader (column 0); 2. all-reduce among the leaders along column 0;
   3. broadcast from the leader along the row. Its step 2 carries the whole tensor, X times the torus's chunk.
-On gloo, rows inside one host go through shared memory in pieces (torus_train.comm.shm), so only the columns
-touch the network backend; other rows use the transport's own row exchange (docs/comm.md).
+Both run their phases piece by piece over comm.pieces(buf): one piece except where the row exchange holds a
+bounded amount (a shared-memory row, torus_train.comm.shm), where each piece's column phase starts as soon as
+its row phase ends (docs/comm.md).
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import torch
 
 from torus_train.comm.chunks import chunk_bounds
+from torus_train.job.algorithms import ALGORITHMS, runnable
+from torus_train.registry import load
 
 
 def allreduce(tensor: torch.Tensor, algo: str, comm) -> torch.Tensor:
     """Sum `tensor` over all ranks in place with the named algorithm; returns `tensor`."""
-    fn = ALGORITHMS.get(algo)
-    if fn is None:
-        raise ValueError(f"unknown all-reduce algorithm {algo!r}; choose one of {', '.join(ALGORITHMS)}")
-    comm.run(fn, comm.buffer(tensor))  # buffer() raises ValueError for a non-contiguous tensor
+    comm.run(algorithm(algo), comm.buffer(tensor))  # buffer() raises ValueError for a non-contiguous tensor
     return tensor
+
+
+def algorithm(name: str):
+    """The function of a runnable algorithm of the table (ValueError naming the runnable ones otherwise)."""
+    entry = ALGORITHMS.get(name) if name in ALGORITHMS else None
+    if entry is None or entry.run is None:
+        raise ValueError(f"{name!r} is not an all-reduce algorithm that ranks run; choose one of "
+                         f"{', '.join(runnable())}")
+    return _function(entry.run)
+
+
+@lru_cache(maxsize=None)  # once per reference: an all-reduce of a small bucket must not pay for an import lookup
+def _function(ref):
+    return load(ref)
 
 
 # The algorithms take the flat buffer that comm.buffer(tensor) gives and slice it: a 1-D view of the tensor
@@ -54,22 +71,13 @@ def torus_allreduce(buf, comm) -> None:
     if x == 1:  # one column: the torus is a single vertical ring
         comm.col_allreduce(buf)
         return
-    row = comm.shm_row
-    if row is not None:  # (torch.distributed only: buf is a tensor)
-        step = row.piece_elems(buf.dtype)
-        for s in range(0, len(buf), step):
-            piece = buf[s:s + step]
-            a, b = row.reduce_scatter(piece)              # 1. row, through shared memory
-            if y > 1 and b > a:
-                comm.col_allreduce(piece[a:b])            # 2. column, on my 1/X chunk
-            row.all_gather(piece, (a, b))                 # 3. row again
-        return
-    bounds = chunk_bounds(len(buf), x)
-    a, b = bounds[comm.col]
-    comm.row_reduce_scatter(buf, bounds)                  # 1. my chunk of the row's sum lands in buf[a:b]
-    if y > 1 and b > a:
-        comm.col_allreduce(buf[a:b])                      # 2.
-    comm.row_all_gather(buf, bounds)                      # 3.
+    for piece in comm.pieces(buf):
+        bounds = chunk_bounds(len(piece), x)
+        a, b = bounds[comm.col]
+        comm.row_reduce_scatter(piece, bounds)        # 1. my chunk of the row's sum lands in piece[a:b]
+        if y > 1 and b > a:
+            comm.col_allreduce(piece[a:b])            # 2. column, on my 1/X chunk
+        comm.row_all_gather(piece, bounds)            # 3. row again
 
 
 def hierarchical_allreduce(buf, comm) -> None:
@@ -80,24 +88,8 @@ def hierarchical_allreduce(buf, comm) -> None:
         comm.col_allreduce(buf)
         return
     leader = comm.col == 0
-    row = comm.shm_row
-    if row is not None:
-        step = row.piece_elems(buf.dtype)
-        for s in range(0, len(buf), step):
-            piece = buf[s:s + step]
-            row.reduce_to_first(piece)                    # 1. to the row leader
-            if leader and y > 1:
-                comm.col_allreduce(piece)                 # 2. leaders, whole piece
-            row.broadcast_from_first(piece)               # 3. back along the row
-        return
-    comm.row_reduce_to_leader(buf)
-    if leader and y > 1:
-        comm.col_allreduce(buf)
-    comm.row_broadcast_from_leader(buf)
-
-
-ALGORITHMS = {
-    "flat": flat_allreduce,
-    "torus": torus_allreduce,
-    "hierarchical": hierarchical_allreduce,
-}
+    for piece in comm.pieces(buf):
+        comm.row_reduce_to_leader(piece)              # 1. to the row leader
+        if leader and y > 1:
+            comm.col_allreduce(piece)                 # 2. leaders, whole piece
+        comm.row_broadcast_from_leader(piece)         # 3. back along the row

@@ -27,6 +27,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from torus_train.comm.shm import DEFAULT_CAPACITY, ShmRow
+from torus_train.comm.transport import RowExchange
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid
 
@@ -49,14 +50,15 @@ class GridGroups:
     """Process group of this rank's row (X ranks)."""
     col_group: object = None
     """Process group of this rank's column (Y ranks)."""
-    shm_row: ShmRow | None = None
-    """Shared-memory exchange of this rank's row, when the row lies inside one host and the backend is gloo."""
+    rows: RowExchange | None = None
+    """How this rank's row exchanges (torus_train.comm.transport.RowExchange): its process group (GroupRow), or
+    shared memory (ShmRow) when the row lies inside one host and the backend is gloo."""
     row_leader: int = 0
     """Global rank of this row's leader (its column 0)."""
     notes: list = field(default_factory=list)
     """What was decided while building, for logs."""
 
-    # --- the transport interface used by torus_train.comm.algos -----------------------------------
+    # --- the transport contract (torus_train.comm.transport.Transport) ------------------------------
     @staticmethod
     def buffer(tensor):
         """What the methods below take: a 1-D view of the tensor."""
@@ -66,6 +68,9 @@ class GridGroups:
 
     def run(self, algorithm, t) -> None:
         algorithm(t, self)
+
+    def pieces(self, t):
+        return self.rows.pieces(t)
 
     def world_allreduce(self, t) -> None:
         dist.all_reduce(t)
@@ -77,39 +82,68 @@ class GridGroups:
         if self.grid.y > 1:
             dist.all_reduce(t, group=self.col_group)
 
-    def row_reduce_scatter(self, flat, bounds) -> None:
+    def row_reduce_scatter(self, piece, bounds) -> None:
+        self.rows.reduce_scatter(piece, bounds)
+
+    def row_all_gather(self, piece, bounds) -> None:
+        self.rows.all_gather(piece, bounds)
+
+    def row_reduce_to_leader(self, piece) -> None:
+        self.rows.reduce_to_leader(piece)
+
+    def row_broadcast_from_leader(self, piece) -> None:
+        self.rows.broadcast_from_leader(piece)
+
+    def close(self) -> None:
+        if self.rows is not None:
+            self.rows.close()
+        self.rows = GroupRow(self.row_group, self.col, self.row_leader, self.backend)  # a shm row is gone
+
+
+class GroupRow:
+    """A row exchanged through its torch.distributed process group (NCCL, gloo across hosts): one piece."""
+
+    def __init__(self, group, index: int, leader: int, backend: str):
+        self.group = group
+        self.index = index    # my column: my place in the group (rows are made in column order)
+        self.leader = leader  # global rank of the row's column 0
+        self.kind = backend
+
+    @staticmethod
+    def pieces(flat):
+        return (flat,)
+
+    def reduce_scatter(self, flat, bounds) -> None:
         """Leave chunk `col` of the row's sum in flat[bounds[col]] (padded to equal chunks for the backend)."""
-        x = self.grid.x
+        x = len(bounds)
         m = -(-flat.numel() // x)
         buf = flat.new_zeros(m * x)
         for i, (a, b) in enumerate(bounds):
             buf[i * m:i * m + (b - a)].copy_(flat[a:b])
         chunk = flat.new_empty(m)
-        dist.reduce_scatter_tensor(chunk, buf, group=self.row_group)
-        a, b = bounds[self.col]
+        dist.reduce_scatter_tensor(chunk, buf, group=self.group)
+        a, b = bounds[self.index]
         flat[a:b].copy_(chunk[:b - a])
 
-    def row_all_gather(self, flat, bounds) -> None:
-        x = self.grid.x
+    def all_gather(self, flat, bounds) -> None:
+        x = len(bounds)
         m = -(-flat.numel() // x)
-        a, b = bounds[self.col]
+        a, b = bounds[self.index]
         chunk = flat.new_zeros(m)
         chunk[:b - a].copy_(flat[a:b])
         buf = flat.new_empty(m * x)
-        dist.all_gather_into_tensor(buf, chunk, group=self.row_group)
+        dist.all_gather_into_tensor(buf, chunk, group=self.group)
         for i, (a, b) in enumerate(bounds):
             flat[a:b].copy_(buf[i * m:i * m + (b - a)])
 
-    def row_reduce_to_leader(self, t) -> None:
-        dist.reduce(t, dst=self.row_leader, group=self.row_group)
+    def reduce_to_leader(self, t) -> None:
+        dist.reduce(t, dst=self.leader, group=self.group)
 
-    def row_broadcast_from_leader(self, t) -> None:
-        dist.broadcast(t, src=self.row_leader, group=self.row_group)
+    def broadcast_from_leader(self, t) -> None:
+        dist.broadcast(t, src=self.leader, group=self.group)
 
     def close(self) -> None:
-        if self.shm_row is not None:
-            self.shm_row.close()
-            self.shm_row = None
+        pass
 
 
 def _host_id() -> str:
@@ -200,6 +234,7 @@ def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 
     if grid.y > 1 or singletons:
         g.col_group = _my_group(how, [grid.col_ranks(c) for c in range(grid.x)], col, tmo)
     g.notes.append(f"row and column groups: {how}")
+    g.rows = GroupRow(g.row_group, col, g.row_leader, backend)
 
     if use_shm is None:
         use_shm = backend == "gloo" and os.environ.get("TORUS_TRAIN_SHM", "1") != "0"
@@ -213,14 +248,15 @@ def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 
             name = f"torus-train-{token[0]}-row{row}"
             cap = shm_capacity(grid.x)
             if col == 0:
-                g.shm_row = ShmRow(name, col, grid.row_ranks(row), capacity=cap, timeout=timeout)
+                shm = ShmRow(name, col, grid.row_ranks(row), capacity=cap, timeout=timeout)
             dist.barrier(group=g.row_group)  # the leader has created the segment
             if col != 0:
-                g.shm_row = ShmRow(name, col, grid.row_ranks(row), capacity=cap, timeout=timeout)
+                shm = ShmRow(name, col, grid.row_ranks(row), capacity=cap, timeout=timeout)
             dist.barrier(group=g.row_group)  # everyone has mapped it and made its wake-up FIFO
-            g.shm_row.connect()
+            shm.connect()
             dist.barrier(group=g.row_group)  # everyone has opened its peers' FIFOs: the names can go
-            g.shm_row.unlink()
+            shm.unlink()
+            g.rows = shm
             g.notes.append(f"row {row} lies inside one host: shared memory, {cap >> 10} KiB pieces; columns on {backend}")
         else:
             g.notes.append(f"row {row} spans hosts: rows use {backend}")

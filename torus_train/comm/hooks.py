@@ -10,7 +10,7 @@ exchange does, so the backward pass of bucket k+1 runs while bucket k is on the 
      overflow where the sum could: fp16 tops out at 65504);
   2. compress to fp16 or bf16 if asked (what crosses the wire is then half the bytes);
   3. sum with the chosen algorithm (torus_train.comm.algos; on NCCL the torus runs as three collectives on equal
-     chunks, see exchange_cuda);
+     chunks, see exchange_torus_nccl, its table entry's `nccl`);
   4. decompress into the bucket.
 Where the exchange runs:
 - CUDA tensors on NCCL: on a side stream that first waits for the backward stream (the bucket is written
@@ -30,8 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from torus_train.comm import ALGOS
-from torus_train.comm.algos import allreduce
+from torus_train.comm.algos import algorithm, allreduce
+from torus_train.job.algorithms import ALGORITHMS, DEFAULT
+from torus_train.registry import load
 
 _COMPRESS = {None: None, "none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -39,16 +40,18 @@ _COMPRESS = {None: None, "none": None, "fp16": torch.float16, "bf16": torch.bflo
 class TorusHookState:
     """What the hook needs: the grid communicator, the algorithm, the wire precision and where to run."""
 
-    def __init__(self, groups, algo: str = "torus", compression: str | None = None, asynchronous: bool = True,
+    def __init__(self, groups, algo: str = DEFAULT, compression: str | None = None, asynchronous: bool = True,
                  timeline: bool = False):
-        if algo not in ALGOS:
-            raise ValueError(f"comm.algo {algo!r} is not one of {', '.join(ALGOS)}")
+        algorithm(algo)  # ValueError unless a rank can run it
         if compression not in _COMPRESS:
             raise ValueError(f"comm.compression {compression!r} is not one of none, fp16, bf16")
         self.groups = groups
         """GridGroups (or any grid communicator of torus_train.comm)."""
         self.algo = algo
-        """flat | torus | hierarchical."""
+        """A runnable algorithm of torus_train.job.algorithms."""
+        nccl = ALGORITHMS.get(algo).nccl
+        self.nccl_exchange = load(nccl) if nccl else None
+        """The algorithm's own exchange for CUDA buckets on NCCL (exchange_torus_nccl), or None."""
         self.wire_dtype = _COMPRESS[compression]
         """dtype exchanged, or None to exchange the bucket's own dtype."""
         self.world_size = groups.grid.size
@@ -101,17 +104,27 @@ def sum_divided(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
 def exchange_cuda(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
     """Average a CUDA bucket on NCCL, on the current (side) stream; returns `buffer`.
 
-    torus: the bucket (divided, compressed) is laid out as X equal chunks of one buffer, padded with zeros at
-    the end when X does not divide its length, so each phase is one collective on whole aligned tensors:
+    With the algorithm's own NCCL exchange (its table entry's `nccl`) where the row has a group; else its
+    function over the transport, as on any backend."""
+    buffer.div_(state.world_size)                       # divide first, in the bucket's precision
+    if state.nccl_exchange is None or state.groups.row_group is None:  # a row of one without its group (gloo)
+        return sum_divided(state, buffer)
+    state.nccl_exchange(state, buffer)
+    state.buckets_reduced += 1
+    return buffer
+
+
+def exchange_torus_nccl(state: TorusHookState, buffer: torch.Tensor) -> None:
+    """The torus on NCCL for a bucket already divided by the world size, on the current stream.
+
+    The bucket (compressed if asked) is laid out as X equal chunks of one buffer, padded with zeros at the end
+    when X does not divide its length, so each phase is one collective on whole aligned tensors:
       1. reduce_scatter_tensor along the row -> my chunk of the row's sum;
       2. all_reduce of that chunk along the column;
       3. all_gather_into_tensor along the row -> the whole sum; one copy back into the bucket.
     Without padding or compression the bucket itself is the buffer and nothing is copied but the chunk.
     """
     g = state.groups
-    buffer.div_(state.world_size)                       # divide first, in the bucket's precision
-    if state.algo != "torus" or g.row_group is None:  # a row of one without its group (gloo): nothing to split
-        return sum_divided(state, buffer)
     x, n = g.grid.x, buffer.numel()
     m = -(-n // x)
     dtype = state.wire_dtype or buffer.dtype
@@ -129,8 +142,6 @@ def exchange_cuda(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
     dist.all_gather_into_tensor(padded, chunk, group=g.row_group)    # 3.
     if padded is not flat:
         flat.copy_(padded[:n])                                       # the one copy back
-    state.buckets_reduced += 1
-    return buffer
 
 
 def _reduce_through_host(state: TorusHookState, buffer: torch.Tensor, ready) -> torch.Tensor:

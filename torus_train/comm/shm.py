@@ -34,7 +34,6 @@ import torch
 from torus_train.comm.arith import STORAGE as _STORAGE
 from torus_train.comm.arith import accumulate as _accumulate
 from torus_train.comm.arith import as_numpy as _np
-from torus_train.comm.chunks import chunk_bounds
 from torus_train.errors import RunFailed
 
 _LINE = 64  # bytes per header line: keeps each member's counter on its own cache line
@@ -210,15 +209,24 @@ class ShmRow:
     def piece_elems(self, dtype: torch.dtype) -> int:
         return self.capacity // _STORAGE[dtype]().itemsize
 
-    # --- collectives, one piece at a time (count <= piece_elems) -----------------------------------
-    def reduce_scatter(self, piece: torch.Tensor) -> tuple[int, int]:
-        """Sum the row's pieces; my chunk of the sum lands in my own piece at the returned (start, stop).
+    # --- the row exchange of the transport contract (torus_train.comm.transport.RowExchange) ------------
+    kind = "shm"
+
+    def pieces(self, buf: torch.Tensor):
+        """`buf` as views of at most one slot each, in order."""
+        step = self.piece_elems(buf.dtype)
+        n = len(buf)
+        if n <= step:
+            return (buf,)
+        return (buf[s:s + step] for s in range(0, n, step))
+
+    def reduce_scatter(self, piece: torch.Tensor, bounds) -> None:
+        """Sum the row's pieces; my chunk `bounds[me]` of the sum lands in my own piece.
 
         The slot set stays reserved for the all_gather() of the same piece, which must follow.
         """
         p = _np(piece)
         slots = self._current = self._slots(piece.dtype)
-        bounds = chunk_bounds(p.shape[0], self.size)
         me = self.index
         mine = slots[me]
         for i, (a, b) in enumerate(bounds):  # the chunks the others reduce
@@ -228,25 +236,24 @@ class ShmRow:
         a, b = bounds[me]
         if b > a:
             _accumulate(p[a:b], [slots[i, a:b] for i in range(self.size) if i != me], piece.dtype)
-        return a, b
 
-    def all_gather(self, piece: torch.Tensor, own: tuple[int, int]) -> None:
-        """Every member holds its chunk `own` of the piece; afterwards all hold the whole piece."""
+    def all_gather(self, piece: torch.Tensor, bounds) -> None:
+        """Every member holds its chunk `bounds[me]` of the piece; afterwards all hold the whole piece."""
         p = _np(piece)
         slots = self._current
-        a, b = own
         me = self.index
+        a, b = bounds[me]
         if b > a:  # my chunk's place in my slot: nobody read it during the reduce-scatter
             slots[me, a:b] = p[a:b]
         self.barrier("all-gather")
-        for i, (c, d) in enumerate(chunk_bounds(p.shape[0], self.size)):
+        for i, (c, d) in enumerate(bounds):
             if i != me and d > c:
                 p[c:d] = slots[i, c:d]
 
-    def reduce_to_first(self, piece: torch.Tensor) -> None:
+    def reduce_to_leader(self, piece: torch.Tensor) -> None:
         """Sum the row's pieces into the first member's piece (the row leader).
 
-        The slot set stays reserved for the broadcast_from_first() of the same piece, which must follow.
+        The slot set stays reserved for the broadcast_from_leader() of the same piece, which must follow.
         """
         p = _np(piece)
         n = p.shape[0]
@@ -257,7 +264,7 @@ class ShmRow:
         if self.index == 0:
             _accumulate(p, [slots[i, :n] for i in range(1, self.size)], piece.dtype)
 
-    def broadcast_from_first(self, piece: torch.Tensor) -> None:
+    def broadcast_from_leader(self, piece: torch.Tensor) -> None:
         """Copy the first member's piece to every member (through the leader's slot, unread so far)."""
         p = _np(piece)
         n = p.shape[0]

@@ -8,6 +8,7 @@ import sys
 import click
 
 from torus_train.errors import UserError
+from torus_train.job.algorithms import runnable
 
 
 @click.group()
@@ -25,7 +26,7 @@ def bench() -> None:
               help="1: count wrong elements against a float64 reference.")
 @click.option("-d", "--datatype", default="float", show_default=True,
               help="float (float32), half (float16) or bfloat16.")
-@click.option("--algo", "algos", default="flat,torus,hierarchical", show_default=True,
+@click.option("--algo", "algos", default=",".join(runnable()), show_default=True,
               help="Comma-separated algorithms, measured interleaved at every size.")
 @click.option("--grid", "grid_text", default=None, help="XxY: X ranks per row, Y per column. Default: chosen.")
 @click.option("--backend", type=click.Choice(["gloo", "mpi", "nccl"]), default=None,
@@ -38,7 +39,7 @@ def bench() -> None:
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds before a stuck collective fails.")
 def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype, algos, grid_text, backend,
                   nprocs, json_path, plot_path, timeout):
-    """All-reduce sweep in nccl-tests' conventions, comparing flat, torus and hierarchical side by side.
+    """All-reduce sweep in nccl-tests' conventions, comparing the all-reduce algorithms side by side.
 
     Run it as it is to spawn local ranks (4 on a 2x2 grid by default), or start it under mpirun / srun to run
     as one rank of many: `mpirun -np 8 torus-train bench allreduce --backend mpi --grid 2x4`.

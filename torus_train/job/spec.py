@@ -25,6 +25,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI (a depende
     import tomli as tomllib  # type: ignore[no-redef]
 
 from torus_train.errors import UserError
+from torus_train.job import algorithms
 from torus_train.job.topology import MAX_WORLD
 from torus_train.job.launchers import choices as launcher_choices
 from torus_train.job.models import HOUSE_ARCHS
@@ -198,9 +199,9 @@ class OptimizerSection:
 
 @dataclass
 class CommSection:
-    algo: str = "torus"
-    """Gradient all-reduce inside DDP: torus | hierarchical | flat | ddp (DDP's own all-reduce) | torus-sync (the
-    torus hook without overlap, for comparison)."""
+    algo: str = algorithms.DEFAULT
+    """Gradient all-reduce inside DDP: a name of torus_train.job.algorithms that trains (torus, hierarchical,
+    flat, ddp: DDP's own all-reduce, torus-sync: the torus hook without overlap)."""
     compression: str = "none"
     """Gradient compression on the wire: none | fp16 | bf16."""
     bucket_mb: float = 25.0
@@ -269,7 +270,7 @@ class JobSpec:
         _choice("data.on_corrupt", self.data.on_corrupt, ("fail", "skip"))
         _choice("data.stage", self.data.stage, ("none", "node"))
         _choice("optimizer.name", self.optimizer.name, ("sgd", "lars"))
-        _choice("comm.algo", self.comm.algo, ("torus", "hierarchical", "flat", "ddp", "torus-sync"))
+        _choice("comm.algo", self.comm.algo, algorithms.training_choices())
         _choice("comm.compression", self.comm.compression, ("none", "fp16", "bf16"))
         if self.comm.compression == "fp16" and self.model.precision != "fp16":
             # divided by the world size before rounding to fp16, small gradients flush to zero without the

@@ -36,13 +36,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from torus_train.errors import UserError
+from torus_train.job.algorithms import ALGORITHMS as ALGORITHM_TABLE
+from torus_train.job.algorithms import modelled
 from torus_train.job.topology import Grid, parse_grid
 from torus_train.plan.nccl import NcclHardware, NcclModel
 from torus_train.plan.networks import Network
+from torus_train.registry import load
 
-ALGORITHMS = ("flat", "tree", "hierarchical", "torus")
-"""Algorithms the alpha-beta-gamma phases model, in the order tables print them. flat and tree are TEXTBOOK
-algorithms (one unpipelined ring; a binomial tree of whole buffers), not what NCCL runs: NCCL_ALGORITHMS are."""
+ALGORITHMS = modelled()
+"""Algorithms the alpha-beta-gamma phases model (the entries of torus_train.job.algorithms with `phases`), in the
+order tables print them. flat and tree are TEXTBOOK algorithms (one unpipelined ring; a binomial tree of whole
+buffers), not what NCCL runs: NCCL_ALGORITHMS are."""
 
 NCCL_ALGORITHMS = ("nccl-ring", "nccl-tree", "nccl-nvls", "nccl-collnet", "nccl")
 """NCCL's algorithms from its own tuning model (torus_train.plan.nccl), each with its fastest protocol per size;
@@ -50,10 +54,7 @@ NCCL_ALGORITHMS = ("nccl-ring", "nccl-tree", "nccl-nvls", "nccl-collnet", "nccl"
 NCCL_COLLNET_ENABLE=1)."""
 
 ALGORITHM_LABELS = {
-    "flat": "textbook ring (one ring, no channels)",
-    "tree": "textbook binomial tree (whole buffer per round)",
-    "hierarchical": "reduce to node leader, leaders' ring, broadcast",
-    "torus": "2D torus (this project)",
+    **{name: ALGORITHM_TABLE.get(name).phases_label for name in ALGORITHMS},
     "nccl-ring": "NCCL Ring, its best protocol",
     "nccl-tree": "NCCL double binary tree, its best protocol",
     "nccl-nvls": "NCCL NVLS (NVLSTree across nodes)",
@@ -222,20 +223,20 @@ class _Phases:
 
 
 # Each algorithm as phases on ranks[row, col] (Y rows of X ranks) for n bytes; the formulas are in allreduce_cost.
-def _flat(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
+def flat_phases(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
     p = ranks.size
     ring = ranks.reshape(1, -1)
     ph.ring("ring reduce-scatter", ring, n, net, p - 1, reduce_bytes=(p - 1) / p * n)
     ph.ring("ring all-gather", ring, n, net, p - 1)
 
 
-def _tree(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
+def tree_phases(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
     everyone = ranks.reshape(1, -1)
     ph.tree("tree reduce", everyone, n, net, reduce=True)
     ph.tree("tree broadcast", everyone, n, net, reduce=False)
 
 
-def _hierarchical(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
+def hierarchical_phases(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
     y = ranks.shape[0]
     ph.tree("row reduce to leader", ranks, n, net, reduce=True)
     leaders = ranks[:, :1].T                          # one ring: column 0
@@ -244,7 +245,7 @@ def _hierarchical(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> Non
     ph.tree("row broadcast", ranks, n, net, reduce=False)
 
 
-def _torus(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
+def torus_phases(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
     y, x = ranks.shape
     ph.ring("row reduce-scatter", ranks, n, net, x - 1, reduce_bytes=(x - 1) / x * n)
     cols = ranks.T                                    # each column is a vertical ring
@@ -253,8 +254,9 @@ def _torus(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
     ph.ring("row all-gather", ranks, n, net, x - 1)
 
 
-_PHASES_OF = {"flat": _flat, "tree": _tree, "hierarchical": _hierarchical, "torus": _torus}
-"""Algorithm name -> the function that adds its phases."""
+def _phases_of(algo: str):
+    """The function that adds `algo`'s phases (its entry's `phases` in torus_train.job.algorithms)."""
+    return load(ALGORITHM_TABLE.get(algo).phases)
 
 
 def algorithms_for(net: Network, ranks: int | None = None) -> tuple[str, ...]:
@@ -319,7 +321,7 @@ def allreduce_cost(algo: str, grid: Grid, net: Network, nbytes: int, placement: 
         return _nccl_cost(algo, grid, net, nbytes)
     phases = _Phases(grid, node_map(grid, net.gpus_per_node, placement))
     ranks = np.arange(grid.size).reshape(grid.y, grid.x)          # ranks[row, col]
-    _PHASES_OF[algo](phases, ranks, float(nbytes), net)
+    _phases_of(algo)(phases, ranks, float(nbytes), net)
     return phases.result(algo, int(nbytes))
 
 
@@ -376,7 +378,7 @@ def allreduce_seconds_fn(algo: str, grid: Grid, net: Network, placement: str = "
             return 0.0 if e is None or nbytes == 0 else e.seconds
         return nccl_seconds
     rec = _Recorder(grid, node_map(grid, net.gpus_per_node, placement))
-    _PHASES_OF[algo](rec, np.arange(grid.size).reshape(grid.y, grid.x), 1.0, net)
+    _phases_of(algo)(rec, np.arange(grid.size).reshape(grid.y, grid.x), 1.0, net)
     terms, gamma = rec.terms, net.gamma
 
     def seconds(nbytes: float) -> float:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from torus_train.errors import UserError, check_number
+from torus_train.job.algorithms import measured_as
 from torus_train.job.topology import Grid
 from torus_train.plan.calibrate import Calibration, calibrate, host_grid, read_benches
 from torus_train.plan.host import RunRecord, StepProfile, predict_host_step, read_run, read_step_profile
@@ -98,7 +99,7 @@ def _run_model(req: CompareRunRequest, rec: RunRecord) -> RunModel:
     if (prof.model, prof.image_size) != (arch, size):
         raise UserError(f"--layer-profile: {req.layer_profile} is {prof.model} at {prof.image_size} px; the run is "
                         f"{arch} at {size} px: measure the run's model")
-    algo = {"ddp": "flat"}.get(spec["comm"]["algo"], spec["comm"]["algo"].removesuffix("-sync"))
+    algo = measured_as(spec["comm"]["algo"])  # bench rows of the algorithm the run's comm.algo exchanges with
     cal = calibrate(read_benches(req.calibrate), algo=algo, cores=req.cores, background=req.background,
                     llc_bytes=None if req.llc_mib is None else int(req.llc_mib * 2**20))
     return RunModel(host_grid(rec.grid), cal, prof, model_layers(arch, size, int(spec["model"]["num_classes"])),

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from torus_train.comm.chunks import chunk_bounds
+from torus_train.job.algorithms import ALGORITHMS, DEFAULT, simulated
+from torus_train.registry import load
 
 
 @dataclass
@@ -172,22 +174,31 @@ class CheckResult:
         return self.wrong_ranks == 0 and self.steps == self.expected_steps
 
 
-def check(x: int, y: int, elements: int, seed: int = 0, algo: str = "torus") -> CheckResult:
-    """Simulate on random int64 tensors and compare every rank with the exact sum."""
+def simulate_torus(values: np.ndarray, x: int, y: int) -> tuple[np.ndarray, SimStats, int, str]:
+    """The torus on grid x by y: (result, stats, the steps it must take: 2(X-1) + 2(Y-1), the grid's name)."""
+    out, st = torus_allreduce(values, x, y)
+    return out, st, 2 * (x - 1) + 2 * (y - 1), f"{x}x{y}"
+
+
+def simulate_flat(values: np.ndarray, x: int, y: int) -> tuple[np.ndarray, SimStats, int, str]:
+    """One ring over all X*Y ranks: (result, stats, the steps it must take: 2(N-1), the rank count)."""
+    out, st = flat_ring_allreduce(values)
+    return out, st, 2 * (x * y - 1), f"{x * y}"
+
+
+def check(x: int, y: int, elements: int, seed: int = 0, algo: str = DEFAULT) -> CheckResult:
+    """Simulate `algo` (an entry of torus_train.job.algorithms with `simulate`) on random int64 tensors and
+    compare every rank with the exact sum."""
     import time
+    entry = ALGORITHMS.get(algo)
+    if entry.simulate is None:
+        raise ValueError(f"algo must be one the simulator runs ({', '.join(simulated())}), got {algo!r}")
     rng = np.random.default_rng(seed)
     n_ranks = x * y
     values = rng.integers(-(10**6), 10**6, size=(n_ranks, elements), dtype=np.int64)
     expected = values.sum(axis=0)
     t0 = time.perf_counter()
-    if algo == "torus":
-        out, st = torus_allreduce(values, x, y)
-        want_steps, name = 2 * (x - 1) + 2 * (y - 1), f"{x}x{y}"
-    elif algo == "flat":
-        out, st = flat_ring_allreduce(values)
-        want_steps, name = 2 * (n_ranks - 1), f"{n_ranks}"
-    else:
-        raise ValueError(f"algo must be torus or flat, got {algo!r}")
+    out, st, want_steps, name = load(entry.simulate)(values, x, y)
     seconds = time.perf_counter() - t0
     wrong = int((out != expected[None, :]).any(axis=1).sum())
     return CheckResult(name, n_ranks, elements, st.steps, want_steps, int(st.sent_elements.max(initial=0)),

@@ -11,6 +11,7 @@ from torus_train.data import loader_config
 from torus_train.data.base import LoaderRequest
 from torus_train.data.readers import decode_threads
 from torus_train.errors import UserError
+from torus_train.job.algorithms import ALGORITHMS
 from torus_train.job.rank import Bootstrap
 from torus_train.job.sources import source_of
 from torus_train.job.spec import JobSpec
@@ -62,7 +63,8 @@ def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
 def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
     """DDP (buckets, overlap with backward) with the gradient exchange of comm.algo as its comm hook.
 
-    comm.algo = torus-sync is the torus hook exchanging inside the hook (no overlap), for comparisons.
+    comm.algo names an entry of torus_train.job.algorithms: its `hook` says whether torus-train's hook or DDP's
+    own all-reduce exchanges, its `asynchronous` whether the hook overlaps (torus-sync does not, for comparisons).
     broadcast_buffers=False: no broadcast of the BatchNorm statistics before every forward (training uses batch
     statistics); step.sync_buffers makes them rank 0's before evaluation and checkpoints.
     """
@@ -76,7 +78,8 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
     ddp = DDP(model, device_ids=[boot.device] if boot.device.type == "cuda" else None,
               bucket_cap_mb=spec.comm.bucket_mb, gradient_as_bucket_view=True, **{no_sync: False})
     compression = None if spec.comm.compression == "none" else spec.comm.compression
-    if spec.comm.algo == "ddp":
+    mode = ALGORITHMS.get(spec.comm.algo)
+    if not mode.hook:  # DDP's own all-reduce
         if compression:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -85,8 +88,8 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
         return ddp
     from torus_train.comm.hooks import TorusHookState, allreduce_hook
 
-    algo, sync = spec.comm.algo.removesuffix("-sync"), spec.comm.algo.endswith("-sync")
-    state = TorusHookState(boot.groups, algo=algo, compression=compression, asynchronous=not sync)
+    state = TorusHookState(boot.groups, algo=mode.same_as or mode.name, compression=compression,
+                           asynchronous=mode.asynchronous)
     ddp.register_comm_hook(state, allreduce_hook)
     ddp.torus_hook_state = state  # closed (its exchange thread joined) when training ends
     return ddp

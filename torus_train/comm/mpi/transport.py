@@ -120,8 +120,6 @@ class MpiGrid:
     native: None tries the C replay (torus_train.comm.mpi.native) and falls back to Python, saying why in
     `notes`; False never tries it; True requires it (ValueError when it cannot be had)."""
 
-    shm_row = None  # rows never use the shared-memory segment on MPI (see the module's docstring)
-
     def __init__(self, grid: Grid, comm=None, native: bool | None = None):
         MPI = _MPI()
         self.comm = comm if comm is not None else MPI.COMM_WORLD
@@ -148,7 +146,7 @@ class MpiGrid:
                                  f"replay: C for float32/float64 ({why}), Python for half types" if self.native
                                  else f"replay: Python; {why}"]
 
-    # --- the transport interface used by torus_train.comm.algos -----------------------------------
+    # --- the transport contract (torus_train.comm.transport.Transport) ------------------------------
     def buffer(self, tensor: torch.Tensor) -> _Buf:
         """What the methods below take: numpy views of the tensor, flattened (slice them, never the tensor).
 
@@ -245,6 +243,11 @@ class MpiGrid:
         if pending:
             raise ValueError("an exchange without its wait")
         return calls
+
+    @staticmethod
+    def pieces(buf: _Buf):
+        """One piece: rows go point to point, whatever the length (no staging slots to fit)."""
+        return (buf,)
 
     def world_allreduce(self, buf: _Buf) -> None:
         self._emit(_Step(N.ALLREDUCE, 0, buf.wire, op=buf.op))
