@@ -61,6 +61,9 @@ class Algorithm:
     """The hook returns before the exchange is done (overlap with the backward pass); False: it waits."""
     same_as: str | None = None
     """A training mode of another entry: the algorithm that bench and calibration measure for it."""
+    grids: str = "one"
+    """Which grids `plan` weighs it on for a GPU count: "any" (every X x Y; the torus), "per_node" (rows of one
+    node's GPUs, a leader per node; hierarchical) or "one" (its cost does not depend on the grid)."""
     nccl: str | None = None
     """``"module:function"`` of a specialised exchange for CUDA buckets on NCCL (whole-tensor collectives on
     a side stream), where the algorithm has one; else the hook runs `run` on the bucket."""
@@ -97,12 +100,13 @@ register(Algorithm(
     "hierarchical", "reduce to the row leader, all-reduce among the leaders, broadcast along the row",
     run=f"{_ALGOS}:hierarchical_allreduce",
     uses=("pieces", "col_allreduce", "row_reduce_to_leader", "row_broadcast_from_leader"),
-    phases=f"{_COST}:hierarchical_phases", phases_label="reduce to node leader, leaders' ring, broadcast"))
+    phases=f"{_COST}:hierarchical_phases", phases_label="reduce to node leader, leaders' ring, broadcast",
+    grids="per_node"))
 register(Algorithm(
     "torus", "2D torus: reduce-scatter along rows, all-reduce along columns, all-gather along rows",
     run=f"{_ALGOS}:torus_allreduce", uses=("pieces", "col_allreduce", "row_reduce_scatter", "row_all_gather"),
     phases=f"{_COST}:torus_phases", phases_label="2D torus (this project)",
-    simulate=f"{_SIM}:simulate_torus", nccl="torus_train.comm.hooks:exchange_torus_nccl"))
+    simulate=f"{_SIM}:simulate_torus", nccl="torus_train.comm.hooks:exchange_torus_nccl", grids="any"))
 register(Algorithm(
     "ddp", "DDP's own all-reduce, no hook (the backend's all-reduce per bucket)",
     hook=False, same_as="flat"))
@@ -111,7 +115,7 @@ register(Algorithm(
     asynchronous=False, same_as="torus"))
 
 DEFAULT = "torus"
-"""comm.algo when the spec names none."""
+"""comm.algo when the spec names none, and the algorithm `plan` picks grids for and weighs against NCCL."""
 BASELINE = "flat"
 """What the bench divides the others' bandwidth by."""
 

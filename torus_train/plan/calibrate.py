@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from torus_train.errors import UserError
+from torus_train.job.algorithms import DEFAULT
 from torus_train.job.topology import Grid, parse_grid
 from torus_train.plan.cost import allreduce_cost
 from torus_train.plan.networks import Link, Network
@@ -283,7 +284,7 @@ def _rows_to_fit(rows: Sequence[dict], algo: str | None, grid: str | None,
     """(algo, grid, rows) that calibrate fits: torus (else the first algorithm) unless named, its first grid
     unless named, the rows with wrong == 0; raise UserError unless they hold two sizes or more."""
     algos = [r["algo"] for r in rows]
-    algo = algo or ("torus" if "torus" in algos else algos[0])
+    algo = algo or (DEFAULT if DEFAULT in algos else algos[0])
     grids = [r["grid"] for r in rows if r["algo"] == algo]
     if not grids:
         raise UserError(f"{flag}: no rows for algo {algo!r} (present: {', '.join(sorted(set(algos)))})")

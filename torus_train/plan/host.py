@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from torus_train.errors import UserError
+from torus_train.job.algorithms import DEFAULT
 from torus_train.userfiles import Field, check, read_json, read_json_lines
 
 
@@ -182,7 +183,7 @@ def predict_host_step(cal, profile: StepProfile, grid, per_rank_batch: int, buck
     opt += o * profile.loop_overhead()
     shared = layers_with_profile(layers, profile.modules)
     t = timeline(shared, fwd + bwd + opt, bwd / (fwd + bwd + opt),
-                 lambda n: cal.predict_seconds(grid, n, background=background), exchange_bytes, "torus",
+                 lambda n: cal.predict_seconds(grid, n, background=background), exchange_bytes, DEFAULT,
                  bucket_cap_bytes)
     comm = t.communication_seconds
     critical = t.step_seconds

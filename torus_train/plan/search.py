@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable
 
 from torus_train.errors import UserError
+from torus_train.job.algorithms import ALGORITHMS, DEFAULT
 from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pairs
 from torus_train.plan.cost import (ALGORITHM_LABELS, BACKWARD_FRACTION, DTYPE_BYTES, MODELS, STEP_OVERHEAD,
                                    AllreduceCost, algorithms_for, allreduce_cost, allreduce_seconds_fn, step_cost)
@@ -24,7 +25,7 @@ def rank_grids(n: int, net: Network, nbytes: int, placement: str = "rows") -> li
     out = []
     for x, y in factor_pairs(n):
         g = Grid(x, y, net.gpus_per_node)
-        out.append((g, allreduce_cost("torus", g, net, nbytes, placement)))
+        out.append((g, allreduce_cost(DEFAULT, g, net, nbytes, placement)))
     out.sort(key=lambda gc: (round(gc[1].seconds, 12), gc[1].steps, -gc[0].x))
     return out
 
@@ -132,7 +133,7 @@ class Plan:
     @property
     def torus(self) -> AlgoPlan:
         """The torus's line (every plan has one)."""
-        return self.algorithms["torus"]
+        return self.algorithms[DEFAULT]
 
     @property
     def overhead_seconds(self) -> float:
@@ -236,7 +237,7 @@ BUCKET_CAPS_MB = (1, 2, 5, 10, 25, 50, 100, 200)
 """Bucket caps (MiB) that bucket_sweep tries."""
 
 
-def bucket_sweep(p: Plan, algo: str = "torus", caps_mb=BUCKET_CAPS_MB) -> list[dict]:
+def bucket_sweep(p: Plan, algo: str = DEFAULT, caps_mb=BUCKET_CAPS_MB) -> list[dict]:
     """The plan's step with each DDP bucket cap for one algorithm (its grid, network, model and batch), from
     the bucket timeline: [{cap_mb, buckets, exposed_seconds, step_seconds, scaling_efficiency}], in caps order."""
     g = Grid(*map(int, p.grid.split("x")), p.network.gpus_per_node)
@@ -281,10 +282,10 @@ def choose_grid_and_cap(gpus: int, net: Network, model: str, per_gpu_batch: int,
     out = []
     for x, y in factor_pairs(gpus):
         g = Grid(x, y, net.gpus_per_node)
-        cost = allreduce_seconds_fn("torus", g, net, placement)
+        cost = allreduce_seconds_fn(DEFAULT, g, net, placement)
         fused = cost(nbytes)
         for cap in caps_mb:
-            t = timeline(layers, compute_seconds, BACKWARD_FRACTION, cost, DTYPE_BYTES[gradient_dtype], "torus",
+            t = timeline(layers, compute_seconds, BACKWARD_FRACTION, cost, DTYPE_BYTES[gradient_dtype], DEFAULT,
                          int(cap * 2**20), overhead_seconds=overhead_seconds)
             out.append(Candidate(f"{x}x{y}", cap, len(t.buckets), fused, t.exposed_seconds, t.step_seconds,
                                  t.scaling_efficiency))
@@ -340,6 +341,12 @@ def _throughput(net: Network, model: str, images_per_second: float | None) -> fl
     return images_per_second
 
 
+def _grid_pool(algo: str, grids: list[Grid], per_node: list[Grid]) -> list[Grid]:
+    """The grids `algo` is weighed on (the table's `grids`; NCCL's algorithms do not depend on the grid)."""
+    kind = ALGORITHMS.get(algo).grids if algo in ALGORITHMS else "one"
+    return {"any": grids, "per_node": per_node}.get(kind, grids[:1])
+
+
 def sweep(net: Network, nbytes: int, gpu_counts: Iterable[int],
           placement: str = "rows") -> dict[str, list[tuple[int, float]]]:
     """Predicted all-reduce seconds per algorithm for each GPU count: torus on its fastest grid, hierarchical
@@ -352,7 +359,7 @@ def sweep(net: Network, nbytes: int, gpu_counts: Iterable[int],
         grids = [Grid(x, y, k) for x, y in factor_pairs(n)]
         per_node = [g for g in grids if g.x == k] or grids
         for a in algos:
-            pool = {"torus": grids, "hierarchical": per_node}.get(a, grids[:1])
+            pool = _grid_pool(a, grids, per_node)
             out[a].append((n, min(allreduce_cost(a, g, net, nbytes, placement).seconds for g in pool)))
     return out
 
@@ -386,14 +393,14 @@ def _outcome(row: dict) -> dict:
     gain = row["nccl_step_seconds"] - row["torus_step_seconds"]
     row["torus_gain_seconds"] = gain
     row["torus_gain_fraction"] = gain / row["nccl_step_seconds"]
-    row["outcome"] = "tie" if abs(row["torus_gain_fraction"]) < TIE else ("torus" if gain > 0 else "nccl")
+    row["outcome"] = "tie" if abs(row["torus_gain_fraction"]) < TIE else (DEFAULT if gain > 0 else "nccl")
     return row
 
 
 def verdict(p: "Plan", counts: Iterable[int] = VERDICT_COUNTS) -> dict:
     """Whether the torus beats NCCL's own choice on p's network: at p's point (its grid), and over GPU counts,
     from which count on it starts (or stops) to. Returns {here, scan, text}; text is what plan prints."""
-    t, n = p.algorithms["torus"], p.algorithms["nccl"]
+    t, n = p.algorithms[DEFAULT], p.algorithms["nccl"]
     here = _outcome({"gpus": p.gpus, "grid": p.grid, "torus_step_seconds": t.step_seconds,
                      "nccl_step_seconds": n.step_seconds, "torus_efficiency": t.scaling_efficiency,
                      "nccl_efficiency": n.scaling_efficiency, "torus_allreduce_seconds": t.allreduce_seconds,
@@ -411,7 +418,7 @@ def verdict_text(here: dict, scan: list[dict], network: str) -> list[str]:
     """The verdict in words: who wins at this point and by how much per step, then where that changes."""
     ms = abs(here["torus_gain_seconds"]) * 1e3
     pct = abs(here["torus_gain_fraction"]) * 100
-    who = {"torus": f"the torus beats NCCL by {ms:.2f} ms per step ({pct:.1f}% of NCCL's step)",
+    who = {DEFAULT: f"the torus beats NCCL by {ms:.2f} ms per step ({pct:.1f}% of NCCL's step)",
            "nccl": f"NCCL beats the torus by {ms:.2f} ms per step ({pct:.1f}% of NCCL's step): the torus LOSES here",
            "tie": f"the torus and NCCL tie ({ms:.2f} ms per step apart, under {TIE * 100:g}%)"}[here["outcome"]]
     lines = [f"verdict on {network} at {here['gpus']} GPUs, grid {here['grid']}: {who} "
@@ -435,16 +442,16 @@ def _where_it_changes(scan: list[dict]) -> str:
     wins = [(r["gpus"], r["outcome"]) for r in scan]
     lo, hi = wins[0][0], wins[-1][0]
     kinds = {o for _, o in wins}
-    if kinds == {"torus"}:
+    if kinds == {DEFAULT}:
         return f"the torus wins at every count scanned ({lo}..{hi})"
     if kinds == {"nccl"}:
         return f"NCCL wins at every count scanned ({lo}..{hi}): the torus never pays off on this network"
-    if "torus" not in kinds:
+    if DEFAULT not in kinds:
         return f"the torus never wins ({lo}..{hi}): NCCL wins or ties"
-    first = next(n for n, o in wins if o == "torus")
-    last = max(n for n, o in wins if o == "torus")
+    first = next(n for n, o in wins if o == DEFAULT)
+    last = max(n for n, o in wins if o == DEFAULT)
     after = [f"{n} {o}" for n, o in wins if n > last]
-    contiguous = all(o == "torus" for n, o in wins if first <= n <= last)
+    contiguous = all(o == DEFAULT for n, o in wins if first <= n <= last)
     text = (f"the torus starts to win at {first} GPUs" if contiguous else f"the torus first wins at {first} GPUs, "
             f"not at every count after")
     text += f" and wins up to {last}" + (f", then stops ({', '.join(after)})" if after else
