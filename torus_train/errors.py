@@ -1,6 +1,10 @@
 """Errors a user can cause, and how the CLI reports them (one line, no traceback)."""
 from __future__ import annotations
 
+import math
+import os
+from pathlib import Path
+
 
 class UserError(ValueError):
     """Bad input: a flag, a spec field, a file. Reported as one line; exit code 2."""
@@ -23,9 +27,6 @@ def shown_path(path: object, limit: int = 80) -> str:
 def check_output_file(path: object, flag: str) -> None:
     """Before any work: a file the user asked to be written (--json, --plot) can be created, i.e. the name is
     usable, it is not a folder and its folder exists. UserError naming the flag otherwise."""
-    import os
-    from pathlib import Path
-
     text = str(path)
     if "\0" in text:
         raise UserError(f"{flag}: the file name contains a NUL character")
@@ -45,9 +46,6 @@ def check_output_file(path: object, flag: str) -> None:
 
 def check_output_folder(path: object, flag: str) -> None:
     """An output folder the user named can be made: no file sits at it or above it, and the names are usable."""
-    import os
-    from pathlib import Path
-
     text = str(path)
     if "\0" in text:
         raise UserError(f"{flag}: the folder name contains a NUL character")
@@ -68,8 +66,6 @@ def check_output_folder(path: object, flag: str) -> None:
 def check_number(value: float | None, flag: str, low: float = 0.0, low_ok: bool = False,
                  high: float | None = None) -> None:
     """A float flag finite and in range (low exclusive unless low_ok); None (not given) passes."""
-    import math
-
     if value is None:
         return
     if not math.isfinite(value):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import asdict, dataclass, field
 
 from torus_train.errors import UserError
@@ -151,8 +152,6 @@ def count_wrong(torch, result, world: int, dtype_name: str) -> int:
 # --- the sweep, inside a rank -----------------------------------------------------------------------
 def run_sweep(cfg: BenchConfig, comm, progress=None) -> list[Row]:
     """Measure every size and algorithm (interleaved) on `comm`; every rank returns the same rows."""
-    import time
-
     import torch
 
     from torus_train.comm.algos import allreduce

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -25,8 +26,6 @@ def data() -> None:
 @click.option("--workers", default=2, show_default=True, help="Processes drawing images.")
 def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: int, workers: int) -> None:
     """Generate the demo set: ten shape classes on cluttered, noisy backgrounds, as real JPEG files."""
-    from pathlib import Path
-
     from torus_train.data.demo import generate, read_manifest
 
     from torus_train.errors import check_output_folder

@@ -25,6 +25,8 @@ count do not change.
 """
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import torch
 
@@ -89,8 +91,6 @@ def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
 
 def _decode_problem(data: np.ndarray | None) -> str | None:
     """Why PIL cannot fully decode these bytes (None when it can)."""
-    import io
-
     from PIL import Image
 
     if data is None:

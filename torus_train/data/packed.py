@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import tarfile
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -378,8 +379,6 @@ class ShardReader:
     """
 
     def __init__(self, split: PackedSplit, keep: int = 16):
-        import threading
-
         self.split, self.keep = split, keep
         self._fds: dict[int, int] = {}
         self._busy: dict[int, int] = {}

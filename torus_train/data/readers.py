@@ -8,6 +8,10 @@ failure. Also here: how many decode threads a rank gets (``decode_threads``).
 """
 from __future__ import annotations
 
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from torus_train.data.checks import is_jpeg_name, jpeg_problem
@@ -21,8 +25,6 @@ def decode_threads(local_world_size: int, affinity: int | None = None, machine: 
     --bind-to core, srun --cpu-bind=cores: its affinity mask is already its share, dividing again by the
     node's ranks would leave a 4-GPU node with 8 cores per rank 2 threads each); the node's usable cores
     shared by its ranks when it is unbound (its mask is the whole machine)."""
-    import os
-
     from torus_train.job.launch import usable_cpus  # affinity and cgroup quota, not the machine's count
 
     affinity = affinity if affinity is not None else len(os.sched_getaffinity(0))
@@ -70,14 +72,10 @@ class ReadAhead:
     """
 
     def __init__(self, workers: int, depth: int):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.depth = max(1, depth)
         self.pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="torus-read")
 
     def map(self, fn, items):
-        from collections import deque
-
         pending = deque()
         for item in items:
             pending.append(self.pool.submit(fn, item))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import io
+import multiprocessing
 import sys
 
 import torch
@@ -108,8 +109,6 @@ def _worker_context():
     `bench input` and the tests have). Then forkserver: workers forked from a server that holds only torch."""
     if "nvidia.dali" not in sys.modules:
         return None
-    import multiprocessing
-
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torchvision", __name__])
     return ctx

@@ -28,7 +28,11 @@ What it predicts, for R ranks of one thread each on C cores with B other runnabl
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -266,9 +270,6 @@ def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_
     module (timeline.measure_backward_profile's hooks, on the same steps). With one thread the clock is the
     thread's CPU time (the backward pass runs on the calling thread on CPU), so other jobs on the machine do
     not stretch it; with more, wall time."""
-    import os
-    import time
-
     import torch
     import torchvision
 
@@ -348,9 +349,6 @@ def measure_colocated(model: str, image_size: int, batch: int, num_classes: int,
                       repeats: int) -> StepProfile:
     """measure_step_profile while colocated - 1 copies of the same step run in other processes (started here,
     stopped by their own process ids when the measurement ends)."""
-    import subprocess
-    import sys
-
     others = [subprocess.Popen([sys.executable, "-m", "torus_train.plan.host", "--busy", model, "-",
                                 "--image-size", str(image_size), "--batch", str(batch),
                                 "--num-classes", str(num_classes)], stdout=subprocess.PIPE, text=True)

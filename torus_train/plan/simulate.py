@@ -19,6 +19,7 @@ one process within a test's time (timings in docs/plan.md).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -189,7 +190,6 @@ def simulate_flat(values: np.ndarray, x: int, y: int) -> tuple[np.ndarray, SimSt
 def check(x: int, y: int, elements: int, seed: int = 0, algo: str = DEFAULT) -> CheckResult:
     """Simulate `algo` (an entry of torus_train.job.algorithms with `simulate`) on random int64 tensors and
     compare every rank with the exact sum."""
-    import time
     entry = ALGORITHMS.get(algo)
     if entry.simulate is None:
         raise ValueError(f"algo must be one the simulator runs ({', '.join(simulated())}), got {algo!r}")

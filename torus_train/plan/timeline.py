@@ -24,6 +24,8 @@ What it computes, for one model, one all-reduce algorithm and one network:
 """
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -241,9 +243,6 @@ def measure_backward_profile(model: str, image_size: int = 64, batch: int = 16, 
     module's seconds = its time minus the previous module's in that order, so the profile's sum is the
     backward pass up to the last gradient and parameter-free layers' time goes to the next module ready.
     Median over `repeats` steps after `warmup`."""
-    import statistics
-    import time
-
     import torch
     import torchvision
 

@@ -17,6 +17,7 @@ still there ``grace`` seconds after the launcher went away.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -142,8 +143,6 @@ def die_with_parent(environ=os.environ, grace: float = 20.0) -> None:
         return
     parent_pid = int(parent)
     try:
-        import ctypes
-
         kernel_signals = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
     except (OSError, AttributeError):
         kernel_signals = False  # not Linux: the watch thread sends the SIGTERM itself

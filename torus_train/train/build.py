@@ -1,7 +1,9 @@
 """The parts a rank trains with, each built from the spec: model, DDP with the torus hook, loaders, AMP."""
 from __future__ import annotations
 
+import inspect
 import random
+import time
 from typing import Any
 
 import torch
@@ -70,7 +72,6 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    import inspect
 
     # torch >= 2.14 names the switch forward_sync_buffers (broadcast_buffers warns); both still sync at init
     no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
@@ -116,8 +117,6 @@ def time_step(ddp: nn.Module, spec: JobSpec, device: torch.device, micro_batch: 
     """Seconds of a throw-away training step (forward, backward and exchange of ``accumulation`` passes of
     ``micro_batch`` zero images; no data, no update; the second of two), for the ETA before the first step. Every rank calls
     it (the backward exchanges). Parameters, BatchNorm statistics and gradients are left as they were."""
-    import time
-
     saved = {k: v.clone() for k, v in ddp.module.state_dict().items()}
     size = spec.data.image_size
     x = torch.zeros(micro_batch, 3, size, size, device=device)

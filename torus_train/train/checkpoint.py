@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
+import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,9 +281,6 @@ def ref_from_verdict(folder: str | Path, v: dict, data: bytes | None = None) -> 
 def load_checkpoint(ref: CheckpointRef, map_location: Any = "cpu") -> dict:
     """torch.load with weights_only=True: tensors and plain types; a pickled object is refused, not run.
     From ref.data where the bytes are held (verified, or handed over by the node's leader), else the file."""
-    import io
-    import pickle
-
     import torch
 
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import socket
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -202,8 +204,6 @@ LISTED_RANKS = 256  # summary["ranks"] lists every rank up to this world size; s
 def gather_ranks(rs: RunState) -> list[dict]:
     """Every rank's step-time percentiles (train/timing.py), host and skipped corrupt files: one all_gather of
     a few numbers per rank, once, at the end. Every rank calls it; all get the list."""
-    import socket
-
     from torus_train.train.timing import FIELDS, PERCENTILES
 
     host = socket.gethostname().encode()[:HOST_BYTES]
@@ -227,8 +227,6 @@ def gather_ranks(rs: RunState) -> list[dict]:
 
 def stragglers(rows: list[dict]) -> dict:
     """The slowest ranks by their own work per step (data + compute, p50) against the median rank."""
-    import statistics
-
     median = statistics.median_low([r["work_p50"] for r in rows])
     slow = sorted(rows, key=lambda r: -r["work_p50"])[:5]
     return {"median_work_p50": median, "median_compute_p50": statistics.median_low([r["compute_p50"] for r in rows]),

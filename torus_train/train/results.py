@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -381,8 +382,6 @@ def _text(ax, runs: list[Run], notes: list[str]) -> None:
 
 
 def _wrap(line: str, width: int = 60) -> str:
-    import textwrap
-
     return "\n".join(textwrap.wrap(line, width, subsequent_indent="    ")) or line
 
 

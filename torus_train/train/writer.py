@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from pathlib import Path
 
 
@@ -31,8 +32,6 @@ class BackgroundAppender:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every item handed over is written (False when ``timeout`` seconds passed first); OSError of
         the first write that failed."""
-        import time
-
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._queue.all_tasks_done:
             while self._queue.unfinished_tasks:

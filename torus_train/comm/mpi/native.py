@@ -16,6 +16,7 @@ mpicc on PATH).
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import platform
@@ -117,8 +118,6 @@ def trusted_folder() -> tuple[Path, str]:
 
 def _build(mpicc: str, lib_path: Path) -> None:
     """Compile native.c into lib_path, once per node: the other ranks wait on the lock, then find it built."""
-    import fcntl
-
     with open(lib_path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if lib_path.exists():
