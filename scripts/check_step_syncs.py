@@ -42,7 +42,7 @@ def small_spec(steps: int, optimizer: str, out: str, image_size: int = 32, batch
 def count_all(steps: int, optimizer: str, precisions=None, **size) -> dict:
     """{precision: count_loop_syncs(...)} on a world of one (gloo on CPU)."""
     from torus_train.job.topology import parse_grid
-    from torus_train.ranks.bootstrap import init_distributed, shutdown
+    from torus_train.ranks.distributed import init_distributed, shutdown
     from torus_train.train.syncs import PRECISIONS, count_loop_syncs
 
     with tempfile.TemporaryDirectory(prefix="step-syncs-") as out:

@@ -183,7 +183,7 @@ def loop_spec(out, batch, steps, precision="fp16"):
 
 def world_of_one():
     from torus_train.job.topology import parse_grid
-    from torus_train.ranks.bootstrap import init_distributed
+    from torus_train.ranks.distributed import init_distributed
 
     return init_distributed(parse_grid("1x1"), 120, environ={})
 EOF

@@ -27,6 +27,19 @@ PKG = ROOT / "torus_train"
 ORDER = ("errors", "registry", "cache", "outdir", "userfiles", "specs", "job", "comm", "data", "plan", "train", "ranks",
          "bench", "commands", "cli", "__main__")
 
+# Modules that import torch at their top: a rank's training, the collectives, the torch loaders. Every other
+# module is pure: importing it never imports torch (`--help`, `run --dry-run`, `plan` and the launcher stay free
+# of it), and a pure module reaches torch only inside the function that needs it (the torch boundary).
+TORCH_SIDE = (
+    "comm.algos", "comm.arith", "comm.groups", "comm.hooks", "comm.mpi.transport", "comm.shm",
+    "data.dali", "data.synthetic", "data.torchvision_loader", "ranks.distributed",
+    "train.build", "train.loop", "train.models", "train.optim", "train.report", "train.state", "train.step",
+    "train.syncs", "train.timing",
+)
+# Optional dependencies (extras) and version fallbacks: imported where used, so that a missing one costs only
+# the feature that needs it.
+OPTIONAL = ("matplotlib", "torch.utils.tensorboard", "nvidia.dali", "mpi4py", "tomli", "tomllib", "PIL")
+
 # The names a registry owns; a module outside that registry that spells one as a whole string literal is a
 # branch the registry should have answered.
 NAMES = {
@@ -77,14 +90,33 @@ def upward_imports(trees: dict[Path, ast.AST]) -> list[str]:
     return found
 
 
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PKG).with_suffix("").parts).removesuffix(".__init__")
+
+
+def import_kind(name: str, inside: str) -> str:
+    """Why an import sits inside a function of module ``inside``: "optional" (an extra), "torch" (a pure
+    module reaching torch or a torch-side module: the boundary), or "other" (no reason: it belongs at the top)."""
+    if any(name == o or name.startswith(o + ".") for o in OPTIONAL):
+        return "optional"
+    torchy = name.split(".")[0] in ("torch", "torchvision") or \
+        name.removeprefix("torus_train.") in TORCH_SIDE and name.startswith("torus_train.")
+    return "torch" if torchy and inside not in TORCH_SIDE else "other"
+
+
 def imports_in_functions(trees: dict[Path, ast.AST]) -> dict:
-    total, torch_ = 0, 0
-    for tree in trees.values():
+    kinds = {"optional": 0, "torch": 0, "other": 0}
+    others = []
+    for path, tree in trees.items():
+        inside = module_name(path)
         for node, in_fn in import_sites(tree):
             if in_fn:
-                total += 1
-                torch_ += any(n == "torch" or n.startswith("torch.") for n in imported(node))
-    return {"all": total, "torch": torch_}
+                for name in imported(node):
+                    kind = import_kind(name, inside)
+                    kinds[kind] += 1
+                    if kind == "other":
+                        others.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    return {"all": sum(kinds.values()), **kinds, "others": others}
 
 
 def largest(trees: dict[Path, ast.AST], sources: dict[Path, str]) -> dict:
@@ -163,7 +195,10 @@ def main() -> int:
     for line in m["upward_imports"]:
         print(f"  {line}")
     f = m["imports_in_functions"]
-    print(f"imports inside functions: {f['all']} ({f['torch']} of torch)")
+    print(f"imports inside functions: {f['all']} (optional extras {f['optional']}, the torch boundary "
+          f"{f['torch']}, without a reason {f['other']})")
+    for line in f["others"]:
+        print(f"  {line}")
     lg = m["largest"]
     print(f"largest module: {lg['module']} ({lg['module_lines']} lines)")
     print(f"largest function: {lg['function']} ({lg['function_lines']} lines)")

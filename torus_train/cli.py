@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NoReturn
 
 import click
 
@@ -54,7 +55,7 @@ def cli() -> None:
     """Data-parallel image-classification training on a 2D torus of GPUs, with staged batch-size growth."""
 
 
-def error(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
+def error(message: str, code: int = 2) -> NoReturn:
     """Print a one-line error and exit (line breaks inside the message are shown as spaces)."""
     message = " ".join(str(message).split("\n"))
     click.echo(f"torus-train: error: {message}", err=True)

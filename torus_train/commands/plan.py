@@ -13,6 +13,9 @@ import click
 from click.core import ParameterSource
 
 from torus_train.errors import UserError, check_output_file
+from torus_train.plan.calibrate_report import CalibrateRequest, calibrate_report
+from torus_train.plan.predict import PlanRequest, predict
+from torus_train.plan.run_report import CompareRunRequest, compare_run as compare
 
 MOVED = {"--calibrate": "calibrate BENCH.json", "--calibrate-algo": "calibrate BENCH.json --algo NAME",
          "--compare": "calibrate BENCH.json --compare OTHER.json", "--cores": "calibrate BENCH.json --cores N",
@@ -106,8 +109,6 @@ def plan(ctx: click.Context, json_path, **options) -> None:
     if ctx.invoked_subcommand is not None:
         _no_plan_options(ctx)
         return
-    from torus_train.plan.predict import PlanRequest, predict
-
     _check_json(json_path)
     _write_json(json_path, predict(PlanRequest(**options), click.echo))
 
@@ -146,8 +147,6 @@ def calibrate(json_path, **options) -> None:
       torus-train plan calibrate bench_2x2.json --grid 2x4
       torus-train plan calibrate bench_2x2.json --compare bench_2x4.json --cores 2
     """
-    from torus_train.plan.calibrate_report import CalibrateRequest, calibrate_report
-
     _check_json(json_path)
     _write_json(json_path, calibrate_report(CalibrateRequest(**options), click.echo))
 
@@ -176,7 +175,5 @@ def compare_run(json_path, **options) -> None:
     Example:
       torus-train plan compare-run runs/x --calibrate bench_2x2.json --layer-profile step.json
     """
-    from torus_train.plan.run_report import CompareRunRequest, compare_run as compare
-
     _check_json(json_path)
     _write_json(json_path, compare(CompareRunRequest(**options), click.echo))

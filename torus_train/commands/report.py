@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from torus_train.errors import UserError
+from torus_train.train import results
 
 
 @click.command("report")
@@ -24,8 +25,6 @@ def report(outs, png, json_path, no_png) -> None:
     torus-train report runs/default
     torus-train report runs/a runs/b --png compare.png --json compare.json
     """
-    from torus_train.train import results
-
     if no_png and png:
         raise UserError("--png and --no-png exclude each other")
     if not no_png:

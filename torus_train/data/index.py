@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from torus_train.cache import cache_root
 from torus_train.errors import UserError
 from torus_train.job.sources import INDEX_DIR
 from torus_train.outdir import FolderKind, check_target, resolve_target, write_folder
@@ -166,8 +167,6 @@ def default_location(data_root: str | os.PathLike) -> Path:
     data = Path(data_root).resolve()
     if os.access(data, os.W_OK):
         return data / INDEX_DIR
-    from torus_train.cache import cache_root
-
     return cache_root() / "index" / hashlib.sha256(str(data).encode()).hexdigest()[:16]
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from torus_train.data.checks import is_jpeg_name, jpeg_problem
 from torus_train.data.index import Split
 from torus_train.data.packed import PackedSplit, ShardReader
+from torus_train.job.launch import usable_cpus
 
 
 def decode_threads(local_world_size: int, affinity: int | None = None, machine: int | None = None,
@@ -25,11 +26,9 @@ def decode_threads(local_world_size: int, affinity: int | None = None, machine: 
     --bind-to core, srun --cpu-bind=cores: its affinity mask is already its share, dividing again by the
     node's ranks would leave a 4-GPU node with 8 cores per rank 2 threads each); the node's usable cores
     shared by its ranks when it is unbound (its mask is the whole machine)."""
-    from torus_train.job.launch import usable_cpus  # affinity and cgroup quota, not the machine's count
-
     affinity = affinity if affinity is not None else len(os.sched_getaffinity(0))
     machine = machine or os.cpu_count() or affinity
-    usable = usable or usable_cpus()
+    usable = usable or usable_cpus()  # affinity and cgroup quota, not the machine's count
     if affinity < machine:
         return max(1, usable)
     return max(1, usable // max(1, local_world_size))

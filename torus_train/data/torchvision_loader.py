@@ -18,6 +18,7 @@ import sys
 
 import torch
 from PIL import Image
+from torchvision import transforms as T
 
 from torus_train.data.base import (MEAN, PAD_LABEL, STD, TRAIN_AREA, TRAIN_RATIO, CorruptLog, LoaderConfig,
                                    ShardedLoader, replacement_after, val_resize)
@@ -27,8 +28,6 @@ from torus_train.data.readers import sample_reader
 
 def transform(split: str, image_size: int):
     """The torchvision transform for ``split``."""
-    from torchvision import transforms as T
-
     if split == "train":
         ops = [T.RandomResizedCrop(image_size, scale=TRAIN_AREA, ratio=TRAIN_RATIO), T.RandomHorizontalFlip()]
     else:

@@ -26,11 +26,12 @@ except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI (a depende
 
 from torus_train.errors import UserError
 from torus_train.job import algorithms
-from torus_train.job.topology import MAX_WORLD
 from torus_train.job.launchers import choices as launcher_choices
 from torus_train.job.models import HOUSE_ARCHS
 from torus_train.job.schedule import Schedule, ScheduleError
 from torus_train.job.sources import DEFAULT_SOURCE, choices_text
+from torus_train.job.topology import MAX_WORLD
+from torus_train.job.topology import parse_grid
 
 
 class SpecError(UserError):
@@ -347,7 +348,6 @@ class JobSpec:
         except ScheduleError as e:
             raise SpecError(str(e)) from None
         if self.grid.grid:
-            from torus_train.job.topology import parse_grid
             try:
                 parse_grid(self.grid.grid)
             except UserError as e:

@@ -8,6 +8,7 @@ folder's index (its meta.json) when it has been built, a packed set's packed.jso
 from __future__ import annotations
 
 from torus_train.job.models import forward_flops
+from torus_train.job.schedule import steps_per_epoch
 from torus_train.job.sources import source_of
 
 
@@ -19,8 +20,6 @@ def train_images(spec) -> tuple[int | None, str]:
 def images_processed(schedule, images_per_epoch: int) -> int:
     """Images over every step of a BatchSchedule (global batch x steps per epoch, capped at schedule.steps);
     one term per stage, so a spec of 45,826 epochs answers as fast as one of 7."""
-    from torus_train.job.schedule import steps_per_epoch
-
     total, steps = 0, 0
     cap, end = schedule.schedule.steps, schedule.schedule.end_epoch
     for st in schedule.stages:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from torus_train.errors import UserError
 from torus_train.job.algorithms import DEFAULT
+from torus_train.plan.timeline import layers_with_profile, timeline
 from torus_train.userfiles import Field, check, read_json, read_json_lines
 
 
@@ -178,8 +179,6 @@ def predict_host_step(cal, profile: StepProfile, grid, per_rank_batch: int, buck
 
     cal: a torus_train.plan.calibrate.Calibration of the torus; layers: the model's parameter tensors
     (timeline.model_layers) for DDP's buckets; exchange_bytes: bytes per gradient value on the wire (4 for fp32)."""
-    from torus_train.plan.timeline import layers_with_profile, timeline
-
     r, c = grid.size, cal.cores
     o = max(1.0, (r + background) / c)
     scale = per_rank_batch / profile.batch            # stated: compute linear in the batch around the profile's

@@ -1,4 +1,4 @@
-"""Inside a rank: who am I, where is rank 0, and the process groups (torch is imported inside the functions).
+"""Inside a rank, before torch: who am I and where is rank 0 (pure; the process groups: ranks/distributed.py).
 
 Rank, world size and local rank come from the variables of the launcher that started this process, as its
 entry in torus_train.job.launchers lists them: torchrun / our local launcher (RANK, WORLD_SIZE, LOCAL_RANK),
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import os
 import socket
-from datetime import timedelta
 from typing import Mapping
 
 from torus_train.errors import RunFailed
 from torus_train.job.launchers import read_rank, source_launcher
-from torus_train.job.rank import Bootstrap, RankInfo  # noqa: F401  (the value types, one floor down)
-from torus_train.job.topology import Grid
+from torus_train.job.rank import RankInfo
 
 
 def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
@@ -85,51 +83,3 @@ def gpu_arch_problem(capability: tuple[int, int], arch_list: list[str], gpu: str
         hint = "install a torch built with a newer CUDA (see https://pytorch.org/get-started/locally/)"
     return (f"GPU {gpu} has compute capability sm_{major}{minor}, which {built} has no kernels for "
             f"(it has {have}); {hint}")
-
-
-def check_gpu_arch(device) -> None:
-    """RunFailed with one line before the first kernel when this torch cannot run on the rank's GPU (instead of
-    CUDA's "no kernel image is available" at the first step)."""
-    import torch
-
-    problem = gpu_arch_problem(torch.cuda.get_device_capability(device), torch.cuda.get_arch_list(),
-                               torch.cuda.get_device_name(device), torch.__version__, torch.version.cuda)
-    if problem:
-        raise RunFailed(problem)
-
-
-def init_distributed(grid: Grid, timeout_s: float, environ: Mapping[str, str] | None = None,
-                     backend: str | None = None) -> Bootstrap:
-    """Rank info -> device (its architecture checked against this torch build) -> process group with the
-    timeout -> row/column groups. backend: None = NCCL with CUDA, else gloo; 'gloo' keeps the ranks on the
-    CPU even where there are GPUs (bench --backend gloo)."""
-    import torch
-    import torch.distributed as dist
-
-    info = rank_info(environ)
-    if info.world_size != grid.size:
-        raise RunFailed(f"rank {info.rank}: the launcher started {info.world_size} ranks but grid {grid} needs "
-                        f"{grid.size}")
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
-        check_gpu_arch(device)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    addr, port = rendezvous(info, environ)
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
-                            world_size=info.world_size, timeout=timedelta(seconds=timeout_s),
-                            **({"device_id": device} if backend == "nccl" else {}))
-    from torus_train.comm.groups import build_grid_groups
-
-    groups = build_grid_groups(grid, timeout=timeout_s)
-    return Bootstrap(info, grid, device, backend, groups)
-
-
-def shutdown() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()

@@ -29,6 +29,7 @@ from torus_train.ranks.rundir import (check_user_paths, choose_out, latest_check
                                       read_summary, resume_epoch, write_hosts, write_job)
 from torus_train.ranks.runner import echo_err, run_command, run_local
 from torus_train.ranks.watchdog import new_watch, watchdog_limits
+from torus_train.ranks.worker import execute
 
 
 @dataclass(frozen=True)
@@ -245,8 +246,6 @@ def no_restart(e, attempt: int, max_restarts: int) -> str:
 
 def run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
     """`mpirun -n 4 torus-train run ...`: this process is one rank; rank 0 prepares the output folder."""
-    from torus_train.ranks.worker import execute  # torch: only a rank imports it
-
     if len(plan_legs(spec)) > 1:
         raise UserError("schedule.stages name more than one grid: start the job with `torus-train run` (it moves "
                         "the job between grids), not as ranks of mpirun/srun")

@@ -23,13 +23,14 @@ import sys
 import traceback
 from pathlib import Path
 
-from torus_train.ranks.bootstrap import rank_info
-from torus_train.ranks.heartbeat import Heartbeat, beat_interval, die_with_parent
 from torus_train.errors import RunFailed, UserError, comm_failure
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
+from torus_train.ranks.bootstrap import rank_info
+from torus_train.ranks.heartbeat import Heartbeat, beat_interval, die_with_parent
 from torus_train.train import faults
 from torus_train.train.stop import StopRequest, StopRequested
+from torus_train.train.writer import APPENDER
 
 REDIRECTED = "TORUS_TRAIN_LOG_REDIRECTED"
 
@@ -124,7 +125,7 @@ def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regri
 
     if threads:
         torch.set_num_threads(threads)
-    from torus_train.ranks.bootstrap import init_distributed, shutdown
+    from torus_train.ranks.distributed import init_distributed, shutdown
     from torus_train.train.loop import run_training
 
     boot = init_distributed(grid, spec.comm.timeout_s)
@@ -159,8 +160,6 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, regrid: bool = False) -> No
         code, kind, message = classify(e)
         traceback.print_exc()  # inside the except block, or it prints "NoneType: None"
     try:  # metrics lines still with the writer thread reach the file (a hung file system gets 10 s)
-        from torus_train.train.writer import APPENDER
-
         APPENDER.flush(timeout=10.0)
     except OSError:
         pass

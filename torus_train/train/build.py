@@ -6,36 +6,38 @@ import random
 import time
 from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+import torchvision
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+from torus_train.comm.hooks import TorusHookState, allreduce_hook
 from torus_train.data import loader_config
 from torus_train.data.base import LoaderRequest
 from torus_train.data.readers import decode_threads
+from torus_train.data.stage import stage_on_node
 from torus_train.errors import UserError
 from torus_train.job.algorithms import ALGORITHMS
+from torus_train.job.models import HOUSE_ARCHS
 from torus_train.job.rank import Bootstrap
 from torus_train.job.sources import source_of
 from torus_train.job.spec import JobSpec
+from torus_train.train.models import build_house_model
+from torus_train.train.optim import build_optimizer as optimizer_for
 
 
 def seed_everything(seed: int, rank: int) -> None:
     """Same model initialisation everywhere (seed), rank-specific randomness for the rest."""
-    import numpy as np
-
     torch.manual_seed(seed)
     random.seed(seed * 1000 + rank)
     np.random.seed((seed * 1000 + rank) % 2**32)
 
 
 def build_model(spec: JobSpec, device: torch.device) -> nn.Module:
-    import torchvision
-
-    from torus_train.job.models import HOUSE_ARCHS
-
     if spec.model.arch in HOUSE_ARCHS:
-        from torus_train.train.models import build_house_model
-
         return _placed(build_house_model(HOUSE_ARCHS[spec.model.arch], spec.model.num_classes), spec, device)
     try:
         model = torchvision.models.get_model(spec.model.arch, weights=None, num_classes=spec.model.num_classes)
@@ -55,10 +57,8 @@ def _placed(model: nn.Module, spec: JobSpec, device: torch.device) -> nn.Module:
 
 
 def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
-    from torus_train.train.optim import build_optimizer as build
-
     o = spec.optimizer
-    return build(model, o.name, spec.schedule.base_lr, o.momentum, o.weight_decay, nesterov=o.nesterov,
+    return optimizer_for(model, o.name, spec.schedule.base_lr, o.momentum, o.weight_decay, nesterov=o.nesterov,
                  trust_coefficient=o.trust_coefficient)
 
 
@@ -70,9 +70,6 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
     broadcast_buffers=False: no broadcast of the BatchNorm statistics before every forward (training uses batch
     statistics); step.sync_buffers makes them rank 0's before evaluation and checkpoints.
     """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-
     # torch >= 2.14 names the switch forward_sync_buffers (broadcast_buffers warns); both still sync at init
     no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
                else "broadcast_buffers")
@@ -82,13 +79,9 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
     mode = ALGORITHMS.get(spec.comm.algo)
     if not mode.hook:  # DDP's own all-reduce
         if compression:
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
             hook = default_hooks.fp16_compress_hook if compression == "fp16" else default_hooks.bf16_compress_hook
             ddp.register_comm_hook(None, hook)
         return ddp
-    from torus_train.comm.hooks import TorusHookState, allreduce_hook
-
     state = TorusHookState(boot.groups, algo=mode.same_as or mode.name, compression=compression,
                            asynchronous=mode.asynchronous)
     ddp.register_comm_hook(state, allreduce_hook)
@@ -156,15 +149,11 @@ def staged_root(spec: JobSpec, boot: Bootstrap, root: str | None) -> str | None:
     if root is None or spec.data.stage == "none":
         return root
     if root not in _staged:
-        from torus_train.data.stage import stage_on_node
-
         _staged[root] = str(stage_on_node(root, spec.data.stage_dir, boot.info.local_rank, _barrier))
     return _staged[root]
 
 
 def _barrier() -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 

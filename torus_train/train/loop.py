@@ -34,6 +34,7 @@ from torus_train.train.step import check_replicas, evaluate, param_digest, set_l
 from torus_train.train.stop import StopRequest, StopRequested
 from torus_train.train.timing import StepTimes
 from torus_train.train.writer import APPENDER
+from torus_train.data.base import CorruptLog
 
 
 def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = False,
@@ -77,8 +78,6 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
         progress.prior = (prior, first.global_batch)
     if progress and boot.device.type != "cuda" and spec.model.precision != "fp32":
         progress.say(f"CPU ranks run fp32 (model.precision = {spec.model.precision} applies on GPUs)")
-    from torus_train.data.base import CorruptLog
-
     return RunState(spec, boot, out, stop, schedule, ddp, optimizer,
                     nn.CrossEntropyLoss(label_smoothing=spec.schedule.label_smoothing), amp_dtype, scaler, progress,
                     times=StepTimes(model, boot.device), corrupt=CorruptLog())

@@ -13,25 +13,26 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from torus_train.train.board import INTERVAL_TAGS
+from torus_train.train.board import EVAL_TAGS
+from torus_train.train.board import Board
+from torus_train.train.checkpoint import write_atomic
 from torus_train.train.state import RunState
 from torus_train.train.step import check_nonfinite
+from torus_train.train.timing import FIELDS, PERCENTILES
+from torus_train.train.writer import APPENDER
 
 log = logging.getLogger("torus_train.train")
 
 
 def write_jsonl(path: Path, record: dict) -> None:
     """Append one line from the writer thread (train/writer.py): the training thread never waits on the file."""
-    from torus_train.train.writer import APPENDER
-
     APPENDER.append(path, json.dumps(record) + "\n")
 
 
 def truncate_metrics(path: Path, step: int) -> int:
     """Drop the lines after `step` (written after the checkpoint a resume starts from: they will be written
     again) and any torn last line; rewritten atomically. Returns how many lines went."""
-    from torus_train.train.checkpoint import write_atomic
-
-    from torus_train.train.writer import APPENDER
 
     APPENDER.flush()  # lines handed to the writer thread are in the file before it is read
     if not path.is_file():
@@ -75,8 +76,6 @@ class Progress:
     train/eta.py (the work left in each stage at that stage's rate), set up by ``plan``."""
 
     def __init__(self, epochs: int, out: Path | None = None):
-        from torus_train.train.board import Board
-
         self.epochs = epochs
         self.board = Board(out) if out is not None else None  # TensorBoard scalars, when it is installed
         self.total = 0
@@ -166,8 +165,6 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> 
     check_nonfinite(rs)  # the skipped steps, counted on the device, read here rather than on every step
     if rs.rank0:
         if rs.progress.board:
-            from torus_train.train.board import INTERVAL_TAGS
-
             rs.progress.board.write({**rec, "skipped_steps": rs.skipped_steps}, INTERVAL_TAGS)
         rs.progress.observe(rec, interval["steps"], interval["t"], end)
         rs.progress.update(rec)
@@ -186,8 +183,6 @@ def record_eval(rs: RunState, result: dict, epoch: int) -> None:
     rec = {"event": "eval", "epoch": epoch, "step": rs.pos.global_step, **result, "wall_seconds": wall}
     write_jsonl(rs.metrics, rec)
     if rs.progress.board:
-        from torus_train.train.board import EVAL_TAGS
-
         rs.progress.board.write(rec, EVAL_TAGS)
     hit = ""
     if target and rs.pos.target_epoch == epoch + 1:
@@ -204,8 +199,6 @@ LISTED_RANKS = 256  # summary["ranks"] lists every rank up to this world size; s
 def gather_ranks(rs: RunState) -> list[dict]:
     """Every rank's step-time percentiles (train/timing.py), host and skipped corrupt files: one all_gather of
     a few numbers per rank, once, at the end. Every rank calls it; all get the list."""
-    from torus_train.train.timing import FIELDS, PERCENTILES
-
     host = socket.gethostname().encode()[:HOST_BYTES]
     c = rs.corrupt
     mine = rs.times.percentiles() + [len(rs.times.compute), len(c.files) if c else 0, c.samples if c else 0]

@@ -24,6 +24,9 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torus_train.train import loop
+from torus_train.train.stop import StopRequest
+
 # ops that read a device value on the host: a scalar, or an output whose size depends on the values
 HOST_READ_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "equal", "is_nonzero", "allclose", "_unique",
                  "_unique2", "unique_dim", "unique_consecutive", "repeat_interleave")
@@ -137,9 +140,6 @@ def count_loop_syncs(spec, boot, out, precision: str, warmup: int = 1) -> dict:
     Returns {"steps": steps counted, "syncs": reads in them, "interval_steps": steps where the loop read on
     purpose (not counted), "where": {"op at file:line": count} of the counted reads}. The first ``warmup``
     steps are not counted (DDP rebuilds its buckets and the scaler creates its state there)."""
-    from torus_train.train import loop
-    from torus_train.train.stop import StopRequest
-
     rs = loop.start(spec, boot, out, StopRequest())
     force_precision(rs, precision)
     step_of = {"now": 0}

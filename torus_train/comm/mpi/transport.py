@@ -18,8 +18,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from torus_train.comm.mpi import native as N
 from torus_train.comm.arith import accumulate, as_numpy
+from torus_train.comm.mpi import native as N
+from torus_train.errors import UserError
 from torus_train.job.topology import Grid
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -124,7 +125,6 @@ class MpiGrid:
         MPI = _MPI()
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         if self.comm.Get_size() != grid.size:
-            from torus_train.errors import UserError
             raise UserError(f"grid {grid.x}x{grid.y} = {grid.size} ranks but mpirun started "
                             f"{self.comm.Get_size()}; use -np {grid.size} or another --grid")
         self.grid = grid
