@@ -63,7 +63,7 @@ class PlanRequest:
     def __post_init__(self) -> None:
         self._check_numbers()
         self._check_outputs()
-        if self.gpus is None and self.grid is None:
+        if self.gpus is None and not self.grid:  # an empty --grid is none
             raise UserError("--gpus is required (or --grid XxY)")
 
     def _check_numbers(self) -> None:
