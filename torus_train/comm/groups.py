@@ -215,48 +215,60 @@ def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 
     hook's three phases then run as on any grid (a collective over one rank is a valid NCCL call), so a 1x1
     run on one GPU exercises the same side stream, buffers and Future as the full job.
     """
+    g = _my_view(grid)
+    how = group_method(method)
+    _make_groups(g, how, g.backend == "nccl" if singletons is None else singletons, max(timeout, 1.0))
+    if use_shm is None:
+        use_shm = g.backend == "gloo" and os.environ.get("TORUS_TRAIN_SHM", "1") != "0"
+    if use_shm and grid.x > 1:
+        _shared_memory_row(g, timeout)
+    return g
+
+
+def _my_view(grid: Grid) -> GridGroups:
+    """This rank's place on the grid, before any group exists (the world must be the grid)."""
     if not dist.is_initialized():
         raise RuntimeError("build_grid_groups needs torch.distributed to be initialised first")
     world = dist.get_world_size()
     if world != grid.size:
         raise UserError(f"grid {grid.x}x{grid.y} = {grid.size} ranks but the world size is {world}")
     rank = dist.get_rank()
-    backend = str(dist.get_backend())
     row, col = grid.position(rank)
-    g = GridGroups(grid=grid, rank=rank, row=row, col=col, backend=backend, row_leader=grid.rank_at(row, 0))
-    tmo = timedelta(seconds=max(timeout, 1.0))
-    how = group_method(method)
-    if singletons is None:
-        singletons = backend == "nccl"
-    if grid.x > 1 or singletons:
-        g.row_group = _my_group(how, [grid.row_ranks(r) for r in range(grid.y)], row, tmo)
-    if grid.y > 1 or singletons:
-        g.col_group = _my_group(how, [grid.col_ranks(c) for c in range(grid.x)], col, tmo)
-    g.notes.append(f"row and column groups: {how}")
-    g.rows = GroupRow(g.row_group, col, g.row_leader, backend)
+    return GridGroups(grid=grid, rank=rank, row=row, col=col, backend=str(dist.get_backend()),
+                      row_leader=grid.rank_at(row, 0))
 
-    if use_shm is None:
-        use_shm = backend == "gloo" and os.environ.get("TORUS_TRAIN_SHM", "1") != "0"
-    if use_shm and grid.x > 1:
-        hosts: list = [None] * world
-        dist.all_gather_object(hosts, _host_id())
-        token = [uuid.uuid4().hex[:12] if rank == 0 else None]
-        dist.broadcast_object_list(token, src=0)
-        local_rows = [len({hosts[r] for r in grid.row_ranks(i)}) == 1 for i in range(grid.y)]
-        if local_rows[row]:
-            name = f"torus-train-{token[0]}-row{row}"
-            cap = shm_capacity(grid.x)
-            if col == 0:
-                shm = ShmRow(name, col, grid.row_ranks(row), capacity=cap, timeout=timeout)
-            dist.barrier(group=g.row_group)  # the leader has created the segment
-            if col != 0:
-                shm = ShmRow(name, col, grid.row_ranks(row), capacity=cap, timeout=timeout)
-            dist.barrier(group=g.row_group)  # everyone has mapped it and made its wake-up FIFO
-            shm.connect()
-            dist.barrier(group=g.row_group)  # everyone has opened its peers' FIFOs: the names can go
-            shm.unlink()
-            g.rows = shm
-            g.notes.append(f"row {row} lies inside one host: shared memory, {cap >> 10} KiB pieces; columns on {backend}")
-        else:
-            g.notes.append(f"row {row} spans hosts: rows use {backend}")
-    return g
+
+def _make_groups(g: GridGroups, how: str, singletons: bool, timeout: float) -> None:
+    """The row and column process groups (collective: every rank makes every group), and the rows' exchange."""
+    grid, tmo = g.grid, timedelta(seconds=timeout)
+    if grid.x > 1 or singletons:
+        g.row_group = _my_group(how, [grid.row_ranks(r) for r in range(grid.y)], g.row, tmo)
+    if grid.y > 1 or singletons:
+        g.col_group = _my_group(how, [grid.col_ranks(c) for c in range(grid.x)], g.col, tmo)
+    g.notes.append(f"row and column groups: {how}")
+    g.rows = GroupRow(g.row_group, g.col, g.row_leader, g.backend)
+
+
+def _shared_memory_row(g: GridGroups, timeout: float) -> None:
+    """Rows that lie inside one host exchange through shared memory instead (every rank takes part: the host
+    names are gathered over the world)."""
+    grid, rank, row, col = g.grid, g.rank, g.row, g.col
+    hosts: list = [None] * grid.size
+    dist.all_gather_object(hosts, _host_id())
+    token = [uuid.uuid4().hex[:12] if rank == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    if len({hosts[r] for r in grid.row_ranks(row)}) != 1:
+        g.notes.append(f"row {row} spans hosts: rows use {g.backend}")
+        return
+    name, cap = f"torus-train-{token[0]}-row{row}", shm_capacity(grid.x)
+    if col == 0:
+        shm = ShmRow(name, col, grid.row_ranks(row), capacity=cap, timeout=timeout)
+    dist.barrier(group=g.row_group)  # the leader has created the segment
+    if col != 0:
+        shm = ShmRow(name, col, grid.row_ranks(row), capacity=cap, timeout=timeout)
+    dist.barrier(group=g.row_group)  # everyone has mapped it and made its wake-up FIFO
+    shm.connect()
+    dist.barrier(group=g.row_group)  # everyone has opened its peers' FIFOs: the names can go
+    shm.unlink()
+    g.rows = shm
+    g.notes.append(f"row {row} lies inside one host: shared memory, {cap >> 10} KiB pieces; columns on {g.backend}")

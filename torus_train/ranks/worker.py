@@ -27,6 +27,7 @@ from torus_train.errors import RunFailed, UserError, comm_failure
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
 from torus_train.ranks.bootstrap import rank_info
+from torus_train.ranks.diagnosis import done_path, failed_path, log_path
 from torus_train.ranks.heartbeat import Heartbeat, beat_interval, die_with_parent
 from torus_train.train import faults
 from torus_train.train.stop import StopRequest, StopRequested
@@ -44,18 +45,6 @@ def read_job(path: str | Path) -> tuple[JobSpec, Grid, dict]:
     job = json.loads(Path(path).read_text())
     g = job["grid"]
     return spec_from_table(job["spec"]), Grid(g["x"], g["y"], g["gpus_per_node"]), job
-
-
-def log_path(out: Path, rank: int) -> Path:
-    return out / "logs" / f"rank{rank:05d}.log"
-
-
-def done_path(out: Path, rank: int) -> Path:
-    return out / "logs" / f"rank{rank:05d}.done"
-
-
-def failed_path(out: Path, rank: int) -> Path:
-    return out / "logs" / f"rank{rank:05d}.failed"
 
 
 def classify(e: BaseException) -> tuple[int, str, str]:
