@@ -156,51 +156,65 @@ def run_sweep(cfg: BenchConfig, comm, progress=None) -> list[Row]:
 
     from torus_train.comm.algos import allreduce
 
-    dtype = getattr(torch, cfg.dtype)
     device = torch.device("cuda", torch.cuda.current_device()) if comm.backend == "nccl" else torch.device("cpu")
-    world = comm.grid.size
-    rank = comm.rank
-    rows: list[Row] = []
-    timing = torch.zeros(1, dtype=torch.float64, device=device)
     flag = torch.zeros(1, dtype=torch.float64, device=device)
+    rows: list[Row] = []
     for size in cfg.sizes():
-        count = size // ITEMSIZE[cfg.dtype]
-        mine = pattern(torch, rank, count, dtype).to(device)
+        mine = pattern(torch, comm.rank, size // ITEMSIZE[cfg.dtype], getattr(torch, cfg.dtype)).to(device)
         buf = mine.clone()
-        wrong, iters = {}, {}
+        wrong, iters = _check_and_warm(cfg, comm, mine, buf, allreduce, flag)
+        spent = _timed_rounds(cfg, comm, buf, iters, allreduce, flag)
         for algo in cfg.algos:
-            wrong[algo] = 0
-            if cfg.check:
-                buf.copy_(mine)
-                allreduce(buf, algo, comm)
-                wrong[algo] = count_wrong(torch, buf.cpu(), world, cfg.dtype)
-            for _ in range(cfg.warmup):
-                allreduce(buf, algo, comm)
-            iters[algo] = _iterations(cfg, buf, algo, comm, allreduce, time, flag)
-        # The timed iterations run in rounds that alternate the algorithms, so a change in the machine's load
-        # during the point falls on all of them alike.
-        rounds = min(ROUNDS, min(iters.values()))
-        spent = {a: 0.0 for a in cfg.algos}
-        for r in range(rounds):
-            for algo in cfg.algos:
-                share = iters[algo] // rounds + (1 if r < iters[algo] % rounds else 0)
-                _barrier(comm, flag)
-                t0 = time.perf_counter()
-                for _ in range(share):
-                    allreduce(buf, algo, comm)
-                _sync(buf)
-                spent[algo] += time.perf_counter() - t0
-        for algo in cfg.algos:
-            timing[0] = spent[algo] / iters[algo]
-            comm.world_max(comm.buffer(timing))
-            stats = torch.tensor([float(wrong[algo])], dtype=torch.float64, device=device)
-            comm.world_allreduce(comm.buffer(stats))
-            row = make_row(algo, comm.backend, f"{comm.grid.x}x{comm.grid.y}", world, size, cfg.dtype,
-                           float(timing[0]), int(stats[0]))
+            row = _agreed_row(cfg, comm, algo, size, spent[algo] / iters[algo], wrong[algo], flag)
             rows.append(row)
-            if progress is not None and rank == 0:
+            if progress is not None and comm.rank == 0:
                 progress(row)
     return rows
+
+
+def _check_and_warm(cfg, comm, mine, buf, allreduce, flag) -> tuple[dict, dict]:
+    """Per algorithm: the #wrong elements of one checked all-reduce (-c), the warm-up, and the iterations
+    this point will time."""
+    import torch
+
+    wrong, iters = {}, {}
+    for algo in cfg.algos:
+        wrong[algo] = 0
+        if cfg.check:
+            buf.copy_(mine)
+            allreduce(buf, algo, comm)
+            wrong[algo] = count_wrong(torch, buf.cpu(), comm.grid.size, cfg.dtype)
+        for _ in range(cfg.warmup):
+            allreduce(buf, algo, comm)
+        iters[algo] = _iterations(cfg, buf, algo, comm, allreduce, time, flag)
+    return wrong, iters
+
+
+def _timed_rounds(cfg, comm, buf, iters: dict, allreduce, flag) -> dict:
+    """Seconds each algorithm spent on its iterations. They run in rounds that alternate the algorithms, so a
+    change in the machine's load during the point falls on all of them alike."""
+    rounds = min(ROUNDS, min(iters.values()))
+    spent = {a: 0.0 for a in cfg.algos}
+    for r in range(rounds):
+        for algo in cfg.algos:
+            share = iters[algo] // rounds + (1 if r < iters[algo] % rounds else 0)
+            _barrier(comm, flag)
+            t0 = time.perf_counter()
+            for _ in range(share):
+                allreduce(buf, algo, comm)
+            _sync(buf)
+            spent[algo] += time.perf_counter() - t0
+    return spent
+
+
+def _agreed_row(cfg, comm, algo: str, size: int, seconds: float, wrong: int, like) -> Row:
+    """The row every rank reports: the slowest rank's time, the #wrong summed over the ranks."""
+    timing = like.new_tensor([seconds])
+    comm.world_max(comm.buffer(timing))
+    stats = like.new_tensor([float(wrong)])
+    comm.world_allreduce(comm.buffer(stats))
+    return make_row(algo, comm.backend, f"{comm.grid.x}x{comm.grid.y}", comm.grid.size, size, cfg.dtype,
+                    float(timing[0]), int(stats[0]))
 
 
 def _iterations(cfg, buf, algo, comm, allreduce, time, flag) -> int:
