@@ -20,7 +20,7 @@ def data() -> None:
     """Data sets: generate the demo set, index and check an ImageNet-layout folder."""
 
 
-@data.command("demo")
+@data.command()
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False),
               help="Folder to create (ImageNet layout: train/CLASS/*.JPEG, val/CLASS/*.JPEG).")
 @click.option("--seed", default=0, show_default=True, help="Every image is a function of the seed and its index.")
@@ -30,7 +30,6 @@ def data() -> None:
 @click.option("--workers", default=2, show_default=True, help="Processes drawing images.")
 def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: int, workers: int) -> None:
     """Generate the demo set: ten shape classes on cluttered, noisy backgrounds, as real JPEG files."""
-
     check_output_folder(out, "--out")
     for flag, value, low, high in (("--train-per-class", train_per_class, 1, 1_000_000),
                                    ("--val-per-class", val_per_class, 0, 1_000_000), ("--size", size, 8, 4096),
