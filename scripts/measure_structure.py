@@ -31,7 +31,7 @@ ORDER = ("errors", "registry", "cache", "outdir", "userfiles", "specs", "job", "
 # module is pure: importing it never imports torch (`--help`, `run --dry-run`, `plan` and the launcher stay free
 # of it), and a pure module reaches torch only inside the function that needs it (the torch boundary).
 TORCH_SIDE = (
-    "comm.algos", "comm.arith", "comm.groups", "comm.hooks", "comm.mpi.transport", "comm.shm",
+    "bench.sweep", "comm.algos", "comm.arith", "comm.groups", "comm.hooks", "comm.mpi.transport", "comm.shm",
     "data.dali", "data.synthetic", "data.torchvision_loader", "ranks.distributed",
     "train.build", "train.loop", "train.models", "train.optim", "train.report", "train.state", "train.step",
     "train.syncs", "train.timing",

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from torus_train.bench import allreduce as B
+from torus_train.bench import sweep as S
 from torus_train.errors import UserError
 
 
@@ -40,20 +41,20 @@ def test_busbw_follows_nccl_tests():
 
 def test_count_wrong_catches_a_wrong_sum():
     world = 4
-    good = sum(B.pattern(torch, r, 1000, torch.float32).double() for r in range(world)).float()
-    assert B.count_wrong(torch, good, world, "float32") == 0
+    good = sum(S.pattern(r, 1000, torch.float32).double() for r in range(world)).float()
+    assert S.count_wrong(good, world, "float32") == 0
     bad = good.clone()
     bad[10] += 0.01
     bad[500] = 0
-    assert B.count_wrong(torch, bad, world, "float32") == 2
+    assert S.count_wrong(bad, world, "float32") == 2
     # a sum missing one rank's contribution is wrong almost everywhere
-    partial = sum(B.pattern(torch, r, 1000, torch.float32).double() for r in range(world - 1)).float()
-    assert B.count_wrong(torch, partial, world, "float32") > 900
+    partial = sum(S.pattern(r, 1000, torch.float32).double() for r in range(world - 1)).float()
+    assert S.count_wrong(partial, world, "float32") > 900
 
 
 def test_patterns_differ_per_rank_and_fit_half_types():
-    a = B.pattern(torch, 0, 64, torch.bfloat16)
-    b = B.pattern(torch, 1, 64, torch.bfloat16)
+    a = S.pattern(0, 64, torch.bfloat16)
+    b = S.pattern(1, 64, torch.bfloat16)
     assert not torch.equal(a, b)
     assert a.abs().max() <= 0.5
 

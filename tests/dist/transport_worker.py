@@ -22,7 +22,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from torus_train.bench.allreduce import EPS, pattern
+from torus_train.bench.allreduce import EPS
+from torus_train.bench.sweep import pattern
 from torus_train.comm.algos import algorithm, allreduce
 from torus_train.comm.transport import RowExchange, Transport
 from torus_train.job.algorithms import ALGORITHMS, OPERATIONS, runnable
@@ -103,9 +104,9 @@ def check_one(rank, world, tname, name, comm, dtype, n, replays, results) -> Non
         bad = int((t != exact).sum())
         sys.exit(f"{where}: {bad} elements differ from the plain sum of integer inputs")
 
-    t = pattern(torch, rank, n, dtype)
+    t = pattern(rank, n, dtype)
     allreduce(t, name, comm)
-    ref = sum(pattern(torch, r, n, dtype).double() for r in range(world))
+    ref = sum(pattern(r, n, dtype).double() for r in range(world))
     tol = EPS[str(dtype).split(".")[1]] * 0.5 * world * (world + 1) + 1e-12
     err = (t.double() - ref).abs().max().item()
     if err > tol:

@@ -1,7 +1,7 @@
 """All-reduce sweep in nccl-tests' conventions (all_reduce_perf): sizes, columns, busbw, #wrong.
 
-The pure parts (sizes, bandwidths, the expected values, the table) import no torch; `run_sweep` runs inside a
-rank on any grid communicator (torus_train.comm.groups.GridGroups or torus_train.comm.mpi.transport.MpiGrid).
+This module is the pure part (sizes, bandwidths, rows, the tables; no torch); the measurement inside a rank is
+torus_train.bench.sweep.
 
 Conventions (nccl-tests doc/PERFORMANCE.md): algbw = bytes / time (GB = 1e9 B); busbw = algbw * 2(n-1)/n,
 comparable to a link's bandwidth whatever the rank count. Time is the mean over -n iterations after -w warm-up
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import asdict, dataclass, field
 
 from torus_train.errors import UserError
@@ -128,117 +127,6 @@ def make_row(algo: str, backend: str, grid: str, world: int, size_bytes: int, dt
     algbw = size_bytes / seconds / 1e9 if seconds > 0 else 0.0
     return Row(algo, backend, grid, size_bytes, size_bytes // ITEMSIZE[dtype], dtype, seconds * 1e6, algbw,
                algbw * busbw_factor(world), wrong)
-
-
-# --- the expected values ---------------------------------------------------------------------------
-def pattern(torch, rank: int, count: int, dtype):
-    """Rank `rank`'s input: a cheap hash of (rank, index) in [-0.5, 0.5), rounded to `dtype`."""
-    i = torch.arange(count, dtype=torch.int64)
-    h = (i * 2654435761 + (rank + 1) * 40503 + (i * (rank + 7)) % 9973) % 65536
-    return (h.to(torch.float64) / 65536.0 - 0.5).to(dtype)
-
-
-def count_wrong(torch, result, world: int, dtype_name: str) -> int:
-    """Elements of `result` farther than the tolerance from the float64 sum of every rank's pattern."""
-    count = result.numel()
-    ref = torch.zeros(count, dtype=torch.float64)
-    for r in range(world):
-        ref += pattern(torch, r, count, result.dtype).to(torch.float64)
-    # Each of the world-1 additions may round once, plus the final rounding; values are at most 0.5 in size.
-    tol = EPS[dtype_name] * 0.5 * world * (world + 1) + 1e-12
-    return int(((result.to(torch.float64) - ref).abs() > tol).sum())
-
-
-# --- the sweep, inside a rank -----------------------------------------------------------------------
-def run_sweep(cfg: BenchConfig, comm, progress=None) -> list[Row]:
-    """Measure every size and algorithm (interleaved) on `comm`; every rank returns the same rows."""
-    import torch
-
-    from torus_train.comm.algos import allreduce
-
-    device = torch.device("cuda", torch.cuda.current_device()) if comm.backend == "nccl" else torch.device("cpu")
-    flag = torch.zeros(1, dtype=torch.float64, device=device)
-    rows: list[Row] = []
-    for size in cfg.sizes():
-        mine = pattern(torch, comm.rank, size // ITEMSIZE[cfg.dtype], getattr(torch, cfg.dtype)).to(device)
-        buf = mine.clone()
-        wrong, iters = _check_and_warm(cfg, comm, mine, buf, allreduce, flag)
-        spent = _timed_rounds(cfg, comm, buf, iters, allreduce, flag)
-        for algo in cfg.algos:
-            row = _agreed_row(cfg, comm, algo, size, spent[algo] / iters[algo], wrong[algo], flag)
-            rows.append(row)
-            if progress is not None and comm.rank == 0:
-                progress(row)
-    return rows
-
-
-def _check_and_warm(cfg, comm, mine, buf, allreduce, flag) -> tuple[dict, dict]:
-    """Per algorithm: the #wrong elements of one checked all-reduce (-c), the warm-up, and the iterations
-    this point will time."""
-    import torch
-
-    wrong, iters = {}, {}
-    for algo in cfg.algos:
-        wrong[algo] = 0
-        if cfg.check:
-            buf.copy_(mine)
-            allreduce(buf, algo, comm)
-            wrong[algo] = count_wrong(torch, buf.cpu(), comm.grid.size, cfg.dtype)
-        for _ in range(cfg.warmup):
-            allreduce(buf, algo, comm)
-        iters[algo] = _iterations(cfg, buf, algo, comm, allreduce, time, flag)
-    return wrong, iters
-
-
-def _timed_rounds(cfg, comm, buf, iters: dict, allreduce, flag) -> dict:
-    """Seconds each algorithm spent on its iterations. They run in rounds that alternate the algorithms, so a
-    change in the machine's load during the point falls on all of them alike."""
-    rounds = min(ROUNDS, min(iters.values()))
-    spent = {a: 0.0 for a in cfg.algos}
-    for r in range(rounds):
-        for algo in cfg.algos:
-            share = iters[algo] // rounds + (1 if r < iters[algo] % rounds else 0)
-            _barrier(comm, flag)
-            t0 = time.perf_counter()
-            for _ in range(share):
-                allreduce(buf, algo, comm)
-            _sync(buf)
-            spent[algo] += time.perf_counter() - t0
-    return spent
-
-
-def _agreed_row(cfg, comm, algo: str, size: int, seconds: float, wrong: int, like) -> Row:
-    """The row every rank reports: the slowest rank's time, the #wrong summed over the ranks."""
-    timing = like.new_tensor([seconds])
-    comm.world_max(comm.buffer(timing))
-    stats = like.new_tensor([float(wrong)])
-    comm.world_allreduce(comm.buffer(stats))
-    return make_row(algo, comm.backend, f"{comm.grid.x}x{comm.grid.y}", comm.grid.size, size, cfg.dtype,
-                    float(timing[0]), int(stats[0]))
-
-
-def _iterations(cfg, buf, algo, comm, allreduce, time, flag) -> int:
-    """-n, reduced for big messages so one point takes at most about max_seconds_per_point."""
-    if cfg.iters <= 3:
-        return cfg.iters
-    t0 = time.perf_counter()
-    allreduce(buf, algo, comm)
-    _sync(buf)
-    flag[0] = time.perf_counter() - t0
-    comm.world_max(comm.buffer(flag))
-    once = float(flag[0])
-    return max(3, min(cfg.iters, int(cfg.max_seconds_per_point / max(once, 1e-9))))
-
-
-def _sync(buf) -> None:
-    if buf.is_cuda:
-        import torch
-        torch.cuda.synchronize(buf.device)
-
-
-def _barrier(comm, flag) -> None:
-    flag[0] = 0.0
-    comm.world_max(comm.buffer(flag))
 
 
 # --- output -------------------------------------------------------------------------------------

@@ -123,36 +123,22 @@ def _spawn_local(world: int, backend: str) -> None:
 
 
 def _run_rank(cfg, grid, why, backend, timeout, json_path, plot_path) -> None:
-    # the rank's side: torch and the transports are imported here, in the rank's own process
-    import torch
+    from torus_train.bench.sweep import measure  # torch: the rank's side, in the rank's own process
 
-    from torus_train.comm.mpi.transport import MpiGrid
-    from torus_train.ranks.distributed import init_distributed, shutdown
-
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if backend == "mpi":
-        comm = MpiGrid(grid)  # a dead MPI rank ends the job through mpirun
-        finish = lambda: None  # noqa: E731
-    else:
-        comm, finish = init_distributed(grid, timeout, backend=backend).groups, shutdown
-    is_root = comm.rank == 0
-    if is_root:
-        click.echo(B.header(backend, str(grid), grid.size, [f"grid {why}"] + comm.notes + [
-            f"sizes {cfg.min_bytes} to {cfg.max_bytes} B x{cfg.factor}, {cfg.iters} iterations after "
-            f"{cfg.warmup} warm-up, type {cfg.dtype}, algorithms {', '.join(cfg.algos)} (interleaved)",
-            "time = mean per iteration on the slowest rank; busbw = algbw * 2(n-1)/n"]))
-        click.echo("# progress: size algo time_us busbw_gbps wrong", err=True)
+    def on_ready(comm) -> None:
+        if comm.rank == 0:
+            click.echo(B.header(backend, str(grid), grid.size, [f"grid {why}"] + comm.notes + [
+                f"sizes {cfg.min_bytes} to {cfg.max_bytes} B x{cfg.factor}, {cfg.iters} iterations after "
+                f"{cfg.warmup} warm-up, type {cfg.dtype}, algorithms {', '.join(cfg.algos)} (interleaved)",
+                "time = mean per iteration on the slowest rank; busbw = algbw * 2(n-1)/n"]))
+            click.echo("# progress: size algo time_us busbw_gbps wrong", err=True)
 
     def progress(row):
         click.echo(f"#   {row.size_bytes:>10d} {row.algo:>12s} {row.time_us:10.1f} {row.busbw_gbps:7.3f} "
                    f"{row.wrong}", err=True)
 
-    try:
-        rows = B.run_sweep(cfg, comm, progress)
-    finally:
-        comm.close()
-        finish()
-    if not is_root:
+    rows = measure(cfg, grid, backend, timeout, on_ready, progress)
+    if rank_info().rank != 0:  # every rank holds the same rows: rank 0 prints and writes them
         return
     for algo in cfg.algos:
         click.echo("")
