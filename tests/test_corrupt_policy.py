@@ -3,6 +3,8 @@ file (batch size and step count unchanged), names it once in a warning and count
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 import pytest
 
@@ -104,3 +106,33 @@ def test_skip_with_nothing_readable_after_it_fails(kind, tmp_path):
 def test_bad_policy(folder):
     with pytest.raises(UserError, match="data.on_corrupt: 'ignore' must be one of fail, skip"):
         loader("torchvision", folder, "train", on_corrupt="ignore")
+
+
+
+class SlowHandler(logging.Handler):
+    """A log write that takes a while (a shared file system's log file): it widens the window of a race."""
+
+    def emit(self, record):
+        time.sleep(0.05)
+
+
+def test_reader_threads_noting_one_file_warn_once(caplog):
+    """DALI's reader threads replace the same file at once (prefetched batches): one warning, every read counted."""
+    log, start, slow = CorruptLog(), threading.Barrier(8), SlowHandler()
+
+    def note():
+        start.wait()
+        for _ in range(5):
+            log.note("a/bad.JPEG", "truncated", "a/next.JPEG")
+    logging.getLogger("torus_train.data").addHandler(slow)
+    try:
+        with caplog.at_level(logging.WARNING, logger="torus_train.data"):
+            threads = [threading.Thread(target=note) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        logging.getLogger("torus_train.data").removeHandler(slow)
+    assert [r.getMessage().count("a/bad.JPEG") for r in caplog.records] == [1]
+    assert log.files == {"a/bad.JPEG": 40} and log.samples == 40

@@ -9,6 +9,7 @@ validation image is counted exactly once.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol, runtime_checkable
 
@@ -158,6 +159,7 @@ class CorruptLog:
     """
 
     def __init__(self):
+        self._lock = threading.Lock()
         self.files: dict[str, int] = {}
         """Skipped file -> how many times it was read and replaced (DALI's reads include prefetched batches)."""
         self.undecodable: dict[str, str] = {}
@@ -165,10 +167,13 @@ class CorruptLog:
         kept here so that the next stage's loader replaces them without failing again), with the reason."""
 
     def note(self, path: str, reason: str, replacement: str) -> None:
-        if path not in self.files:
+        # reader threads note concurrently: count under the lock, so that one of them (the first) warns
+        with self._lock:
+            first = path not in self.files
+            self.files[path] = self.files.get(path, 0) + 1
+        if first:
             log.warning("corrupt image skipped (data.on_corrupt = skip): %s (%s); replaced by %s",
                         path, reason[:200], replacement)
-        self.files[path] = self.files.get(path, 0) + 1
 
     @property
     def samples(self) -> int:
