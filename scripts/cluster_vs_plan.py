@@ -13,10 +13,14 @@ on each node's outgoing link), 2 ranks per node, then for each backend (gloo; mp
    and per-step latency and the reduction rate, least squares in log time: `fit`);
 2. measurement: `bench allreduce` on all N nodes, grid 2xN (a node per row: the rows inside nodes, the columns
    across), same algorithms and sizes;
-3. prediction: the planner's allreduce_cost with the fitted Network for every measured row, its per-step
-   latencies scaled by N/2 (2N ranks share the same 2 cores: `predict`). `--calibration same-ranks` instead
+3. prediction: the planner's allreduce_cost with the fitted Network for every measured row, the CPU's part of
+   it (per-step latencies, copies inside nodes, reductions) N/2 times slower: 2N ranks share the same 2 cores
+   (`predict`); the shaped links keep their rate. `--calibration same-ranks` instead
    calibrates on the 2 nodes with N ranks each (as many ranks as the N-node run) and scales nothing
    (CALIBRATIONS). Backend `mpi-yield`: mpi with `--mca mpi_yield_when_idle 1`, calibration included.
+
+`--from-raw DIR` makes the predictions of the current model from the bench rows a run recorded (the folder
+it printed as `# raw bench rows:`, or docs/bench/*/raw-*), without a cluster.
 
 Writes [{"nodes", "ranks_per_node", "algo", "backend", "bytes", "measured_s", "predicted_s", "fit"}]
 (calibration rows with nodes 2, then the N-node rows) and prints the table with predicted/measured and
@@ -120,12 +124,17 @@ def network(intra_gbps: float, inter_gbps: float, reduce_gbps: float, intra_us: 
                    reduce_gbytes_per_s=reduce_gbps)
 
 
-def predict(net: Network, nodes: int, algo: str, nbytes: int, latency_scale: float = 1.0) -> float:
-    """The planner's all-reduce on grid (net's ranks per node) x nodes, the Network's per-step latencies times
-    latency_scale (the `two-per-node` calibration's oversubscription term; 1 otherwise)."""
-    if latency_scale != 1.0:
-        net = replace(net, intra=Link(net.intra.bandwidth_gbytes_per_s, net.intra.latency_us * latency_scale),
-                      inter=Link(net.inter.bandwidth_gbytes_per_s, net.inter.latency_us * latency_scale))
+def predict(net: Network, nodes: int, algo: str, nbytes: int, share: float = 1.0) -> float:
+    """The planner's all-reduce on grid (net's ranks per node) x nodes.
+
+    `share`: how many times more ranks share the machine's 2 cores than in the calibration (`two-per-node`: N/2;
+    1 otherwise). What a rank does on its CPU then takes `share` times longer: its per-step latency (the wait
+    for a core), its copies inside a node (shared memory or loopback TCP) and its reductions; the shaped links
+    between nodes (a tbf rate, not CPU) keep their bandwidth."""
+    if share != 1.0:
+        net = replace(net, intra=Link(net.intra.bandwidth_gbytes_per_s / share, net.intra.latency_us * share),
+                      inter=Link(net.inter.bandwidth_gbytes_per_s, net.inter.latency_us * share),
+                      reduce_gbytes_per_s=net.reduce_gbytes_per_s / share)
     k = net.gpus_per_node
     return allreduce_cost(algo, Grid(k, nodes, k), net, nbytes).seconds
 
@@ -152,9 +161,9 @@ CALIBRATIONS = {
     "two-per-node": lambda nodes: (RANKS_PER_NODE, nodes / 2),
     "same-ranks": lambda nodes: (nodes * RANKS_PER_NODE // 2, 1.0),
 }
-"""How the 2-node calibration bench is run, for N measured nodes -> (its ranks per node, the factor on the
-fitted per-step latencies when predicting N nodes). `two-per-node` (default): 2 ranks per node as in the run
-predicted, the per-step latencies scaled by N/2 (2N ranks time-share the same 2 cores). `same-ranks`: as many
+"""How the 2-node calibration bench is run, for N measured nodes -> (its ranks per node, `predict`'s share: the
+factor on the CPU's part of the fitted Network when predicting N nodes). `two-per-node` (default): 2 ranks per
+node as in the run predicted, the CPU's part x N/2 (2N ranks time-share the same 2 cores). `same-ranks`: as many
 ranks on the 2 nodes as the N-node run has (N per node), so the cores are shared as in the run predicted and no
 oversubscription is extrapolated; but its grid (N x 2) sends little across nodes, so the inter-node link is
 weakly pinned (fits at the bounds of PARAMS with one size or one iteration). Figures of both:
@@ -171,23 +180,62 @@ def row(x: dict, nodes: int, per_node: int, backend: str, calibration: str, pred
                     "inter_us": net.inter.latency_us, "rms_log_error": rms}}
 
 
-def run(args) -> list[dict]:
+class LiveBench:
+    """The bench rows of a run: `bench allreduce` on the namespace cluster (up while `run` uses it); each call's
+    JSON is kept in a folder under /tmp, printed first, that --from-raw replays."""
+
+    def __init__(self, args):
+        self.args = args
+        self.tmp = Path(tempfile.mkdtemp(prefix="cvp-", dir="/tmp"))
+        print(f"# raw bench rows: {self.tmp}", flush=True)
+
+    def calibration(self, backend: str, sizes: list[int], per_node: int) -> list[dict]:
+        a = self.args
+        return bench(2, backend, sizes, self.tmp / f"{backend}-2x{per_node}", a.iters, a.algos, per_node)
+
+    def measured(self, backend: str, nodes: int, sizes: list[int]) -> list[dict]:
+        a = self.args
+        return bench(nodes, backend, sizes, self.tmp / f"{backend}-{nodes}", a.iters, a.algos)
+
+
+class RecordedBench:
+    """The bench rows of a recorded run's raw folder (LiveBench's, or docs/bench/*/raw-*), for predictions of
+    the current model from measurements already made: nothing is run."""
+
+    def __init__(self, folder: Path, algos: list[str]):
+        self.folder, self.algos = folder, algos
+
+    def _rows(self, patterns: list[str], sizes: list[int], what: str) -> list[dict]:
+        files = next((f for f in (sorted(self.folder.glob(p)) for p in patterns) if f), [])
+        if not files:
+            fail(f"--from-raw: {self.folder}: no bench rows of {what} ({' or '.join(patterns)}); pass --nodes, "
+                 "--backends and --calibration as the run had them")
+        return [x for f in files for x in json.loads(f.read_text())
+                if x["wrong"] == 0 and x["size_bytes"] in sizes and x["algo"] in self.algos]
+
+    def calibration(self, backend: str, sizes: list[int], per_node: int) -> list[dict]:
+        older = [f"{backend}-2-*.json"] if per_node == RANKS_PER_NODE else []  # before the name said 2xK
+        return self._rows([f"{backend}-2x{per_node}-*.json", *older], sizes,
+                          f"{backend} on 2 nodes x {per_node} ranks")
+
+    def measured(self, backend: str, nodes: int, sizes: list[int]) -> list[dict]:
+        return self._rows([f"{backend}-{nodes}-*.json"], sizes, f"{backend} on {nodes} nodes")
+
+
+def run(args, source) -> list[dict]:
+    """Calibrate on 2 nodes and predict N for each backend, from `source`'s bench rows (LiveBench or
+    RecordedBench)."""
     out_rows: list[dict] = []
-    tmp = Path(tempfile.mkdtemp(prefix="cvp-", dir="/tmp"))
-    print(f"# raw bench rows: {tmp}", flush=True)
-    r = cluster("up", str(args.nodes), env={"TTC_RATE": args.rate, "TTC_SLURM": "0"}, timeout=300)
-    if r.returncode != 0:
-        raise RuntimeError(f"cluster.sh up {args.nodes}: {r.stderr.strip()}")
-    cal_k, scale = CALIBRATIONS[args.calibration](args.nodes)
+    cal_k, share = CALIBRATIONS[args.calibration](args.nodes)
     for backend in args.backends:
         cal_sizes = sorted(set(args.sizes) | set(CALIBRATION_SIZES))
-        cal_rows = bench(2, backend, cal_sizes, tmp / f"{backend}-2x{cal_k}", args.iters, args.algos, cal_k)
+        cal_rows = source.calibration(backend, cal_sizes, cal_k)
         net, rms = fit(cal_rows, 2, cal_k)
         print(f"# {backend}: fitted on 2 nodes x {cal_k} ranks ({len(cal_rows)} rows, {args.calibration}): "
               f"intra {net.intra.bandwidth_gbytes_per_s:.3f} GB/s, "
               f"inter {net.inter.bandwidth_gbytes_per_s:.4f} GB/s, reduction {net.reduce_gbytes_per_s:.3f} GB/s, "
               f"step latency intra {net.intra.latency_us:.0f} us, inter {net.inter.latency_us:.0f} us; "
-              f"rms log error {rms:.3f}; latency x {scale:g} at {args.nodes} nodes", flush=True)
+              f"rms log error {rms:.3f}; CPU work x {share:g} at {args.nodes} nodes", flush=True)
         for x in cal_rows:
             if x["size_bytes"] in args.sizes:
                 out_rows.append(row(x, 2, cal_k, backend, args.calibration,
@@ -195,10 +243,24 @@ def run(args) -> list[dict]:
         if args.nodes == 2 and cal_k == RANKS_PER_NODE:
             continue
         two = replace(net, gpus_per_node=RANKS_PER_NODE)  # the links and latencies fitted, 2 ranks per node
-        for x in bench(args.nodes, backend, args.sizes, tmp / f"{backend}-{args.nodes}", args.iters, args.algos):
+        for x in source.measured(backend, args.nodes, args.sizes):
             out_rows.append(row(x, args.nodes, RANKS_PER_NODE, backend, args.calibration,
-                                predict(two, args.nodes, x["algo"], x["size_bytes"], scale), net, rms))
+                                predict(two, args.nodes, x["algo"], x["size_bytes"], share), net, rms))
     return out_rows
+
+
+def on_cluster(args) -> list[dict]:
+    """`run` on a namespace cluster of args.nodes nodes, brought up here and always torn down."""
+    with open(LOCK, "a") as lock:
+        if not args.no_lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)          # the cluster exists once on the machine
+        try:
+            r = cluster("up", str(args.nodes), env={"TTC_RATE": args.rate, "TTC_SLURM": "0"}, timeout=300)
+            if r.returncode != 0:
+                raise RuntimeError(f"cluster.sh up {args.nodes}: {r.stderr.strip()}")
+            return run(args, LiveBench(args))
+        finally:
+            cluster("down", timeout=300)
 
 
 def report(rows: list[dict]) -> None:
@@ -251,9 +313,12 @@ def main(argv=None) -> int:
     ap.add_argument("--algos", default=",".join(ALGOS), help="algorithms benched and predicted (of flat, torus, "
                     "hierarchical; flat is the backend's own all-reduce)")
     ap.add_argument("--rate", default="1gbit", help="tbf rate of each node's outgoing link")
-    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20, help="timed iterations per point (as nccl-tests; `bench` "
+                    "cuts them to about 10 s a point for big messages)")
     ap.add_argument("--calibration", default="two-per-node",
                     help="2-node calibration: same-ranks (as many ranks as the N-node run) or two-per-node")
+    ap.add_argument("--from-raw", metavar="DIR", help="predict from the bench rows a run recorded in DIR (its "
+                    "`# raw bench rows:` folder) with the current model: no cluster, no bench")
     ap.add_argument("--no-lock", action="store_true",
                     help=f"the caller already holds {LOCK} (e.g. `flock {LOCK} pytest tests/cluster`)")
     args = ap.parse_args(argv)
@@ -271,20 +336,17 @@ def main(argv=None) -> int:
         fail(f"--algos: unknown algorithm {bad[0]!r}; use {', '.join(ALGOS)}")
     if args.calibration not in CALIBRATIONS:
         fail(f"--calibration: unknown calibration {args.calibration!r}; use {', '.join(CALIBRATIONS)}")
-    if os.geteuid() != 0:
-        fail("needs root (network namespaces)")
     if args.iters < 1:
         fail(f"--iters: {args.iters} must be >= 1")
-    with open(LOCK, "a") as lock:
-        if not args.no_lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)          # the cluster exists once on the machine
-        try:
-            rows = run(args)
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-            print(f"cluster_vs_plan.py: {e}", file=sys.stderr)
-            return 1
-        finally:
-            cluster("down", timeout=300)
+    if args.from_raw is not None and not Path(args.from_raw).is_dir():
+        fail(f"--from-raw: {args.from_raw}: no such folder (the `# raw bench rows:` folder a run printed)")
+    if args.from_raw is None and os.geteuid() != 0:
+        fail("needs root (network namespaces)")
+    try:
+        rows = run(args, RecordedBench(Path(args.from_raw), args.algos)) if args.from_raw else on_cluster(args)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"cluster_vs_plan.py: {e}", file=sys.stderr)
+        return 1
     report(rows)
     Path(args.json_path).write_text(json.dumps(rows, indent=2) + "\n")
     print(f"# wrote {args.json_path}")
