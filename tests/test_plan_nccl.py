@@ -185,3 +185,22 @@ def test_torus_vs_nccl_script_bad_preset_is_one_line_and_exit_2():
     r = subprocess.run([sys.executable, str(script), "--networks", "nope"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown preset 'nope'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
+
+
+def test_published_torus_vs_nccl_sets_the_planner_against_horovod_3608(tmp_path):
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "published_torus_vs_nccl.py"
+    out = tmp_path / "published.json"
+    r = subprocess.run([sys.executable, str(script), "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())
+    assert {(x["work"], x["variant"]) for x in rows} == {("horovod-3608", "nvlink"), ("horovod-3608", "pcie3")}
+    for x in rows:
+        assert set(x) == {"work", "variant", "grid", "network", "nccl_algo", "bytes", "torus_ms", "nccl_ms",
+                          "predicted_ratio", "published_ratio"}
+        assert x["grid"] == "6x32" and x["nccl_algo"] == "nccl-ring"
+        assert x["published_ratio"] == pytest.approx(978 / 2498)
+        assert x["predicted_ratio"] == pytest.approx(x["torus_ms"] / x["nccl_ms"])
+    # docs/plan.md: with one NIC per node the planner sees no bandwidth gain at BERT-Large's size
+    big = [x["predicted_ratio"] for x in rows if x["bytes"] == 680_000_000]
+    assert len(big) == 2 and all(0.9 < q < 1.1 for q in big), big
