@@ -1,5 +1,6 @@
-"""scripts/cluster_vs_plan.py past two nodes: 4 namespace nodes of 2 ranks, tbf-shaped links, one size, gloo,
-flat and torus (the full run, with hierarchical and mpi, is docs/cluster.md section 7).
+"""scripts/cluster_vs_plan.py past two nodes: 4 namespace nodes of 2 ranks, tbf-shaped links, one size (16 MiB,
+where the links decide), gloo, flat and torus (the full run, with hierarchical and mpi, is docs/cluster.md
+section 7).
 
 The session's 2-node cluster (conftest) and this 4-node one cannot exist at once: if the 2-node cluster is up,
 the test takes it down, runs, and brings it back (same node names and addresses) for the tests after it."""
@@ -32,7 +33,7 @@ def no_cluster_up():
 def test_four_nodes_bench_against_the_plan_calibrated_on_two(no_cluster_up, tmp_path):
     out = tmp_path / "cvp.json"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster_vs_plan.py"), "--nodes", "4", "--no-lock",
-                        "--backends", "gloo", "--algos", "flat,torus", "--sizes-mib", "1", "--iters", "1",
+                        "--backends", "gloo", "--algos", "flat,torus", "--sizes-mib", "16", "--iters", "3",
                         "--json", str(out)],
                        capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -42,9 +43,10 @@ def test_four_nodes_bench_against_the_plan_calibrated_on_two(no_cluster_up, tmp_
     assert {(x["nodes"], x["algo"]) for x in rows} == {(n, a) for n in (2, 4) for a in algos}
     for x in rows:
         assert {"nodes", "algo", "backend", "bytes", "measured_s", "predicted_s"} <= set(x)
-        assert x["backend"] == "gloo" and x["bytes"] == 2**20 and x["measured_s"] > 0 and x["predicted_s"] > 0
-    # the fit on 2 nodes reproduces its own rows; the 4-node torus is predicted within a factor of 2 (one size,
-    # one iteration on 2 shared cores: the 25% target of docs/cluster.md is for the full run, not this check)
-    torus4 = next(x for x in rows if x["nodes"] == 4 and x["algo"] == "torus")
-    assert 0.5 < torus4["predicted_s"] / torus4["measured_s"] < 2.0, torus4
+        assert x["backend"] == "gloo" and x["bytes"] == 16 << 20 and x["measured_s"] > 0 and x["predicted_s"] > 0
+    # calibrated on 2 nodes, the 4-node rows at 16 MiB are predicted within 0.89-1.08 in every recorded run
+    # (docs/cluster.md, third pass); the band here leaves room for 3 iterations on a busy CI host
+    for x in rows:
+        if x["nodes"] == 4:
+            assert 0.6 < x["predicted_s"] / x["measured_s"] < 1.6, x
     assert "measured flat/torus" in r.stdout
