@@ -177,7 +177,8 @@ class CorruptLog:
 
     @property
     def samples(self) -> int:
-        return sum(self.files.values())
+        with self._lock:  # reader threads may still be prefetching when the run's report reads it
+            return sum(self.files.values())
 
 
 def replacement_after(split: Split, i: int, readable) -> int:
