@@ -52,7 +52,7 @@ def test_a_step_never_waits_on_the_beat_file(tmp_path, monkeypatch):
     t = time.perf_counter()
     for step in range(2, 10002):
         hb.record(step)
-    assert time.perf_counter() - t < 0.5
+    assert time.perf_counter() - t < 2  # the file system is stuck for 10 s: waiting on it would show
     stuck.set()
     hb.close()
     assert read_beats(tmp_path, 1)[0].step == 10001

@@ -23,7 +23,7 @@ def test_an_append_does_not_wait_for_a_hung_file_system(tmp_path, monkeypatch):
     t = time.perf_counter()
     for i in range(1000):
         w.append(tmp_path / "m.jsonl", f"{i}\n")
-    assert time.perf_counter() - t < 0.5
+    assert time.perf_counter() - t < 2  # the file system is stuck for 10 s: waiting on it would show
     assert w.flush(timeout=0.2) is False  # still stuck: a bounded wait comes back
     stuck.set()
     assert w.flush() is True
