@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh on a machine without a GPU: argument handling, the JSON skeleton against the schema its
 header documents, the embedded programs (they compile; their limits add up to under 8 minutes) and the
-production spec shrunk to one GPU (it validates). The checks themselves need a CUDA GPU."""
+production spec shrunk to one GPU (it validates). The checks themselves need a CUDA GPU; the rehearsal (slow)
+runs every part's program on the CPU at toy size."""
 from __future__ import annotations
 
 import json
@@ -75,8 +76,37 @@ def test_the_production_spec_shrunk_to_one_gpu_is_valid(monkeypatch, tmp_path):
     assert (spec.model.arch, spec.model.precision, spec.model.channels_last) == ("resnet50", "fp16", True)
     assert (spec.optimizer.name, spec.comm.algo, spec.comm.compression) == ("lars", "torus", "fp16")
     assert (spec.data.image_size, spec.grid.grid, spec.schedule.steps) == (224, "1x1", 30)
+    bf16 = shrunk["loop_spec"](str(tmp_path), 256, 30, "bf16")  # the speed part's bf16 loop validates too
+    assert (bf16.model.precision, bf16.comm.compression) == ("bf16", "bf16")
     sets = shrunk["cli_sets"](["model.num_classes=8", "schedule.stages=[{until_epoch=1,global_batch=32},"
                                                       "{until_epoch=2,global_batch=256}]", "schedule.epochs=2"])
     cli = load_spec(str(shrunk["SPEC"]), [parse_override(v) for k, v in zip(sets[::2], sets[1::2])])
     assert cli.data.loader == "dali" and cli.eval.every_epochs == 5 and cli.grid.gpus == 1
     assert [s.global_batch for s in cli.schedule.stages] == [32, 256]
+
+
+@pytest.mark.slow
+def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
+    """--rehearse: the four parts' programs end to end on the CPU (gloo, DALI's CPU decoder, 64 px), every
+    documented field filled; the pass lines that hold on any device hold here."""
+    r = subprocess.run(["bash", str(SCRIPT), "--rehearse", "--out", str(tmp_path / "out"), "--json",
+                        str(tmp_path / "s.json")], capture_output=True, text=True, timeout=1500,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "rehearsal" and doc["gpu"] is None
+    checks = doc["checks"]
+    for name, check in checks.items():
+        assert "error" not in check and None not in check.values(), (name, check)
+        assert documented()[name] <= set(check), name
+    assert checks["host_syncs"]["ok"] and checks["host_syncs"]["syncs_per_step"] == 0
+    assert checks["host_syncs"]["steps"] > 0 and checks["host_syncs"]["backend"] == "gloo"
+    prod = checks["production"]
+    assert prod["ok"] and (prod["backend"], prod["loader"], prod["evaluations"]) == ("gloo", "dali (cpu)", 2)
+    assert prod["replicas_agree"] is True and prod["steps"] == 8 + 4  # 32 images at batch 4, then at batch 8
+    assert checks["digest"]["ok"] and len(checks["digest"]["first"]) == 64
+    speed = checks["speed_vs_bare"]
+    assert speed["batch"] == 8 and speed["torus_train_img_s"] > 0 and speed["bare_img_s"] > 0
+    assert abs(speed["ratio"] - speed["torus_train_img_s"] / speed["bare_img_s"]) < 1e-9
+    assert checks["bf16_vs_fp16"]["fp16_img_s"] == speed["torus_train_img_s"]
+    assert 0 <= checks["data_wait"]["share_batch_32"] <= 1 and 0 <= checks["data_wait"]["share_batch_256"] <= 1

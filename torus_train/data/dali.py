@@ -199,6 +199,7 @@ class DaliLoader(ShardedLoader):
     def __init__(self, split: Split, cfg: LoaderConfig, device: torch.device, corrupt: CorruptLog | None = None):
         super().__init__(split, cfg, device, corrupt)
         self._gpu = device.type == "cuda"
+        self.decoder = "mixed" if self._gpu else "cpu"  # DALI's JPEG decoder, for the run's summary
         self._device_id = (device.index if device.index is not None else torch.cuda.current_device()) \
             if self._gpu else None
         self._feed = Feed(split, cfg, self.corrupt)

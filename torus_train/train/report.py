@@ -244,6 +244,7 @@ def summary(rs: RunState, wall: float, digest: str, agree: bool, ranks: dict | N
         "world_size": boot.info.world_size, "grid": str(boot.grid), "gpus_per_node": boot.grid.gpus_per_node,
         "backend": boot.backend, "device": boot.device.type, "comm_algo": spec.comm.algo,
         "compression": spec.comm.compression, "model": spec.model.arch, "image_size": spec.data.image_size,
+        "loader": getattr(rs.loader, "kind", None), "decoder": getattr(rs.loader, "decoder", None),
         "steps": pos.global_step, "epochs_done": pos.epoch, "images": pos.images,
         "wall_seconds": round(wall, 3), "images_per_second": round(pos.images / wall, 2) if wall else None,
         "skipped_steps": rs.skipped_steps,
