@@ -15,6 +15,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
 CHECKS = {"host_syncs", "speed_vs_bare", "bf16_vs_fp16", "peak_memory", "production", "data_wait", "digest"}
 PARTS = {"syncs", "speed", "production", "digest"}
+ORDER = ["syncs", "speed", "production", "digest"]
 
 
 def run(*args: str, env: dict | None = None):
@@ -33,7 +34,7 @@ def documented() -> dict[str, set[str]]:
 def test_help_and_usage_errors():
     r = run("--help")
     assert r.returncode == 0 and "gpu_check.sh [--out DIR] [--json FILE]" in r.stdout
-    for bad in (["--bogus"], ["--out"], ["--json"]):
+    for bad in (["--bogus"], ["--out"], ["--json"], ["--parts"], ["--parts", ""], ["--parts", "syncs,bogus"]):
         r = run(*bad)
         assert r.returncode == 2 and r.stderr.startswith("gpu_check: ") and r.stdout == "", bad
 
@@ -44,7 +45,7 @@ def test_without_a_gpu_it_says_so_and_prints_the_documented_skeleton(tmp_path):
     assert "no CUDA GPU" in r.stderr
     doc = json.loads(r.stdout)
     assert doc == json.loads((tmp_path / "s.json").read_text())
-    assert (doc["status"], doc["gpu"], doc["gpu_check"]) == ("no-gpu", None, 2)
+    assert (doc["status"], doc["gpu"], doc["gpu_check"], doc["parts"]) == ("no-gpu", None, 2, [])
     assert set(doc["checks"]) == CHECKS == set(documented())
     for name, check in doc["checks"].items():
         assert check["ok"] is None and check["pass_if"] and "seconds" in check
@@ -94,7 +95,7 @@ def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
-    assert doc["status"] == "rehearsal" and doc["gpu"] is None
+    assert doc["status"] == "rehearsal" and doc["gpu"] is None and doc["parts"] == sorted(PARTS, key=ORDER.index)
     checks = doc["checks"]
     for name, check in checks.items():
         assert "error" not in check and None not in check.values(), (name, check)
@@ -110,3 +111,27 @@ def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
     assert abs(speed["ratio"] - speed["torus_train_img_s"] / speed["bare_img_s"]) < 1e-9
     assert checks["bf16_vs_fp16"]["fp16_img_s"] == speed["torus_train_img_s"]
     assert 0 <= checks["data_wait"]["share_batch_32"] <= 1 and 0 <= checks["data_wait"]["share_batch_256"] <= 1
+
+
+@pytest.mark.slow
+def test_one_part_without_dali_still_checks_the_rest_and_says_what_is_missing(tmp_path):
+    """--parts production where nvidia.dali does not import (a package of that name that raises): the run takes
+    torchvision, its figures are filled, and the check fails naming the package to install; the other parts'
+    checks stay null."""
+    fake = tmp_path / "nodali" / "nvidia"
+    (fake / "dali").mkdir(parents=True)
+    (fake / "__init__.py").write_text("import os, site\n"  # the real nvidia.* packages stay importable
+                                      "__path__.extend(os.path.join(d, 'nvidia') for d in site.getsitepackages())\n")
+    (fake / "dali" / "__init__.py").write_text("raise ImportError('nvidia.dali hidden by the test')\n")
+    r = subprocess.run(["bash", str(SCRIPT), "--rehearse", "--parts", "production", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(fake.parent)})
+    assert r.returncode == 1, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert (doc["status"], doc["parts"]) == ("failed", ["production"])
+    prod = doc["checks"]["production"]
+    assert prod["ok"] is False and "install nvidia-dali-cuda120" in prod["error"]
+    assert (prod["loader"], prod["evaluations"], prod["replicas_agree"]) == ("torchvision", 2, True)
+    assert doc["checks"]["data_wait"]["share_batch_256"] is not None
+    for name in ("host_syncs", "speed_vs_bare", "bf16_vs_fp16", "peak_memory", "digest"):
+        assert doc["checks"][name]["ok"] is None and doc["checks"][name]["seconds"] is None, name
