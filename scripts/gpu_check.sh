@@ -21,8 +21,9 @@
 #               256), evaluation after each
 #   digest      the same short `torus-train run` twice (1x1, synthetic): equal parameter digests
 # JSON: {"gpu_check": 2, "date", "status": ok | partial | failed | no-gpu | rehearsal, "torch", "cuda", "dali",
-# "gpu", "wall_seconds", "out", "parts": [the parts run], "checks": {NAME: {...}}}; every check has "ok" (its pass line: null without a GPU), "pass_if" (the rule),
-# "seconds" (its part's), "error" (only when its part failed); the fields of each check:
+# "gpu", "wall_seconds", "out", "parts": [the parts run], "checks": {NAME: {...}}}; every check has "ok" (its
+# pass line: null without a GPU), "pass_if" (the rule), "seconds" (its part's), "error" (only when its part
+# failed); the fields of each check:
 #   host_syncs.steps                 steps counted (not logging, not warm-up)
 #   host_syncs.syncs_per_step        device-to-host reads per step; pass_if == 0
 #   speed_vs_bare.batch              per-GPU batch of both loops
@@ -63,9 +64,14 @@ while [ $# -gt 0 ]; do
         --json) [ $# -ge 2 ] || { echo "gpu_check: --json needs a file" >&2; exit 2; }; JSON="$2"; shift 2 ;;
         --quick) QUICK=1; shift ;;
         --rehearse) REHEARSE=1; shift ;;
-        --parts) [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu_check: --parts needs a list, e.g. production,digest" >&2; exit 2; }
+        --parts)
+            [ $# -ge 2 ] && [ -n "$2" ] || {
+                echo "gpu_check: --parts needs a list, e.g. production,digest" >&2; exit 2; }
             for p in ${2//,/ }; do
-                case ",$ALL_PARTS," in *",$p,"*) ;; *) echo "gpu_check: --parts: '$p' is not one of $ALL_PARTS" >&2; exit 2 ;; esac
+                case ",$ALL_PARTS," in
+                    *",$p,"*) ;;
+                    *) echo "gpu_check: --parts: '$p' is not one of $ALL_PARTS" >&2; exit 2 ;;
+                esac
             done
             RUN_PARTS="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
@@ -122,7 +128,8 @@ SKELETON = {
 PARTS = {"syncs": ["host_syncs"], "speed": ["speed_vs_bare", "bf16_vs_fp16", "peak_memory"],
          "production": ["production", "data_wait"], "digest": ["digest"]}
 out = pathlib.Path(os.environ["GPU_CHECK_OUT"])
-ran = [p for p in PARTS if p in os.environ["GPU_CHECK_PARTS"].split(",") and os.environ["GPU_CHECK_STATUS"] != "no-gpu"]
+asked_for = os.environ["GPU_CHECK_PARTS"].split(",")
+ran = [p for p in PARTS if p in asked_for and os.environ["GPU_CHECK_STATUS"] != "no-gpu"]
 checks = {k: {"ok": None, "seconds": None, **v} for k, v in SKELETON.items()}
 for part, names in PARTS.items():
     path = out / "parts" / f"{part}.json"
@@ -148,7 +155,8 @@ if os.environ.get("GPU_CHECK_JSON"):
 EOF
 }
 
-if [ "$REHEARSE" = 0 ] && ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+has_gpu() { "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
+if [ "$REHEARSE" = 0 ] && ! has_gpu; then
     say "no CUDA GPU here (torch.cuda.is_available() is False): nothing to check; the JSON below is the skeleton"
     summarise no-gpu
     exit 0
@@ -266,7 +274,8 @@ boot = shrunk.world_of_one()
 r = count_loop_syncs(shrunk.loop_spec(str(out), shrunk.SMALL, 12), boot, out, "fp16-scaler")
 per_step = r["syncs"] / max(r["steps"], 1)
 res = {"host_syncs": {"steps": r["steps"], "syncs_per_step": per_step, "where": r["where"],
-                      "backend": boot.backend, "ok": boot.backend == shrunk.BACKEND and r["steps"] > 0 and per_step == 0}}
+                      "backend": boot.backend,
+                      "ok": boot.backend == shrunk.BACKEND and r["steps"] > 0 and per_step == 0}}
 pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "syncs.json").write_text(json.dumps(res))
 EOF
 
@@ -358,7 +367,8 @@ photos, run = out / "photos", out / "production"
 per_class, val_per_class = (4, 2) if shrunk.REHEARSAL else ((64 if quick else 128), 16)
 if not (photos / "train").is_dir():
     subprocess.run([sys.executable, str(here / "scripts" / "photo_like_set.py"), "--out", str(photos),
-                    "--classes", "8", "--per-class", str(per_class), "--val-per-class", str(val_per_class)], check=True)
+                    "--classes", "8", "--per-class", str(per_class), "--val-per-class", str(val_per_class)],
+                   check=True)
 r = subprocess.run([sys.executable, "-m", "torus_train", "run", "--spec", str(shrunk.SPEC), "--data", str(photos),
                     "--out", str(run), "--epochs", "2",
                     *shrunk.cli_sets(["model.num_classes=8", "eval.every_epochs=1", "checkpoint.every_epochs=1",
@@ -413,4 +423,5 @@ EOF
 
 summarise "$([ "$REHEARSE" = 1 ] && echo rehearsal || echo done)" > "$OUT/summary.json"
 cat "$OUT/summary.json"
-"$PY" -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["status"] in ("ok", "partial", "rehearsal") else 1)' "$OUT/summary.json"
+"$PY" -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["status"] not in ("ok", "partial", "rehearsal"))' \
+    "$OUT/summary.json"
