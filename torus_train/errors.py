@@ -77,31 +77,43 @@ def check_number(value: float | None, flag: str, low: float = 0.0, low_ok: bool 
 
 
 # What gloo and NCCL write when a collective fails, and what it means for the user: (the wordings that say it,
-# library, meaning), the first match wins. NCCL's watchdog may abort the process (TORCH_NCCL_ASYNC_ERROR_HANDLING=1)
-# before Python runs, leaving only its log lines: the launcher then reads them from the rank's log
-# (ranks/diagnosis.py).
+# library, meaning), matched without regard to case. NCCL's watchdog may abort the process
+# (TORCH_NCCL_ASYNC_ERROR_HANDLING=1) before Python runs, leaving only its log lines: the launcher then reads
+# them from the rank's log (ranks/diagnosis.py).
 COMM_FAILURES = (
     (("Timed out waiting",), "gloo", "a collective waited comm.timeout_s for a peer (a lost, hung or cut-off rank)"),
     (("Connection closed by peer",), "gloo", "a peer's connection closed in a collective (the peer died?)"),
-    (("Watchdog caught collective operation timeout",), "nccl",
+    (("Watchdog caught collective operation timeout", "Process group watchdog thread terminated"), "nccl",
      "an NCCL collective ran past comm.timeout_s and NCCL's watchdog aborted it (a lost, hung or cut-off rank)"),
     (("Some NCCL operations have failed or timed out",), "nccl",
      "NCCL took the rank down after a failed or timed-out collective (TORCH_NCCL_ASYNC_ERROR_HANDLING)"),
     (("NCCL communicator was aborted",), "nccl", "the NCCL communicator was aborted (another rank failed first?)"),
+    (("Duplicate GPU detected",), "nccl",
+     "two ranks on one GPU: NCCL runs one rank per GPU (start fewer ranks, or CPU ranks with --backend gloo)"),
     (("ncclRemoteError", "remote process exited or there was a network error"), "nccl",
      "NCCL remote error: a peer exited or the network between them failed"),
     (("ncclSystemError", "unhandled system error"), "nccl",
      "NCCL system error: a system call, the network or a device failed (NCCL_DEBUG=INFO names which)"),
-    (("ncclUnhandledCudaError",), "nccl", "a CUDA call inside NCCL failed (a GPU error; see the rank's log)"),
-    (("ncclInternalError",), "nccl", "NCCL internal error (NCCL_DEBUG=INFO for details)"),
+    (("ncclUnhandledCudaError", "unhandled cuda error"), "nccl",
+     "a CUDA call inside NCCL failed (a GPU error; NCCL_DEBUG=INFO and the rank's log say which)"),
+    (("ncclInternalError", "internal check failed"), "nccl", "NCCL internal error (NCCL_DEBUG=INFO for details)"),
 )
+COMM_FAILURES_GENERAL = (
+    (("ncclInvalidUsage", "invalid usage"), "nccl", "NCCL refused how it was called (NCCL_DEBUG=WARN says why)"),
+    (("NCCL error",), "nccl", "an NCCL call failed (NCCL_DEBUG=INFO for details)"),
+)
+"""Asked only when no line matched COMM_FAILURES: NCCL's first line ("NCCL error in: ..., invalid usage") is
+general, and a later line ("Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ...") says why."""
 
 
 def comm_failure(text: str) -> str | None:
     """One line for the first failed-collective message of gloo or NCCL in ``text`` (an exception's text or a
     log's tail): what it means, then the library's own line; None when there is none."""
-    for line in text.splitlines():
-        for wordings, _library, meaning in COMM_FAILURES:
-            if any(words in line for words in wordings):
-                return f"{meaning}: {line.strip()[:300]}"
+    lines = text.splitlines()
+    for table in (COMM_FAILURES, COMM_FAILURES_GENERAL):
+        for line in lines:
+            low = line.lower()
+            for wordings, _library, meaning in table:
+                if any(words.lower() in low for words in wordings):
+                    return f"{meaning}: {line.strip()[:300]}"
     return None

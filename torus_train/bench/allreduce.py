@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 from torus_train.errors import UserError
 from torus_train.job.algorithms import BASELINE, runnable
+from torus_train.job.topology import Grid, check_grid_size, choose_grid
 
 DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",
           "bfloat16": "bfloat16", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -127,6 +128,78 @@ def make_row(algo: str, backend: str, grid: str, world: int, size_bytes: int, dt
     algbw = size_bytes / seconds / 1e9 if seconds > 0 else 0.0
     return Row(algo, backend, grid, size_bytes, size_bytes // ITEMSIZE[dtype], dtype, seconds * 1e6, algbw,
                algbw * busbw_factor(world), wrong)
+
+
+# --- where the ranks run --------------------------------------------------------------------------
+DEFAULT_CPU_RANKS = 4
+"""Ranks (2x2) on a machine with fewer than 2 GPUs, or when the ranks are CPU processes."""
+MAX_LOCAL_RANKS = 1024
+"""Local ranks bench spawns on this machine at most (a larger world is started with mpirun or srun)."""
+
+
+@dataclass(frozen=True)
+class BenchRanks:
+    """Where one `bench allreduce` runs: how many ranks, their grid and their backend, each with why."""
+
+    world: int
+    grid: Grid
+    grid_why: str
+    backend: str
+    backend_why: str
+    """Said in the header ('' when --backend named it)."""
+
+
+def bench_ranks(nprocs: int | None, grid: Grid | None, backend: str | None, gpus: int,
+                launched_world: int | None = None) -> BenchRanks:
+    """The ranks of a sweep (pure; refuses what cannot run with one line). NCCL runs one rank per GPU, so two
+    ranks never share a device: with no --backend, G >= 2 GPUs here give G ranks on NCCL (grid chosen for G)
+    and fewer give 4 CPU ranks on gloo; an explicit --backend nccl with more ranks than GPUs is refused.
+    launched_world: the world of ranks a launcher started by hand (mpirun/srun), whose placement is theirs."""
+    launched = launched_world is not None
+    if launched:
+        world = launched_world
+    elif nprocs or grid:
+        world = nprocs or grid.size
+    elif backend in (None, "nccl") and (gpus >= 2 or (backend == "nccl" and gpus)):
+        world = gpus
+    else:
+        world = DEFAULT_CPU_RANKS
+    if world < 1:
+        raise UserError(f"--nprocs {nprocs} must be at least 1")
+    if not launched and world > MAX_LOCAL_RANKS:
+        raise UserError(f"{world} local ranks: at most {MAX_LOCAL_RANKS} are spawned here; start more with "
+                        "mpirun or srun")
+    if grid is not None:
+        check_grid_size(grid, world, "the rank count" if launched else "--nprocs")
+        why = "given by --grid"
+    else:
+        grid, why = choose_grid(world)
+        why = "chosen: " + why
+    backend, backend_why = _backend(backend, world, gpus, launched)
+    return BenchRanks(world, grid, why, backend, backend_why)
+
+
+def _backend(backend: str | None, world: int, gpus: int, launched: bool) -> tuple[str, str]:
+    """(backend, why) for bench_ranks."""
+    if backend == "nccl" and not launched:
+        if not gpus:
+            raise UserError("--backend nccl needs CUDA GPUs; none found here (use gloo or mpi)")
+        if world > gpus:
+            raise UserError(f"--backend nccl: {world} ranks but {gpus} GPU(s) here, and NCCL runs one rank per GPU; "
+                            f"run CPU ranks with --backend gloo, at most {gpus} rank(s) on NCCL (--nprocs), or on "
+                            "more GPUs (mpirun, srun)")
+    if backend is not None:
+        return backend, ""
+    if launched:
+        return ("nccl", "GPUs here") if gpus else ("gloo", "no GPU here")
+    if gpus >= 2 and world <= gpus:
+        return "nccl", f"one rank per GPU ({gpus} GPUs here)"
+    if not gpus:
+        return "gloo", "CPU ranks: no GPU here"
+    if gpus == 1:
+        return "gloo", "CPU ranks: one GPU here, and NCCL runs one rank per GPU (an all-reduce needs 2 or more)"
+    return "gloo", (f"CPU ranks: {world} ranks but {gpus} GPUs here, and NCCL runs one rank per GPU "
+                    f"(--nprocs {gpus} to measure NCCL)")
 
 
 # --- output -------------------------------------------------------------------------------------

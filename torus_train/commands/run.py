@@ -1,9 +1,14 @@
 """`torus-train run`: flags -> job spec -> ranks.orchestrate.run_job (plan, launch, restarts) -> the result line."""
 from __future__ import annotations
 
+import os
+
 import click
 
 from torus_train.errors import UserError
+from torus_train.job import gpus
+from torus_train.job.gpus import BACKENDS
+from torus_train.job.launch import fit_to_local_gpus
 from torus_train.job.launchers import choices as launcher_choices
 from torus_train.job.sources import choices_text
 from torus_train.job.spec import JobSpec, load_spec, parse_override
@@ -15,13 +20,14 @@ FLAG_FIELDS = {
     "gpus": "grid.gpus", "grid": "grid.grid", "gpus_per_node": "grid.gpus_per_node",
     "launcher": "launch.launcher", "hostfile": "launch.hostfile", "container": "launch.container",
     "data": "data.source", "model": "model.arch", "image_size": "data.image_size",
-    "steps": "schedule.steps", "epochs": "schedule.epochs", "out": "job.out",
+    "steps": "schedule.steps", "epochs": "schedule.epochs", "out": "job.out", "backend": "comm.backend",
 }
 
 
 @click.command("run")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), default=None,
-              help="Job spec (TOML). Default: the embedded demo job (2 ranks on 2x1, demo data).")
+              help="Job spec (TOML). Default: the embedded demo job (demo data; one rank per GPU here, or 2 "
+                   "CPU ranks on 2x1 on a machine without GPUs).")
 @click.option("--gpus", type=int, default=None,
               help="World size N (grid.gpus); without --grid a grid is chosen for N.")
 @click.option("--grid", default=None, help="XxY: X ranks per row (horizontal ring), Y per column.")
@@ -30,6 +36,9 @@ FLAG_FIELDS = {
                    "launcher, the slots of the first host under mpirun or srun.")
 @click.option("--launcher", type=click.Choice(launcher_choices()), default=None,
               help="How ranks start (launch.launcher).")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="comm.backend: auto = NCCL, one rank per GPU, where there are GPUs, else gloo; gloo = CPU "
+                   "ranks even on a GPU machine (more ranks than GPUs).")
 @click.option("--hostfile", default=None, help="OpenMPI hostfile ('host slots=K') or PBS node file.")
 @click.option("--container", default=None, help="Singularity/Apptainer image every rank runs in.")
 @click.option("--data", default=None, help=f"{choices_text()} (data.source).")
@@ -53,8 +62,9 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     """Train on N ranks laid out as an XxY grid, exchanging gradients with the 2D-torus all-reduce.
 
     \b
-    torus-train run                                   # the demo job: 2 local ranks on 2x1
+    torus-train run                                   # the demo job: a rank per GPU, else 2 CPU ranks on 2x1
     torus-train run --gpus 4                          # the same on 4 ranks (a grid is chosen: 2x2)
+    torus-train run --backend gloo --gpus 4           # 4 CPU ranks, even on a machine with one GPU
     torus-train run --gpus 4 --grid 2x2 --data synthetic --model resnet18 --image-size 64 --steps 30
     torus-train run --spec job.toml --hostfile hosts.txt --dry-run
     """
@@ -63,7 +73,10 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     overrides = [(FLAG_FIELDS[k], v) for k, v in flags.items() if v is not None]
     overrides += [parse_override(s) for s in sets]
     spec = load_spec(spec_path, overrides)
-    fit_grid_to_flags(spec, spec_path, {f for f, _ in overrides})
+    given = {f for f, _ in overrides}
+    fit_grid_to_flags(spec, spec_path, given)
+    if spec_path is None and not given & {"grid.gpus", "grid.grid"}:  # the default job takes this machine's GPUs
+        fit_to_local_gpus(spec, os.environ, gpus.local_gpu_count())
     result = run_job(spec, RunOptions(resume, overwrite, dry_run, max_restarts, elastic))
     if result.dry_run is not None:
         click.echo(result.dry_run)

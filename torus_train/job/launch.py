@@ -23,6 +23,7 @@ import os
 import shutil
 from typing import Mapping
 
+from torus_train.job.gpus import rank_gpus
 from torus_train.job.hosts import Host
 from torus_train.job.launchers import (LAUNCHERS, Launcher, LaunchError, LaunchPlan, PlanRequest, choose, entry,
                                        launched_by, threads_per_rank)
@@ -35,8 +36,9 @@ WORKER = ["-m", "torus_train.ranks.worker"]
 
 __all__ = ["DEFAULT_EPHEMERAL", "LAUNCHERS", "LaunchError", "LaunchPlan", "build_plan", "check_capacity",
            "choose_launcher", "container_binds", "container_runtime", "cpus_per_rank", "ephemeral_range",
-           "fixed_grid", "inside_launched_rank", "job_key", "launcher_here", "plan_here", "plan_launch",
-           "port_band", "rendezvous_port", "resolve_grid", "resolve_hosts", "threads_per_rank", "usable_cpus"]
+           "fit_to_local_gpus", "fixed_grid", "inside_launched_rank", "job_key", "launcher_here", "plan_here",
+           "plan_launch", "port_band", "rendezvous_port", "resolve_grid", "resolve_hosts", "threads_per_rank",
+           "usable_cpus"]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -62,6 +64,19 @@ def resolve_grid(spec: JobSpec, launcher: str | Launcher, hosts: list[Host], loc
     n = spec.grid.gpus or (parse_grid(spec.grid.grid).size if spec.grid.grid else 0)
     n = n or chosen.default_world(hosts, local_gpus)
     return _grid(spec, n, spec.grid.gpus_per_node or chosen.default_per_node(n, hosts))
+
+
+def fit_to_local_gpus(spec: JobSpec, environ: Mapping[str, str], visible_gpus: int) -> bool:
+    """The embedded default job on a GPU machine: one rank per GPU here (grid.gpus = the GPUs, the grid chosen
+    for them) instead of its 2 CPU ranks, when its ranks start on this machine (no hostfile, no scheduler, not
+    already a rank) and comm.backend leaves the GPUs to it. The caller applies this only when the command line
+    named no world size or grid. True when the spec changed."""
+    gpus = rank_gpus(spec.comm.backend, visible_gpus)
+    chosen, _ = choose(spec.launch.launcher, environ, spec.launch.hostfile)
+    if not gpus or not chosen.runs_here or inside_launched_rank(environ):
+        return False
+    spec.grid.gpus, spec.grid.grid = gpus, ""
+    return True
 
 
 def fixed_grid(spec: JobSpec) -> Grid:
@@ -206,6 +221,9 @@ def plan_launch(spec: JobSpec, environ: Mapping[str, str], *, job_file: str, pyt
     hosts, hostfile = chosen.hosts(spec.launch.hostfile, environ)
     grid = resolve_grid(spec, chosen, hosts, local_gpus)
     try:
+        if chosen.runs_here and spec.comm.backend == "nccl" and not local_gpus:
+            raise LaunchError("comm.backend = nccl needs one GPU per rank and this machine shows none "
+                              "(CUDA_VISIBLE_DEVICES, NVIDIA driver); pass --backend gloo for CPU ranks")
         chosen.check_capacity(grid, hosts, hostfile, local_gpus, cpu_count)
         problem = ""
     except LaunchError as e:

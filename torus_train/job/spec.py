@@ -26,6 +26,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI (a depende
 
 from torus_train.errors import UserError
 from torus_train.job import algorithms
+from torus_train.job.gpus import BACKENDS
 from torus_train.job.launchers import choices as launcher_choices
 from torus_train.job.models import HOUSE_ARCHS
 from torus_train.job.schedule import Schedule, ScheduleError
@@ -209,6 +210,9 @@ class CommSection:
     """DDP gradient bucket size in MiB (fusion threshold)."""
     timeout_s: float = 600.0
     """Process-group timeout: a collective that cannot finish raises after this many seconds."""
+    backend: str = "auto"
+    """auto | nccl | gloo: auto = NCCL, one rank per GPU, where the machine has GPUs, else gloo on CPU ranks;
+    gloo keeps the ranks on the CPU even where there are GPUs (more ranks than GPUs on one machine)."""
 
 
 @dataclass
@@ -273,6 +277,7 @@ class JobSpec:
         _choice("optimizer.name", self.optimizer.name, ("sgd", "lars"))
         _choice("comm.algo", self.comm.algo, algorithms.training_choices())
         _choice("comm.compression", self.comm.compression, ("none", "fp16", "bf16"))
+        _choice("comm.backend", self.comm.backend, BACKENDS)
         if self.comm.compression == "fp16" and self.model.precision != "fp16":
             # divided by the world size before rounding to fp16, small gradients flush to zero without the
             # GradScaler that only model.precision = fp16 brings

@@ -108,6 +108,14 @@ def mark_comm_failure(out: Path, rank: int, lines: int = 60) -> str:
     return said
 
 
+def rank_failure(e: BaseException, rank: int) -> RunFailed | None:
+    """A rank's exception that is gloo's or NCCL's word for a failed collective (errors.COMM_FAILURES: a lost
+    peer, a timeout, "Duplicate GPU detected", an unhandled system or CUDA error) as one line naming the rank;
+    None for anything else (a bug keeps its traceback). For ranks without a job folder (bench)."""
+    said = comm_failure(str(e))
+    return RunFailed(f"rank {rank} failed: {said}") if said else None
+
+
 def failure_message(out: Path, rank: int) -> str:
     """The one line a rank gave a failure it recognised (input, verdict, stopped); '' for a crash or none."""
     try:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torus_train.errors import RunFailed, UserError
+from torus_train.job import gpus
 from torus_train.job.dryrun import dry_run_report
 from torus_train.job.elastic import shrink
 from torus_train.job.launch import fixed_grid, inside_launched_rank, plan_launch, usable_cpus
@@ -121,18 +122,8 @@ def run_preflight(spec: JobSpec, legs, first: int, plan, out: Path, elastic: boo
 def make_plan(spec: JobSpec, job_file: Path, strict: bool):
     return plan_launch(spec, dict(os.environ), job_file=str(job_file), python=sys.executable,
                        as_root=hasattr(os, "geteuid") and os.geteuid() == 0, master_port=free_port(),
-                       cpu_count=usable_cpus(), local_gpus=local_gpu_count(), strict=strict)
-
-
-def local_gpu_count() -> int:
-    """GPUs on this machine, without importing torch (CUDA_VISIBLE_DEVICES, else the NVIDIA driver's list)."""
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis is not None:
-        return len([d for d in vis.split(",") if d.strip() and d.strip() != "-1"])
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
+                       cpu_count=usable_cpus(), local_gpus=gpus.rank_gpus(spec.comm.backend, gpus.local_gpu_count()),
+                       strict=strict)
 
 
 def prepare_data(spec: JobSpec, log=None) -> None:

@@ -117,7 +117,8 @@ def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regri
     from torus_train.ranks.distributed import init_distributed, shutdown
     from torus_train.train.loop import run_training
 
-    boot = init_distributed(grid, spec.comm.timeout_s)
+    boot = init_distributed(grid, spec.comm.timeout_s,
+                            backend=None if spec.comm.backend == "auto" else spec.comm.backend)
     logging.getLogger("torus_train.ranks.worker").info(
         "rank %d/%d (local %d, from %s) at grid %s position %s on %s/%s", boot.info.rank, boot.info.world_size,
         boot.info.local_rank, boot.info.source, grid, grid.position(boot.info.rank), boot.device, boot.backend)
