@@ -73,3 +73,45 @@ def test_table_json_and_ratio(tmp_path):
     assert set(data[0]) == {"algo", "backend", "grid", "size_bytes", "count", "dtype", "time_us", "algbw_gbps",
                             "busbw_gbps", "wrong"}
     assert len(data) == 4
+
+
+# --- where the ranks run: never two NCCL ranks on one GPU ----------------------------------------------------
+@pytest.mark.parametrize("gpus, world, grid, backend, why", [
+    (0, 4, "2x2", "gloo", "CPU ranks: no GPU here"),
+    (1, 4, "2x2", "gloo", "CPU ranks: one GPU here, and NCCL runs one rank per GPU"),
+    (2, 2, "2x1", "nccl", "one rank per GPU (2 GPUs here)"),
+    (8, 8, "4x2", "nccl", "one rank per GPU (8 GPUs here)"),
+])
+def test_the_default_ranks_follow_the_gpus_here(gpus, world, grid, backend, why):
+    from torus_train.bench.allreduce import bench_ranks
+
+    r = bench_ranks(None, None, None, gpus)
+    assert (r.world, str(r.grid), r.backend) == (world, grid, backend)
+    assert r.backend_why.startswith(why)
+
+
+def test_more_ranks_than_gpus_fall_back_to_gloo_unless_nccl_is_asked():
+    from torus_train.bench.allreduce import bench_ranks
+    from torus_train.job.topology import Grid
+
+    r = bench_ranks(8, None, None, 4)
+    assert (r.world, r.backend) == (8, "gloo") and "--nprocs 4 to measure NCCL" in r.backend_why
+    assert bench_ranks(2, None, None, 4).backend == "nccl"
+    assert bench_ranks(None, None, "nccl", 1).world == 1  # nccl asked on one GPU: one rank, not four
+    for nprocs, grid, gpus in ((2, None, 1), (None, Grid(2, 2), 1), (8, None, 4)):
+        with pytest.raises(UserError, match=f"--backend nccl: {nprocs or 4} ranks but {gpus} GPU.s. here, and "
+                                            "NCCL runs one rank per GPU; run CPU ranks with --backend gloo"):
+            bench_ranks(nprocs, grid, "nccl", gpus)
+    with pytest.raises(UserError, match="--backend nccl needs CUDA GPUs; none found here"):
+        bench_ranks(None, None, "nccl", 0)
+    assert bench_ranks(None, None, "gloo", 4).world == 4  # gloo asked: CPU ranks, the default 4
+
+
+def test_ranks_started_by_a_launcher_keep_its_world_and_placement():
+    from torus_train.bench.allreduce import bench_ranks
+
+    # srun --gpus-per-task=1 shows each rank one GPU: its world (and NCCL) stand, nothing is refused
+    r = bench_ranks(None, None, None, 1, launched_world=16)
+    assert (r.world, str(r.grid), r.backend) == (16, "4x4", "nccl")
+    assert bench_ranks(None, None, "nccl", 1, launched_world=16).backend == "nccl"
+    assert bench_ranks(None, None, None, 0, launched_world=4).backend == "gloo"

@@ -58,3 +58,18 @@ def test_bench_runs_four_local_ranks_and_writes_json(tmp_path):
     assert {r["algo"] for r in rows} == {"flat", "torus", "hierarchical"}
     assert all(r["wrong"] == 0 and r["grid"] == "2x2" and r["time_us"] > 0 for r in rows)
     assert time.time() - t < 170
+
+
+@pytest.mark.parametrize("args", [["--nprocs", "2"], ["--grid", "2x2"]])
+def test_nccl_with_more_ranks_than_gpus_is_refused_before_any_rank_starts(args):
+    import os
+
+    code = ("import sys; from torus_train.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NOTORCH', rc)")
+    out = subprocess.run([sys.executable, "-c", code, "bench", "allreduce", "--backend", "nccl", *args],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
+    assert out.stdout.split() == ["NOTORCH", "2"], out.stdout + out.stderr  # no rank (and no torch) started
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("torus-train: error: --backend nccl: ")
+    assert "ranks but 1 GPU(s) here, and NCCL runs one rank per GPU; run CPU ranks with --backend gloo" in lines[0]

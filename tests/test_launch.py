@@ -340,3 +340,55 @@ def test_pbs_script_asks_for_one_line_per_rank_and_pins_modules():
     modules = text.split('TORUS_TRAIN_MODULES-"')[1].split('"')[0].split()
     assert modules and all("/" in m for m in modules), modules  # name/version, never a moving default
     assert "TORUS_TRAIN_ACTIVATE" in text
+
+
+# --- GPUs here: the probe, and the default job's plan on 0, 1 and 4 of them -----------------------------------
+def test_gpu_probe_reads_cuda_visible_devices_as_cuda_does(tmp_path):
+    from torus_train.job.gpus import count_gpus, driver_gpus, local_gpu_count, visible_entries
+
+    assert [visible_entries(v) for v in ("0", "0,1,2,3", "GPU-3f2a,GPU-77b1", "0,-1,2", "", "-1")] == [1, 4, 2, 1, 0, 0]
+    assert count_gpus({}, None) == 0 and count_gpus({}, 8) == 8
+    assert count_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, None) == 4  # no driver list: taken at its word
+    assert count_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 1) == 1  # no more than the driver has
+    assert local_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0 and local_gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}) == 0
+    (tmp_path / "0000:1a:00.0").mkdir()
+    (tmp_path / "0000:1b:00.0").mkdir()
+    assert driver_gpus(str(tmp_path)) == 2
+    assert driver_gpus(str(tmp_path / "none"), which=lambda name: None) is None
+
+
+@pytest.mark.parametrize("visible, grid, backend_note", [
+    (0, Grid(2, 1, 2), "2 CPU ranks on gloo"), (1, Grid(1, 1, 1), "one rank on one GPU (grid 1x1)"),
+    (4, Grid(2, 2, 4), "4 ranks on NCCL, one per GPU (4 here)")])
+def test_the_default_jobs_plan_on_the_gpus_here(visible, grid, backend_note):
+    from torus_train.job.launch import fit_to_local_gpus
+
+    s = spec()
+    assert fit_to_local_gpus(s, {}, visible) == (visible > 0)
+    plan = plan_launch(s, {}, job_file=JOB, python=PY, as_root=False, master_port=1, cpu_count=2,
+                       local_gpus=visible)
+    assert plan.grid == grid and plan.launcher == "local" and len(plan.rank_env) == grid.size
+    assert any(backend_note in n for n in plan.notes), plan.notes
+
+
+def test_the_default_job_keeps_its_grid_where_others_place_the_ranks_or_gloo_is_asked():
+    from torus_train.job.launch import fit_to_local_gpus
+
+    for environ in ({"SLURM_JOB_ID": "7", "SLURM_NNODES": "1"}, {"RANK": "0", "WORLD_SIZE": "2"}):
+        s = spec()
+        assert not fit_to_local_gpus(s, environ, 4) and (s.grid.gpus, s.grid.grid) == (2, "2x1")
+    s = spec(**{"comm.backend": "gloo"})
+    assert not fit_to_local_gpus(s, {}, 4) and s.grid.gpus == 2
+
+
+def test_more_ranks_than_gpus_names_gloo_a_hostfile_and_a_scheduler():
+    with pytest.raises(LaunchError) as e:
+        check_capacity("local", Grid(2, 1, 2), [], "", 1, 16)
+    text = str(e.value)
+    assert text.startswith("2 ranks do not fit on this machine (1 GPU(s), one rank each); to run them here as "
+                           "CPU ranks pass --backend gloo, to launch grid 2x1 pass --hostfile FILE")
+    assert "Slurm or PBS job" in text
+    check_capacity("local", Grid(2, 2, 4), [], "", 0, 2)  # CPU ranks (gloo) are not held to the GPU count
+    with pytest.raises(LaunchError, match="comm.backend = nccl needs one GPU per rank"):
+        plan_launch(spec(**{"comm.backend": "nccl"}), {}, job_file=JOB, python=PY, as_root=False, master_port=1,
+                    cpu_count=2, local_gpus=0)

@@ -57,3 +57,70 @@ def test_a_spec_whose_grid_and_gpus_disagree_names_its_fields_not_flags(tmp_path
     code, _, err = invoke("run", "--spec", str(spec), "--dry-run", "--out", str(tmp_path / "o"))
     assert_one_line_error(code, err, f"{spec}: grid.grid = 2x1 is 2 ranks but grid.gpus = 4")
     assert "--gpus" not in err and "--grid" not in err
+
+
+# --- the default job on the GPUs this machine has (the probe replaced: no rank starts) ---------------------
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def gpus_here(monkeypatch):
+    """Make torus_train.job.gpus report `n` GPUs here (and no hostfile or scheduler in the environment)."""
+    from torus_train.job import gpus
+
+    for name in ("SLURM_JOB_ID", "PBS_NODEFILE", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def set_to(n: int) -> None:
+        monkeypatch.setattr(gpus, "local_gpu_count", lambda environ=None: n)
+    return set_to
+
+
+@pytest.mark.parametrize("n, grid, note", [
+    (0, "grid 2x1: 2 ranks", "2 CPU ranks on gloo"),
+    (1, "grid 1x1: 1 rank", "one rank on one GPU (grid 1x1): its all-reduce has no peer; to see the torus, run "
+                            "CPU ranks (--backend gloo --gpus 4)"),
+    (4, "grid 2x2: 4 ranks", "4 ranks on NCCL, one per GPU (4 here)"),
+])
+def test_the_default_job_takes_the_gpus_here(gpus_here, tmp_path, n, grid, note):
+    gpus_here(n)
+    r = dry("--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    assert grid in r.output and note in r.output
+    assert "cannot start here" not in r.output and "# preflight passed" in r.output
+
+
+def test_backend_gloo_keeps_cpu_ranks_on_a_gpu_machine(gpus_here, tmp_path):
+    gpus_here(1)
+    r = dry("--backend", "gloo", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0 and "grid 2x1: 2 ranks" in r.output and "2 CPU ranks on gloo" in r.output
+    r = dry("--backend", "gloo", "--gpus", "4", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0 and "grid 2x2: 4 ranks" in r.output and 'backend = "gloo"' in r.output
+
+
+def test_a_world_size_or_grid_given_is_kept_on_a_gpu_machine(gpus_here, tmp_path):
+    gpus_here(4)
+    assert "grid 2x1: 2 ranks" in dry("--gpus", "2", "--out", str(tmp_path / "o")).output
+    assert "grid 1x2: 2 ranks" in dry("--grid", "1x2", "--out", str(tmp_path / "o")).output
+
+
+def test_more_ranks_than_gpus_is_one_line_before_anything_starts(gpus_here, tmp_path):
+    from clihelp import assert_one_line_error, invoke
+
+    gpus_here(1)
+    out = tmp_path / "o"
+    code, _, err = invoke("run", "--gpus", "2", "--out", str(out))
+    assert_one_line_error(code, err, "2 ranks do not fit on this machine (1 GPU(s), one rank each); to run them "
+                                     "here as CPU ranks pass --backend gloo")
+    assert "--hostfile FILE" in err and "Slurm or PBS job" in err
+    assert not out.exists()
+    r = dry("--gpus", "2", "--out", str(out))  # the dry run prints the plan and what stops it
+    assert "grid 2x1: 2 ranks" in r.output and "cannot start here: 2 ranks do not fit" in r.output
+
+
+def test_backend_nccl_without_a_gpu_is_refused(gpus_here, tmp_path):
+    from clihelp import assert_one_line_error, invoke
+
+    gpus_here(0)
+    code, _, err = invoke("run", "--backend", "nccl", "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "comm.backend = nccl needs one GPU per rank and this machine shows none")

@@ -66,7 +66,7 @@ class Local(Launcher):
     def notes(n: int, gpus: int, threads: int) -> list[str]:
         """What the ranks run on; one rank on one GPU has no peer, so say how to see the torus exchange."""
         if not gpus:
-            return [f"{n} CPU rank(s) on gloo, {threads} thread(s) each"]
+            return [f"{n} CPU rank{'s' if n > 1 else ''} on gloo, {threads} thread(s) each"]
         if n == 1:
             return [f"one rank on one GPU (grid 1x1): its all-reduce has no peer; to see the torus, run "
                     "CPU ranks (--backend gloo --gpus 4) or on a machine with more GPUs"]
