@@ -11,7 +11,7 @@ def test_help_lists_the_flags():
     assert r.exit_code == 0
     for flag in ("--spec", "--gpus", "--grid", "--gpus-per-node", "--launcher", "--hostfile", "--container",
                  "--data", "--model", "--image-size", "--steps", "--epochs", "--out", "--resume", "--dry-run",
-                 "--set", "--overwrite"):
+                 "--set", "--overwrite", "--backend"):
         assert flag in r.output, flag
 
 
@@ -20,7 +20,10 @@ def test_usage_error_exits_2():
     assert r.exit_code == 2 and "pbsdsh" in r.output
 
 
-def test_dry_run_of_the_default_job(tmp_path):
+def test_dry_run_of_the_default_job(tmp_path, monkeypatch):
+    from torus_train.job import gpus
+
+    monkeypatch.setattr(gpus, "local_gpu_count", lambda environ=None: 0)  # a machine without GPUs: 2 CPU ranks
     r = CliRunner().invoke(cli, ["run", "--dry-run", "--out", str(tmp_path / "x")])
     assert r.exit_code == 0, r.output
     assert "grid 2x1: 2 ranks" in r.output and "MASTER_PORT=" in r.output and "peak LR" in r.output
