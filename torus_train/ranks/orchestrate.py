@@ -161,7 +161,7 @@ def leg_finished_run(spec: JobSpec, out: Path) -> bool:
 
 def announce(spec: JobSpec, plan, schedule, out: Path) -> None:
     g = plan.grid
-    say(f"torus-train run: {g.size} ranks on grid {g} ({g.x} per row, {g.y} per column), "
+    say(f"torus-train run: {g.size} rank{'s' if g.size > 1 else ''} on grid {g} ({g.x} per row, {g.y} per column), "
         f"{plan.launcher} launcher ({plan.why}); comm {spec.comm.algo}; output {out}")
     for note in plan.notes:
         say(note)
