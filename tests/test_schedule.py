@@ -236,3 +236,11 @@ def test_total_steps_counts_every_epoch_up_to_the_stop_and_the_cap():
     assert s.total_steps(10_000) == 2 * 79 + 20
     assert two_stage(steps=100).total_steps(10_000) == 100
     assert two_stage(steps=10**6).total_steps(10_000) == 2 * 79 + 3 * 20
+
+
+def test_the_epoch_count_is_bounded_in_the_spec():
+    from torus_train.job.spec import MAX_EPOCHS, SpecError, load_spec
+
+    assert load_spec(None, [("schedule.epochs", MAX_EPOCHS)]).schedule.epochs == MAX_EPOCHS
+    with pytest.raises(SpecError, match=rf"^schedule\.epochs: 1000001 must be <= {MAX_EPOCHS:,}$"):
+        load_spec(None, [("schedule.epochs", MAX_EPOCHS + 1)])
