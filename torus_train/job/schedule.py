@@ -19,7 +19,8 @@ At a world size, for each stage:
 
 * per-rank batch = global batch / world size;
 * above ``max_per_rank_batch`` the per-rank batch is split into ``accumulation`` micro-batches of
-  ``micro_batch`` samples (gradient accumulation), the smallest split that fits;
+  ``micro_batch`` samples (gradient accumulation), the smallest split that fits (at most ``MAX_ACCUMULATION``
+  passes per step: a split that needs more is refused, found in bounded work whatever the numbers);
 * peak LR: ``lr_policy="linear"`` scales with the batch, ``base_lr * global_batch / lr_reference_batch``
   (Goyal et al. 2017); ``"constant"`` holds the first stage's peak for every stage.
 
