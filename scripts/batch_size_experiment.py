@@ -8,6 +8,7 @@ lr_reference_batch, warm-up, decay), differing only in the global batch:
   steps, time to the target) and writes the numbers to --json.
 
     python scripts/batch_size_experiment.py --out runs/bsexp --json runs/bsexp/results.json
+    python scripts/batch_size_experiment.py --out /tmp/bs --configs c --set schedule.epochs=1   # one short run
 """
 from __future__ import annotations
 
@@ -54,7 +55,11 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bsexp", help="folder for the three runs")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra spec overrides for all runs")
+    ap.add_argument("--configs", default="a,b,c", help="which of the runs a, b, c to make (comma-separated)")
     args = ap.parse_args()
+    chosen = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not chosen or set(chosen) - {"a", "b", "c"}:
+        ap.error(f"--configs {args.configs}: expected some of a, b, c, comma-separated")
     sched = default_schedule()
     stages = sched["stages"]
     epochs = sched["epochs"]
@@ -64,7 +69,7 @@ def main() -> None:
     configs = [("a: fixed small", [{"until_epoch": epochs, "per_rank_batch": small}]),
                ("b: fixed large", [{"until_epoch": epochs, "per_rank_batch": large}]),
                ("c: batch-size control", stages)]
-    results = [run_one(n.split(":")[0], s, out, extra) | {"label": n} for n, s in configs]
+    results = [run_one(n.split(":")[0], s, out, extra) | {"label": n} for n, s in configs if n[0] in chosen]
     print(f"\n{epochs} epochs each, base_lr {sched['base_lr']} per {sched['lr_reference_batch']} samples "
           f"({sched['lr_policy']}), warm-up {sched['warmup_epochs']}, decay {sched['decay']}\n")
     head = "| run | batch per rank | steps | val top-1 per epoch | final top-1 | best | wall s | to target |"

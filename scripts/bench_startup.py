@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from torus_train.data.index import VERSION, _arrays, _checksum, _write
+from torus_train.data.index import VERSION, _arrays, _write, arrays_checksum
 
 ONE_RANK = """
 import json, sys, time
@@ -58,9 +58,9 @@ def write_index(folder: Path, n: int, classes: int = 1000) -> Path:
         for key, a in _arrays(ns, ls).items():
             arrays[f"{split}.{key}"] = a
         meta["splits"][split] = {"classes": wnids, "count": len(ns), "class_mtimes": []}
-    meta["checksum"] = _checksum(arrays)
+    meta["checksum"] = arrays_checksum(arrays)
     dest = folder / "index"
-    _write(dest, meta, arrays)
+    _write(dest, meta, arrays, "--files")
     return dest
 
 

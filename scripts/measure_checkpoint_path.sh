@@ -11,22 +11,31 @@
 # "resumed from ...; B bytes read from checkpoint files by this rank, S s in the checkpoint path" (train/state.py;
 # a tree to compare must log the same lines); one JSON line per rank and layout goes to OUT.jsonl. Tears the
 # cluster down at the end, also on failure. Needs root; hold the cluster lock (only one cluster per machine).
+# MEASURE_DRY=1: no cluster; every `run` above is checked here with --dry-run (flags, spec, hostfile), nothing
+# measured and OUT left empty: how the tests run this script on a machine without the cluster.
 set -euo pipefail
 OUT=${1:?usage: measure_checkpoint_path.sh OUT.jsonl [TREE LABEL]...}; shift
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 [ $# -eq 0 ] && set -- "$HERE" this
 CLUSTER="$HERE/scripts/dev/cluster.sh"
+DRY=${MEASURE_DRY:-0}
 WORK=$(mktemp -d /tmp/ckpt-path-XXXXXX)
-trap '"$CLUSTER" down >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
-trap 'exit 1' TERM INT  # the EXIT trap tears the cluster down on a signal too
 : > "$OUT"
-TTC_SLURM=0 "$CLUSTER" up 2 >/dev/null
+if [ "$DRY" = 1 ]; then
+    trap 'rm -rf "$WORK"' EXIT
+    on_node() { shift; "$@" --dry-run; }  # NODE CMD...: here, as a dry run
+else
+    trap '"$CLUSTER" down >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
+    trap 'exit 1' TERM INT  # the EXIT trap tears the cluster down on a signal too
+    TTC_SLURM=0 "$CLUSTER" up 2 >/dev/null
+    on_node() { "$CLUSTER" exec "$@"; }
+fi
 
 run() {  # TREE OUTDIR SLOTS STEPS [--resume]
     local tree=$1 out=$2 slots=$3 steps=$4; shift 4
     local n=$((2 * slots))
     # from inside the tree: `python -m` puts the working folder first on sys.path, before PYTHONPATH
-    cd "$tree" && "$CLUSTER" exec node1 env PYTHONPATH="$tree" OMP_NUM_THREADS=1 python3 -m torus_train run \
+    cd "$tree" && on_node node1 env PYTHONPATH="$tree" OMP_NUM_THREADS=1 python3 -m torus_train run \
         --launcher mpirun --hostfile "$WORK/hosts$slots" --gpus $n --grid "${slots}x2" --data synthetic \
         --model resnet50 --image-size 32 --out "$out" --steps "$steps" \
         --set 'launch.env=["PYTHONPATH", "OMP_NUM_THREADS"]' --set grid.gpus_per_node="$slots" \
@@ -43,6 +52,7 @@ while [ $# -ge 2 ]; do
         echo "measure: $label, 2 nodes x $slots ranks" >&2
         run "$tree" "$out" "$slots" 2
         run "$tree" "$out" "$slots" 3 --resume
+        [ "$DRY" = 1 ] && { echo "measure: dry run of $label, 2 nodes x $slots ranks passed" >&2; continue; }
         LABEL=$label SLOTS=$slots RUN=$out python3 - >> "$OUT" <<'EOF'
 import json, os, re
 from pathlib import Path

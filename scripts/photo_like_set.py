@@ -32,10 +32,16 @@ def one_image(rng: np.random.Generator, w: int, h: int) -> Image.Image:
     draw = ImageDraw.Draw(img)
     for _ in range(int(rng.integers(3, 8))):
         x0, y0 = rng.integers(0, w), rng.integers(0, h)
-        x1, y1 = x0 + rng.integers(20, w // 2), y0 + rng.integers(20, h // 2)
+        x1, y1 = x0 + rng.integers(*_extent(w)), y0 + rng.integers(*_extent(h))
         draw.ellipse([int(x0), int(y0), int(x1), int(y1)], fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
     arr = np.asarray(img, np.float32) + rng.normal(0, 6, (h, w, 3))
     return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+
+
+def _extent(side: int) -> tuple[int, int]:
+    """An ellipse's extent range along a side: 20 px to half the side, narrower on toy sizes."""
+    low = max(1, min(20, side // 4))
+    return low, max(low + 1, side // 2)
 
 
 def main() -> None:
@@ -47,7 +53,12 @@ def main() -> None:
     ap.add_argument("--size", default="500x375")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    w, h = (int(v) for v in args.size.lower().split("x"))
+    try:
+        w, h = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        ap.error(f"--size {args.size}: expected WIDTHxHEIGHT, e.g. 500x375")
+    if min(w, h, args.classes, args.per_class + args.val_per_class) < 1 or min(args.per_class, args.val_per_class) < 0:
+        ap.error("--size sides and --classes must be >= 1, --per-class and --val-per-class >= 0 (not both 0)")
     rng = np.random.default_rng(args.seed)
     total = 0
     for split, per in (("train", args.per_class), ("val", args.val_per_class)):

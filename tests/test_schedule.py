@@ -163,3 +163,84 @@ def test_stages_on_their_own_grids_split_their_batch_over_their_grid():
         load_spec(None, [("schedule.stages", [{"until_epoch": 2, "per_rank_batch": 32, "grid": "2y1"}])])
     with pytest.raises(UserError, match="schedule.stop_epoch"):
         load_spec(None, [("schedule.epochs", 6), ("schedule.stop_epoch", 7)])
+
+
+def _brute_accumulation(per_rank: int, limit: int) -> int:
+    """The definition, by brute force: the smallest number of equal micro-batches of at most ``limit``."""
+    if not limit or per_rank <= limit:
+        return 1
+    return next(a for a in range(2, per_rank + 1) if per_rank % a == 0 and per_rank // a <= limit)
+
+
+def test_accumulation_is_the_smallest_split_for_every_small_case():
+    from torus_train.job.schedule import _accumulation
+
+    for per_rank in range(1, 400):
+        for limit in (0, 1, 2, 3, 5, 7, 16, 48, 100, 399):
+            assert _accumulation(per_rank, limit) == _brute_accumulation(per_rank, limit), (per_rank, limit)
+
+
+@pytest.mark.parametrize("per_rank, limit, room", [
+    (2**31 - 1, 1, "(it would take 2,147,483,647)"),  # a prime under micro-batches of 1: one pass per sample
+    (2**31 - 1, 2**20, None),  # prime: 2,048 passes would do, but only micro-batches of 1 divide it
+    (4099 * 4097, 4099, "(it would take 4,097)"),  # 4,097 passes of 4,099: one more than allowed
+])
+def test_absurd_accumulation_is_refused_at_once(per_rank, limit, room):
+    from torus_train.job.schedule import MAX_ACCUMULATION
+
+    sched = Schedule(stages=[Stage(until_epoch=5, per_rank_batch=per_rank)], max_per_rank_batch=limit).check()
+    with pytest.raises(UserError, match=r"schedule\.stages\[0\]: a per-rank batch of [\d,]+ does not split into "
+                                        rf"at most {MAX_ACCUMULATION:,} equal micro-batches") as e:
+        sched.at(1)
+    assert (room in str(e.value)) if room else ("it would take" not in str(e.value))
+    assert str(e.value).count("\n") == 0 and "schedule.max_per_rank_batch" in str(e.value)
+    ok = Schedule(stages=[Stage(until_epoch=5, per_rank_batch=4096 * 3)], max_per_rank_batch=3).check().at(1)
+    assert (ok.stages[0].accumulation, ok.stages[0].micro_batch) == (MAX_ACCUMULATION, 3)  # the cap itself runs
+
+
+def test_dry_run_with_a_huge_batch_split_into_micro_batches_of_one_ends_at_once():
+    """Issue 33: this spun at full CPU in the micro-batch split; now one line and exit 2, in well under a second
+    of work (the limit leaves room for a slow machine's interpreter start)."""
+    r = subprocess.run([sys.executable, "-m", "torus_train", "run", "--dry-run", "--set",
+                        "schedule.stages=[{until_epoch=7, per_rank_batch=2147483647}]",
+                        "--set", "schedule.max_per_rank_batch=1"], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "torus-train: error: schedule.stages[0]: a per-rank batch of 2,147,483,647 does not split into at most "
+        "4,096 equal micro-batches of at most 1 samples (schedule.max_per_rank_batch) (it would take 2,147,483,647); "
+        "raise schedule.max_per_rank_batch or choose a per-rank batch that such micro-batches divide"]
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_huge_epoch_counts_and_many_stages_cost_one_term_per_stage():
+    import time
+
+    from torus_train.job.schedule import MAX_STAGES
+
+    t = time.monotonic()
+    big = two_stage(epochs=2**31 - 1, warmup_epochs=0, stages=[G(2, 128), G(2**31 - 1, 512)])
+    assert big.total_steps(10_000) == 2 * 79 + (2**31 - 3) * 20
+    assert big.stage_at(2**31 - 2).index == 1 and big.stage_at(10**12).index == 1  # past the end: the last stage
+    stages = [G(i + 1, 128 + 4 * (i // 7)) for i in range(MAX_STAGES)]  # many stages, each with its own split
+    many = two_stage(epochs=MAX_STAGES, stages=stages, max_per_rank_batch=7)
+    assert [many.stage_at(e + 0.5).index for e in range(MAX_STAGES)] == list(range(MAX_STAGES))
+    assert many.total_steps(1000) == sum(many.steps_in_epoch(e, 1000) for e in range(MAX_STAGES))
+    many.table()
+    assert time.monotonic() - t < 5  # each of these was a loop over every epoch or every stage
+    with pytest.raises(UserError, match=rf"schedule\.stages: {MAX_STAGES + 1:,} stages; at most {MAX_STAGES:,}"):
+        two_stage(epochs=MAX_STAGES + 1, stages=[G(i + 1, 128) for i in range(MAX_STAGES + 1)])
+
+
+def test_total_steps_counts_every_epoch_up_to_the_stop_and_the_cap():
+    s = two_stage(stop_epoch=3)
+    assert s.total_steps(10_000) == 2 * 79 + 20
+    assert two_stage(steps=100).total_steps(10_000) == 100
+    assert two_stage(steps=10**6).total_steps(10_000) == 2 * 79 + 3 * 20
+
+
+def test_the_epoch_count_is_bounded_in_the_spec():
+    from torus_train.job.spec import MAX_EPOCHS, SpecError, load_spec
+
+    assert load_spec(None, [("schedule.epochs", MAX_EPOCHS)]).schedule.epochs == MAX_EPOCHS
+    with pytest.raises(SpecError, match=rf"^schedule\.epochs: 1000001 must be <= {MAX_EPOCHS:,}$"):
+        load_spec(None, [("schedule.epochs", MAX_EPOCHS + 1)])

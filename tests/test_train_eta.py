@@ -67,3 +67,15 @@ def test_steps_cap_the_plan():
 def test_eta_does_not_import_torch():
     code = "import sys, torus_train.train.eta; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_a_huge_epoch_count_capped_by_steps_plans_at_once():
+    import time
+
+    from torus_train.job.spec import MAX_EPOCHS
+
+    spec = load_spec(None, [("schedule.epochs", MAX_EPOCHS), ("schedule.steps", 100)])
+    t = time.monotonic()
+    eta = Eta.plan(spec.schedule.at(2), 10_000, MAX_EPOCHS, cap_steps=100)
+    assert time.monotonic() - t < 1  # the epochs after the cap are not walked
+    assert eta.stages[-1].end == 100 and eta.boundary_steps == [79]

@@ -86,8 +86,8 @@ def dry_run_text(spec: JobSpec, plan, schedule, problem: Exception | None = None
         "# launch", *launch, "",
         "# batch schedule",
         schedule.table() if schedule is not None else
-        f"cannot be built for {plan.world_size} ranks: {problem}\n(every stage's global_batch must be a multiple "
-        f"of the world size; set them with --spec or --set schedule.stages=[...])",
+        f"cannot be built for {plan.world_size} ranks: {problem}\n(set the stages with --spec or --set "
+        f"schedule.stages=[...])",
         work_text(spec, schedule),
         f"(dry run: nothing started; output would go to {spec.out_dir.resolve()})",
     ])

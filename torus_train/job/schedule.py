@@ -19,7 +19,8 @@ At a world size, for each stage:
 
 * per-rank batch = global batch / world size;
 * above ``max_per_rank_batch`` the per-rank batch is split into ``accumulation`` micro-batches of
-  ``micro_batch`` samples (gradient accumulation), the smallest split that fits;
+  ``micro_batch`` samples (gradient accumulation), the smallest split that fits (at most ``MAX_ACCUMULATION``
+  passes per step: a split that needs more is refused, found in bounded work whatever the numbers);
 * peak LR: ``lr_policy="linear"`` scales with the batch, ``base_lr * global_batch / lr_reference_batch``
   (Goyal et al. 2017); ``"constant"`` holds the first stage's peak for every stage.
 
@@ -29,6 +30,7 @@ run; ``none``).
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -42,6 +44,11 @@ WARMUP_START = 0.1  # warm-up starts at this fraction of the peak: a first step 
 POLY_POWER = 2.0  # MLPerf's ResNet-50 reference
 STEP_AT = (0.5, 0.75)  # fractions of the run at which `step` decay multiplies the LR by STEP_GAMMA
 STEP_GAMMA = 0.1
+MAX_ACCUMULATION = 4096
+"""Most forward passes (micro-batches) one optimizer step may take: room for a 2,176-GPU global batch of 131,072
+on one GPU at micro-batch 32, yet a typo such as max_per_rank_batch = 1 under a huge batch is refused, not run."""
+MAX_STAGES = 1000
+"""Most batch-size stages: recipes use a handful (Sony's three); the bound keeps every per-stage step cheap."""
 
 
 class ScheduleError(UserError):
@@ -139,6 +146,8 @@ class Schedule:
     def _check_stages(self, p: str) -> None:
         if not self.stages:
             raise ScheduleError(f"{p}: at least one stage {{until_epoch, per_rank_batch}} is needed")
+        if len(self.stages) > MAX_STAGES:
+            raise ScheduleError(f"{p}: {len(self.stages):,} stages; at most {MAX_STAGES:,} (recipes use a handful)")
         prev_end = 0
         for i, s in enumerate(self.stages):
             if (s.per_rank_batch > 0) == (s.global_batch > 0) or min(s.per_rank_batch, s.global_batch) < 0:
@@ -202,6 +211,7 @@ class BatchSchedule:
         if self.world_size < 1:
             raise ScheduleError(f"world size must be a positive integer, got {self.world_size!r}")
         object.__setattr__(self, "stages", tuple(self._derive()))
+        object.__setattr__(self, "_ends", tuple(st.until_epoch for st in self.stages))
 
     def _derive(self) -> list[StageInfo]:
         out: list[StageInfo] = []
@@ -216,6 +226,8 @@ class BatchSchedule:
                                     f"previous stage's {out[-1].global_batch}; batch-size control only grows it")
             per_rank = global_batch // world
             acc = _accumulation(per_rank, self.schedule.max_per_rank_batch)
+            if acc is None:
+                raise ScheduleError(_split_problem(i, per_rank, self.schedule.max_per_rank_batch))
             out.append(StageInfo(i, start, end, global_batch, per_rank, acc, per_rank // acc, st.grid))
         return out
 
@@ -223,14 +235,17 @@ class BatchSchedule:
         """The stage in force during ``epoch`` (an integer epoch, or a fractional one)."""
         if epoch < 0:
             raise ValueError(f"epoch {epoch} < 0")
-        return next((st for st in self.stages if epoch < st.until_epoch), self.stages[-1])
+        return self.stages[min(bisect.bisect_right(self._ends, epoch), len(self.stages) - 1)]
 
     def steps_in_epoch(self, epoch: int, num_samples: int) -> int:
         return steps_per_epoch(num_samples, self.stage_at(epoch).global_batch)
 
     def total_steps(self, num_samples: int) -> int:
-        """Optimizer steps of the whole run, or up to stop_epoch (schedule.steps caps it)."""
-        total = sum(self.steps_in_epoch(e, num_samples) for e in range(self.schedule.end_epoch))
+        """Optimizer steps of the whole run, or up to stop_epoch (schedule.steps caps it); one term per stage,
+        so a run of 2**31 epochs answers as fast as one of 7."""
+        end = self.schedule.end_epoch
+        total = sum(steps_per_epoch(num_samples, st.global_batch) * (min(st.until_epoch, end) - st.start_epoch)
+                    for st in self.stages if st.start_epoch < end)
         return min(total, self.schedule.steps) if self.schedule.steps else total
 
     def peak_lr(self, index: int) -> float:
@@ -277,13 +292,24 @@ class BatchSchedule:
             f"{s.lr_policy}; warm-up {s.warmup_epochs:g} epoch(s); decay {decay}; {s.epochs} epochs"])
 
 
+def _split_problem(index: int, per_rank: int, limit: int) -> str:
+    low = -(-per_rank // limit)
+    need = f" (it would take {low:,})" if low > MAX_ACCUMULATION else ""
+    return (f"schedule.stages[{index}]: a per-rank batch of {per_rank:,} does not split into at most "
+            f"{MAX_ACCUMULATION:,} equal micro-batches of at most {limit:,} samples (schedule.max_per_rank_batch)"
+            f"{need}; raise schedule.max_per_rank_batch or choose a per-rank batch that such micro-batches divide")
+
+
 def _at_least(path: str, value: int, low: int) -> None:
     if value < low:
         raise ScheduleError(f"{path}: {value!r} must be >= {low}")
 
 
-def _accumulation(per_rank: int, limit: int) -> int:
-    """The smallest number of equal micro-batches of at most ``limit`` samples (1 when there is no limit)."""
+def _accumulation(per_rank: int, limit: int) -> int | None:
+    """The smallest number of equal micro-batches of at most ``limit`` samples (1 when there is no limit), or
+    None when that takes more than MAX_ACCUMULATION passes. Bounded work whatever the numbers: the split
+    needs at least ceil(per_rank / limit) passes, so only divisors from there up to the cap are tried."""
     if not limit or per_rank <= limit:
         return 1
-    return next(a for a in range(2, per_rank + 1) if per_rank % a == 0 and per_rank // a <= limit)
+    low = -(-per_rank // limit)
+    return next((a for a in range(low, min(per_rank, MAX_ACCUMULATION) + 1) if per_rank % a == 0), None)

@@ -44,6 +44,9 @@ MAX_SPEC_BYTES = 1 << 20
 MAX_INT = 2**63 - 1
 MAX_INT32 = 2**31 - 1
 """Counts that reach torch or DALI as sizes, seeds or step numbers (int32 there)."""
+MAX_EPOCHS = 1_000_000
+"""schedule.epochs: a rank plans its run epoch by epoch (the ETA's epoch ends), so the count is bounded; a
+million epochs is 10,000 times an ImageNet recipe (schedule.steps stops a run sooner)."""
 MAX_CLASSES = 1_000_000
 """model.num_classes: a classifier of 1M classes over 2,048 features already holds 8 GB of fp32 weights."""
 FIXED_INPUT = {**{a: 224 for a in ("vit_b_16", "vit_b_32", "vit_h_14", "vit_l_16", "vit_l_32")}, "maxvit_t": 224}
@@ -320,7 +323,7 @@ class JobSpec:
     def _schedule_counts(self) -> list[tuple]:
         """The schedule's counts that reach torch (epochs, steps, batches) as (path, value, low, high)."""
         sc = self.schedule
-        rows = [("schedule.epochs", sc.epochs, 0, MAX_INT32), ("schedule.steps", sc.steps, 0, MAX_INT32),
+        rows = [("schedule.epochs", sc.epochs, 0, MAX_EPOCHS), ("schedule.steps", sc.steps, 0, MAX_INT32),
                 ("schedule.max_per_rank_batch", sc.max_per_rank_batch, 0, MAX_INT32)]
         for i, st in enumerate(sc.stages):
             rows += [(f"schedule.stages[{i}].per_rank_batch", st.per_rank_batch, 0, MAX_INT32),

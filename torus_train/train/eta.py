@@ -59,6 +59,8 @@ class Eta:
         stages: dict[int, StageWork] = {}
         step, boundaries = 0, []
         for epoch in range(end_epoch):
+            if cap_steps and step >= cap_steps:
+                break  # the run stops here: later epochs add neither steps nor boundaries
             st = schedule.stage_at(epoch)
             full = schedule.steps_in_epoch(epoch, num_samples)
             n = max(0, min(full, cap_steps - step)) if cap_steps else full

