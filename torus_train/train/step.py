@@ -79,7 +79,9 @@ def step_body(rs, images, labels, accumulation: int) -> torch.Tensor:
     for i, (x, y) in enumerate(zip(images.chunk(accumulation), labels.chunk(accumulation))):
         # the exchange runs on the last micro-batch only; the others accumulate locally
         with dp.no_sync() if i < accumulation - 1 else contextlib.nullcontext():
-            with torch.autocast(x.device.type, dtype=rs.amp_dtype, enabled=rs.amp_dtype is not None):
+            # no autocast cache: a cast weight cached across a capture's boundary would be a stale tensor
+            with torch.autocast(x.device.type, dtype=rs.amp_dtype, enabled=rs.amp_dtype is not None,
+                                cache_enabled=False):
                 loss = rs.loss_fn(dp(x), y) / accumulation
             (rs.scaler.scale(loss) if rs.scaler else loss).backward()
         total += loss.detach().float()
