@@ -20,6 +20,9 @@
 #   production  `torus-train run` of the shrunk production spec on photo-like JPEGs: 2 epochs (batch 32, then
 #               256), evaluation after each
 #   digest      the same short `torus-train run` twice (1x1, synthetic): equal parameter digests
+#   graphs      in process, at per-GPU batch 16, 32 and 256, rounds alternating: the loop with its step replayed
+#               as a CUDA graph, the loop eager, a bare eager step, a bare step with the torus's three NCCL phases
+#               captured in one graph (the ceiling); the program is scripts/gpu_check_graphs.py
 # JSON: {"gpu_check": 2, "date", "status": ok | partial | failed | no-gpu | rehearsal, "torch", "cuda", "dali",
 # "gpu", "wall_seconds", "out", "parts": [the parts run], "checks": {NAME: {...}}}; every check has "ok" (its
 # pass line: null without a GPU), "pass_if" (the rule), "seconds" (its part's), "error" (only when its part
@@ -48,6 +51,10 @@
 #   data_wait.share_batch_256        the same over the batch-256 epoch; pass_if both <= 0.10
 #   digest.first                     param_digest of the first run
 #   digest.second                    of the second; pass_if equal
+#   graphs.batches                   {BATCH: {ours_graphed_img_s, ours_eager_img_s, bare_eager_img_s,
+#                                    bare_graphed_img_s, ratio (ours_graphed / bare_graphed), capture_seconds}};
+#                                    pass_if ratio >= 0.85 at 16 and 32, >= 0.95 at 256
+#   graphs.eager_ratio_batch_32      ours_eager / bare_eager at batch 32; pass_if >= 0.90
 # Without a CUDA GPU it says so, prints the JSON skeleton (status "no-gpu") and exits 0. With --rehearse the
 # status is "rehearsal" (pass lines computed, not required; "share_batch_32" and "gib_batch_32" then hold batch
 # 4's figures, "..._256" batch 8's) and the exit is 0 when every part ran and filled its fields.
@@ -56,7 +63,7 @@ set -u
 
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 
-OUT="" JSON="" QUICK=0 REHEARSE=0 ALL_PARTS="syncs,speed,production,digest"
+OUT="" JSON="" QUICK=0 REHEARSE=0 ALL_PARTS="syncs,speed,production,digest,graphs"
 RUN_PARTS="$ALL_PARTS"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -124,9 +131,11 @@ SKELETON = {
                    "replicas_agree": None, "pass_if": "backend nccl, loader dali, 2 evaluations, replicas agree"},
     "data_wait": {"share_batch_32": None, "share_batch_256": None, "pass_if": "both <= 0.10"},
     "digest": {"first": None, "second": None, "pass_if": "first == second"},
+    "graphs": {"batches": None, "eager_ratio_batch_32": None,
+               "pass_if": "ratio >= 0.85 at 16 and 32, >= 0.95 at 256; eager_ratio_batch_32 >= 0.90"},
 }
 PARTS = {"syncs": ["host_syncs"], "speed": ["speed_vs_bare", "bf16_vs_fp16", "peak_memory"],
-         "production": ["production", "data_wait"], "digest": ["digest"]}
+         "production": ["production", "data_wait"], "digest": ["digest"], "graphs": ["graphs"]}
 out = pathlib.Path(os.environ["GPU_CHECK_OUT"])
 asked_for = os.environ["GPU_CHECK_PARTS"].split(",")
 ran = [p for p in PARTS if p in asked_for and os.environ["GPU_CHECK_STATUS"] != "no-gpu"]
@@ -420,6 +429,9 @@ if errors:
     res["error"] = " | ".join(errors)
 pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "digest.json").write_text(json.dumps({"digest": res}))
 EOF
+
+# --- 5. CUDA graphs: the loop graphed and eager against a bare step eager and graphed (its own file) -------
+part graphs 180 < "$(dirname "$0")/gpu_check_graphs.py"
 
 summarise "$([ "$REHEARSE" = 1 ] && echo rehearsal || echo done)" > "$OUT/summary.json"
 cat "$OUT/summary.json"

@@ -77,3 +77,18 @@ def test_dry_run_at_2176_gpus_keeps_the_default_per_rank_batches(tmp_path):
     table = r.output.split("# batch schedule")[1].splitlines()
     assert [line.split()[2:4] for line in table[2:5]] == [["139264", "64"], ["278528", "128"], ["557056", "256"]]
     assert "mpirun" in r.output and "-np 2176" in r.output
+
+
+def test_cuda_graphs_switch_takes_auto_and_off_only(tmp_path, capsys):
+    import pytest
+
+    from torus_train.cli import main
+
+    for value in ("auto", "off"):
+        r = CliRunner().invoke(cli, ["run", "--dry-run", "--out", str(tmp_path / value), "--set",
+                                     f"model.cuda_graphs={value}"])
+        assert r.exit_code == 0, r.output
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--dry-run", "--out", str(tmp_path / "on"), "--set", "model.cuda_graphs=on"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "torus-train: error: model.cuda_graphs: 'on' is not one of auto, off\n"

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
-CHECKS = {"host_syncs", "speed_vs_bare", "bf16_vs_fp16", "peak_memory", "production", "data_wait", "digest"}
-PARTS = {"syncs", "speed", "production", "digest"}
-ORDER = ["syncs", "speed", "production", "digest"]
+CHECKS = {"host_syncs", "speed_vs_bare", "bf16_vs_fp16", "peak_memory", "production", "data_wait", "digest",
+          "graphs"}
+PARTS = {"syncs", "speed", "production", "digest", "graphs"}
+ORDER = ["syncs", "speed", "production", "digest", "graphs"]
+FILE_PARTS = {"graphs": "gpu_check_graphs.py"}  # parts whose program is a file of its own beside the script
 
 
 def run(*args: str, env: dict | None = None):
@@ -55,9 +57,14 @@ def test_without_a_gpu_it_says_so_and_prints_the_documented_skeleton(tmp_path):
 def test_embedded_programs_compile_and_fit_in_eight_minutes():
     text = SCRIPT.read_text()
     parts = re.findall(r"^part (\w+) (\d+) <<'EOF'\n(.*?)^EOF$", text, flags=re.S | re.M)
-    assert {name for name, _, _ in parts} == PARTS
+    files = re.findall(r"^part (\w+) (\d+) < \"\$\(dirname \"\$0\"\)/(\S+)\"$", text, flags=re.M)
+    assert {name for name, _, _ in parts} | {name for name, _, _ in files} == PARTS
+    assert {name: f for name, _, f in files} == FILE_PARTS
     for name, _, body in parts:
         compile(body, f"gpu_check:{name}", "exec")
+    for name, limit, f in files:
+        compile((SCRIPT.parent / f).read_text(), f, "exec")
+        assert int(limit) <= 180, name
     assert sum(int(limit) for _, limit, _ in parts) < 8 * 60
 
 
@@ -135,3 +142,23 @@ def test_one_part_without_dali_still_checks_the_rest_and_says_what_is_missing(tm
     assert doc["checks"]["data_wait"]["share_batch_256"] is not None
     for name in ("host_syncs", "speed_vs_bare", "bf16_vs_fp16", "peak_memory", "digest"):
         assert doc["checks"][name]["ok"] is None and doc["checks"][name]["seconds"] is None, name
+
+
+@pytest.mark.slow
+def test_the_graphs_part_rehearses_on_the_cpu_with_every_field_filled(tmp_path):
+    """--rehearse --parts graphs: the part's program end to end on the CPU at batch 2, 4 and 8 (nothing is
+    captured there), every column of every batch filled, the ratio its columns' quotient."""
+    r = subprocess.run(["bash", str(SCRIPT), "--rehearse", "--parts", "graphs", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=900, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert (doc["status"], doc["parts"]) == ("rehearsal", ["graphs"])
+    graphs = doc["checks"]["graphs"]
+    assert "error" not in graphs and sorted(graphs["batches"], key=int) == ["2", "4", "8"]
+    for batch, row in graphs["batches"].items():
+        assert None not in row.values(), batch
+        assert min(row[k] for k in ("ours_graphed_img_s", "ours_eager_img_s", "bare_eager_img_s",
+                                    "bare_graphed_img_s")) > 0, batch
+        assert abs(row["ratio"] - row["ours_graphed_img_s"] / row["bare_graphed_img_s"]) < 0.01, batch
+        assert row["capture_seconds"] == 0.0  # no capture on the CPU
+    assert graphs["eager_ratio_batch_32"] > 0

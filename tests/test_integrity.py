@@ -21,6 +21,7 @@ from torus_train.train import checkpoint as ckpt
 from torus_train.train import faults
 from torus_train.train.report import truncate_metrics
 from torus_train.train.state import check_identity, job_identity
+from torus_train.comm.buckets import BucketedModel
 from torus_train.train.step import bit_digest, check_nonfinite, check_replicas, train_step
 
 pytestmark = pytest.mark.timeout(60)
@@ -184,7 +185,7 @@ def scaler_run(monkeypatch, k=3):
     spec = JobSpec()
     spec.job.max_nonfinite_steps = k
     pos = types.SimpleNamespace(global_step=0, epoch=0, step_in_epoch=0, images=0)
-    rs = types.SimpleNamespace(ddp=model, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+    rs = types.SimpleNamespace(ddp=BucketedModel(model, None, 25), model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                loss_fn=torch.nn.CrossEntropyLoss(), amp_dtype=None, spec=spec, pos=pos,
                                scaler=torch.amp.GradScaler("cpu"), skip_counts=None, skipped_steps=0,
                                nonfinite_in_a_row=0, boot=types.SimpleNamespace(info=types.SimpleNamespace(rank=0)))

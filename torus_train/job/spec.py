@@ -153,6 +153,9 @@ class ModelSection:
     """NHWC memory format for activations and weights (faster convolutions on tensor cores)."""
     precision: str = "fp16"
     """fp32 | fp16 | bf16 forward/backward; fp16 uses a GradScaler; CPU ranks always run fp32."""
+    cuda_graphs: str = "auto"
+    """auto | off: auto replays each stage's whole step as one CUDA graph on CUDA ranks with NCCL (docs/graphs.md);
+    off, and every other rank, runs the same step eagerly."""
 
 
 @dataclass
@@ -274,6 +277,7 @@ class JobSpec:
         _choice("launch.launcher", self.launch.launcher, launcher_choices())
         _choice("launch.container_runtime", self.launch.container_runtime, ("singularity", "apptainer"))
         _choice("model.precision", self.model.precision, ("fp32", "fp16", "bf16"))
+        _choice("model.cuda_graphs", self.model.cuda_graphs, ("auto", "off"))
         _choice("data.loader", self.data.loader, ("auto", "dali", "torchvision"))
         _choice("data.on_corrupt", self.data.on_corrupt, ("fail", "skip"))
         _choice("data.stage", self.data.stage, ("none", "node"))

@@ -1,7 +1,7 @@
-"""The parts a rank trains with, each built from the spec: model, DDP with the torus hook, loaders, AMP."""
+"""The parts a rank trains with, each built from the spec: model, owned gradient buckets exchanged with
+comm.algo, loaders, AMP."""
 from __future__ import annotations
 
-import inspect
 import random
 import time
 from typing import Any
@@ -11,10 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torchvision
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-from torus_train.comm.hooks import TorusHookState, allreduce_hook
+from torus_train.comm.buckets import BucketedModel
+from torus_train.comm.hooks import TorusHookState
 from torus_train.data import loader_config
 from torus_train.data.base import LoaderRequest
 from torus_train.data.readers import decode_threads
@@ -62,55 +60,28 @@ def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
                  trust_coefficient=o.trust_coefficient)
 
 
-def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> nn.Module:
-    """DDP (buckets, overlap with backward) with the gradient exchange of comm.algo as its comm hook.
+def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> BucketedModel:
+    """Data parallelism with owned gradient buckets (comm/buckets.py: overlap with backward as DDP, and
+    capturable in a CUDA graph, which DDP's reducer is not), exchanged with comm.algo.
 
-    comm.algo names an entry of torus_train.job.algorithms: its `hook` says whether torus-train's hook or DDP's
-    own all-reduce exchanges, its `asynchronous` whether the hook overlaps (torus-sync does not, for comparisons).
-    broadcast_buffers=False: no broadcast of the BatchNorm statistics before every forward (training uses batch
-    statistics); step.sync_buffers makes them rank 0's before evaluation and checkpoints.
+    comm.algo names an entry of torus_train.job.algorithms: its `hook` says whether the torus hook's algorithm
+    or the backend's own all-reduce (ddp: flat, with fp16/bf16 compression as DDP's compress hooks) exchanges,
+    its `asynchronous` whether the exchange overlaps (torus-sync does not, for comparisons). BatchNorm
+    statistics are not broadcast before every forward (training uses batch statistics); step.sync_buffers
+    makes them rank 0's before evaluation and checkpoints.
     """
-    # torch >= 2.14 names the switch forward_sync_buffers (broadcast_buffers warns); both still sync at init
-    no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
-               else "broadcast_buffers")
-    ddp = DDP(model, device_ids=[boot.device] if boot.device.type == "cuda" else None,
-              bucket_cap_mb=spec.comm.bucket_mb, gradient_as_bucket_view=True, **{no_sync: False})
     compression = None if spec.comm.compression == "none" else spec.comm.compression
     mode = ALGORITHMS.get(spec.comm.algo)
-    if not mode.hook:  # DDP's own all-reduce
-        if compression:
-            hook = default_hooks.fp16_compress_hook if compression == "fp16" else default_hooks.bf16_compress_hook
-            ddp.register_comm_hook(None, hook)
-        return ddp
     state = TorusHookState(boot.groups, algo=mode.same_as or mode.name, compression=compression,
                            asynchronous=mode.asynchronous)
-    ddp.register_comm_hook(state, allreduce_hook)
-    ddp.torus_hook_state = state  # closed (its exchange thread joined) when training ends
-    return ddp
+    return BucketedModel(model, state, spec.comm.bucket_mb)
 
 
-def prime_buckets(ddp: nn.Module, spec: JobSpec, device: torch.device) -> None:
-    """One throw-away forward/backward so that DDP rebuilds its buckets now, before the first real step.
-
-    DDP regroups gradients into buckets by their ready order after its first backward. Doing that before
-    training (and before a resume loads its checkpoint) gives every run the same buckets from step 1 on, so a
-    resumed run sums gradients in the same order as a straight one and ends with the same bits.
-    """
-    saved = {k: v.clone() for k, v in ddp.module.state_dict().items()}
-    size = spec.data.image_size
-    x = torch.zeros(2, 3, size, size, device=device)
-    if spec.model.channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    ddp(x).float().sum().backward()
-    ddp.module.load_state_dict(saved)  # BatchNorm statistics as they were
-    ddp.module.zero_grad(set_to_none=True)
-
-
-def time_step(ddp: nn.Module, spec: JobSpec, device: torch.device, micro_batch: int, accumulation: int) -> float:
+def time_step(dp: BucketedModel, spec: JobSpec, device: torch.device, micro_batch: int, accumulation: int) -> float:
     """Seconds of a throw-away training step (forward, backward and exchange of ``accumulation`` passes of
     ``micro_batch`` zero images; no data, no update; the second of two), for the ETA before the first step. Every rank calls
-    it (the backward exchanges). Parameters, BatchNorm statistics and gradients are left as they were."""
-    saved = {k: v.clone() for k, v in ddp.module.state_dict().items()}
+    it (the backward exchanges). Parameters and BatchNorm statistics are left as they were, gradients zero."""
+    saved = {k: v.clone() for k, v in dp.module.state_dict().items()}
     size = spec.data.image_size
     x = torch.zeros(micro_batch, 3, size, size, device=device)
     if spec.model.channels_last:
@@ -118,12 +89,14 @@ def time_step(ddp: nn.Module, spec: JobSpec, device: torch.device, micro_batch: 
     seconds = 0.0
     for _ in range(2):  # the second pass is timed: the first at a new shape pays one-time kernel set-up
         t0 = time.perf_counter()
-        ddp(x).float().sum().backward()
+        dp.zero_grad()
+        dp(x).float().sum().backward()
+        dp.finish()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = (time.perf_counter() - t0) * accumulation
-    ddp.module.load_state_dict(saved)
-    ddp.module.zero_grad(set_to_none=True)
+    dp.module.load_state_dict(saved)
+    dp.zero_grad()
     return seconds
 
 

@@ -1,6 +1,7 @@
 """The training loop of one rank (run by torus_train.ranks.worker), as a sequence of named calls:
 
-    rs = start(spec, boot, out, stop)       model, DDP with the torus hook, optimizer, schedule, buckets, AMP
+    rs = start(spec, boot, out, stop)       model, owned gradient buckets exchanged with comm.algo,
+                                            optimizer (LR on the device), schedule, AMP, CUDA graphs
     resume(rs)                              the latest complete checkpoint of this job, when asked
     for each epoch:
         switch_stage(rs, epoch)             a new loader when the batch grows
@@ -22,15 +23,19 @@ import torch.nn as nn
 from torus_train.errors import RunFailed
 from torus_train.job.spec import JobSpec
 from torus_train.job.rank import Bootstrap
-from torus_train.train.build import (amp_settings, build_loader, build_model, build_optimizer, prime_buckets,
-                                     seed_everything, time_step, wrap_ddp)
+import torch
+
+from torus_train.train.build import (amp_settings, build_loader, build_model, build_optimizer, seed_everything,
+                                     time_step, wrap_ddp)
 from torus_train.train.eta import Eta
 from torus_train.train.faults import Fault, install
 from torus_train.train.checkpoint import write_atomic
 from torus_train.train.report import (Progress, log_interval, new_interval, rank_report, record_eval,
                                       record_resume, record_stage, summary, summary_text)
 from torus_train.train.state import RunState, resume, save
-from torus_train.train.step import check_replicas, evaluate, param_digest, set_lr, sync_buffers, train_step
+from torus_train.train.graphs import StepGraph, wanted as graphs_wanted
+from torus_train.train.step import (check_replicas, evaluate, param_digest, set_lr, set_step, sync_buffers,
+                                    train_step)
 from torus_train.train.stop import StopRequest, StopRequested
 from torus_train.train.timing import StepTimes
 from torus_train.train.writer import APPENDER
@@ -47,6 +52,7 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
     rs = start(spec, boot, out, stop or StopRequest())
     if fault is not None:
         install(fault, rs)
+        rs.graphs = None  # an injected fault acts in Python per step, which a graph replay would not run
     if resume_run and resume(rs, regrid):
         record_resume(rs)
     rs.t0 = time.time()
@@ -68,8 +74,8 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
     model = build_model(spec, boot.device)
     ddp = wrap_ddp(model, spec, boot)
     optimizer = build_optimizer(model, spec)
+    optimizer.use_device_lr(boot.device)  # written before each step, read by the step on the device
     schedule = spec.schedule.at(boot.info.world_size)
-    prime_buckets(ddp, spec, boot.device)
     first = schedule.stages[0]
     prior = time_step(ddp, spec, boot.device, first.micro_batch, first.accumulation)
     amp_dtype, scaler = amp_settings(spec, boot.device)
@@ -78,9 +84,11 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
         progress.prior = (prior, first.global_batch)
     if progress and boot.device.type != "cuda" and spec.model.precision != "fp32":
         progress.say(f"CPU ranks run fp32 (model.precision = {spec.model.precision} applies on GPUs)")
+    graphs = StepGraph(progress.say if progress else None) if graphs_wanted(spec, boot) else None
     return RunState(spec, boot, out, stop, schedule, ddp, optimizer,
                     nn.CrossEntropyLoss(label_smoothing=spec.schedule.label_smoothing), amp_dtype, scaler, progress,
-                    times=StepTimes(model, boot.device), corrupt=CorruptLog())
+                    times=StepTimes(model, boot.device), corrupt=CorruptLog(),
+                    step_now=torch.zeros((), dtype=torch.int64, device=boot.device), graphs=graphs)
 
 
 def switch_stage(rs: RunState, epoch: int) -> None:
@@ -92,6 +100,8 @@ def switch_stage(rs: RunState, epoch: int) -> None:
         rs.loader = build_loader(rs.spec, rs.boot, "train", stage.per_rank_batch, rs.corrupt)
         rs.loader_batch = stage.per_rank_batch
         record_stage(rs, epoch, stage)
+        if rs.graphs is not None:
+            rs.graphs.new_stage()  # new shapes: captured again after the stage's warm-up
     if rs.progress:
         announce_eta(rs)
 
@@ -124,6 +134,7 @@ def run_epoch(rs: RunState, epoch: int) -> bool:
             continue
         lr = rs.schedule.lr_at(epoch + i / steps)
         set_lr(rs.optimizer, lr)
+        set_step(rs, rs.pos.global_step + 1)
         rs.times.start(data_seconds)
         interval["loss"] += train_step(rs, images, labels, stage.accumulation)
         rs.times.stop()
@@ -193,8 +204,7 @@ def finish(rs: RunState) -> dict:
     for loader in (rs.loader, rs.val_loader):  # loader workers and DALI pipelines go now, not at exit
         if loader is not None:
             loader.close()
-    if getattr(rs.ddp, "torus_hook_state", None) is not None:
-        rs.ddp.torus_hook_state.close()
+    rs.ddp.close()  # the exchange thread joined, the gradient hooks removed
     if rs.spec.checkpoint.at_end:
         save(rs, "end of training")  # checks the replicas before it writes
     else:

@@ -3,7 +3,9 @@
 ``build_optimizer`` puts every parameter with more than one dimension (conv and linear weights) into a group
 with weight decay, and every 1-D parameter (BatchNorm scale and shift, biases) into a group without it; for
 LARS the 1-D group also skips the trust ratio and takes a plain momentum step (as in MLPerf's reference).
-The training loop sets ``group["lr"]`` on every group each step.
+The training loop sets the LR each step (train/step.py set_lr): after ``use_device_lr`` every group's
+``lr`` is one 0-dim float32 tensor on the parameters' device, written before each step and read by the step on
+the device, so that a step captured in a CUDA graph takes each replay's LR. Checkpoints hold it as a float.
 
 Both optimizers skip a step on the device (``_step_supports_amp_scaling``, as torch's fused optimizers do): the
 GradScaler, or train/step.py for bf16/fp32, sets ``optimizer.found_inf`` (a 0-dim float tensor, 1 = skip) and,
@@ -32,7 +34,32 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
-class SGD(torch.optim.SGD):
+class DeviceLR:
+    """The LR of every group in one device tensor (use_device_lr), saved and loaded as a float."""
+
+    def use_device_lr(self, device) -> torch.Tensor:
+        lr = torch.tensor(float(self.param_groups[0]["lr"]), dtype=torch.float32, device=device)
+        for group in self.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        for group in state["param_groups"]:
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"] = float(group["lr"])  # a host read, at a checkpoint only
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        lr = self.param_groups[0]["lr"]
+        super().load_state_dict(state_dict)
+        if isinstance(lr, torch.Tensor):  # the step keeps reading the same tensor (a captured graph holds it)
+            lr.fill_(float(self.param_groups[0]["lr"]))
+            for group in self.param_groups:
+                group["lr"] = lr
+
+
+class SGD(DeviceLR, torch.optim.SGD):
     """torch's fused momentum SGD (one kernel per device and dtype, found_inf and grad_scale read on the device),
     with momentum buffers that start at zero.
 
@@ -60,7 +87,7 @@ class SGD(torch.optim.SGD):
             group["fused"], group["foreach"] = True, None
 
 
-class LARS(torch.optim.Optimizer):
+class LARS(DeviceLR, torch.optim.Optimizer):
     """Layer-wise adaptive rate scaling (You et al. 2017) with momentum, in MLPerf's form.
 
     For each parameter tensor w of a group with ``lars=True``:

@@ -76,6 +76,11 @@ class RunState:
     """timing.StepTimes: this rank's data and compute seconds per step (the straggler report)."""
     corrupt: Any = None
     """data.base.CorruptLog: the files skipped under data.on_corrupt = skip, over every loader of the run."""
+    step_now: Any = None
+    """The number of the step being taken, a 0-dim int64 device tensor the loop writes before each step
+    (step.set_step), which a captured step reads."""
+    graphs: Any = None
+    """graphs.StepGraph when the step is replayed from CUDA graphs (model.cuda_graphs = auto on NCCL), else None."""
 
     @property
     def rank0(self) -> bool:

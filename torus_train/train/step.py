@@ -16,8 +16,22 @@ log = logging.getLogger("torus_train.train")
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The LR of every group: written into the optimizer's device tensor where it has one (train/optim.py:
+    a captured step reads it there), else the group's float."""
+    written = set()
     for g in optimizer.param_groups:
-        g["lr"] = lr
+        if isinstance(g["lr"], torch.Tensor):
+            if id(g["lr"]) not in written:  # the groups share one tensor: one fill
+                g["lr"].fill_(lr)
+                written.add(id(g["lr"]))
+        else:
+            g["lr"] = lr
+
+
+def set_step(rs, step: int) -> None:
+    """The number of the step about to run, in the device tensor the skip counts read (count_skips)."""
+    if getattr(rs, "step_now", None) is not None:
+        rs.step_now.fill_(step)
 
 
 def nonfinite_flag(model: nn.Module) -> torch.Tensor:
@@ -43,27 +57,42 @@ def step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> No
 
 def train_step(rs, images, labels, accumulation: int) -> torch.Tensor:
     """One optimizer step over ``accumulation`` micro-batches; returns the mean loss on this rank as a float64
-    tensor on the device (read once per logging interval, not per step).
+    tensor on the device (read once per logging interval, not per step). With CUDA graphs (rs.graphs,
+    train/graphs.py) the step is replayed from its capture; else step_body runs eagerly."""
+    graphs = getattr(rs, "graphs", None)
+    if graphs is not None:
+        return graphs.step(rs, images, labels, accumulation)
+    return step_body(rs, images, labels, accumulation)
 
-    No host read: a step with non-finite gradients is skipped by the optimizer on the device (the GradScaler's
-    found_inf with fp16, nonfinite_flag otherwise) and counted on the device (count_skips); check_nonfinite
-    reads the counts at each logging interval and before anything is saved."""
-    rs.optimizer.zero_grad(set_to_none=True)
+
+def step_body(rs, images, labels, accumulation: int) -> torch.Tensor:
+    """The step itself, eager or captured alike: no host read and nothing decided by the host per step.
+
+    zero the gradient buckets; forward and backward per micro-batch (the buckets' exchange starts during the
+    last backward, comm/buckets.py); join the exchange; the update, which skips a step with non-finite
+    gradients on the device (the GradScaler's found_inf with fp16, nonfinite_flag otherwise) and counts it on
+    the device (count_skips); check_nonfinite reads the counts at each logging interval and before anything
+    is saved. The LR and the step number come from device tensors the loop writes before the step."""
+    dp = rs.ddp
+    dp.zero_grad()
     total = torch.zeros((), dtype=torch.float64, device=images.device)
     for i, (x, y) in enumerate(zip(images.chunk(accumulation), labels.chunk(accumulation))):
-        # DDP exchanges gradients only on the last micro-batch; the others accumulate locally
-        with rs.ddp.no_sync() if i < accumulation - 1 else contextlib.nullcontext():
-            with torch.autocast(x.device.type, dtype=rs.amp_dtype, enabled=rs.amp_dtype is not None):
-                loss = rs.loss_fn(rs.ddp(x), y) / accumulation
+        # the exchange runs on the last micro-batch only; the others accumulate locally
+        with dp.no_sync() if i < accumulation - 1 else contextlib.nullcontext():
+            # no autocast cache: a cast weight cached across a capture's boundary would be a stale tensor
+            with torch.autocast(x.device.type, dtype=rs.amp_dtype, enabled=rs.amp_dtype is not None,
+                                cache_enabled=False):
+                loss = rs.loss_fn(dp(x), y) / accumulation
             (rs.scaler.scale(loss) if rs.scaler else loss).backward()
         total += loss.detach().float()
+    dp.finish()
     if rs.scaler is not None:
         # LARS and SGD take found_inf and the scale themselves: GradScaler.step reads nothing back
         rs.scaler.step(rs.optimizer)
         found = sum(v.float() for v in rs.scaler._found_inf_per_device(rs.optimizer).values())
         rs.scaler.update()
     else:
-        found = nonfinite_flag(rs.ddp.module)
+        found = nonfinite_flag(dp.module)
         step_unless(rs.optimizer, found)
     count_skips(rs, found)
     return total
@@ -74,11 +103,13 @@ SKIP_COUNTS = ("in a row now", "total", "last skipped step", "step the limit was
 
 def count_skips(rs, found: torch.Tensor) -> None:
     """Count a skipped step (found > 0) on the device, as SKIP_COUNTS; check_nonfinite reads them. The step
-    numbers are host integers written into device tensors (a copy to the device, never a read back)."""
+    number is the device tensor rs.step_now (set_step), or the host's count where there is none."""
     skipped = found > 0
     if rs.skip_counts is None:
         rs.skip_counts = torch.zeros(len(SKIP_COUNTS), dtype=torch.int64, device=found.device)
-    c, step, limit = rs.skip_counts, rs.pos.global_step + 1, rs.spec.job.max_nonfinite_steps
+    step = getattr(rs, "step_now", None)
+    c, limit = rs.skip_counts, rs.spec.job.max_nonfinite_steps
+    step = rs.pos.global_step + 1 if step is None else step
     c[0] = (c[0] + 1) * skipped
     c[1] += skipped
     c[2] = torch.where(skipped, step, c[2])

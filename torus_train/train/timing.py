@@ -36,6 +36,15 @@ class StepTimes:
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._handles = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self._params]
         self._last_param = None  # the last parameter whose hook fired (first step: to keep only its hook)
+        self._whole = False  # a captured step: compute is the whole step (no hook runs inside a graph replay)
+
+    def whole_step(self) -> None:
+        """From here on, compute ends when the step does (the step is replayed from a CUDA graph, where no
+        Python hook runs): the gradient hooks go."""
+        self._whole = True
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
     def _grad_ready(self, param) -> None:
         self._last_param = param
@@ -55,6 +64,10 @@ class StepTimes:
 
     def stop(self) -> None:
         """The step's backward has returned."""
+        if self._whole:
+            if self._events is not None:
+                self._events[1].record()
+            self._last = time.perf_counter()
         if self._events is not None:
             self._pending.append(self._events)
             self._events = None

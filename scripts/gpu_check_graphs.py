@@ -1,0 +1,155 @@
+"""gpu_check.sh's part `graphs` (run by it as parts/graphs.py beside parts/shrunk.py): the loop with its step
+replayed as a CUDA graph against the same loop eager, a bare eager step, and the ceiling, a bare step with the
+torus's three NCCL phases captured whole in one graph (shared/probes/graph_step_probe.py's program), at per-GPU
+batch 16, 32 and 256, in one process, rounds alternating. Writes parts/graphs.json: {"graphs": {"batches":
+{BATCH: {ours_graphed_img_s, ours_eager_img_s, bare_eager_img_s, bare_graphed_img_s, ratio,
+capture_seconds}}, "ok"}}. A rehearsal runs it on the CPU at batch 2, 4 and 8 (nothing is captured there:
+capture_seconds is 0.0 and every column is eager; it checks the program, not the speed)."""
+import json
+import os
+import pathlib
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torchvision
+
+import shrunk
+from torus_train.train import loop
+from torus_train.train.stop import StopRequest
+
+OUT = pathlib.Path(os.environ["GPU_CHECK_OUT"]) / "graphs"
+QUICK = os.environ.get("GPU_CHECK_QUICK") == "1"
+BATCHES = (2, 4, 8) if shrunk.REHEARSAL else (16, 32, 256)
+WARM, STEPS = (5, 2) if shrunk.REHEARSAL else (8, 10 if QUICK else 20)  # WARM > the loop's warm-up + capture
+ROUNDS = 1 if QUICK or shrunk.REHEARSAL else 2
+PASS = dict(zip(BATCHES, (0.85, 0.85, 0.95)))  # ratio = ours_graphed / bare_graphed at least this, per batch
+EAGER_PASS = 0.90  # ours_eager / bare_eager at batch 32 (the second batch) at least this
+BUCKET = 25 * 2**20 // 2  # fp16 elements of a bare bucket (25 MiB)
+
+boot = shrunk.world_of_one()
+dev = boot.device
+
+
+def ours(batch, graphs):
+    """img/s of the loop's steps after WARM (train/loop.py, in process), and its capture seconds."""
+    shrunk.fresh_memory(dev)
+    spec = shrunk.loop_spec(str(OUT), batch, WARM + STEPS)
+    spec.model.cuda_graphs = "auto" if graphs else "off"
+    rs = loop.start(spec, boot, OUT, StopRequest())
+    loop.switch_stage(rs, 0)
+    mark, real = {}, loop.train_step
+
+    def train_step(rs_, *a, **k):
+        if rs_.pos.global_step == WARM:
+            shrunk.sync(dev)
+            mark["t"] = time.perf_counter()
+        return real(rs_, *a, **k)
+
+    loop.train_step = train_step
+    try:
+        loop.run_epoch(rs, 0)
+    finally:
+        loop.train_step = real
+    shrunk.sync(dev)
+    img_s = (rs.pos.global_step - WARM) * batch / (time.perf_counter() - mark["t"])
+    capture = sum(rs.graphs.capture_seconds) if rs.graphs is not None else 0.0
+    if graphs and not shrunk.REHEARSAL and not (rs.graphs and rs.graphs.capture_seconds):
+        raise RuntimeError("the loop did not capture its step (model.cuda_graphs = auto on NCCL)")
+    rs.loader.close()
+    rs.ddp.close()
+    return img_s, capture
+
+
+def bare(batch, graphed):
+    """The probe's bare step: ResNet-50, fp16 autocast, a fixed loss scale, fused SGD, gradients exchanged in
+    25 MiB buckets with the torus's three phases over the world of one; captured whole when `graphed`."""
+    shrunk.fresh_memory(dev)
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(num_classes=1000).to(dev).to(memory_format=torch.channels_last)
+    params = list(model.parameters())
+    buckets, cur, n = [], [], 0
+    for p in reversed(params):
+        cur.append(p)
+        n += p.numel()
+        if n >= BUCKET:
+            buckets.append(cur)
+            cur, n = [], 0
+    buckets += [cur] if cur else []
+    amp = shrunk.amp_dtype(dev)
+    flats = [torch.empty(sum(p.numel() for p in b), device=dev, dtype=amp or torch.float32) for b in buckets]
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=True)
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    size = 64 if shrunk.REHEARSAL else 224
+    x = torch.randn(batch, 3, size, size, device=dev).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device=dev)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast(dev.type, dtype=amp, enabled=amp is not None, cache_enabled=False):
+            loss = loss_fn(model(x), y)
+        (loss * 1024.0).backward()
+        for b, flat in zip(buckets, flats):
+            torch.cat([p.grad.reshape(-1) for p in b], out=flat)
+            piece = torch.empty_like(flat)  # a world of one: the row's piece is the whole bucket
+            dist.reduce_scatter_tensor(piece, flat)
+            dist.all_reduce(piece)
+            dist.all_gather_into_tensor(flat, piece)
+            pieces = torch.split(flat, [p.numel() for p in b])
+            torch._foreach_copy_([p.grad for p in b], [t.view(p.shape) for t, p in zip(pieces, b)])
+        opt.step()
+
+    run = step
+    if dev.type == "cuda":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        if graphed:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step()
+            run = g.replay
+    for i in range(WARM + STEPS):
+        if i == WARM:
+            shrunk.sync(dev)
+            t = time.perf_counter()
+        run()
+    shrunk.sync(dev)
+    return STEPS * batch / (time.perf_counter() - t)
+
+
+def measure(batch):
+    runs = {"ours_graphed": [], "ours_eager": [], "bare_eager": [], "bare_graphed": []}
+    capture = []
+    for r in range(ROUNDS):  # alternate the order: drift and clocks hurt every column alike
+        order = list(runs) if r % 2 == 0 else list(reversed(runs))
+        for which in order:
+            if which == "ours_graphed":
+                img_s, seconds = ours(batch, True)
+                capture.append(seconds)
+            elif which == "ours_eager":
+                img_s, _ = ours(batch, False)
+            else:
+                img_s = bare(batch, which == "bare_graphed")
+            runs[which].append(img_s)
+    row = {f"{k}_img_s": round(statistics.median(v), 1) for k, v in runs.items()}
+    row["ratio"] = round(row["ours_graphed_img_s"] / row["bare_graphed_img_s"], 3)
+    row["capture_seconds"] = round(statistics.median(capture), 3)
+    row["ok"] = row["ratio"] >= PASS[batch]
+    return row
+
+
+rows = {}
+for batch in BATCHES:
+    rows[str(batch)] = measure(batch)
+    print(json.dumps({batch: rows[str(batch)]}), flush=True)
+at = rows[str(BATCHES[1])]  # batch 32 (4 in a rehearsal)
+eager_ratio = round(at["ours_eager_img_s"] / at["bare_eager_img_s"], 3)
+res = {"batches": rows, "eager_ratio_batch_32": eager_ratio,
+       "ok": all(r["ok"] for r in rows.values()) and eager_ratio >= EAGER_PASS}
+assert all(v is not None for r in rows.values() for v in r.values())
+pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "graphs.json").write_text(json.dumps({"graphs": res}))

@@ -1,0 +1,196 @@
+"""Data parallelism without DDP's reducer: gradients in flat buckets that torus-train owns, each bucket averaged
+with comm.algo as soon as its last gradient is in, so that the exchange overlaps backward as DDP's does, and
+so that the whole step can be captured in one CUDA graph (DDP's reducer cannot be: docs/graphs.md).
+
+    dp = BucketedModel(model, TorusHookState(groups, algo="torus"), bucket_mb=25)
+    dp.zero_grad()                     # the flat buckets to zero (the gradients are views of them)
+    loss = loss_fn(dp(x), y)           # forward, as the model itself
+    loss.backward()                    # each bucket's exchange starts when its gradients are all in
+    dp.finish()                        # joined: every gradient is the average over the ranks
+    optimizer.step()
+
+1. Buckets: the parameters in reverse order (the order backward produces their gradients), cut where a bucket
+   would pass its size (the first bucket 1 MiB, as DDP: the exchange starts early) or the dtype changes. Each
+   bucket is one flat tensor; every parameter's ``.grad`` is a view of it with the parameter's own strides
+   (channels_last weights too), so backward accumulates straight into the bucket and nothing is copied.
+2. A hook per parameter (register_post_accumulate_grad_hook) counts the bucket's gradients; when a bucket is
+   complete, it and every complete bucket after the last one launched are exchanged, in bucket order: every
+   rank issues the same collectives in the same order, whatever order backward finished them in.
+3. The exchange is the torus hook's (torus_train.comm.hooks): divide by the world size first, then the
+   algorithm; CUDA buckets on NCCL on a side stream that waits for backward (the current stream waits for it
+   in finish(), no host wait: capturable), CPU buckets on the hook state's one background thread.
+``no_sync()`` skips the exchange (micro-batches before the last of a step accumulate locally, as in DDP).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from torus_train.comm.hooks import TorusHookState, exchange_cuda, reduce_bucket
+
+FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket: small, so that the exchange starts early in backward
+
+
+@dataclass
+class Bucket:
+    """One flat gradient buffer and the parameters whose gradients are views of it."""
+
+    index: int
+    params: list
+    flat: torch.Tensor
+    views: list
+    """Each parameter's gradient: a view of ``flat`` with the parameter's strides."""
+    pending: int = 0
+    """Gradients of this step not in yet."""
+    futures: list = field(default_factory=list)
+
+
+def plan_buckets(params: list, bucket_bytes: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[list]:
+    """The parameters in reverse order, cut into buckets of at most ``bucket_bytes`` (the first at most
+    ``first_bytes``, and never more than the others) or where the dtype changes; a parameter larger than the cap is a bucket of its own."""
+    buckets, cur, size = [], [], 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        cap = min(first_bytes, bucket_bytes) if not buckets else bucket_bytes
+        if cur and (size + nbytes > cap or p.dtype != cur[0].dtype):
+            buckets.append(cur)
+            cur, size = [], 0
+        cur.append(p)
+        size += nbytes
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+class BucketedModel:
+    """A model whose gradients are averaged over the ranks in owned buckets (see the module docstring).
+
+    Called like the model; ``module`` is the model itself (its state_dict has no prefix)."""
+
+    def __init__(self, module: nn.Module, state: TorusHookState | None, bucket_mb: float,
+                 first_bytes: int = FIRST_BUCKET_BYTES):
+        self.module = module
+        self.torus_hook_state = state
+        """The exchange's settings (algorithm, groups, wire dtype, where it runs); None: a world of one."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = [self._bucket(i, ps) for i, ps in
+                        enumerate(plan_buckets(params, int(bucket_mb * 2**20), first_bytes))]
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+        self._syncing = True
+        self._launched = 0
+        self._cuda = bool(self.buckets) and self.buckets[0].flat.is_cuda
+        self._nccl = state is not None and self._cuda and state.groups.backend == "nccl"
+        self.zero_grad()
+        if state is not None and dist.is_initialized():
+            broadcast_state(module)  # every rank starts from rank 0's parameters and buffers, as DDP does
+
+    @staticmethod
+    def _bucket(index: int, params: list) -> Bucket:
+        flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        views, offset = [], 0
+        for p in params:  # the gradient keeps the parameter's strides (DDP's gradient_as_bucket_view)
+            views.append(flat.as_strided(p.shape, p.stride(), offset))
+            p.grad = views[-1]
+            offset += p.numel()
+        return Bucket(index, params, flat, views, pending=len(params))
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def zero_grad(self) -> None:
+        """Every gradient to zero (one fill per bucket) and the bucket counts reset for the next backward."""
+        for b in self.buckets:
+            b.flat.zero_()
+            for p, view in zip(b.params, b.views):
+                if p.grad is not view:
+                    p.grad = view  # set to None elsewhere (module.zero_grad()): views again
+        self._reset()
+
+    def _reset(self) -> None:
+        for b in self.buckets:
+            b.pending = len(b.params)
+            b.futures = []
+        self._launched = 0
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward inside accumulates into the buckets without exchanging (a micro-batch before the last)."""
+        before, self._syncing = self._syncing, False
+        try:
+            yield
+        finally:
+            self._syncing = before
+
+    def _grad_ready(self, param) -> None:
+        if not self._syncing:
+            return
+        b = self._bucket_of[id(param)]
+        b.pending -= 1
+        while self._launched < len(self.buckets) and self.buckets[self._launched].pending == 0:
+            self._launch(self.buckets[self._launched])
+            self._launched += 1
+
+    def _launch(self, b: Bucket) -> None:
+        state = self.torus_hook_state
+        if state is None:
+            return
+        if self._nccl:
+            if not state.asynchronous:
+                exchange_cuda(state, b.flat)
+                return
+            side = state.stream(b.flat.device)
+            side.wait_stream(torch.cuda.current_stream(b.flat.device))  # backward wrote the bucket
+            with torch.cuda.stream(side):
+                exchange_cuda(state, b.flat)
+            return
+        if self._cuda:  # CUDA buckets on a host backend: through host memory (not capturable)
+            torch.cuda.current_stream(b.flat.device).synchronize()
+            host = b.flat.to("cpu")
+            reduce_bucket(state, host)
+            b.flat.copy_(host)
+            return
+        if not state.asynchronous:
+            reduce_bucket(state, b.flat)
+            return
+        b.futures.append(state.pool().submit(reduce_bucket, state, b.flat))
+
+    def finish(self) -> None:
+        """Join the exchange: every bucket launched (those with a parameter that got no gradient now, in
+        order), every gradient averaged; the current stream waits for the side stream, the host waits for CPU
+        exchanges only. Then the counts are reset for the next backward."""
+        if self._syncing:
+            for b in self.buckets[self._launched:]:
+                self._launch(b)
+            for b in self.buckets:
+                for f in b.futures:
+                    f.result()  # an exchange's error surfaces here, in the training thread
+            state = self.torus_hook_state
+            if self._nccl and state is not None and state.asynchronous:
+                torch.cuda.current_stream(self.buckets[0].flat.device).wait_stream(
+                    state.stream(self.buckets[0].flat.device))
+        self._reset()
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self.torus_hook_state is not None:
+            self.torus_hook_state.close()
+
+
+def broadcast_state(module: nn.Module) -> None:
+    """Parameters and buffers from rank 0: every tensor's bytes in one flat byte tensor, one broadcast."""
+    tensors = [t for t in list(module.parameters()) + list(module.buffers()) if t.numel()]
+    if not tensors:
+        return
+    raw = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+    flat = torch.cat(raw)
+    dist.broadcast(flat, 0)
+    with torch.no_grad():
+        for t, piece in zip(tensors, flat.split([r.numel() for r in raw])):
+            t.copy_(piece.clone().view(t.dtype).view(t.shape))  # clone: aligned for a wider dtype
