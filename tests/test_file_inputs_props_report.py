@@ -248,14 +248,41 @@ def test_hostile_bench_rows_for_calibrate(place, rows, compare):
                                                  for s in (1024, 1 << 20)]))
     extra = ["--compare", "b.json"] if compare else []
     fit = "good.json" if compare else "b.json"
+    _plan_json(place, ["plan", "calibrate", fit, *extra, "--cores", "2", "--llc-mib", "32"])
+
+
+def _plan_json(place: Path, args: list[str]) -> None:
+    """One plan example writing cal.json: exit 2 with one line, or exit 0 with standard JSON (no NaN or
+    Infinity) and nothing else in place changed."""
+    if (place / "cal.json").exists():
+        (place / "cal.json").unlink()
     before = tree_digest(place, skip="run")
     with contextlib.chdir(place):
-        code, out, err = invoke("plan", "calibrate", fit, *extra, "--cores", "2", "--llc-mib", "32")
+        code, out, err = invoke(*args, "--json", "cal.json")
     COUNT["examples"] += 1
     COUNT["exit0" if code == 0 else "exit2"] += 1
     assert "Traceback" not in err and code in (0, 2), err
     if code == 2:
         assert err.startswith("torus-train: error:") and err.count("\n") == 1, err
+        assert tree_digest(place, skip="run") == before
     else:
-        assert "# summary:" in out and "nan" not in out.lower().replace("nanos", "")
-    assert tree_digest(place, skip="run") == before
+        assert no_nan((place / "cal.json").read_text())["written_by"].startswith("torus-train plan")
+        assert tree_digest(place, skip="run", exclude=place / "cal.json") == before
+
+
+@pytest.fixture(scope="module")
+def module_names() -> list[str]:
+    from torus_train.plan.timeline import model_layers
+    return sorted({layer.name.rsplit(".", 1)[0] for layer in model_layers("resnet50", 224, 1000)})
+
+
+@pytest.mark.timeout(600)
+@settings(SETTINGS, max_examples=15)
+@given(changes=st.lists(st.tuples(st.integers(0, 200), st.one_of(HOSTILE, JSON_VALUES)), max_size=3),
+       base=st.sampled_from([1e-3, 1e6, 1e-320]))
+def test_hostile_layer_profiles(place, module_names, changes, base):
+    doc = {name: base for name in module_names}
+    for i, value in changes:
+        doc[module_names[i % len(module_names)]] = value
+    (place / "layers.json").write_text(json.dumps(doc))
+    _plan_json(place, ["plan", "--gpus", "8", "--grid", "2x4", "--layer-profile", "layers.json"])

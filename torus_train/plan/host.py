@@ -97,13 +97,18 @@ class StepProfile:
         return max(0.0, self.loop_seconds - sum(self.alone()))
 
 
+MAX_PROFILE_SECONDS = 1e6
+"""A profile's times (a step's parts, a module's backward): at most 1e6 s, so that sums and shares stay finite."""
 PROFILE_FIELDS = (
     Field("model", "str"), Field("image_size", "int", 1, 1 << 20), Field("batch", "int", 1, 1 << 30),
     Field("num_classes", "int", 1, 1 << 31), Field("threads", "int", 1, 1 << 16),
-    Field("forward_seconds", "number", 0), Field("backward_seconds", "number", 0),
-    Field("optimizer_seconds", "number", 0), Field("modules", "dict"), Field("cores", "int", 1, 1 << 20, optional=True),
-    Field("background", "number", 0, optional=True), Field("colocated", "int", 1, 1 << 20, optional=True),
-    Field("loop_seconds", "number", 0, optional=True), Field("clock", "str", optional=True, choices=("cpu", "wall")),
+    Field("forward_seconds", "number", 0, MAX_PROFILE_SECONDS),
+    Field("backward_seconds", "number", 0, MAX_PROFILE_SECONDS),
+    Field("optimizer_seconds", "number", 0, MAX_PROFILE_SECONDS), Field("modules", "dict"),
+    Field("cores", "int", 1, 1 << 20, optional=True), Field("background", "number", 0, 1 << 20, optional=True),
+    Field("colocated", "int", 1, 1 << 20, optional=True),
+    Field("loop_seconds", "number", 0, MAX_PROFILE_SECONDS, optional=True),
+    Field("clock", "str", optional=True, choices=("cpu", "wall")),
 )
 """A step profile's JSON (``profile_to_json``): every field the prediction reads."""
 
@@ -123,11 +128,11 @@ def read_step_profile(path: str, flag: str = "--layer-profile") -> StepProfile:
 
 
 def check_module_seconds(d: object, where: str) -> dict:
-    """{module name: backward seconds}: finite, >= 0, not all zero."""
+    """{module name: backward seconds}: finite, in [0, MAX_PROFILE_SECONDS], not all zero."""
     if not isinstance(d, dict) or not d:
         raise UserError(f"{where}: must hold {{module name: seconds >= 0}}, not an empty or other value")
     for name, v in d.items():
-        check({"v": v}, (Field("v", "number", 0),), f"{where}: {name!r}")
+        check({"seconds": v}, (Field("seconds", "number", 0, MAX_PROFILE_SECONDS),), f"{where}: {name!r}")
     if not sum(d.values()) > 0:
         raise UserError(f"{where}: every module's seconds are 0; measure the profile again")
     return {k: float(v) for k, v in d.items()}
