@@ -212,3 +212,22 @@ def test_bench_rows_are_recognised_as_bench_output(bench):
     bench.write_text(json.dumps([{"algo": "torus"}]))
     with pytest.raises(Exception, match="did not write"):
         check_json_output(bench, WRITER)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("args,named", [
+    (["plan", "calibrate", "F"], "BENCH.json: F: F is a FIFO"),
+    (["plan", "calibrate", "B", "--compare", "F"], "--compare: F: F is a FIFO"),
+    (["plan", "--gpus", "8", "--layer-profile", "F"], "--layer-profile: F: F is a FIFO"),
+    (["plan", "compare-run", "R", "--calibrate", "B", "--layer-profile", "P"], "R/metrics.jsonl is a FIFO"),
+])
+def test_plan_inputs_that_are_fifos_are_refused_by_name(bench, tmp_path, run, args, named):
+    os.mkfifo(tmp_path / "F")
+    (run / "job.json").write_text("{}")
+    (run / "metrics.jsonl").unlink()
+    os.mkfifo(run / "metrics.jsonl")
+    (tmp_path / "P").write_text("{}")
+    args = [{"F": "F", "B": "b.json", "R": "r", "P": "P"}.get(a, a) for a in args]
+    out = subprocess.run([sys.executable, "-m", "torus_train", *args], capture_output=True, text=True, timeout=100,
+                         cwd=tmp_path)  # a read of the FIFO would block here forever
+    assert_one_line_error(out.returncode, out.stderr, named.replace("R/", "r/") + ", not a regular file")

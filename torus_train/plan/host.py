@@ -39,7 +39,7 @@ from pathlib import Path
 from torus_train.errors import UserError
 from torus_train.job.algorithms import DEFAULT
 from torus_train.plan.timeline import layers_with_profile, timeline
-from torus_train.userfiles import Field, check, read_json, read_json_lines
+from torus_train.userfiles import Field, check, check_regular, read_json, read_json_lines
 
 
 @dataclass
@@ -245,8 +245,9 @@ def read_run(out: str, flag: str = "plan compare-run") -> RunRecord:
     naming the file and the field when one cannot be used."""
     d = Path(out)
     for name in ("job.json", "summary.json", "metrics.jsonl"):
-        if not (d / name).is_file():
+        if not (d / name).exists():
             raise UserError(f"{flag}: {d / name} is missing: give the --out folder of a finished `torus-train run`")
+        check_regular(d / name, flag)  # a FIFO or device is named, never opened
     where = {name: f"{flag}: {d / name}" for name in ("job.json", "summary.json", "metrics.jsonl")}
     job_json = read_json(d / "job.json", where["job.json"])
     job = check(job_json, JOB_FIELDS, where["job.json"])
