@@ -1,6 +1,6 @@
 """Property-based tests over what `report`, `plan` and `plan calibrate` read and write (issue 33), beside
-test_file_inputs_props.py: hostile metrics.jsonl lines, summary.json, bench rows and output targets, each run
-through the real entry point in process. Every example ends in exit 0 with a correct result, or exit 2 with one
+test_file_inputs_props.py: hostile metrics.jsonl lines, summary.json (a FIFO among them), bench rows, layer
+profiles and --json targets, each run through the real entry point in process. Every example ends in exit 0 with a correct result, or exit 2 with one
 line; never a traceback, never a hang (a deadline per example, a time limit per test), and no file outside the
 one asked for changes. Kept fast: bounded examples, report without its PNG except in one small test.
 """

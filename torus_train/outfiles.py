@@ -69,8 +69,6 @@ class Writer:
 def plot_formats() -> tuple[str, ...]:
     """The suffixes a plot may have: what matplotlib's canvas writes (the static list without matplotlib)."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         return tuple(sorted(FigureCanvasAgg.get_supported_filetypes()))
     except ImportError:
@@ -137,7 +135,7 @@ def write_json(path: str | os.PathLike, doc: Any, writer: Writer, flag: str = "-
     if isinstance(doc, dict):
         doc = {MARKER_FIELD: writer.marker, **doc}
     text = json.dumps(doc, indent=1) + "\n"
-    _replace(path, writer, flag, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
+    _replace(path, writer, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
              lambda: check_json_output(path, writer, flag))
 
 
@@ -146,15 +144,16 @@ def save_figure(fig, path: str | os.PathLike, writer: Writer, flag: str, **savef
     fmt = plot_format(path, flag)
     if fmt in PLOT_METADATA:
         savefig["metadata"] = {PLOT_METADATA[fmt][0]: writer.marker}
-    _replace(path, writer, flag, lambda tmp: fig.savefig(tmp, format=fmt, **savefig),
+    _replace(path, writer, lambda tmp: fig.savefig(tmp, format=fmt, **savefig),
              lambda: check_plot_output(path, writer, flag))
 
 
-def _replace(path, writer: Writer, flag: str, fill: Callable[[str], None], recheck: Callable[[], None]) -> None:
+def _replace(path, writer: Writer, fill: Callable[[str], None], recheck: Callable[[], None]) -> None:
     """Fill a temporary beside ``path``, check the target once more (something may have appeared), rename."""
     recheck()
     target = Path(os.fspath(path))
-    tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    # beside the target (one file system: the rename is atomic); a short name, whatever the target's length
+    tmp = target.with_name(f".{writer.marker.replace(' ', '-')}.partial-{os.getpid()}")
     try:
         fill(str(tmp))
         recheck()
