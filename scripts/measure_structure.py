@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "torus_train"
 
 # Lowest first. A module may import from its own package and from any package before it in this list.
-ORDER = ("errors", "registry", "cache", "outdir", "userfiles", "specs", "job", "comm", "data", "plan", "train", "ranks",
-         "bench", "commands", "cli", "__main__")
+ORDER = ("errors", "registry", "cache", "outdir", "userfiles", "outfiles", "specs", "job", "comm", "data", "plan",
+         "train", "ranks", "bench", "commands", "cli", "__main__")
 
 # Modules that import torch at their top: a rank's training, the collectives, the torch loaders. Every other
 # module is pure: importing it never imports torch (`--help`, `run --dry-run`, `plan` and the launcher stay free

@@ -42,7 +42,9 @@ def test_finished_run_png_and_json(tmp_path):
     assert r.exit_code == 0, r.output
     assert "finished" in r.output and "target 80%: passed after epoch 3" in r.output
     assert (run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    figures = json.loads((tmp_path / "a.json").read_text())[0]
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc["written_by"] == "torus-train report" and doc["skipped_lines"] == 0
+    figures = doc["runs"][0]
     assert len(figures["intervals"]) == 6 and [e["top1"] for e in figures["evals"]] == pytest.approx([0.3, 0.6, 0.9])
     assert [s["global_batch"] for s in figures["stages"]] == [128, 256] and len(figures["ranks"]) == 2
 
@@ -61,8 +63,9 @@ def test_running_run_with_a_torn_line_and_a_failed_run_compared(tmp_path):
     assert f"{failed}: failed" in r.output and f"{running}: no summary.json" in r.output
     assert "metrics.jsonl line 12: torn last line" in r.output
     assert "per-rank work left out" in r.output and png.stat().st_size > 10_000
-    figures = json.loads((tmp_path / "b.json").read_text())
-    assert [len(f["evals"]) for f in figures] == [3, 1]
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert [len(f["evals"]) for f in doc["runs"]] == [3, 1]
+    assert [f["skipped_lines"] for f in doc["runs"]] == [1, 0] and doc["skipped_lines"] == 1  # the torn line
 
 
 def test_bad_values_are_left_out_naming_file_line_and_field(tmp_path):
@@ -76,9 +79,11 @@ def test_bad_values_are_left_out_naming_file_line_and_field(tmp_path):
     (run / "summary.json").write_text(json.dumps(summary))
     r = CliRunner().invoke(cli, ["report", str(run), "--no-png", "--json", str(tmp_path / "a.json")])
     assert r.exit_code == 0, r.output
-    assert "metrics.jsonl line 2: field 'loss' is nan, not finite" in r.output
-    assert "metrics.jsonl line 3: field 'step' is '4', not an integer" in r.output
-    assert "summary.json ranks[1]: field 'data_p50' is 'slow'" in r.output
+    assert "metrics.jsonl line 2: loss: nan must be a finite number" in r.output
+    assert "metrics.jsonl line 3: step: '4' must be an integer" in r.output
+    assert "summary.json ranks[1]: data_p50: 'slow' must be a number" in r.output
+    assert "2 line(s) of metrics.jsonl skipped" in r.output
+    assert json.loads((tmp_path / "a.json").read_text())["skipped_lines"] == 2
     assert not (run / "report.png").exists()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,46 @@ KINDS = {
 }
 
 
+def file_type(mode: int) -> str:
+    """What a file that is not a regular file is, for messages ("a FIFO", "a symbolic link", ...)."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_regular(path: str | os.PathLike, where: str) -> None:
+    """Refuse, by name and before opening it, a path that is not a regular file (a FIFO would block the read,
+    a device never end it); symbolic links are followed."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise UserError(f"{where}: {shown_path(p)} does not exist") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the name
+        raise UserError(f"{where}: {shown_path(p)}: {getattr(e, 'strerror', None) or e}") from None
+    if stat.S_ISDIR(mode):
+        raise UserError(f"{where}: {shown_path(p)} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{where}: {shown_path(p)} is {file_type(mode)}, not a regular file")
+
+
+def read_bytes(path: str | os.PathLike, where: str) -> bytes:
+    """The bytes of a regular user file; one line (prefixed ``where``) when missing, not a regular file or
+    unreadable."""
+    check_regular(path, where)
+    try:
+        return Path(path).read_bytes()
+    except (OSError, ValueError) as e:
+        raise UserError(f"{where}: {shown_path(path)}: {getattr(e, 'strerror', None) or e}") from None
+
+
 def read_text(path: str | os.PathLike, where: str) -> str:
-    """The UTF-8 text of a user file; one line (prefixed ``where``) when missing, a folder or unreadable."""
+    """The UTF-8 text of a user file; one line (prefixed ``where``) when missing, a folder, not a regular file
+    or unreadable."""
+    check_regular(path, where)
     p = Path(path)
     try:
         return p.read_text(encoding="utf-8")
@@ -117,13 +156,23 @@ def _check_field(obj: dict, f: Field, where: str) -> Any:
 
 
 def _check_range(v: float, f: Field, where: str) -> float:
-    if f.kind == "number" and not math.isfinite(v):
-        raise UserError(f"{where}: {f.path}: {v} must be a finite number")
+    if f.kind == "number" and not finite(v):
+        raise UserError(f"{where}: {f.path}: {_short(v)} must be a finite number")
     if f.low is not None and (v < f.low or (f.low_open and v == f.low)):
         raise UserError(f"{where}: {f.path}: {_short(v)} must be {'>' if f.low_open else '>='} {f.low:g}")
     if f.high is not None and v > f.high:
         raise UserError(f"{where}: {f.path}: {_short(v)} must be <= {f.high:g}")
     return int(v) if f.kind == "int" else float(v)
+
+
+def finite(v: Any) -> bool:
+    """True for an int or float (not a bool) that is a finite float: 10**400 is not (it overflows a float)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _short(v: Any) -> str:

@@ -12,11 +12,12 @@ algorithm's own output.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 
+from torus_train import outfiles
 from torus_train.errors import UserError
+from torus_train.outfiles import Writer
 from torus_train.job.algorithms import BASELINE, runnable
 from torus_train.job.topology import Grid, check_grid_size, choose_grid
 
@@ -246,19 +247,29 @@ def _fmt_time(us: float) -> str:
     return f"{us:.1f}" if us < 1e6 else f"{us:.0f}"
 
 
+ROW_KEYS = frozenset(("algo", "grid", "size_bytes", "time_us", "busbw_gbps", "wrong"))
+"""Keys every row of `--json` has (a Row's, and those of earlier versions): how an earlier output is known."""
+
+
+def is_bench_rows(doc: object) -> bool:
+    """True for a `bench allreduce --json` output: a non-empty list of rows. It stays a plain list (plan
+    calibrate and the scripts read it as one), so it carries no marker field and is known by its shape."""
+    return isinstance(doc, list) and bool(doc) and all(isinstance(r, dict) and ROW_KEYS <= r.keys() for r in doc)
+
+
+WRITER = Writer("bench allreduce", recognise=is_bench_rows)
+"""--json and --plot replace only an earlier output of `bench allreduce` (torus_train/outfiles.py)."""
+
+
 def write_json(rows: list[Row], path: str) -> None:
-    with open(path, "w") as f:
-        json.dump([asdict(r) for r in rows], f, indent=1)
-        f.write("\n")
+    outfiles.write_json(path, [asdict(r) for r in rows], WRITER)
 
 
 def plot(rows: list[Row], path: str, title: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UserError("--plot needs matplotlib: pip install 'torus-train[plot]'") from None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for algo in dict.fromkeys(r.algo for r in rows):
         pts = [(r.size_bytes, r.busbw_gbps) for r in rows if r.algo == algo]
@@ -270,4 +281,7 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    try:
+        outfiles.save_figure(fig, path, WRITER, "--plot", dpi=110)
+    finally:
+        plt.close(fig)

@@ -9,11 +9,12 @@ import click
 
 from torus_train.bench import allreduce as B
 from torus_train.commands.bench_input import bench_input
-from torus_train.errors import UserError, check_number, check_output_file
+from torus_train.errors import UserError, check_number
 from torus_train.job import gpus
 from torus_train.job.algorithms import runnable
 from torus_train.job.launch import inside_launched_rank, launcher_here, plan_here, usable_cpus
 from torus_train.job.topology import Grid, parse_grid
+from torus_train.outfiles import check_distinct, check_json_output, check_plot_output
 from torus_train.ranks.bootstrap import free_port, rank_info
 from torus_train.ranks.diagnosis import rank_failure
 from torus_train.ranks.localrun import run_local_ranks
@@ -61,9 +62,11 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
         raise UserError(f"--nprocs {nprocs} must be at least 1 and at most {B.MAX_LOCAL_RANKS} (local ranks; "
                         "start more with mpirun or srun)")
     check_number(timeout, "--timeout")
-    for path, flag in ((json_path, "--json"), (plot_path, "--plot")):
-        if path is not None:
-            check_output_file(path, flag)
+    if json_path is not None:
+        check_json_output(json_path, B.WRITER)
+    if plot_path is not None:
+        check_plot_output(plot_path, B.WRITER, "--plot")
+    check_distinct({"--json": json_path, "--plot": plot_path})
     cfg = B.BenchConfig(B.parse_size(minbytes, "-b"), B.parse_size(maxbytes, "-e"), stepfactor, iters, warmup,
                         bool(check), B.DTYPES.get(datatype.lower(), datatype),
                         [a.strip() for a in algos.split(",") if a.strip()])

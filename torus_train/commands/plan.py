@@ -6,14 +6,14 @@ No torch here: only `plan --check-groups` imports it, inside torus_train.plan.ch
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import click
 from click.core import ParameterSource
 
-from torus_train.errors import UserError, check_output_file
+from torus_train.errors import UserError
+from torus_train.outfiles import Writer, check_distinct, check_json_output, write_json
+from torus_train.plan.calibrate import MAX_CORES
 from torus_train.plan.calibrate_report import CalibrateRequest, calibrate_report
+from torus_train.plan.plots import WRITER
 from torus_train.plan.predict import PlanRequest, predict
 from torus_train.plan.run_report import CompareRunRequest, compare_run as compare
 
@@ -45,15 +45,20 @@ def _json_option(f):
                         help="Write the result as JSON.")(f)
 
 
-def _check_json(path: str | None) -> None:
-    """Before any work: the --json file can be written."""
+CALIBRATE_WRITER = Writer("plan calibrate")
+COMPARE_RUN_WRITER = Writer("plan compare-run")
+"""Each plan command's --json (and the main plan's pictures, plots.WRITER) replaces only its own earlier output."""
+
+
+def _check_json(path: str | None, writer: Writer) -> None:
+    """Before any work: the --json file can be written (absent, or an earlier output of the same command)."""
     if path is not None:
-        check_output_file(path, "--json")
+        check_json_output(path, writer)
 
 
-def _write_json(path: str | None, doc: dict) -> None:
+def _write_json(path: str | None, doc: dict, writer: Writer) -> None:
     if path:
-        Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(path, doc, writer)
         click.echo(f"# wrote {path}")
 
 
@@ -109,8 +114,9 @@ def plan(ctx: click.Context, json_path, **options) -> None:
     if ctx.invoked_subcommand is not None:
         _no_plan_options(ctx)
         return
-    _check_json(json_path)
-    _write_json(json_path, predict(PlanRequest(**options), click.echo))
+    _check_json(json_path, WRITER)
+    check_distinct({"--json": json_path, "--plot": options["plot"], "--png": options["png"]})
+    _write_json(json_path, predict(PlanRequest(**options), click.echo), WRITER)
 
 
 def _no_plan_options(ctx: click.Context) -> None:
@@ -130,7 +136,7 @@ def _no_plan_options(ctx: click.Context) -> None:
 @click.option("--compare", default=None, metavar="OTHER.json",
               help="A bench file (or comma-separated files) of another grid: its measured busbw beside the "
                    "predicted one.")
-@click.option("--cores", type=click.IntRange(min=1), default=None,
+@click.option("--cores", type=click.IntRange(1, MAX_CORES), default=None,
               help="CPU cores for the oversubscription term [default: this machine's].")
 @click.option("--background", type=float, default=0.0, show_default=True,
               help="Other runnable processes that shared the cores during the bench (e.g. its load average "
@@ -147,8 +153,8 @@ def calibrate(json_path, **options) -> None:
       torus-train plan calibrate bench_2x2.json --grid 2x4
       torus-train plan calibrate bench_2x2.json --compare bench_2x4.json --cores 2
     """
-    _check_json(json_path)
-    _write_json(json_path, calibrate_report(CalibrateRequest(**options), click.echo))
+    _check_json(json_path, CALIBRATE_WRITER)
+    _write_json(json_path, calibrate_report(CalibrateRequest(**options), click.echo), CALIBRATE_WRITER)
 
 
 @plan.command("compare-run", short_help="A finished CPU run's measured step against the calibrated prediction.")
@@ -158,7 +164,7 @@ def calibrate(json_path, **options) -> None:
 @click.option("--layer-profile", type=click.Path(dir_okay=False), default=None, metavar="PROF.json",
               help="A step profile of the run's model, from `python -m torus_train.plan.host MODEL PROF.json` "
                    "(required).")
-@click.option("--cores", type=click.IntRange(min=1), default=None,
+@click.option("--cores", type=click.IntRange(1, MAX_CORES), default=None,
               help="CPU cores for the oversubscription term [default: this machine's].")
 @click.option("--background", type=float, default=0.0, show_default=True,
               help="Other runnable processes that shared the cores during the bench.")
@@ -175,5 +181,5 @@ def compare_run(json_path, **options) -> None:
     Example:
       torus-train plan compare-run runs/x --calibrate bench_2x2.json --layer-profile step.json
     """
-    _check_json(json_path)
-    _write_json(json_path, compare(CompareRunRequest(**options), click.echo))
+    _check_json(json_path, COMPARE_RUN_WRITER)
+    _write_json(json_path, compare(CompareRunRequest(**options), click.echo), COMPARE_RUN_WRITER)

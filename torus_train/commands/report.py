@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from torus_train.errors import UserError
+from torus_train.outfiles import check_distinct, check_json_output, check_plot_output
 from torus_train.train import results
 
 
@@ -18,6 +19,8 @@ from torus_train.train import results
 def report(outs, png, json_path, no_png) -> None:
     """Plot a run from its metrics.jsonl and summary.json: loss and top-1 against epoch and wall time, the
     global batch and LR per stage, images/s and data wait, and each rank's own work (the stragglers).
+    Unusable lines of metrics.jsonl are skipped and counted. --png and --json replace only a file an earlier
+    report wrote.
 
     Works on a finished run, a run in progress and a run that failed; several OUT folders are drawn together.
 
@@ -30,11 +33,17 @@ def report(outs, png, json_path, no_png) -> None:
     if not no_png:
         png = png or (str(Path(outs[0]) / "report.png") if len(outs) == 1 else "report.png")
         _require_matplotlib()
+        check_plot_output(png, results.WRITER, "--png")
+    if json_path is not None:
+        check_json_output(json_path, results.WRITER)
+    check_distinct({"--png": png, "--json": json_path})
     runs, notes = results.report(list(outs), None if no_png else png, json_path)
     for run in runs:
         click.echo(f"{run.out}: {run.status}")
         for line in results.summary_lines(run):
             click.echo(f"  {line}")
+        if run.skipped_lines:
+            click.echo(f"  {run.skipped_lines} line(s) of metrics.jsonl skipped (unusable; named below)")
     for line in notes + [f"{r.name}: {s}" for r in runs for s in r.skipped]:
         click.echo(f"left out: {line}")
     for path in (png, json_path):

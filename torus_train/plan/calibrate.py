@@ -22,12 +22,30 @@ from typing import Sequence
 
 import numpy as np
 
-from torus_train.errors import UserError
+from torus_train.errors import UserError, check_number
 from torus_train.job.algorithms import DEFAULT
 from torus_train.job.topology import Grid, parse_grid
 from torus_train.plan.cost import allreduce_cost
 from torus_train.plan.networks import Link, Network
 from torus_train.userfiles import Field, check, read_json
+
+
+MAX_CORES = 1 << 20
+"""--cores: at most a million (beyond any one host)."""
+MAX_BACKGROUND = float(1 << 20)
+"""--background, --run-background: at most a million other runnable processes (beyond any host; keeps the
+model's oversubscription finite)."""
+LLC_MIB_RANGE = (1 / 1024, float(1 << 20))
+"""--llc-mib: from 1 KiB to 1 TiB of last-level cache."""
+
+
+def check_host_options(background: float, llc_mib: float | None, run_background: float | None = None) -> None:
+    """The host model's number options (plan calibrate, plan compare-run) finite and in range, naming the flag."""
+    check_number(background, "--background", 0.0, low_ok=True, high=MAX_BACKGROUND)
+    check_number(run_background, "--run-background", 0.0, low_ok=True, high=MAX_BACKGROUND)
+    check_number(llc_mib, "--llc-mib", 0.0, high=LLC_MIB_RANGE[1])
+    if llc_mib is not None and llc_mib < LLC_MIB_RANGE[0]:
+        raise UserError(f"--llc-mib: {llc_mib:g} MiB is less than 1 KiB; give the cache size in MiB, e.g. 32")
 
 
 def local_coefficients(algo: str, grid: Grid) -> tuple[int, float]:
@@ -188,27 +206,34 @@ def busbw_gbytes_per_s(ranks: int, nbytes: float, seconds: float) -> float:
 
 BENCH_ROW_FIELDS = (
     Field("algo", "str"), Field("grid", "str"), Field("size_bytes", "int", 0, 1 << 50),
-    Field("time_us", "number", 0, low_open=True), Field("wrong", "int", 0, optional=True),
+    Field("time_us", "number", 1e-3, 1e12), Field("wrong", "int", 0, 1 << 62, optional=True),
     Field("backend", "str", optional=True),
 )
-"""What the fit reads from each row of a `bench allreduce --json` file."""
+"""What the fit reads from each row of a `bench allreduce --json` file (a time from 1 ns to 11 days: the fit
+divides by it, so nothing outside overflows)."""
 
 
 def read_bench(path: str, flag: str = "--calibrate") -> list[dict]:
-    """Rows of a `bench allreduce --json` file, each checked for the fields the fit needs."""
+    """Rows of a `bench allreduce --json` file, each checked for the fields the fit needs and reduced to them
+    (converted: int counts, float times; a missing or null ``wrong`` is 0)."""
     where = f"{flag}: {path}"
     data = read_json(path, where)
     if isinstance(data, dict) and isinstance(data.get("rows"), list):
         data = data["rows"]
     if not isinstance(data, list) or not data:
         raise UserError(f"{where} must hold a non-empty JSON list of bench rows (`bench allreduce --json`)")
+    rows = []
     for i, row in enumerate(data):
-        check(row, BENCH_ROW_FIELDS, f"{where}: row[{i}]")
+        values = check(row, BENCH_ROW_FIELDS, f"{where}: row[{i}]")
         try:
-            parse_grid(row["grid"])
+            parse_grid(values["grid"])
         except UserError as e:
             raise UserError(f"{where}: row[{i}].grid: {e}") from None
-    return data
+        values["wrong"] = values["wrong"] or 0  # null, like a missing field: not counted
+        if values["backend"] is None:
+            del values["backend"]
+        rows.append(values)
+    return rows
 
 
 def read_benches(paths: str, flag: str = "--calibrate") -> list[dict]:
@@ -265,8 +290,8 @@ def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = 
     t = np.array([r["time_us"] * 1e-6 for r in used])
     n = np.array([float(r["size_bytes"]) for r in used])
     a = np.stack([fit_terms(algo, g, s, cores, background, llc) for s in n])
-    alpha, beta_c, extra = nonnegative_lstsq(a / t[:, None], np.ones_like(t))
-    if beta_c <= 0:
+    alpha, beta_c, extra = _fit(a, t, f"{flag}: {algo} on {grid}")
+    if beta_c <= 0 or not np.isfinite(1.0 / beta_c):
         raise UserError(f"{flag}: times of {algo} on {grid} do not grow with size "
                         f"({', '.join(f'{int(s)} B: {x * 1e6:.0f} us' for s, x in zip(n, t))}); "
                         f"cannot fit a bandwidth: rerun the bench with more iterations (-n) on a quieter machine")
@@ -277,6 +302,19 @@ def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = 
                        float(1.0 / (beta_c + extra) / 1e9), llc, cores, background,
                        [(int(r["size_bytes"]), float(r["time_us"])) for r in used], len(rows) - len(used), beyond,
                        rms)
+
+
+def _fit(a: np.ndarray, t: np.ndarray, where: str) -> np.ndarray:
+    """(alpha, beta_cache, beta_extra) >= 0 minimising the relative error of a @ x against t; one line when
+    the rows give no finite fit (times and sizes too far apart for floating point)."""
+    try:
+        with np.errstate(all="ignore"):
+            x = nonnegative_lstsq(a / t[:, None], np.ones_like(t))
+    except np.linalg.LinAlgError as e:
+        raise UserError(f"{where}: the fit failed ({e}); check the rows' times and sizes") from None
+    if not np.isfinite(x).all():
+        raise UserError(f"{where}: the fit gave no finite figures; check the rows' times and sizes")
+    return x
 
 
 def _rows_to_fit(rows: Sequence[dict], algo: str | None, grid: str | None,

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from torus_train.errors import UserError, check_number
+from torus_train.errors import UserError
 from torus_train.job.topology import Grid
-from torus_train.plan.calibrate import Calibration, calibrate, compare, host_grid, read_benches
+from torus_train.plan.calibrate import (Calibration, calibrate, check_host_options, compare, host_grid,
+                                        read_benches)
 
 BENCH_ARG = "BENCH.json"
 """What errors about the fitted bench file name: the command's argument."""
@@ -37,8 +38,7 @@ class CalibrateRequest:
     """Bench file(s) of another grid whose measured busbw is printed beside the predicted one."""
 
     def __post_init__(self) -> None:
-        check_number(self.background, "--background", 0.0, low_ok=True)
-        check_number(self.llc_mib, "--llc-mib")
+        check_host_options(self.background, self.llc_mib)
 
     @property
     def llc_bytes(self) -> int | None:

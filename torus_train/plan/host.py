@@ -39,7 +39,7 @@ from pathlib import Path
 from torus_train.errors import UserError
 from torus_train.job.algorithms import DEFAULT
 from torus_train.plan.timeline import layers_with_profile, timeline
-from torus_train.userfiles import Field, check, read_json, read_json_lines
+from torus_train.userfiles import Field, check, check_regular, read_json, read_json_lines
 
 
 @dataclass
@@ -97,13 +97,18 @@ class StepProfile:
         return max(0.0, self.loop_seconds - sum(self.alone()))
 
 
+MAX_PROFILE_SECONDS = 1e6
+"""A profile's times (a step's parts, a module's backward): at most 1e6 s, so that sums and shares stay finite."""
 PROFILE_FIELDS = (
     Field("model", "str"), Field("image_size", "int", 1, 1 << 20), Field("batch", "int", 1, 1 << 30),
     Field("num_classes", "int", 1, 1 << 31), Field("threads", "int", 1, 1 << 16),
-    Field("forward_seconds", "number", 0), Field("backward_seconds", "number", 0),
-    Field("optimizer_seconds", "number", 0), Field("modules", "dict"), Field("cores", "int", 1, 1 << 20, optional=True),
-    Field("background", "number", 0, optional=True), Field("colocated", "int", 1, 1 << 20, optional=True),
-    Field("loop_seconds", "number", 0, optional=True), Field("clock", "str", optional=True, choices=("cpu", "wall")),
+    Field("forward_seconds", "number", 0, MAX_PROFILE_SECONDS),
+    Field("backward_seconds", "number", 0, MAX_PROFILE_SECONDS),
+    Field("optimizer_seconds", "number", 0, MAX_PROFILE_SECONDS), Field("modules", "dict"),
+    Field("cores", "int", 1, 1 << 20, optional=True), Field("background", "number", 0, 1 << 20, optional=True),
+    Field("colocated", "int", 1, 1 << 20, optional=True),
+    Field("loop_seconds", "number", 0, MAX_PROFILE_SECONDS, optional=True),
+    Field("clock", "str", optional=True, choices=("cpu", "wall")),
 )
 """A step profile's JSON (``profile_to_json``): every field the prediction reads."""
 
@@ -123,11 +128,11 @@ def read_step_profile(path: str, flag: str = "--layer-profile") -> StepProfile:
 
 
 def check_module_seconds(d: object, where: str) -> dict:
-    """{module name: backward seconds}: finite, >= 0, not all zero."""
+    """{module name: backward seconds}: finite, in [0, MAX_PROFILE_SECONDS], not all zero."""
     if not isinstance(d, dict) or not d:
         raise UserError(f"{where}: must hold {{module name: seconds >= 0}}, not an empty or other value")
     for name, v in d.items():
-        check({"v": v}, (Field("v", "number", 0),), f"{where}: {name!r}")
+        check({"seconds": v}, (Field("seconds", "number", 0, MAX_PROFILE_SECONDS),), f"{where}: {name!r}")
     if not sum(d.values()) > 0:
         raise UserError(f"{where}: every module's seconds are 0; measure the profile again")
     return {k: float(v) for k, v in d.items()}
@@ -240,8 +245,9 @@ def read_run(out: str, flag: str = "plan compare-run") -> RunRecord:
     naming the file and the field when one cannot be used."""
     d = Path(out)
     for name in ("job.json", "summary.json", "metrics.jsonl"):
-        if not (d / name).is_file():
+        if not (d / name).exists():
             raise UserError(f"{flag}: {d / name} is missing: give the --out folder of a finished `torus-train run`")
+        check_regular(d / name, flag)  # a FIFO or device is named, never opened
     where = {name: f"{flag}: {d / name}" for name in ("job.json", "summary.json", "metrics.jsonl")}
     job_json = read_json(d / "job.json", where["job.json"])
     job = check(job_json, JOB_FIELDS, where["job.json"])

@@ -5,9 +5,12 @@ matplotlib is optional (`pip install 'torus-train[plot]'`) and imported only whe
 from __future__ import annotations
 
 from torus_train.errors import UserError
+from torus_train.outfiles import Writer, save_figure
 from torus_train.plan.networks import Network
 from torus_train.plan.search import Plan, sweep
 
+WRITER = Writer("plan")
+"""The main plan's --json, --plot and --png: replaced only when an earlier `plan` wrote them."""
 PLOT_COUNTS = (64, 128, 256, 512, 1024, 1088, 2048, 2176, 3456, 4096)
 """GPU counts on the plot's x axis: powers of two plus the paper's 1,088, 2,176 and 3,456."""
 
@@ -46,9 +49,7 @@ def plot_curves(net: Network, nbytes: int, path: str, what: str, placement: str,
     ax.set_title(f"{net.name}: {what}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path, "--plot")
 
 
 def plot_timeline(p: Plan, path: str) -> None:
@@ -73,9 +74,15 @@ def plot_timeline(p: Plan, path: str) -> None:
     ax.set_xlabel("ms from the start of the backward pass (dotted: its end)")
     ax.set_title(f"{p.network.name}, {p.gpus} GPUs, grid {p.grid}: {p.model} {p.gradient_dtype}, "
                  f"{p.per_gpu_batch}/GPU, {len(first['buckets'])} DDP buckets")
+    _save(plt, fig, path, "--png")
+
+
+def _save(plt, fig, path: str, flag: str) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, WRITER, flag, dpi=120)
+    finally:
+        plt.close(fig)
 
 
 def _timeline_row(ax, row: int, t: dict, colors) -> None:

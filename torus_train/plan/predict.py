@@ -8,19 +8,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from torus_train.errors import UserError, check_number, check_output_file
+from torus_train.errors import UserError, check_number
+from torus_train.outfiles import check_plot_output
 from torus_train.job.topology import Grid, check_world_size, parse_grid
 from torus_train.plan.checks import MAX_CHECKED_RANKS, check_groups, simulate_grid
 from torus_train.plan.cost import STEP_OVERHEAD
 from torus_train.plan.host import check_module_seconds
 from torus_train.plan.networks import Network, load_network
-from torus_train.plan.plots import plot_curves, plot_timeline, require_matplotlib
+from torus_train.plan.plots import WRITER, plot_curves, plot_timeline, require_matplotlib
 from torus_train.plan.printout import bucket_caps_line, mb, plan_lines
 from torus_train.plan.search import Plan, bucket_sweep, make_plan, verdict
 from torus_train.userfiles import read_json
 
 MAX_BUCKET_MIB = 1 << 20
 """--bucket-cap-mb: 1 TiB, far above any model's gradients (one bucket then holds them all)."""
+IMAGES_PER_SECOND = (1e-3, 1e9)
+"""--images-per-second: the range a GPU's training throughput can be given in (the step time stays finite)."""
+MAX_STEP_OVERHEAD = 100.0
+"""--step-overhead: at most 100 times the compute unhidden per step."""
+MAX_PER_GPU_BATCH = 1 << 30
+"""--per-gpu-batch: at most 2**30 images per GPU per step."""
 
 
 @dataclass(frozen=True)
@@ -68,17 +75,19 @@ class PlanRequest:
 
     def _check_numbers(self) -> None:
         """Every number finite and in range, naming its flag; the step overhead only with the timeline."""
-        check_number(self.images_per_second, "--images-per-second")
+        check_number(self.images_per_second, "--images-per-second", IMAGES_PER_SECOND[0], low_ok=True,
+                     high=IMAGES_PER_SECOND[1])
         check_number(self.overlap, "--overlap", 0.0, low_ok=True, high=1.0)
-        check_number(self.step_overhead, "--step-overhead", 0.0, low_ok=True)
+        check_number(self.step_overhead, "--step-overhead", 0.0, low_ok=True, high=MAX_STEP_OVERHEAD)
         if self.step_overhead is not None and self.overlap is not None:
             raise UserError("--step-overhead belongs to the bucket timeline, which --overlap replaces; leave one out")
         if self.gpus is not None:
             if self.gpus < 1:
                 raise UserError(f"--gpus: {self.gpus} must be at least 1")
             check_world_size(self.gpus, "--gpus")
-        if self.per_gpu_batch < 1:
-            raise UserError(f"--per-gpu-batch: {self.per_gpu_batch} must be a positive integer")
+        if not 1 <= self.per_gpu_batch <= MAX_PER_GPU_BATCH:
+            raise UserError(f"--per-gpu-batch: {self.per_gpu_batch} must be a positive integer, at most "
+                            f"{MAX_PER_GPU_BATCH:,}")
         check_number(self.bucket_cap_mb, "--bucket-cap-mb", 0.0, high=MAX_BUCKET_MIB)
 
     def _check_outputs(self) -> None:
@@ -87,8 +96,8 @@ class PlanRequest:
             raise UserError("--png draws the bucket timeline, which --overlap replaces; leave one out")
         for path, flag in ((self.plot, "--plot"), (self.png, "--png")):
             if path is not None:
-                check_output_file(path, flag)
                 require_matplotlib(flag)
+                check_plot_output(path, WRITER, flag)
 
 
 def predict(req: PlanRequest, echo: Callable[[str], None] = print) -> dict:

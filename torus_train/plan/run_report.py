@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from torus_train.errors import UserError, check_number
+from torus_train.errors import UserError
 from torus_train.job.algorithms import measured_as
 from torus_train.job.topology import Grid
-from torus_train.plan.calibrate import Calibration, calibrate, host_grid, read_benches
+from torus_train.plan.calibrate import Calibration, calibrate, check_host_options, host_grid, read_benches
 from torus_train.plan.host import RunRecord, StepProfile, predict_host_step, read_run, read_step_profile
 from torus_train.plan.timeline import model_layers
 
@@ -34,9 +34,7 @@ class CompareRunRequest:
     """Last-level cache (MiB) the ranks' buffers share; None: this machine's, from /sys."""
 
     def __post_init__(self) -> None:
-        check_number(self.background, "--background", 0.0, low_ok=True)
-        check_number(self.run_background, "--run-background", 0.0, low_ok=True)
-        check_number(self.llc_mib, "--llc-mib")
+        check_host_options(self.background, self.llc_mib, self.run_background)
 
     @property
     def during_run(self) -> float:

@@ -8,24 +8,47 @@ failed. Every value used is checked (type and finiteness); a line or field that 
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torus_train.errors import UserError
+from torus_train.outfiles import Writer, save_figure, write_json
+from torus_train.userfiles import Field, check, check_regular, finite, read_bytes, read_json
 
-INTERVAL_FIELDS = {"step": int, "epoch": int, "global_batch": int, "lr": float, "loss": float,
-                   "images_per_second": float, "data_time": float, "step_time": float, "wall_seconds": float}
-"""A logging interval's line in metrics.jsonl and the type of each field (train/report.py log_interval)."""
-EVAL_FIELDS = {"step": int, "epoch": int, "top1": float, "top5": float, "wall_seconds": float}
-STAGE_FIELDS = {"step": int, "epoch": int, "stage": int, "global_batch": int, "per_rank_batch": int}
-RANK_FIELDS = {"rank": int, "work_p50": float, "compute_p50": float, "data_p50": float}
+WRITER = Writer("report")
+"""report's --json and PNG: replaced only when an earlier report wrote them (torus_train/outfiles.py)."""
+MAX_COUNT = 2**63 - 1
+"""Steps, epochs, batches: what a run writes fits a signed 64-bit integer."""
+MAX_FIGURE = 1e30
+"""Times, rates, losses and LRs: a magnitude beyond this is no figure a run writes (and would not plot)."""
+
+
+def _count(name: str, low: int = 0) -> Field:
+    return Field(name, "int", low, MAX_COUNT)
+
+
+def _figure(name: str, low: float | None = 0.0, high: float = MAX_FIGURE, optional: bool = False) -> Field:
+    return Field(name, "number", -MAX_FIGURE if low is None else low, high, optional=optional)
+
+
+INTERVAL_FIELDS = (_count("step"), _count("epoch"), _count("global_batch", 1), _figure("lr"), _figure("loss", None),
+                   _figure("images_per_second"), _figure("data_time"), _figure("step_time"),
+                   _figure("wall_seconds"))
+"""A logging interval's line in metrics.jsonl and each field's type and range (train/report.py log_interval)."""
+EVAL_FIELDS = (_count("step"), _count("epoch"), _figure("top1", high=1.0), _figure("top5", high=1.0),
+               _figure("wall_seconds"), _figure("val_loss", None, optional=True))
+STAGE_FIELDS = (_count("step"), _count("epoch"), _count("stage"), _count("global_batch", 1),
+                _count("per_rank_batch", 1))
+RANK_FIELDS = (_count("rank"), _figure("work_p50"), _figure("compute_p50"), _figure("data_p50"))
 """summary.json's per-rank rows (train/report.py gather_ranks): the rank's own work per step and its parts."""
 EVENTS = {None: INTERVAL_FIELDS, "eval": EVAL_FIELDS, "stage": STAGE_FIELDS}
 """metrics.jsonl's "event" field (None: a logging interval) -> the fields read from its lines."""
 EVENT_LISTS = {None: "intervals", "eval": "evals", "stage": "stages"}
-SUMMARY_FIELDS = {"steps": int, "wall_seconds": float, "world_size": int}
+SUMMARY_FIELDS = (_count("steps"), _figure("wall_seconds"), _count("world_size", 1),
+                  Field("grid", "str", optional=True), Field("target_top1", "number", 0, 1, low_open=True,
+                                                             optional=True))
+"""What report reads from summary.json (nothing else of it is kept or written back)."""
 SHOWN_SKIPS = 5  # problems named one by one; the rest are counted
 
 
@@ -41,6 +64,8 @@ class Run:
     ranks: list[dict] = field(default_factory=list)
     target: float | None = None
     skipped: list[str] = field(default_factory=list)
+    skipped_lines: int = 0
+    """Lines of metrics.jsonl left out as unusable (not JSON, wrong types, out of range), all counted."""
 
     @property
     def name(self) -> str:
@@ -56,7 +81,7 @@ class Run:
         """The figures the PNG shows, for --json."""
         return {"out": str(self.out), "status": self.status, "target_top1": self.target,
                 "intervals": self.intervals, "evals": self.evals, "stages": self.stages, "ranks": self.ranks,
-                "summary": self.summary, "skipped": self.skipped}
+                "summary": self.summary, "skipped_lines": self.skipped_lines, "skipped": self.skipped}
 
 
 def _failed(out: Path) -> bool:
@@ -64,82 +89,71 @@ def _failed(out: Path) -> bool:
     return any((out / "logs").glob("rank*.failed"))
 
 
-def _check(rec: dict, fields: dict, where: str) -> str:
-    """'' when every field is there with its type and finite, else the first problem."""
-    for name, kind in fields.items():
-        v = rec.get(name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
-            return f"{where}: field {name!r} is {v!r}, not {'an integer' if kind is int else 'a number'}"
-        if not math.isfinite(v):
-            return f"{where}: field {name!r} is {v!r}, not finite"
-    return ""
+def _checked(rec: object, fields: tuple[Field, ...], where: str) -> tuple[dict | None, str]:
+    """(the record's fields, converted, without the missing optional ones; '') or (None, the first problem)."""
+    try:
+        kept = check(rec, fields, where)
+    except UserError as e:
+        return None, str(e)
+    return {k: v for k, v in kept.items() if v is not None}, ""
 
 
 def read_metrics(run: Run) -> None:
+    """Every usable line of metrics.jsonl into the run; each other line is skipped, counted and (the first
+    SHOWN_SKIPS) named. A FIFO or device is refused before it is opened."""
     path = run.out / "metrics.jsonl"
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as e:
-        run.skipped.append(f"{path}: {e.strerror or e}")
-        return
-    lines = text.split("\n")
+    lines = read_bytes(path, "report").split(b"\n")
     problems = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path.name} line {i}"
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            torn = i == len(lines) and not text.endswith("\n")
-            problems.append(f"{where}: {'torn last line (run still writing or stopped)' if torn else 'not JSON'}")
-            continue
-        if not isinstance(rec, dict):
-            problems.append(f"{where}: not a JSON object")
-            continue
-        kind = rec.get("event")
-        if kind not in EVENTS:
-            continue  # other events (resume, ...) are not plotted
-        fields, into = EVENTS[kind], getattr(run, EVENT_LISTS[kind])
-        bad = _check(rec, fields, where)
-        if bad:
-            problems.append(bad)
-            continue
-        if kind == "eval" and not (0 <= rec["top1"] <= 1 and 0 <= rec["top5"] <= 1):
-            problems.append(f"{where}: field 'top1'/'top5' outside [0, 1]")
-            continue
-        kept = {k: rec[k] for k in fields}
-        if kind == "eval" and _finite(rec.get("val_loss")):
-            kept["val_loss"] = rec["val_loss"]
-        into.append(kept)
+    for i, raw in enumerate(lines, 1):
+        if raw.strip():
+            problem = _take_line(run, raw, f"{path.name} line {i}", torn=i == len(lines))
+            if problem:
+                problems.append(problem)
+    run.skipped_lines = len(problems)
     run.skipped += [f"skipped {p}" for p in problems[:SHOWN_SKIPS]]
     if len(problems) > SHOWN_SKIPS:
         run.skipped.append(f"skipped {len(problems) - SHOWN_SKIPS} more line(s) of {path.name}")
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def _take_line(run: Run, raw: bytes, where: str, torn: bool) -> str:
+    """Add one line of metrics.jsonl to the run; '' when used (or another event, not plotted), else why not.
+    torn: the last line, with no newline after it (a run still writing, or stopped mid-line)."""
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return f"{where}: byte {e.start} is not UTF-8 text"
+    except (ValueError, RecursionError):
+        return f"{where}: {'torn last line (run still writing or stopped)' if torn else 'not JSON'}"
+    if not isinstance(rec, dict):
+        return f"{where}: not a JSON object"
+    kind = rec.get("event")
+    if kind is not None and not isinstance(kind, str):
+        return f"{where}: field 'event' is {type(kind).__name__}, not a string"
+    if kind not in EVENTS:
+        return ""  # other events (resume, ...) are not plotted
+    kept, problem = _checked(rec, EVENTS[kind], where)
+    if kept is not None:
+        getattr(run, EVENT_LISTS[kind]).append(kept)
+    return problem
 
 
 def read_summary(run: Run) -> None:
+    """summary.json's checked fields and per-rank rows; a file that cannot be used is said in run.skipped (a FIFO
+    or device is refused before it is opened)."""
     path = run.out / "summary.json"
     if not path.exists():
         return
+    check_regular(path, "report")
     try:
-        s = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        run.skipped.append(f"skipped {path.name}: not readable JSON ({e}); per-rank figures left out")
+        s = read_json(path, "report")
+    except UserError as e:
+        run.skipped.append(f"skipped {path.name}: {str(e).removeprefix('report: ')}; per-rank figures left out")
         return
-    if not isinstance(s, dict):
-        run.skipped.append(f"skipped {path.name}: not a JSON object; per-rank figures left out")
-        return
-    bad = _check(s, SUMMARY_FIELDS, path.name)
+    run.summary, bad = _checked(s, SUMMARY_FIELDS, path.name)
     if bad:
         run.skipped.append(f"skipped {bad}; summary left out")
         return
-    run.summary = s
-    if _finite(s.get("target_top1")):
-        run.target = s["target_top1"]
+    run.target = run.summary.get("target_top1")
     rows = s.get("ranks")
     if rows is None:
         rows = (s.get("stragglers") or {}).get("slowest") if isinstance(s.get("stragglers"), dict) else None
@@ -147,23 +161,23 @@ def read_summary(run: Run) -> None:
         run.skipped.append(f"{path.name}: no per-rank rows ('ranks'); per-rank work left out")
         return
     for i, r in enumerate(rows):
-        bad = _check(r, RANK_FIELDS, f"{path.name} ranks[{i}]") if isinstance(r, dict) else \
-            f"{path.name} ranks[{i}]: not an object"
+        kept, bad = _checked(r, RANK_FIELDS, f"{path.name} ranks[{i}]")
         if bad:
             run.skipped.append(f"skipped {bad}")
-            continue
-        run.ranks.append({k: r[k] for k in RANK_FIELDS})
+        else:
+            run.ranks.append(kept)
 
 
 def read_target(run: Run) -> None:
-    """The accuracy target from job.json when summary.json has none (a run in progress)."""
+    """The accuracy target from job.json when summary.json has none (a run in progress); job.json is optional
+    here, so one that cannot be read (or is no regular file) is passed over."""
     if run.target is not None:
         return
     try:
-        t = json.loads((run.out / "job.json").read_text())["spec"]["eval"]["target_top1"]
-    except (OSError, ValueError, KeyError, TypeError):
+        t = read_json(run.out / "job.json", "report")["spec"]["eval"]["target_top1"]
+    except (UserError, KeyError, TypeError):
         return
-    if _finite(t) and 0 < t <= 1:
+    if finite(t) and 0 < t <= 1:
         run.target = t
 
 
@@ -268,8 +282,10 @@ def plot(runs: list[Run], path: str | Path) -> list[str]:
     title = runs[0].name if len(runs) == 1 else " vs ".join(r.name for r in runs)
     fig.suptitle(f"torus-train report: {title}", fontsize=13)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, WRITER, "--png", dpi=90)
+    finally:
+        plt.close(fig)
     return notes
 
 
@@ -411,11 +427,13 @@ def summary_lines(run: Run) -> list[str]:
 
 
 def report(outs: list[str], png: str | None, json_path: str | None) -> tuple[list[Run], list[str]]:
-    """Read every run, write the PNG and/or the JSON; returns the runs and the notes on what was left out."""
+    """Read every run, write the PNG and/or the JSON; returns the runs and the notes on what was left out.
+    The output paths are checked by the command before (torus_train/outfiles.py)."""
     runs = [read_run(o) for o in outs]
     notes: list[str] = []
     if png:
         notes = plot(runs, png)
     if json_path:
-        Path(json_path).write_text(json.dumps([r.figures() for r in runs], indent=1) + "\n")
+        write_json(json_path, {"runs": [r.figures() for r in runs],
+                               "skipped_lines": sum(r.skipped_lines for r in runs)}, WRITER)
     return runs, notes
