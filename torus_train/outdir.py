@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torus_train.errors import UserError, shown_path
-from torus_train.userfiles import special_kind
+from torus_train.userfiles import check_regular, special_kind
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,12 @@ class FolderKind:
     def holds(self, folder: Path) -> bool:
         """True when ``folder`` is a folder of this kind (its marker reads as one of ours)."""
         return self.read_marker(folder) is not None
+
+    def claims(self, folder: Path, flag: str = "--data") -> bool:
+        """``holds``, for a path a user named: a marker that is a FIFO, a device or a socket is refused by name
+        (UserError naming ``flag``) rather than taken for a folder of another kind."""
+        check_regular(folder / self.marker, flag)
+        return self.holds(folder)
 
     def foreign(self, folder: Path) -> str | None:
         """The first entry of ``folder`` (a folder of this kind) that its writer did not make: not the marker,

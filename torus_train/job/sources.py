@@ -212,6 +212,6 @@ register(DataSource(
     verify="torus_train.data.folder:check_files"))
 register(DataSource(
     "packed", "a packed set: tar shards with an index (torus-train data pack), read by DALI or torchvision",
-    "torus_train.data.packed_source:open_loader", _packed_images, takes_path=True, claims=PACKED_KIND.holds,
+    "torus_train.data.packed_source:open_loader", _packed_images, takes_path=True, claims=PACKED_KIND.claims,
     classes="torus_train.data.packed_source:classes", prepare="torus_train.data.packed_source:prepare",
     verify="torus_train.data.packed_source:check_files", stageable=True))
