@@ -34,9 +34,10 @@ DEMO_TRAIN_IMAGES = 10_000
 
 PACKED_FORMAT = "torus-train packed"
 PACKED_KIND = FolderKind("packed data set", "packed.json",
-                         lambda m: m.get("format") == PACKED_FORMAT and isinstance(m.get("splits"), dict),
+                         lambda m: m.get("format") == PACKED_FORMAT,
                          lambda m: load("torus_train.data.packed:own_files")(m))
-"""How a packed set (data/packed.py) is recognised: its packed.json is one of ours (and lists its shards)."""
+"""How a packed set (data/packed.py) is recognised: its packed.json says our format (the rest is checked when it is
+opened, so a damaged one is named, not taken for a folder), and lists its shards."""
 INDEX_DIR = ".torus-train-index"
 """A data folder's index, at its default place inside the folder (data/index.py)."""
 
