@@ -5,8 +5,8 @@ to the target (same file system, so the rename is atomic) and moved into place o
 or is itself a folder of the same kind made by this project, recognised by its metadata file, that holds only
 what such a writer makes (the files its metadata lists): an older output is replaced whole or not at all.
 Anything else at the target (a file, the user's notes, a data folder, an older output the user added a file
-to) is refused in one line before any work, and again just before the rename, and is left untouched. A writer interrupted half-way leaves only its temporary, whose name
-never looks like a finished folder. No torch import.
+to) is refused in one line before any work, and again just before the rename, and is left untouched. A writer
+interrupted half-way leaves only its temporary, whose name never looks like a finished folder. No torch import.
 """
 from __future__ import annotations
 

@@ -53,8 +53,12 @@ def check_stage_base(stage_dir: str, environ: Mapping[str, str] | None = None) -
     base = stage_base(stage_dir, environ)
     var = next((f"${n}" for n in ENV_DIRS if environ.get(n)), "")
     where = f"data.stage_dir {shown_path(base)}" if stage_dir else f"data.stage = node: {var} {shown_path(base)}"
-    existing = next((q for q in (base, *base.parents) if q.exists()), None)
-    if existing is not None and not existing.is_dir():
+    try:
+        existing = next((q for q in (base, *base.parents) if q.exists()), None)
+        is_dir = existing is None or existing.is_dir()
+    except (OSError, ValueError) as e:
+        raise UserError(f"{where}: {getattr(e, 'strerror', None) or e}") from None
+    if not is_dir:
         what = "is a file" if existing == base else f"lies under the file {shown_path(existing)}"
         raise UserError(f"{where} {what}, not a folder; set data.stage_dir to a node-local folder")
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
