@@ -104,6 +104,12 @@ def test_pack_again_over_a_set_holding_a_users_file_is_refused(source, packed, e
     assert "move that out first" in err
 
 
+def test_pack_again_over_a_set_whose_packed_json_lists_no_files_is_refused(source, packed):
+    edit_meta(packed / "packed.json", lambda m: m.update(splits=[]))
+    refused(packed.parent, "data", "pack", "--data", str(source), "--out", str(packed),
+            words=(f"--out {packed}: an older packed data set whose packed.json is damaged", "left untouched"))
+
+
 def test_index_again_over_an_index_holding_a_users_file_is_refused(source, tmp_path):
     idx = tmp_path / "idx"
     code, _, err = invoke("data", "index", "--data", str(source), "--index", str(idx))

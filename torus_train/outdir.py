@@ -58,11 +58,14 @@ class FolderKind:
 
     def foreign(self, folder: Path) -> str | None:
         """The first entry of ``folder`` (a folder of this kind) that its writer did not make: not the marker,
-        not a file its marker lists, or not a plain file; None when every entry is the writer's own."""
+        not a file its marker lists, or not a plain file; None when every entry is the writer's own. UserError
+        when the marker is too damaged to list its files (nothing there can be told to be the writer's)."""
         try:
             own = {self.marker, *self.files(self.read_marker(folder) or {})}
-        except (KeyError, TypeError, AttributeError, ValueError):  # a marker too damaged to list its files
-            own = {self.marker}
+        except (KeyError, TypeError, AttributeError, ValueError):
+            raise UserError(f"{shown_path(folder)}: an older {self.name} whose {self.marker} is damaged (it does "
+                            f"not list its files); it is left untouched: remove it yourself, or give a new folder "
+                            f"name") from None
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: e.name)
         return next((e.name for e in entries if e.name not in own or not e.is_file(follow_symlinks=False)), None)
@@ -97,7 +100,10 @@ def check_target(target: Path, kind: FolderKind, flag: str) -> None:
                 raise UserError(f"{flag} {shown_path(target)}: the folder exists and is not a {kind.name} of "
                                 f"torus-train ({kind.marker} missing or foreign); it is left untouched: give a new "
                                 f"folder name")
-            extra = kind.foreign(target)
+            try:
+                extra = kind.foreign(target)
+            except UserError as e:
+                raise UserError(f"{flag} {e}") from None
             if extra:
                 raise UserError(f"{flag} {shown_path(target)}: an older {kind.name} that also holds "
                                 f"{shown_path(extra, 40)}, which torus-train did not write there; the folder is "
