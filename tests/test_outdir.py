@@ -89,7 +89,7 @@ def test_foreign_targets_are_refused_untouched(data, tmp_path, case):
 
 
 def test_a_failed_fill_leaves_no_partial_and_keeps_the_old_folder(tmp_path):
-    kind = FolderKind("thing", "meta.json", lambda m: m.get("kind") == "thing")
+    kind = FolderKind("thing", "meta.json", lambda m: m.get("kind") == "thing", lambda m: ())
     target = tmp_path / "t"
     write_folder(target, kind, "--out", lambda p: (p / "meta.json").write_text('{"kind": "thing", "n": 1}'))
 

@@ -2,21 +2,23 @@
 
 The rule: a writer never deletes what it did not write. The new folder is filled under a temporary name next
 to the target (same file system, so the rename is atomic) and moved into place only when the target is absent
-or is itself a folder of the same kind made by this project, recognised by its metadata file. Anything else at
-the target (a file, the user's notes, a data folder) is refused in one line before any work, and again just
-before the rename, and is left untouched. A writer interrupted half-way leaves only its temporary, whose name
-never looks like a finished folder. No torch import.
+or is itself a folder of the same kind made by this project, recognised by its metadata file, that holds only
+what such a writer makes (the files its metadata lists): an older output is replaced whole or not at all.
+Anything else at the target (a file, the user's notes, a data folder, an older output the user added a file
+to) is refused in one line before any work, and again just before the rename, and is left untouched. A writer
+interrupted half-way leaves only its temporary, whose name never looks like a finished folder. No torch import.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from torus_train.errors import UserError, shown_path
+from torus_train.userfiles import check_regular, special_kind
 
 
 @dataclass(frozen=True)
@@ -29,14 +31,44 @@ class FolderKind:
     """The metadata file (JSON) inside every folder of this kind."""
     recognise: Callable[[dict], bool]
     """True when the marker's content is one this project wrote."""
+    files: Callable[[dict], Iterable[str]]
+    """The names of the files a writer of this kind puts beside the marker, given the marker's content."""
+
+    def read_marker(self, folder: Path) -> dict | None:
+        """The marker's content when ``folder`` is a folder of this kind; None otherwise (also when the marker
+        is a FIFO or a device: refused before opening, so nothing blocks)."""
+        path = folder / self.marker
+        if special_kind(path):
+            return None
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError, RecursionError):
+            return None
+        return meta if isinstance(meta, dict) and self.recognise(meta) else None
 
     def holds(self, folder: Path) -> bool:
         """True when ``folder`` is a folder of this kind (its marker reads as one of ours)."""
+        return self.read_marker(folder) is not None
+
+    def claims(self, folder: Path, flag: str = "--data") -> bool:
+        """``holds``, for a path a user named: a marker that is a FIFO, a device or a socket is refused by name
+        (UserError naming ``flag``) rather than taken for a folder of another kind."""
+        check_regular(folder / self.marker, flag)
+        return self.holds(folder)
+
+    def foreign(self, folder: Path) -> str | None:
+        """The first entry of ``folder`` (a folder of this kind) that its writer did not make: not the marker,
+        not a file its marker lists, or not a plain file; None when every entry is the writer's own. UserError
+        when the marker is too damaged to list its files (nothing there can be told to be the writer's)."""
         try:
-            meta = json.loads((folder / self.marker).read_text())
-        except (OSError, ValueError):
-            return False
-        return isinstance(meta, dict) and bool(self.recognise(meta))
+            own = {self.marker, *self.files(self.read_marker(folder) or {})}
+        except (KeyError, TypeError, AttributeError, ValueError):
+            raise UserError(f"{shown_path(folder)}: an older {self.name} whose {self.marker} is damaged (it does "
+                            f"not list its files); it is left untouched: remove it yourself, or give a new folder "
+                            f"name") from None
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        return next((e.name for e in entries if e.name not in own or not e.is_file(follow_symlinks=False)), None)
 
 
 def resolve_target(path: str | os.PathLike, flag: str) -> Path:
@@ -63,10 +95,19 @@ def check_target(target: Path, kind: FolderKind, flag: str) -> None:
         if target.is_symlink() or (target.exists() and not target.is_dir()):
             raise UserError(f"{flag} {shown_path(target)}: a file is there, not a {kind.name}; it is left "
                             f"untouched: give a new folder name")
-        if target.is_dir() and any(target.iterdir()) and not kind.holds(target):
-            raise UserError(f"{flag} {shown_path(target)}: the folder exists and is not a {kind.name} of "
-                            f"torus-train ({kind.marker} missing or foreign); it is left untouched: give a new "
-                            f"folder name")
+        if target.is_dir() and any(target.iterdir()):
+            if not kind.holds(target):
+                raise UserError(f"{flag} {shown_path(target)}: the folder exists and is not a {kind.name} of "
+                                f"torus-train ({kind.marker} missing or foreign); it is left untouched: give a new "
+                                f"folder name")
+            try:
+                extra = kind.foreign(target)
+            except UserError as e:
+                raise UserError(f"{flag} {e}") from None
+            if extra:
+                raise UserError(f"{flag} {shown_path(target)}: an older {kind.name} that also holds "
+                                f"{shown_path(extra, 40)}, which torus-train did not write there; the folder is "
+                                f"left untouched: move that out first, or give a new folder name")
         for q in target.parents:
             if q.exists():
                 if not q.is_dir():

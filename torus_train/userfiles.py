@@ -88,6 +88,7 @@ def read_text(path: str | os.PathLike, where: str) -> str:
     or unreadable."""
     check_regular(path, where)
     p = Path(path)
+    check_regular(p, where)
     try:
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -182,3 +183,26 @@ def _short(v: Any) -> str:
 
 def _kind_of(v: Any) -> str:
     return next((name for name, ok in KINDS.values() if ok(v)), "null" if v is None else type(v).__name__)
+
+
+# What a path holds when it is not a regular file or a folder: opening a FIFO blocks until a writer comes, a
+# device reads forever, a socket does not open; each is refused by name before any open.
+SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it is a FIFO, a device or a socket (one stat, following links); None otherwise,
+    or when it cannot be stat'ed (the open that follows names that error)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((what for test, what in SPECIAL_FILES if test(mode)), None)
+
+
+def check_regular(path: str | os.PathLike, where: str) -> None:
+    """Refuse, before it is opened, a path that is a FIFO, a device or a socket: one line naming it."""
+    what = special_kind(path)
+    if what:
+        raise UserError(f"{where}: {shown_path(path)} is {what}, not a regular file")

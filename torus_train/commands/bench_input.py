@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import time
 
@@ -55,7 +56,8 @@ def _measure(kind: str, root: str, split: str, batch: int, size: int, threads: i
 @click.option("--rounds", default=3, show_default=True,
               help="Rounds that alternate the loaders, so both see the same drift in the machine's load.")
 @click.option("--loaders", default="dali,torchvision", show_default=True, help="Comma-separated loaders to run.")
-@click.option("--device", default="cpu", show_default=True, help="cpu, or cuda (DALI then decodes on the GPU).")
+@click.option("--device", default="cpu", show_default=True,
+              help="cpu, or cuda / cuda:N (DALI then decodes on the GPU).")
 @click.option("--channels-last/--no-channels-last", default=False, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results here.")
 def bench_input(root, split, batch_size, image_size, threads, warmup, batches, rounds, loaders, device,
@@ -77,6 +79,7 @@ def bench_input(root, split, batch_size, image_size, threads, warmup, batches, r
         raise UserError(f"--threads: {threads} must be >= 0")
     if json_path is not None:
         check_output_file(json_path, "--json")
+    check_device(device)
     threads = threads or os.cpu_count() or 1
     s = scan(root, split)  # fail early, naming the path, before any pipeline starts
     click.echo(f"bench input: {s.root} ({len(s)} images, {len(s.classes)} classes), batch {batch_size}, "
@@ -105,6 +108,20 @@ def bench_input(root, split, batch_size, image_size, threads, warmup, batches, r
         with open(json_path, "w") as f:
             json.dump(doc, f, indent=1)
         click.echo(f"wrote {json_path}", err=True)
+
+
+def check_device(device: str) -> None:
+    """--device names a device this machine has: cpu, or cuda[:N] with that GPU present (before the scan)."""
+    m = re.fullmatch(r"cpu|cuda(?::([0-9]{1,4}))?", device)
+    if not m:
+        raise UserError(f"--device: {device[:40]!r} must be cpu, cuda or cuda:N")
+    if device != "cpu":
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(m.group(1) or 0) >= count:
+            raise UserError(f"--device {device}: this machine has {count} CUDA device(s); use --device cpu"
+                            + (f" or cuda:0 to cuda:{count - 1}" if count else ""))
 
 
 def summarize(kind: str, rounds: list[dict]) -> dict:

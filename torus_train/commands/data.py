@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from torus_train.data.demo import generate, read_manifest
-from torus_train.data.index import build_index, load_index
+from torus_train.data.index import build_index, load_index, resolve_data
 from torus_train.data.packed import load_packed, pack as pack_set
 from torus_train.errors import check_output_folder
 from torus_train.errors import UserError
@@ -83,6 +83,7 @@ def index(root: str, location: str | None) -> None:
 def check(root: str, splits: tuple[str, ...], location: str | None) -> None:
     """Check a data folder file by file (layout, empty classes, non-image files, JPEG markers) and, where it
     has an index, that the index lists exactly its files; or a packed set's index and shard checksums."""
+    resolve_data(root)  # a symlink loop is named, not taken for a missing folder
     path_source(root).check_files(root, splits, location, click.echo)
 
 
@@ -91,7 +92,8 @@ def check(root: str, splits: tuple[str, ...], location: str | None) -> None:
 @click.option("--out", "out", required=True, type=click.Path(),
               help="New folder for the packed set (or an older packed set to replace).")
 @click.option("--shard-mb", default=256.0, show_default=True, type=float, help="Target size of a tar shard in MB.")
-@click.option("--seed", default=0, show_default=True, help="Seeds the order of the training samples in the shards.")
+@click.option("--seed", default=0, show_default=True,
+              help="Seeds the order of the training samples in the shards (0 to 2**63-1).")
 def pack(root: str, out: str, shard_mb: float, seed: int) -> None:
     """Pack a data folder into tar shards in WebDataset's layout (KEY.jpg + KEY.cls) with an index that ranks
     open instead of listing files; `run --data SHARDS` reads it."""

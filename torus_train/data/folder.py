@@ -3,7 +3,6 @@ file index (data/index.py) by DALI or torchvision. Its entry is ``folder`` in jo
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from torus_train.data.pipelines import check_class_count, file_loader
 from torus_train.data.base import LoaderRequest
 from torus_train.data.checks import scan, verify_files
 from torus_train.data.index import (SPLITS, DataError, compare_with_folder, default_location, ensure_index,
-                                    list_classes, load_index)
+                                    list_classes, load_index, same_classes)
 from torus_train.errors import UserError
 
 
@@ -55,12 +54,12 @@ def classes(spec) -> tuple[str, dict]:
 
 
 def indexed_classes(index: Path) -> dict | None:
-    """{split: classes} from an index's meta.json (None when there is none; the launcher checks it whole)."""
-    try:
-        meta = json.loads((index / "meta.json").read_text())
-        return {s: tuple(meta["splits"][s]["classes"]) for s in SPLITS}
-    except (OSError, ValueError, KeyError, TypeError):
+    """{split: classes} from an index's meta.json, checked as a rank reads it (None when there is none; the
+    launcher checks the arrays' checksum and freshness)."""
+    if not (index / "meta.json").exists():
         return None
+    meta = load_index(index).meta
+    return {s: tuple(meta["splits"][s]["classes"]) for s in SPLITS}
 
 
 def prepare(spec, log=None) -> None:
@@ -74,7 +73,10 @@ def prepare(spec, log=None) -> None:
 
 def check_files(root, splits, location, echo) -> None:
     """`torus-train data check`: each split scanned file by file (layout, empty classes, non-image files, JPEG
-    markers) and, where the folder has an index, the index compared with the folder."""
+    markers), val/'s classes against train/'s and, where the folder has an index, the index compared with the
+    folder."""
+    if all((Path(root) / s).is_dir() for s in SPLITS):
+        same_classes(Path(root))
     for split in splits:
         s = scan(root, split, verify=True)
         echo(f"{s.root}: {len(s.classes)} classes, {len(s)} images, ok")

@@ -27,15 +27,16 @@ from pathlib import Path
 import numpy as np
 
 from torus_train.cache import cache_root
-from torus_train.errors import UserError
-from torus_train.job.sources import INDEX_DIR
+from torus_train.errors import UserError, shown_path
+from torus_train.job.sources import INDEX_DIR, class_difference
 from torus_train.outdir import FolderKind, check_target, resolve_target, write_folder
-from torus_train.userfiles import Field, check
+from torus_train.userfiles import Field, check, check_regular, read_json
 
 VERSION = 1
 SPLITS = ("train", "val")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
-ARRAYS = ("names", "offsets", "labels")
+ARRAYS = {"names": np.uint8, "offsets": np.int64, "labels": np.int32}
+"""Each split's arrays and their dtypes (all one-dimensional)."""
 
 
 class DataError(UserError):
@@ -49,9 +50,11 @@ META_FIELDS = (
 )
 """What a rank reads from an index's meta.json."""
 
-# An index folder is recognised by its meta.json (version, root, splits): only such a folder is replaced.
+# An index folder is recognised by its meta.json (version, root, splits): only such a folder, holding nothing
+# but the arrays beside it, is replaced.
 INDEX_KIND = FolderKind("data index", "meta.json",
-                        lambda m: {"version", "root", "splits"} <= m.keys() and isinstance(m["splits"], dict))
+                        lambda m: {"version", "root", "splits"} <= m.keys() and isinstance(m["splits"], dict),
+                        lambda m: [f"{s}.{k}.npy" for s in SPLITS for k in ARRAYS])
 
 
 class Names(Sequence):
@@ -119,17 +122,37 @@ def _list_split(data: Path, split: str) -> tuple[tuple[str, ...], list[str], lis
     names: list[str] = []
     labels: list[int] = []
     for label, c in enumerate(classes):
-        with os.scandir(root / c) as it:
-            files = sorted(_utf8(root / c, e.name) for e in it if not e.name.startswith("."))
-        if not files:
-            raise DataError(f"{root / c}: empty class folder")
-        for name in files:
-            if os.path.splitext(name)[1].lower() not in IMAGE_EXTENSIONS:
-                raise DataError(f"{root / c / name}: not an image file (expected one of "
-                                f"{', '.join(IMAGE_EXTENSIONS)})")
+        files = _image_files(root / c)
         names += [f"{c}/{n}" for n in files]
         labels += [label] * len(files)
     return classes, names, labels
+
+
+def _image_files(folder: Path) -> list[str]:
+    """The sorted image names of a class folder; anything else in it (a file of another type, a folder even
+    when named like an image, a broken link, a FIFO) is refused, naming the first."""
+    with os.scandir(folder) as it:
+        entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+    if not entries:
+        raise DataError(f"{folder}: empty class folder")
+    for e in entries:
+        name = _utf8(folder, e.name)
+        if os.path.splitext(name)[1].lower() not in IMAGE_EXTENSIONS:
+            raise DataError(f"{folder / name}: not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)})")
+        if not e.is_file():  # the entry's type comes with the directory read: no stat unless it is a link
+            what = "a folder" if e.is_dir() else "not a regular file (a broken link, a FIFO or a device)"
+            raise DataError(f"{folder / name}: {what}, not an image; only image files belong in a class folder")
+    return [e.name for e in entries]
+
+
+def same_classes(data: Path) -> dict[str, tuple[str, ...]]:
+    """Each split's class folders (one directory read per split), refused unless val/ holds exactly train/'s:
+    labels are numbered per split, so another set would give val/ images another class's label."""
+    classes = {split: list_classes(data, split) for split in SPLITS}
+    differ = class_difference(classes)
+    if differ:
+        raise DataError(f"{data}: {differ}; make both hold the same class folders")
+    return classes
 
 
 def _utf8(folder: Path, name: str) -> str:
@@ -148,7 +171,10 @@ def list_classes(data_root: str | os.PathLike, split: str) -> tuple[str, ...]:
     root = data / split
     if not root.is_dir():
         raise DataError(f"{root}: missing (expected {split}/CLASS/*.JPEG under {data})")
-    classes = tuple(_utf8(root, c) for c in _classes(data, split))
+    try:
+        classes = tuple(_utf8(root, c) for c in _classes(data, split))
+    except OSError as e:
+        raise DataError(f"{root}: {e.strerror or e}") from None
     if not classes:
         raise DataError(f"{root}: no class folders (expected {split}/CLASS/*.JPEG)")
     return classes
@@ -193,8 +219,10 @@ def build_index(data_root: str | os.PathLike, location: str | os.PathLike | None
     folder. A target that is not an index of this project, or one inside the data's split folders, is refused
     before the scan."""
     t0 = time.time()
-    data = _data_root(data_root)
+    data = resolve_data(data_root)
     dest = check_index_target(data, location, flag)
+    if data.is_dir() and all((data / s).is_dir() for s in SPLITS):
+        same_classes(data)  # before the scan (one directory read per split); list_split names other faults
     meta: dict = {"version": VERSION, "root": str(data), "splits": {}}
     arrays: dict[str, np.ndarray] = {}
     for split in SPLITS:
@@ -212,11 +240,23 @@ def build_index(data_root: str | os.PathLike, location: str | os.PathLike | None
     return dest
 
 
-def _data_root(data_root: str | os.PathLike) -> Path:
+def resolve_data(data_root: str | os.PathLike, flag: str = "--data") -> Path:
+    """The data folder's absolute path; a symlink loop or an unreadable path is one line naming ``flag`` (a
+    missing folder is left to the scan, which says what it expected)."""
     try:
-        return Path(data_root).resolve()
-    except (OSError, RuntimeError) as e:
-        raise DataError(f"{data_root}: {getattr(e, 'strerror', None) or e}") from None
+        path = Path(data_root).resolve()
+    except RuntimeError:  # how Python before 3.13 reports a symlink loop
+        raise DataError(f"{flag} {shown_path(data_root)}: a symlink loop (too many levels of symbolic links)") \
+            from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"{flag} {shown_path(data_root)}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        path.stat()
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise DataError(f"{flag} {shown_path(data_root)}: {e.strerror or e}") from None
+    return path
 
 
 def check_index_target(data: Path, location: str | os.PathLike | None, flag: str = "--index") -> Path:
@@ -295,31 +335,62 @@ def load_index(path: str | os.PathLike, data_root: str | os.PathLike | None = No
     """Open an index memory-mapped; DataError if missing, of another version, damaged in shape, or built for
     another folder than ``data_root``."""
     p = Path(path)
-    try:
-        meta = json.loads((p / "meta.json").read_text())
-        arrays = {f"{s}.{k}": np.load(p / f"{s}.{k}.npy", mmap_mode="r", allow_pickle=False)
-                  for s in SPLITS for k in ARRAYS}
-    except FileNotFoundError:
+    hint = _rebuild_hint(str(data_root or "DIR"))
+    if not (p / "meta.json").exists():
         raise DataError(f"{p}: no index there; build one with: torus-train data index --data "
-                        f"{data_root or 'DIR'}") from None
-    except (OSError, ValueError) as e:
-        raise DataError(f"{p}: not a readable index ({e}); {_rebuild_hint(str(data_root or 'DIR'))}") from None
-    if not isinstance(meta, dict) or meta.get("version") != VERSION:
-        raise DataError(f"{p}: index version {meta.get('version') if isinstance(meta, dict) else '?'} is not "
-                        f"{VERSION}; {_rebuild_hint(str(data_root or 'DIR'))}")
+                        f"{data_root or 'DIR'}")
     try:
+        meta = read_json(p / "meta.json", "index")
+        if not isinstance(meta, dict) or meta.get("version") != VERSION:
+            raise DataError(f"{p}: index version {meta.get('version') if isinstance(meta, dict) else '?'} is not "
+                            f"{VERSION}")
         check(meta, META_FIELDS, f"{p / 'meta.json'}")
+        for s in SPLITS:
+            check_class_names(meta["splits"][s]["classes"], f"{p / 'meta.json'}: splits.{s}.classes")
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in meta["splits"][s]["class_mtimes"]):
+                raise DataError(f"{p / 'meta.json'}: splits.{s}.class_mtimes: must be a list of integers")
+        counts = {s: meta["splits"][s]["count"] for s in SPLITS}
+        arrays = load_arrays(p, ARRAYS, {"names": None, "offsets": lambda s: counts[s] + 1,
+                                         "labels": lambda s: counts[s]})
     except UserError as e:
-        raise DataError(f"{e}; {_rebuild_hint(str(data_root or 'DIR'))}") from None
+        raise DataError(f"{e}; {hint}") from None
     if data_root is not None and Path(meta["root"]) != Path(data_root).resolve():
         raise DataError(f"{p}: this index was built for {meta['root']}, not {Path(data_root).resolve()}; "
                         f"{_rebuild_hint(str(data_root))}")
-    for s in SPLITS:
-        n = meta["splits"][s]["count"]
-        if len(arrays[f"{s}.offsets"]) != n + 1 or len(arrays[f"{s}.labels"]) != n:
-            raise DataError(f"{p}: index is damaged ({s} arrays do not match {n} files); "
-                            f"{_rebuild_hint(meta['root'])}")
     return Index(p, meta, arrays)
+
+
+def check_class_names(classes: list, where: str) -> None:
+    """A split's class names as written by this project: unique non-empty strings (label i is classes[i])."""
+    for i, c in enumerate(classes):
+        if not isinstance(c, str) or not c:
+            raise DataError(f"{where}[{i}]: {c!r} must be a class name (a non-empty string)"[:300])
+    if len(set(classes)) != len(classes):
+        raise DataError(f"{where}: a class name appears twice")
+
+
+def load_arrays(folder: Path, dtypes: dict, lengths: dict) -> dict[str, np.ndarray]:
+    """Each split's arrays ``SPLIT.KEY.npy`` memory-mapped, checked for dtype, one dimension and length
+    (``lengths[key](split)``; None: any); each file must be a regular file (a FIFO is refused unopened)."""
+    arrays = {}
+    for s in SPLITS:
+        for key, dtype in dtypes.items():
+            f = folder / f"{s}.{key}.npy"
+            check_regular(f, "index array")
+            try:
+                a = np.load(f, mmap_mode="r", allow_pickle=False)
+            except FileNotFoundError:
+                raise DataError(f"{f}: missing") from None
+            except (OSError, ValueError, EOFError) as e:
+                raise DataError(f"{f}: not a readable array ({getattr(e, 'strerror', None) or e})") from None
+            want = lengths[key](s) if lengths.get(key) else None
+            if not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype != dtype or (want is not None and
+                                                                                    len(a) != want):
+                shape = getattr(a, "shape", "?")
+                raise DataError(f"{f}: {getattr(a, 'dtype', type(a).__name__)} {shape}, expected "
+                                f"{np.dtype(dtype).name} of {want if want is not None else 'any'} entries (damaged)")
+            arrays[f"{s}.{key}"] = a
+    return arrays
 
 
 def ensure_index(data_root: str | os.PathLike, location: str | os.PathLike | None = None, log=None) -> Path:

@@ -27,6 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import stat
 import tarfile
 import threading
 import time
@@ -37,17 +39,35 @@ from pathlib import Path
 import numpy as np
 
 from torus_train.data.checks import jpeg_problem
-from torus_train.data.index import SPLITS, DataError, Split, arrays_checksum, list_split
+from torus_train.data.index import (SPLITS, DataError, Split, arrays_checksum, check_class_names, list_split,
+                                    load_arrays, resolve_data, same_classes)
 from torus_train.errors import UserError, shown_path
 from torus_train.job.sources import PACKED_FORMAT as FORMAT
 from torus_train.job.sources import PACKED_KIND
 from torus_train.outdir import check_target, resolve_target, write_folder
+from torus_train.userfiles import Field, check, read_json
 
 VERSION = 1
 MARKER = PACKED_KIND.marker
-ARRAYS = ("starts", "offsets", "sizes", "labels", "crc32")
+ARRAYS = {"starts": np.int64, "offsets": np.int64, "sizes": np.int64, "labels": np.int32, "crc32": np.uint32}
+"""Each split's index arrays and their dtypes (all one-dimensional)."""
 SHARD_MB_RANGE = (0.01, 65536.0)   # 10 KB (tests) to 64 GiB; 256 MB is WebDataset's and DALI's usual size
+SEED_MAX = 2**63 - 1
 BLOCK = 512
+SHARD_NAME = re.compile(rf"({'|'.join(SPLITS)})-[0-9]{{6}}\.tar")
+"""The name of every shard a pack writes: SPLIT-NNNNNN.tar."""
+
+META_FIELDS = (
+    Field("format", "str", choices=(FORMAT,)), Field("version", "int"), Field("source", "str"),
+    Field("checksum", "str"), Field("bytes", "int", 0), Field("seed", "int", 0, SEED_MAX, optional=True),
+    Field("shard_mb", "number", SHARD_MB_RANGE[0], SHARD_MB_RANGE[1], optional=True),
+    *(f for s in SPLITS for f in (Field(f"splits.{s}.classes", "list"), Field(f"splits.{s}.count", "int", 0),
+                                  Field(f"splits.{s}.shards", "list"))),
+)
+"""What packed.json holds (every field a reader uses), checked wherever a packed set is opened."""
+SHARD_FIELDS = (Field("name", "str"), Field("bytes", "int", 0), Field("samples", "int", 0),
+                Field("sha256", "str"))
+"""One entry of splits.SPLIT.shards."""
 
 
 def is_packed(path: str | os.PathLike | None) -> bool:
@@ -181,10 +201,13 @@ def pack(data_root: str | os.PathLike, out: str | os.PathLike, shard_mb: float =
     """Pack the ImageNet-layout folder ``data_root`` into ``out`` (written beside it and renamed in: a pack
     interrupted half-way leaves no folder that looks like a packed set); the packed set's folder."""
     check_shard_mb(shard_mb)
-    data = Path(data_root).resolve()
+    if not (isinstance(seed, int) and 0 <= seed <= SEED_MAX):
+        raise UserError(f"--seed: {seed} must be between 0 and 2**63-1 (it seeds the training samples' order)")
+    data = resolve_data(data_root)
     for split in SPLITS:
         if not (data / split).is_dir():
             raise DataError(f"{data}: not an ImageNet-layout folder ({split}/CLASS/* missing)")
+    same_classes(data)
     dest = check_pack_target(data, out, flag)
     t0 = time.time()
     limit = max(4 * BLOCK, int(shard_mb * 1e6))
@@ -283,18 +306,30 @@ class Packed:
                 for sh in m["shards"]]
 
     def verify(self) -> None:
-        """The arrays match their checksum and every shard is there with its packed size (one stat per shard):
-        the launcher's check before any rank starts."""
+        """The arrays match their checksum, say what packed.json says (labels within the classes, shards
+        starting where their sample counts put them) and every shard is a regular file of its packed size
+        (one stat per shard): the launcher's check before any rank starts."""
         if arrays_checksum(self.arrays) != self.meta["checksum"]:
             raise DataError(f"{self.path}: packed set's index is damaged (checksum differs); pack it again")
+        for s in SPLITS:
+            m, labels, starts = self.meta["splits"][s], self.arrays[f"{s}.labels"], self.arrays[f"{s}.starts"]
+            if len(labels) and (labels.min() < 0 or labels.max() >= len(m["classes"])):
+                raise DataError(f"{self.path}: {s}.labels.npy holds labels outside the {len(m['classes'])} "
+                                f"classes of {MARKER}; pack the set again")
+            if starts.tolist() != np.concatenate(([0], np.cumsum([sh["samples"] for sh in m["shards"]]))).tolist():
+                raise DataError(f"{self.path}: {s}.starts.npy does not match the shards' samples in {MARKER}; "
+                                f"pack the set again")
         for name, size, _ in self.shard_files():
             try:
-                got = (self.path / name).stat().st_size
+                st = (self.path / name).stat()
             except OSError as e:
                 raise DataError(f"{self.path / name}: {e.strerror or e} (a shard of the packed set)") from None
-            if got != size:
-                raise DataError(f"{self.path / name}: {got:,} bytes, packed as {size:,} (truncated or replaced); "
-                                f"pack the set again")
+            if not stat.S_ISREG(st.st_mode):
+                raise DataError(f"{self.path / name}: not a regular file (a shard of the packed set); pack the "
+                                f"set again")
+            if st.st_size != size:
+                raise DataError(f"{self.path / name}: {st.st_size:,} bytes, packed as {size:,} (truncated or "
+                                f"replaced); pack the set again")
 
 
 def check_shards(packed: Packed) -> None:
@@ -310,29 +345,54 @@ def check_shards(packed: Packed) -> None:
 
 
 def load_packed(path: str | os.PathLike) -> Packed:
-    """Open a packed set's index memory-mapped; DataError when it is not one, of another version, or damaged
-    in shape."""
+    """Open a packed set's index memory-mapped; DataError (one line naming the file and the field) when it is
+    not one, of another version, or its packed.json or an array is not as a pack writes it."""
     p = Path(path)
+    if not (p / MARKER).exists():
+        raise DataError(f"{p}: not a packed set ({MARKER} missing); pack one with: torus-train data pack "
+                        f"--data DIR --out {p}")
     try:
-        meta = json.loads((p / MARKER).read_text())
-        if not PACKED_KIND.recognise(meta):
-            raise ValueError(f"{MARKER} is not a torus-train packed set's")
-        arrays = {f"{s}.{k}": np.load(p / f"{s}.{k}.npy", mmap_mode="r", allow_pickle=False)
-                  for s in SPLITS for k in ARRAYS}
-    except FileNotFoundError as e:
-        raise DataError(f"{p}: not a packed set ({Path(e.filename or MARKER).name} missing); pack one with: "
-                        f"torus-train data pack --data DIR --out {p}") from None
-    except (OSError, ValueError) as e:
-        raise DataError(f"{p}: not a readable packed set ({e}); pack it again") from None
-    if meta.get("version") != VERSION:
-        raise DataError(f"{p}: packed set version {meta.get('version')} is not {VERSION}; pack it again")
+        meta = read_json(p / MARKER, "packed set")
+        if not isinstance(meta, dict) or not PACKED_KIND.recognise(meta):
+            raise DataError(f"{p / MARKER}: not a torus-train packed set's")
+        if meta.get("version") != VERSION:
+            raise DataError(f"{p}: packed set version {str(meta.get('version'))[:20]} is not {VERSION}")
+        check_meta(meta, f"{p / MARKER}")
+        counts = {s: meta["splits"][s]["count"] for s in SPLITS}
+        shards = {s: len(meta["splits"][s]["shards"]) for s in SPLITS}
+        lengths = {k: (lambda s: shards[s] + 1) if k == "starts" else (lambda s: counts[s]) for k in ARRAYS}
+        arrays = load_arrays(p, ARRAYS, lengths)
+    except UserError as e:
+        raise DataError(f"{e}; pack the set again") from None
+    return Packed(p, meta, arrays)
+
+
+def check_meta(meta: dict, where: str) -> None:
+    """packed.json's fields: types and ranges (userfiles.check), unique string class names, every shard entry
+    (a name as a pack writes it, sizes, a SHA-256), and the sums that tie them together."""
+    check(meta, META_FIELDS, where)
     for s in SPLITS:
         m = meta["splits"][s]
-        n, shards = m["count"], len(m["shards"])
-        if len(arrays[f"{s}.starts"]) != shards + 1 or any(len(arrays[f"{s}.{k}"]) != n for k in ARRAYS[1:]):
-            raise DataError(f"{p}: packed set's index is damaged ({s} arrays do not match {n} samples); "
-                            f"pack it again")
-    return Packed(p, meta, arrays)
+        check_class_names(m["classes"], f"{where}: splits.{s}.classes")
+        for i, sh in enumerate(m["shards"]):
+            at = f"{where}: splits.{s}.shards[{i}]"
+            check(sh, SHARD_FIELDS, at)
+            if not SHARD_NAME.fullmatch(sh["name"]) or not sh["name"].startswith(f"{s}-"):
+                raise DataError(f"{at}.name: {sh['name'][:40]!r} is not a {s} shard's name ({s}-NNNNNN.tar)")
+            if not re.fullmatch("[0-9a-f]{64}", sh["sha256"]):
+                raise DataError(f"{at}.sha256: {sh['sha256'][:70]!r} is not a SHA-256 (64 hex digits)")
+        if sum(sh["samples"] for sh in m["shards"]) != m["count"]:
+            raise DataError(f"{where}: splits.{s}: its shards' samples do not add up to count {m['count']}")
+    if sum(sh["bytes"] for s in SPLITS for sh in meta["splits"][s]["shards"]) != meta["bytes"]:
+        raise DataError(f"{where}: bytes: {meta['bytes']} is not the sum of the shards' bytes")
+
+
+def own_files(meta: dict) -> list[str]:
+    """The files a pack writes beside packed.json: the index arrays and the shards its packed.json lists (only
+    names a pack gives: a listed name that is not a shard's never makes a user's file the writer's own)."""
+    shards = [sh["name"] for m in meta["splits"].values() for sh in m["shards"]]
+    return [f"{s}.{k}.npy" for s in SPLITS for k in ARRAYS] + \
+        [n for n in shards if isinstance(n, str) and SHARD_NAME.fullmatch(n)]
 
 
 def split_classes(path: str | os.PathLike) -> dict[str, tuple[str, ...]]:

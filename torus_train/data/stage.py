@@ -24,8 +24,8 @@ import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from torus_train.data.index import DataError
-from torus_train.data.packed import MARKER, PACKED_KIND, Packed, is_packed, load_packed
+from torus_train.data.index import SPLITS, DataError
+from torus_train.data.packed import ARRAYS, MARKER, PACKED_KIND, Packed, is_packed, load_packed
 from torus_train.errors import UserError, shown_path
 from torus_train.outdir import write_folder
 
@@ -43,6 +43,28 @@ def stage_base(stage_dir: str, environ: Mapping[str, str] | None = None) -> Path
             return Path(environ[name])
     raise UserError("data.stage = node: no node-local folder; set data.stage_dir, or run where one of "
                     f"${', $'.join(ENV_DIRS)} is set")
+
+
+def check_stage_base(stage_dir: str, environ: Mapping[str, str] | None = None) -> Path:
+    """The launcher's check before any rank starts (a rank would find the same fault only after the launch):
+    a node-local folder is named, and it is a folder, or can be made, where this process may write. Checked
+    on the launcher's node; every node's own folder is checked again by its local rank 0."""
+    environ = os.environ if environ is None else environ
+    base = stage_base(stage_dir, environ)
+    var = next((f"${n}" for n in ENV_DIRS if environ.get(n)), "")
+    where = f"data.stage_dir {shown_path(base)}" if stage_dir else f"data.stage = node: {var} {shown_path(base)}"
+    try:
+        existing = next((q for q in (base, *base.parents) if q.exists()), None)
+        is_dir = existing is None or existing.is_dir()
+    except (OSError, ValueError) as e:
+        raise UserError(f"{where}: {getattr(e, 'strerror', None) or e}") from None
+    if not is_dir:
+        what = "is a file" if existing == base else f"lies under the file {shown_path(existing)}"
+        raise UserError(f"{where} {what}, not a folder; set data.stage_dir to a node-local folder")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{where}: {shown_path(existing)} is not writable here; set data.stage_dir to a "
+                        f"node-local folder you can write")
+    return base
 
 
 def stage_target(source: Path, base: Path) -> Path:
@@ -109,13 +131,14 @@ def stage(source: str | os.PathLike, base: Path, log=None) -> Path:
             log(f"data.stage: reusing {target}")
         return target
     base.mkdir(parents=True, exist_ok=True)
-    check_room(base, packed.bytes + sum(p.stat().st_size for p in src.glob("*.npy")))
+    arrays = [f"{s}.{k}.npy" for s in SPLITS for k in ARRAYS]  # the set's own files: nothing else is copied
+    check_room(base, packed.bytes + sum((src / name).stat().st_size for name in arrays))
 
     def fill(tmp: Path) -> None:
         for name, _, sha in packed.shard_files():
             _copy_checked(src / name, tmp / name, sha)
-        for p in sorted(src.glob("*.npy")):
-            shutil.copyfile(p, tmp / p.name)
+        for name in arrays:
+            shutil.copyfile(src / name, tmp / name)
         shutil.copyfile(src / MARKER, tmp / MARKER)  # last: the copy is a packed set only when whole
         load_packed(tmp).verify()
 

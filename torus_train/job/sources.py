@@ -25,6 +25,7 @@ from typing import Any, Callable
 from torus_train.errors import UserError
 from torus_train.outdir import FolderKind
 from torus_train.registry import Registry, load
+from torus_train.userfiles import special_kind
 
 SYNTHETIC_SAMPLES = 10_000
 """Images per epoch of synthetic data when data.synthetic_samples is 0 (ImageNet has 1,281,167)."""
@@ -33,8 +34,10 @@ DEMO_TRAIN_IMAGES = 10_000
 
 PACKED_FORMAT = "torus-train packed"
 PACKED_KIND = FolderKind("packed data set", "packed.json",
-                         lambda m: m.get("format") == PACKED_FORMAT and isinstance(m.get("splits"), dict))
-"""How a packed set (data/packed.py) is recognised: its packed.json is one of ours."""
+                         lambda m: m.get("format") == PACKED_FORMAT,
+                         lambda m: load("torus_train.data.packed:own_files")(m))
+"""How a packed set (data/packed.py) is recognised: its packed.json says our format (the rest is checked when it is
+opened, so a damaged one is named, not taken for a folder), and lists its shards."""
 INDEX_DIR = ".torus-train-index"
 """A data folder's index, at its default place inside the folder (data/index.py)."""
 
@@ -147,11 +150,28 @@ def _demo_images(spec) -> tuple[int | None, str]:
 
 
 def _meta_count(path: Path) -> int | None:
-    """splits.train.count of an index's meta.json or a packed set's packed.json; None when unreadable."""
-    try:
-        return int(json.loads(path.read_text())["splits"]["train"]["count"])
-    except (OSError, ValueError, KeyError, TypeError):
+    """splits.train.count of an index's meta.json or a packed set's packed.json; None when it does not read
+    (a FIFO or a device is not opened: the launcher's check names it)."""
+    if special_kind(path):
         return None
+    try:
+        count = json.loads(path.read_text())["splits"]["train"]["count"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
+
+
+def class_difference(classes: dict) -> str | None:
+    """How val/'s classes differ from train/'s, in a few words; None when they are the same list. Labels are
+    numbered per split (class i of the sorted list is label i), so any difference would mislabel val/."""
+    train, val = list(classes["train"]), list(classes["val"])
+    if val == train:
+        return None
+    names = {split: {str(c) for c in classes[split]} for split in ("train", "val")}
+    extra, missing = sorted(names["val"] - names["train"]), sorted(names["train"] - names["val"])
+    what = "; ".join(x for x in (f"not in train/: {', '.join(extra[:3])}" if extra else "",
+                                 f"missing in val/: {', '.join(missing[:3])}" if missing else "") if x)
+    return f"val/ has other classes than train/ ({what or 'another order'}); the labels would not match"
 
 
 def _folder_images(spec) -> tuple[int | None, str]:
@@ -193,6 +213,6 @@ register(DataSource(
     verify="torus_train.data.folder:check_files"))
 register(DataSource(
     "packed", "a packed set: tar shards with an index (torus-train data pack), read by DALI or torchvision",
-    "torus_train.data.packed_source:open_loader", _packed_images, takes_path=True, claims=PACKED_KIND.holds,
+    "torus_train.data.packed_source:open_loader", _packed_images, takes_path=True, claims=PACKED_KIND.claims,
     classes="torus_train.data.packed_source:classes", prepare="torus_train.data.packed_source:prepare",
     verify="torus_train.data.packed_source:check_files", stageable=True))

@@ -11,6 +11,7 @@ adds one short line to the report that `--dry-run` prints. What it covers:
 * the model's input size (models with a fixed or a minimum input size);
 * the data's classes against ``model.num_classes``, and ``val/``'s against ``train/``'s (from the index when
   one exists, else two directory reads: no per-file work).
+* ``data.stage = node``: a node-local folder named and writable (else the ranks fail after the launch).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from torus_train.errors import UserError
 from torus_train.job.legs import Leg, leg_spec
-from torus_train.job.sources import source_of
+from torus_train.job.sources import class_difference, source_of
 from torus_train.job.spec import JobSpec, input_size_problem
 
 
@@ -34,6 +35,7 @@ def preflight(spec: JobSpec, legs: list[Leg], first: int, first_plan, make_plan:
     lines.append(check_elastic(elastic, legs, max_restarts))
     lines.append(check_model_input(spec))
     lines.append(check_data_classes(spec, strict))
+    lines.append(check_data_stage(spec, strict))
     return [line for line in lines if line]
 
 
@@ -83,18 +85,31 @@ def check_data_classes(spec: JobSpec, strict: bool = True) -> str:
     if found is None:
         return ""
     root, classes = found
-    train, val = classes["train"], classes["val"]
+    train = classes["train"]
     if len(train) != spec.model.num_classes:
         raise UserError(f"model.num_classes: {spec.model.num_classes} but {root}: train/ has {len(train)} class "
                         f"folders; set --set model.num_classes={len(train)} (or give the data set it was meant for)")
-    if val != train:
-        extra, missing = sorted(set(val) - set(train)), sorted(set(train) - set(val))
-        what = "; ".join(x for x in (
-            f"not in train/: {', '.join(extra[:3])}" if extra else "",
-            f"missing in val/: {', '.join(missing[:3])}" if missing else "") if x) or "another order"
-        raise UserError(f"data.source: {root}: val/ has other classes than train/ ({what}); the labels "
-                        f"would not match: make both hold the same class folders")
+    differ = class_difference(classes)
+    if differ:
+        raise UserError(f"data.source: {root}: {differ}: make both hold the same class folders")
     return f"data: {len(train)} classes in train/ and val/, as model.num_classes"
+
+
+def check_data_stage(spec: JobSpec, strict: bool = True) -> str:
+    """data.stage = node: a node-local folder is named (data.stage_dir or a scheduler's variable) and is a
+    writable folder here. strict=False (the dry run, often on a login node without the job's variables): a
+    fault is noted instead of refused."""
+    if spec.data.stage != "node":
+        return ""
+    from torus_train.data.stage import check_stage_base  # numpy: only when staging is asked for
+
+    try:
+        base = check_stage_base(spec.data.stage_dir)
+    except UserError as e:
+        if strict:
+            raise
+        return f"{e} (checked again at launch)"
+    return f"data.stage = node: copies go to {base}/torus-train-stage on each node"
 
 
 def data_classes(spec: JobSpec) -> tuple[str, dict] | None:
