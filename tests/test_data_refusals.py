@@ -233,7 +233,7 @@ def test_a_fifo_is_refused_by_name_unopened(source, packed, tmp_path, where):
         target = packed
     fifo.unlink()
     os.mkfifo(fifo)
-    what = "is a FIFO (named pipe), not a regular file" if where != "shard" else "not a regular file"
+    what = "is a FIFO, not a regular file" if where != "shard" else "not a regular file"
     refused(tmp_path, "data", "check", "--data", str(target), words=(fifo.name, what))
     # a shard is checked by the launcher's prepare step, after the run folder is made: the data is unchanged
     refused(target, "run", "--gpus", "1", "--grid", "1x1", "--steps", "1", "--data", str(target),

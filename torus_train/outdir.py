@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torus_train.errors import UserError, shown_path
-from torus_train.userfiles import check_regular, special_kind
+from torus_train.userfiles import refuse_special, special_kind
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class FolderKind:
     def claims(self, folder: Path, flag: str = "--data") -> bool:
         """``holds``, for a path a user named: a marker that is a FIFO, a device or a socket is refused by name
         (UserError naming ``flag``) rather than taken for a folder of another kind."""
-        check_regular(folder / self.marker, flag)
+        refuse_special(folder / self.marker, flag)
         return self.holds(folder)
 
     def foreign(self, folder: Path) -> str | None:

@@ -86,7 +86,6 @@ def read_bytes(path: str | os.PathLike, where: str) -> bytes:
 def read_text(path: str | os.PathLike, where: str) -> str:
     """The UTF-8 text of a user file; one line (prefixed ``where``) when missing, a folder, not a regular file
     or unreadable."""
-    check_regular(path, where)
     p = Path(path)
     check_regular(p, where)
     try:
@@ -187,8 +186,7 @@ def _kind_of(v: Any) -> str:
 
 # What a path holds when it is not a regular file or a folder: opening a FIFO blocks until a writer comes, a
 # device reads forever, a socket does not open; each is refused by name before any open.
-SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+SPECIAL_MODES = (stat.S_ISFIFO, stat.S_ISCHR, stat.S_ISBLK, stat.S_ISSOCK)
 
 
 def special_kind(path: str | os.PathLike) -> str | None:
@@ -198,11 +196,12 @@ def special_kind(path: str | os.PathLike) -> str | None:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
         return None
-    return next((what for test, what in SPECIAL_FILES if test(mode)), None)
+    return file_type(mode) if any(test(mode) for test in SPECIAL_MODES) else None
 
 
-def check_regular(path: str | os.PathLike, where: str) -> None:
-    """Refuse, before it is opened, a path that is a FIFO, a device or a socket: one line naming it."""
+def refuse_special(path: str | os.PathLike, where: str) -> None:
+    """Refuse, before it is opened, a path that is a FIFO, a device or a socket: one line naming it. A missing
+    path passes (the caller's open or fallback names it); check_regular refuses that too."""
     what = special_kind(path)
     if what:
         raise UserError(f"{where}: {shown_path(path)} is {what}, not a regular file")

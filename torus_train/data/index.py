@@ -30,7 +30,7 @@ from torus_train.cache import cache_root
 from torus_train.errors import UserError, shown_path
 from torus_train.job.sources import INDEX_DIR, class_difference
 from torus_train.outdir import FolderKind, check_target, resolve_target, write_folder
-from torus_train.userfiles import Field, check, check_regular, read_json
+from torus_train.userfiles import Field, check, refuse_special, read_json
 
 VERSION = 1
 SPLITS = ("train", "val")
@@ -376,7 +376,7 @@ def load_arrays(folder: Path, dtypes: dict, lengths: dict) -> dict[str, np.ndarr
     for s in SPLITS:
         for key, dtype in dtypes.items():
             f = folder / f"{s}.{key}.npy"
-            check_regular(f, "index array")
+            refuse_special(f, "index array")
             try:
                 a = np.load(f, mmap_mode="r", allow_pickle=False)
             except FileNotFoundError:
