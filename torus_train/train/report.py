@@ -256,7 +256,8 @@ def summary(rs: RunState, wall: float, digest: str, agree: bool, ranks: dict | N
 
 
 def summary_text(s: dict) -> str:
-    parts = [f"done: {s['steps']} steps on {s['world_size']} ranks (grid {s['grid']}, {s['comm_algo']}) in "
+    ranks = f"{s['world_size']} rank" + ("s" if s["world_size"] != 1 else "")
+    parts = [f"done: {s['steps']} steps on {ranks} (grid {s['grid']}, {s['comm_algo']}) in "
              f"{s['wall_seconds']:.1f} s, {s['images_per_second'] or 0:,.1f} img/s"]
     if s["val_top1"] is not None:
         parts.append(f"val top-1 {s['val_top1']:.2%}")

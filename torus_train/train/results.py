@@ -406,7 +406,8 @@ def summary_lines(run: Run) -> list[str]:
     lines = []
     s = run.summary
     if s is not None:
-        lines.append(f"{s['steps']} steps on {s['world_size']} ranks (grid {s.get('grid', '?')}), "
+        ranks = f"{s['world_size']} rank" + ("s" if s["world_size"] != 1 else "")
+        lines.append(f"{s['steps']} steps on {ranks} (grid {s.get('grid', '?')}), "
                      f"{s['wall_seconds']:.1f} s")
     elif run.intervals:
         last = run.intervals[-1]
