@@ -258,6 +258,19 @@ def test_symlink_loop_as_data(tmp_path, command):
                 words=("--data loop: a symlink loop",))
 
 
+def test_symlink_loop_as_run_data(tmp_path):
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    with contextlib.chdir(tmp_path):
+        refused(tmp_path, "run", "--data", "loop", "--steps", "1", "--out", str(tmp_path / "r"),
+                words=("data.source: loop: a symbolic link that leads nowhere",))
+
+
+def test_demo_seed_out_of_range_writes_nothing(tmp_path):
+    refused(tmp_path, "data", "demo", "--out", str(tmp_path / "d"), "--seed", "-1",
+            words=("--seed: -1 must be between 0 and",))
+    assert not (tmp_path / "d").exists()
+
+
 def _differing(source, tmp_path):
     data = tmp_path / "d"
     shutil.copytree(source, data)

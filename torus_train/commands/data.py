@@ -33,7 +33,7 @@ def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: in
     check_output_folder(out, "--out")
     for flag, value, low, high in (("--train-per-class", train_per_class, 1, 1_000_000),
                                    ("--val-per-class", val_per_class, 0, 1_000_000), ("--size", size, 8, 4096),
-                                   ("--workers", workers, 1, 1024)):
+                                   ("--workers", workers, 1, 1024), ("--seed", seed, 0, 2**63 - 1)):
         if not low <= value <= high:
             raise UserError(f"{flag}: {value} must be between {low} and {high:,}")
     path = Path(out)

@@ -18,6 +18,7 @@ docs/extending.md ("Adding a data source") walks through adding an entry.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -107,6 +108,9 @@ class DataSource:
         set that cannot be staged."""
         if self.takes_path and not Path(spec.data.source).is_dir():
             source = spec.data.source
+            if os.path.lexists(source) and not Path(source).exists():
+                raise UserError(f"data.source: {source}: a symbolic link that leads nowhere (broken, or a loop); "
+                                "give the data folder itself")
             raise UserError(f"data.source: {source}: no such folder (expected train/ and val/ inside, or a packed "
                             "set)" if not Path(source).exists() else f"data.source: {source}: not a folder")
         if spec.data.stage != "none" and self.reads_files and not self.stageable:
