@@ -235,9 +235,20 @@ def test_a_fifo_is_refused_by_name_unopened(source, packed, tmp_path, where):
     os.mkfifo(fifo)
     what = "is a FIFO, not a regular file" if where != "shard" else "not a regular file"
     refused(tmp_path, "data", "check", "--data", str(target), words=(fifo.name, what))
-    # a shard is checked by the launcher's prepare step, after the run folder is made: the data is unchanged
+    # a shard is checked by the launcher's data step, before the run folder is made
     refused(target, "run", "--gpus", "1", "--grid", "1x1", "--steps", "1", "--data", str(target),
             "--set", "model.num_classes=3", "--out", str(tmp_path / "run"), words=(f"{fifo.name}",))
+    assert not (tmp_path / "run").exists()
+
+
+def test_overwrite_keeps_the_old_results_when_the_data_is_refused(packed, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text('{"steps": 1}')
+    shard = packed / "train-000000.tar"
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated: found by the data step, not the pre-launch check
+    refused(tmp_path, "run", "--gpus", "1", "--grid", "1x1", "--steps", "1", "--data", str(packed), "--overwrite",
+            "--set", "model.num_classes=3", "--out", str(run), words=("train-000000.tar",))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from torus_train.job.spec import JobSpec
 from torus_train.ranks.bootstrap import free_port, rank_info
 from torus_train.ranks.diagnosis import RanksFailed, command_failed, reset_rank_files
 from torus_train.ranks.preflight import preflight
-from torus_train.ranks.rundir import (check_user_paths, choose_out, latest_checkpoint_text, prepare_out,
+from torus_train.ranks.rundir import (check_out, check_user_paths, choose_out, latest_checkpoint_text, prepare_out,
                                       read_summary, resume_epoch, write_hosts, write_job)
 from torus_train.ranks.runner import echo_err, run_command, run_local
 from torus_train.ranks.watchdog import new_watch, watchdog_limits
@@ -93,8 +93,9 @@ def run_job(spec: JobSpec, options: RunOptions) -> JobResult:
         raise
     if dry_run:
         return JobResult(out, dry_run=dry_run_report(first_spec, plan, legs, checked))
+    check_out(out, resume, overwrite)  # refused before the data is prepared; nothing removed yet
+    prepare_data(spec, log=echo_err)  # a data fault found here leaves the output folder as it was
     prepare_out(out, resume, overwrite)
-    prepare_data(spec, log=echo_err)
     run_legs(spec, legs, first, plan, out, resume, Restarts(options.max_restarts, options.elastic))
     return JobResult(out, summary=read_summary(out))
 

@@ -65,20 +65,27 @@ def choose_out(spec: JobSpec, resume: bool, overwrite: bool) -> Path:
     return out.with_name(f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def prepare_out(out: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to mix a new run into an output folder that holds results, unless --resume or --overwrite."""
+def check_out(out: Path, resume: bool, overwrite: bool) -> list[str]:
+    """Refuse to mix a new run into an output folder that holds results, unless --resume or --overwrite; the
+    results --overwrite will replace. Touches nothing, so it runs before the data is prepared."""
     present = holds_results(out)
-    if present and not resume:
-        if not overwrite:
-            raise UserError(f"{out} already holds results ({', '.join(present)}); pass --resume to continue, "
-                            "--overwrite to replace them, or --out for another folder")
+    if present and not resume and not overwrite:
+        raise UserError(f"{out} already holds results ({', '.join(present)}); pass --resume to continue, "
+                        "--overwrite to replace them, or --out for another folder")
+    if resume and not (out / "checkpoints").is_dir():
+        raise UserError(f"--resume: {out / 'checkpoints'} does not exist; nothing to resume")
+    return [] if resume else present
+
+
+def prepare_out(out: Path, resume: bool, overwrite: bool) -> None:
+    """check_out, then the results --overwrite replaces removed and logs/ made."""
+    present = check_out(out, resume, overwrite)
+    if present:
         for name in (*present, "logs"):
             p = out / name
             if not p.exists():
                 continue
             shutil.rmtree(p) if p.is_dir() else p.unlink()
-    if resume and not (out / "checkpoints").is_dir():
-        raise UserError(f"--resume: {out / 'checkpoints'} does not exist; nothing to resume")
     (out / "logs").mkdir(parents=True, exist_ok=True)
 
 
