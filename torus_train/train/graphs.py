@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from torus_train.errors import RunFailed
 from torus_train.train.step import step_body
 
 log = logging.getLogger("torus_train.train")
@@ -102,9 +103,16 @@ class StepGraph:
         t0 = time.perf_counter()
         x, y = images.clone(), labels.clone()  # clone keeps the memory format (channels_last)
         graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            loss = step_body(rs, x, y, 1)
-        torch.cuda.synchronize()
+        try:
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                loss = step_body(rs, x, y, 1)
+            torch.cuda.synchronize()
+        except RuntimeError as e:
+            # a failed capture leaves host-side step state (loss scaler, bucket counts) half-stepped: continuing
+            # eagerly could train wrong, so the run stops with the way around
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RunFailed(f"CUDA graph capture failed at step {rs.pos.global_step + 1} (batch {tuple(x.shape)}): "
+                            f"{first}; run with --set model.cuda_graphs=off for the eager step") from None
         seconds = time.perf_counter() - t0
         self.graph, self.pool, self.static = graph, pool, (x, y, loss)
         self.capture_seconds.append(seconds)
