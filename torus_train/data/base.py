@@ -93,6 +93,9 @@ class Loader(Protocol):
 
     kind: str
     """The pipeline that makes the batches, for logs and summaries: "dali", "torchvision", "synthetic", ..."""
+    decoder: str | None
+    """Where its JPEGs are decoded, for summaries: DALI's "mixed" or "cpu", torchvision's "gpu" or "cpu"; None
+    for a loader that decodes nothing (synthetic)."""
     num_samples: int
     """Samples in the split (one epoch over all ranks, before padding)."""
     num_classes: int
@@ -143,6 +146,8 @@ class LoaderRequest:
     """data.synthetic_samples: images per epoch of a source that makes them (0 = its default)."""
     corrupt: "CorruptLog | None" = None
     """The run's CorruptLog (files skipped under on_corrupt = skip, kept across the loaders of a run)."""
+    decoder: str = "auto"
+    """data.decoder for the torchvision pipeline: auto, cpu or gpu (job/sources.py: DECODERS)."""
 
 
 IMAGE_DTYPES = ("float32", "float16", "bfloat16")
@@ -208,6 +213,7 @@ class ShardedLoader:
     """Base of the file loaders: holds the split and computes this rank's shard for the current epoch."""
 
     kind = "?"
+    decoder: str | None = None
 
     def __init__(self, split: Split, cfg: LoaderConfig, device, corrupt: CorruptLog | None = None):
         self.split = split

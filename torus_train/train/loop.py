@@ -23,7 +23,7 @@ from torus_train.errors import RunFailed
 from torus_train.job.spec import JobSpec
 from torus_train.job.rank import Bootstrap
 from torus_train.train.build import (amp_settings, build_loader, build_model, build_optimizer, prime_buckets,
-                                     seed_everything, time_step, wrap_ddp)
+                                     seed_everything, set_determinism, time_step, wrap_ddp)
 from torus_train.train.eta import Eta
 from torus_train.train.faults import Fault, install
 from torus_train.train.checkpoint import write_atomic
@@ -64,6 +64,7 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
 
 def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunState:
     """Build every part in a fixed order (the same RNG draws on a straight and a resumed run)."""
+    set_determinism(spec.job.deterministic, boot.device)
     seed_everything(spec.job.seed, boot.info.rank)
     model = build_model(spec, boot.device)
     ddp = wrap_ddp(model, spec, boot)
