@@ -145,7 +145,8 @@ def bench_input(root, split, batch_size, image_size, threads, warmup, batches, r
 def summarize(rounds: list[dict]) -> dict:
     """One loader's row (with its decoder): totals over its rounds, and the median round's images/s."""
     rates = sorted(m["images_per_s"] for m in rounds)
-    return {"loader": rounds[0]["loader"], "decoder": rounds[0]["decoder"], "threads": rounds[0]["threads"], "rounds": len(rounds),
+    return {"loader": rounds[0]["loader"], "decoder": rounds[0]["decoder"], "threads": rounds[0]["threads"],
+            "rounds": len(rounds),
             "batches": sum(m["batches"] for m in rounds), "images": sum(m["images"] for m in rounds),
             "seconds": round(sum(m["seconds"] for m in rounds), 3), "images_per_s": statistics.median(rates),
             "min_images_per_s": rates[0], "max_images_per_s": rates[-1],
@@ -159,7 +160,8 @@ def format_table(results: list[dict]) -> str:
     lines = [head]
     for r in results:
         ratio = f"{r['ratio_to_torchvision']:.2f}" if r["ratio_to_torchvision"] else "-"
-        lines.append(f"{label(r['loader'], r['decoder']):<19} {r['threads']:>7} {r['rounds']:>6} {r['images']:>7} {r['seconds']:>8.2f} "
+        lines.append(f"{label(r['loader'], r['decoder']):<19} {r['threads']:>7} {r['rounds']:>6} {r['images']:>7} "
+                     f"{r['seconds']:>8.2f} "
                      f"{r['images_per_s']:>9.1f} {r['min_images_per_s']:>7.1f} {r['max_images_per_s']:>7.1f} "
                      f"{ratio:>6}")
     return "\n".join(lines)
