@@ -89,13 +89,13 @@ class Loader(Protocol):
     request's device. ``len(loader)`` is the same on every rank: the epoch's samples are split into equal
     shards by GLOBAL rank, padded with wrapped-around samples; in validation a padded sample's label is
     PAD_LABEL (-1), so that every image is counted once.
+
+    A loader that decodes images may say where, in ``decoder`` (DALI's "mixed" or "cpu", torchvision's "gpu"
+    or "cpu"), which summary.json reports; one without the attribute (synthetic, a toy source) reports null.
     """
 
     kind: str
     """The pipeline that makes the batches, for logs and summaries: "dali", "torchvision", "synthetic", ..."""
-    decoder: str | None
-    """Where its JPEGs are decoded, for summaries: DALI's "mixed" or "cpu", torchvision's "gpu" or "cpu"; None
-    for a loader that decodes nothing (synthetic)."""
     num_samples: int
     """Samples in the split (one epoch over all ranks, before padding)."""
     num_classes: int

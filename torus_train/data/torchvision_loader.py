@@ -59,6 +59,11 @@ def _read(reader, i: int) -> np.ndarray:
     return data
 
 
+def _as_is(x):
+    """No transform (the encoded bytes go as they are); a module function: the forkserver pickles it."""
+    return x
+
+
 def _collate_encoded(samples):
     """A batch of encoded samples as one flat uint8 tensor and the sizes that split it (one shared-memory
     tensor per batch, not one per image), the labels, and the skip notes when there are."""
@@ -74,7 +79,7 @@ class _Files(torch.utils.data.Dataset):
     ``load(reader, i)`` makes the image (PIL's decode, or the encoded bytes), ``tf`` transforms it."""
 
     def __init__(self, split: Split, tf, skip: bool = False, val: bool = False, load=_decode):
-        self.split, self.files, self.labels, self.tf = split, split.files, split.labels, tf or (lambda x: x)
+        self.split, self.files, self.labels, self.tf = split, split.files, split.labels, tf or _as_is
         self.skip, self.val, self.load = skip, val, load
         self.reader = sample_reader(split)
 
