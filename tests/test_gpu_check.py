@@ -89,6 +89,7 @@ def test_the_production_spec_shrunk_to_one_gpu_is_valid(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1560)  # the script's own limits (x5 in a rehearsal) bound it; a loaded 2-core CPU is slow
 def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
     """--rehearse: the four parts' programs end to end on the CPU (gloo, DALI's CPU decoder, 64 px), every
     documented field filled; the pass lines that hold on any device hold here."""
@@ -124,6 +125,7 @@ def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(960)
 def test_one_part_without_dali_passes_on_torchvision_and_says_dali_was_not_checked(tmp_path):
     """--parts production where nvidia.dali does not import (a package of that name that raises): the run takes
     torchvision (with its GPU decoder on a GPU; the CPU one here), its figures are filled, the check passes and
