@@ -9,8 +9,8 @@
 # --rehearse runs every part on the CPU at toy size (gloo, DALI's CPU decoder, 64 px, per-GPU batch 4 and 8,
 # parts' limits x5: a shared CPU is slow): a check of this script without a GPU; its figures say nothing of one.
 # The configuration: ResNet-50 at 224 px, per-GPU batch 32 and 256 (its two stages), fp16 with a GradScaler and
-# fp16 exchange, LARS, channels_last, evaluation on, DALI's mixed decoder on photo-size JPEGs
-# (scripts/photo_like_set.py), the torus hook on NCCL on the 1x1 grid (its side stream, Future and its three
+# fp16 exchange, LARS, channels_last, evaluation on, DALI's mixed decoder (or torchvision's nvJPEG one) on
+# photo-size JPEGs (scripts/photo_like_set.py), the torus hook on NCCL on the 1x1 grid (its side stream, Future and its three
 # phases, reduce-scatter along the row, all-reduce along the column, all-gather along the row, each over a
 # group of one rank, which NCCL accepts). Parts, each under its own limit:
 #   syncs       the loop (train/loop.py, in process, NCCL world of one) in fp16 with the GradScaler, host reads
