@@ -273,3 +273,16 @@ def test_the_decoder_entry_places_it_by_device(index_set):
     ld = make_loader("torchvision", index_set, "val", rank=0, world_size=1, batch_size=4,
                      image_size=24, num_classes=None, seed=0, channels_last=False, device="cpu", num_threads=0)
     assert (ld.kind, ld.decoder) == ("torchvision", "cpu")  # what summary.json's loader and decoder say
+
+
+def test_device_path_stops_its_prefetch_thread_after_an_early_stop(index_set):
+    """A pass that stops early (resume, --steps) leaves no decode thread behind, and the next pass reads the
+    whole shard from its start."""
+    import threading
+
+    ld = loader("torchvision-device", index_set, "train", rank=1, world_size=4, batch_size=4)
+    expect = shard(90, 1, 4, 4, epoch=1, seed=0).indices.tolist()
+    assert read_epoch(ld, 1, limit=2) == expect[:8]
+    assert read_epoch(ld, 1) == expect
+    ld.close()
+    assert not [t for t in threading.enumerate() if t.name == "torus-decode"]
