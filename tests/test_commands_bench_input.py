@@ -18,8 +18,10 @@ def test_bench_input_runs_both_and_writes_json(tmp_path):
     assert "DALI / torchvision:" in r.stdout and "per round:" in r.stdout
     assert r.stderr.count("round 1/2:") == 2 and r.stderr.count("round 2/2:") == 2
     doc = json.loads(out.read_text())
-    kinds = [x["loader"] for x in doc["results"]]
-    assert kinds == ["dali", "torchvision"]
+    kinds = [(x["loader"], x["decoder"]) for x in doc["results"]]
+    assert kinds == [("dali", "cpu"), ("torchvision", "cpu")]  # no GPU here: torchvision's GPU decoder is not run
+    assert "torchvision with data.decoder = gpu: not measured (data.decoder = gpu needs ranks on CUDA" in r.stderr
+    assert doc["not_measured"] and "torchvision (cpu)" in r.stdout
     for x in doc["results"]:
         assert x["rounds"] == 2 and x["images"] == 48 and len(x["round_images_per_s"]) == 2
         assert x["min_images_per_s"] <= x["images_per_s"] <= x["max_images_per_s"]
@@ -31,3 +33,13 @@ def test_bench_input_bad_folder_is_one_line(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert f"{tmp_path / 'none'}: data folder not found" in r.stderr
+
+
+def test_bench_input_measures_each_decoder_the_device_takes():
+    """On a CUDA device: DALI, torchvision decoding in its workers, torchvision decoding with nvJPEG."""
+    from torus_train.commands.bench_input import variants
+
+    assert variants(["dali", "torchvision"], "cuda:0") == ([("dali", "auto"), ("torchvision", "cpu"),
+                                                            ("torchvision", "gpu")], [])
+    rows, skipped = variants(["torchvision"], "cpu")
+    assert rows == [("torchvision", "cpu")] and len(skipped) == 1 and "needs ranks on CUDA" in skipped[0]

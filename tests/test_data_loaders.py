@@ -1,5 +1,7 @@
 """DALI and torchvision loaders on real JPEG files: same shard order, shapes, padding, errors, and how close
-DALI's validation output is to torchvision's validation transform."""
+DALI's validation output is to torchvision's validation transform. "torchvision-device" is the torchvision
+loader with its GPU decoder's code path (workers read, the rank decodes a batch at once and augments it) run on
+the CPU: a test-only data.decoder entry places it on any device."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,13 +14,25 @@ from torus_train.data.checks import DataError, scan
 from torus_train.data.sharding import shard
 from torus_train.data.demo import generate
 from torus_train.errors import UserError
+from torus_train.job.sources import DECODERS, Decoder
 
-KINDS = ["dali", "torchvision"]
+KINDS = ["dali", "torchvision", "torchvision-device"]
+ON_DEVICE = "test-on-device"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def device_decoder_anywhere():
+    """A data.decoder entry that runs the GPU decoder's path on the rank's device, whatever it is (CPU here)."""
+    DECODERS.add(ON_DEVICE, Decoder(ON_DEVICE, "the GPU decoder's path on any device", lambda device: "gpu"))
+    yield
+    DECODERS.remove(ON_DEVICE)
 
 
 def loader(kind, root, split, **kw):
     args = dict(rank=0, world_size=1, batch_size=8, image_size=24, num_classes=None, seed=0,
                 channels_last=False, device="cpu", num_threads=1)
+    if kind == "torchvision-device":
+        kind, args["decoder"] = "torchvision", ON_DEVICE
     args.update(kw)
     return make_loader(kind, root, split, **args)
 
@@ -197,3 +211,78 @@ def test_half_precision_images_equal_the_float32_ones_rounded(kind, dtype, index
 def test_unknown_image_dtype_is_refused(index_set):
     with pytest.raises(UserError, match="dtype"):
         loader("dali", index_set, "val", dtype="int8")
+
+
+def encoded_files(root, split, n):
+    files = sorted(p for p in (root / split).rglob("*") if p.is_file())[:n]
+    return files, [torch.from_numpy(np.fromfile(f, dtype=np.uint8)) for f in files]
+
+
+def test_batch_decode_and_augment_on_the_cpu(demo_small):
+    """The GPU decoder's functions with device="cpu": one batched decode, then per-image crop boxes resized to
+    the fixed size, flipped and normalised; the same generator seed gives the same batch, another seed
+    another; validation's output is torchvision's CPU transform up to the resampling kernels."""
+    from PIL import Image
+
+    from torus_train.data.base import MEAN, STD
+    from torus_train.data.batch_decode import augment, decode_batch
+    from torus_train.data.torchvision_loader import transform
+
+    files, encoded = encoded_files(demo_small, "val", 12)
+    images, failed = decode_batch(encoded, torch.device("cpu"))
+    assert failed == {} and len(images) == 12
+    assert all(im.dtype == torch.uint8 and im.shape[0] == 3 and im.device.type == "cpu" for im in images)
+
+    def train(seed, **kw):
+        return augment(images, "train", 32, torch.Generator().manual_seed(seed), **kw)
+
+    x = train(0)
+    assert x.shape == (12, 3, 32, 32) and x.dtype == torch.float32
+    low = min((0 - m) / s for m, s in zip(MEAN, STD))
+    high = max((1 - m) / s for m, s in zip(MEAN, STD))
+    assert low - 1e-5 <= x.min().item() and x.max().item() <= high + 1e-5
+    assert torch.equal(x, train(0)) and not torch.equal(x, train(1))
+    half = train(0, dtype=torch.float16, channels_last=True)
+    assert half.dtype == torch.float16 and half.is_contiguous(memory_format=torch.channels_last)
+    assert (half.float() - x).abs().max().item() <= 2.0 ** -9
+    val = augment(images, "val", 32, torch.Generator())
+    want = torch.stack([transform("val", 32)(Image.open(f).convert("RGB")) for f in files])
+    assert val.shape == want.shape and (val - want).abs().mean().item() < 0.05
+
+
+def test_a_file_that_reads_but_does_not_decode_is_replaced_on_the_device_path(tmp_path):
+    """on_corrupt = skip with the decode in the rank: the batch keeps its size, the bad file is named once in
+    the CorruptLog with its replacement (the next readable file)."""
+    root = make_index_set(tmp_path / "d", n_train=12, n_val=6)
+    victim = sorted((root / "train" / "c1").iterdir())[0]
+    data = bytearray(victim.read_bytes())
+    data[20:-2] = bytes(len(data) - 22)  # markers intact (the workers' quick check passes), content wrecked
+    victim.write_bytes(bytes(data))
+    ld = loader("torchvision-device", root, "train", batch_size=4, on_corrupt="skip")
+    steps = [x.shape[0] for x, _ in ld]
+    assert steps == [4] * len(ld) and list(ld.corrupt.files) == [str(victim)]
+    ld.close()
+
+
+def test_the_decoder_entry_places_it_by_device(index_set):
+    """data.decoder: auto follows the device, gpu on a CPU rank is one line naming the field."""
+    assert DECODERS.get("auto").place("cuda") == "gpu" and DECODERS.get("auto").place("cpu") == "cpu"
+    assert DECODERS.get("cpu").place("cuda") == "cpu" and DECODERS.get("gpu").place("cuda") == "gpu"
+    with pytest.raises(UserError, match="data.decoder = gpu needs ranks on CUDA"):
+        DECODERS.get("gpu").place("cpu")
+    ld = make_loader("torchvision", index_set, "val", rank=0, world_size=1, batch_size=4,
+                     image_size=24, num_classes=None, seed=0, channels_last=False, device="cpu", num_threads=0)
+    assert (ld.kind, ld.decoder) == ("torchvision", "cpu")  # what summary.json's loader and decoder say
+
+
+def test_device_path_stops_its_prefetch_thread_after_an_early_stop(index_set):
+    """A pass that stops early (resume, --steps) leaves no decode thread behind, and the next pass reads the
+    whole shard from its start."""
+    import threading
+
+    ld = loader("torchvision-device", index_set, "train", rank=1, world_size=4, batch_size=4)
+    expect = shard(90, 1, 4, 4, epoch=1, seed=0).indices.tolist()
+    assert read_epoch(ld, 1, limit=2) == expect[:8]
+    assert read_epoch(ld, 1) == expect
+    ld.close()
+    assert not [t for t in threading.enumerate() if t.name == "torus-decode"]

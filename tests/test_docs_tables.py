@@ -28,3 +28,12 @@ def test_launcher_values():
 def test_data_source_names():
     named = [s.name for s in SOURCES if not s.takes_path]
     assert listed("data", "source")[:len(named)] == named
+
+
+def test_data_decoder_values_and_docs_data_table():
+    from torus_train.job.sources import DECODERS
+
+    assert listed("data", "decoder") == list(DECODERS.names())
+    data_md = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| (.+) \|$", data_md, flags=re.M)
+    assert [(n, h) for n, h in rows if n in DECODERS] == [(d.name, d.help) for d in DECODERS]

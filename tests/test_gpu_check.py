@@ -47,7 +47,7 @@ def test_without_a_gpu_it_says_so_and_prints_the_documented_skeleton(tmp_path):
     assert "no CUDA GPU" in r.stderr
     doc = json.loads(r.stdout)
     assert doc == json.loads((tmp_path / "s.json").read_text())
-    assert (doc["status"], doc["gpu"], doc["gpu_check"], doc["parts"]) == ("no-gpu", None, 2, [])
+    assert (doc["status"], doc["gpu"], doc["gpu_check"], doc["parts"]) == ("no-gpu", None, 3, [])
     assert set(doc["checks"]) == CHECKS == set(documented())
     for name, check in doc["checks"].items():
         assert check["ok"] is None and check["pass_if"] and "seconds" in check
@@ -86,6 +86,8 @@ def test_the_production_spec_shrunk_to_one_gpu_is_valid(monkeypatch, tmp_path):
     assert (spec.data.image_size, spec.grid.grid, spec.schedule.steps) == (224, "1x1", 30)
     bf16 = shrunk["loop_spec"](str(tmp_path), 256, 30, "bf16")  # the speed part's bf16 loop validates too
     assert (bf16.model.precision, bf16.comm.compression) == ("bf16", "bf16")
+    deterministic = shrunk["loop_spec"](str(tmp_path), 256, 30, deterministic=True)
+    assert not spec.job.deterministic and deterministic.job.deterministic
     sets = shrunk["cli_sets"](["model.num_classes=8", "schedule.stages=[{until_epoch=1,global_batch=32},"
                                                       "{until_epoch=2,global_batch=256}]", "schedule.epochs=2"])
     cli = load_spec(str(shrunk["SPEC"]), [parse_override(v) for k, v in zip(sets[::2], sets[1::2])])
@@ -94,6 +96,7 @@ def test_the_production_spec_shrunk_to_one_gpu_is_valid(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1560)  # the script's own limits (x5 in a rehearsal) bound it; a loaded 2-core CPU is slow
 def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
     """--rehearse: the four parts' programs end to end on the CPU (gloo, DALI's CPU decoder, 64 px), every
     documented field filled; the pass lines that hold on any device hold here."""
@@ -111,20 +114,29 @@ def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
     assert checks["host_syncs"]["steps"] > 0 and checks["host_syncs"]["backend"] == "gloo"
     prod = checks["production"]
     assert prod["ok"] and (prod["backend"], prod["loader"], prod["evaluations"]) == ("gloo", "dali (cpu)", 2)
-    assert prod["replicas_agree"] is True and prod["steps"] == 8 + 4  # 32 images at batch 4, then at batch 8
-    assert checks["digest"]["ok"] and len(checks["digest"]["first"]) == 64
+    assert prod["dali_checked"] is True and prod["note"] == "DALI" and prod["images_per_s"] > 0
+    assert prod["replicas_agree"] is True and prod["steps"] == 48 + 24  # 192 images at batch 4, then at batch 8
+    wait = checks["data_wait"]
+    assert (wait["steps_batch_32"], wait["steps_batch_256"]) == (48 - 3, 24 - 3)  # each stage's first 3 left out
+    assert 0 <= wait["share_batch_32"] <= 1 and 0 <= wait["share_batch_256"] <= 1
+    digest = checks["digest"]
+    assert digest["ok"] and len(digest["first"]) == 64
+    assert digest["deterministic_cost"] == pytest.approx(digest["deterministic_img_s"] / digest["default_img_s"])
     speed = checks["speed_vs_bare"]
     assert speed["batch"] == 8 and speed["torus_train_img_s"] > 0 and speed["bare_img_s"] > 0
     assert abs(speed["ratio"] - speed["torus_train_img_s"] / speed["bare_img_s"]) < 1e-9
-    assert checks["bf16_vs_fp16"]["fp16_img_s"] == speed["torus_train_img_s"]
-    assert 0 <= checks["data_wait"]["share_batch_32"] <= 1 and 0 <= checks["data_wait"]["share_batch_256"] <= 1
+    prec = checks["bf16_vs_fp16"]  # the pass line: the loop in bf16 against the bare loop in bf16
+    assert prec["fp16_img_s"] == speed["torus_train_img_s"]
+    assert prec["ratio"] == pytest.approx(prec["bf16_img_s"] / prec["bare_bf16_img_s"])
+    assert prec["bf16_over_fp16"] == pytest.approx(prec["bf16_img_s"] / prec["fp16_img_s"])
 
 
 @pytest.mark.slow
-def test_one_part_without_dali_still_checks_the_rest_and_says_what_is_missing(tmp_path):
+@pytest.mark.timeout(960)
+def test_one_part_without_dali_passes_on_torchvision_and_says_dali_was_not_checked(tmp_path):
     """--parts production where nvidia.dali does not import (a package of that name that raises): the run takes
-    torchvision, its figures are filled, and the check fails naming the package to install; the other parts'
-    checks stay null."""
+    torchvision (with its GPU decoder on a GPU; the CPU one here), its figures are filled, the check passes and
+    its note says that DALI was not checked; the other parts' checks stay null."""
     fake = tmp_path / "nodali" / "nvidia"
     (fake / "dali").mkdir(parents=True)
     (fake / "__init__.py").write_text("import os, site\n"  # the real nvidia.* packages stay importable
@@ -133,13 +145,14 @@ def test_one_part_without_dali_still_checks_the_rest_and_says_what_is_missing(tm
     r = subprocess.run(["bash", str(SCRIPT), "--rehearse", "--parts", "production", "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=900,
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(fake.parent)})
-    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
-    assert (doc["status"], doc["parts"]) == ("failed", ["production"])
+    assert (doc["status"], doc["parts"]) == ("rehearsal", ["production"])
     prod = doc["checks"]["production"]
-    assert prod["ok"] is False and "install nvidia-dali-cuda120" in prod["error"]
-    assert (prod["loader"], prod["evaluations"], prod["replicas_agree"]) == ("torchvision", 2, True)
-    assert doc["checks"]["data_wait"]["share_batch_256"] is not None
+    assert prod["ok"] is True and "error" not in prod and prod["dali_checked"] is False
+    assert "DALI was not checked" in prod["note"]
+    assert (prod["loader"], prod["evaluations"], prod["replicas_agree"]) == ("torchvision (cpu)", 2, True)
+    assert doc["checks"]["data_wait"]["steps_batch_256"] == 21
     for name in ("host_syncs", "speed_vs_bare", "bf16_vs_fp16", "peak_memory", "digest"):
         assert doc["checks"][name]["ok"] is None and doc["checks"][name]["seconds"] is None, name
 

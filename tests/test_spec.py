@@ -111,3 +111,19 @@ def test_example_specs_load():
     for path in specs:
         s = load_spec(path)
         assert s.schedule.at(s.grid.gpus or 8).stages[-1].until_epoch == s.schedule.epochs, path
+
+
+def test_deterministic_and_decoder_fields():
+    """job.deterministic is off by default (speed); data.decoder takes the decoders' table's names."""
+    from torus_train.job.sources import DECODERS
+    from torus_train.job.spec import load_spec, parse_override
+
+    spec = load_spec(None)
+    assert spec.job.deterministic is False and spec.data.decoder == "auto"
+    assert DECODERS.names() == ("auto", "cpu", "gpu")
+    on = load_spec(None, [parse_override("job.deterministic=true"), parse_override("data.decoder=gpu")])
+    assert on.job.deterministic is True and on.data.decoder == "gpu"
+    with pytest.raises(SpecError, match="data.decoder: 'nvjpeg' is not one of auto, cpu, gpu"):
+        load_spec(None, [parse_override("data.decoder=nvjpeg")])
+    with pytest.raises(SpecError, match="job.deterministic: expected true or false"):
+        load_spec(None, [parse_override("job.deterministic=1")])

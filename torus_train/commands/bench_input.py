@@ -1,7 +1,7 @@
-"""`torus-train bench input`: DALI against the torchvision fallback on the same files and cores, alternating."""
+"""`torus-train bench input`: DALI against the torchvision fallback (each of its decoders the device allows) on the
+same files and cores, alternating."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -11,15 +11,42 @@ import click
 
 from torus_train.data import make_loader
 from torus_train.data.checks import scan
-from torus_train.errors import check_output_file
 from torus_train.errors import UserError
+from torus_train.job.sources import DECODERS
+from torus_train.outfiles import Writer, check_json_output, write_json
+
+WRITER = Writer("bench input")
 
 
-def _measure(kind: str, root: str, split: str, batch: int, size: int, threads: int, warmup: int, batches: int,
-             device: str, channels_last: bool) -> dict:
+def variants(kinds: list[str], device: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """([(loader, data.decoder)] to measure, [why a decoder is not]): torchvision with each decoder of the
+    table that the device can take (the GPU decoder needs CUDA), DALI as it decodes on the device."""
+    rows, skipped = [], []
+    for kind in kinds:
+        if kind != "torchvision":
+            rows.append((kind, "auto"))
+            continue
+        for name, entry in DECODERS.items():
+            if name == "auto":  # auto is one of the others
+                continue
+            try:
+                entry.place(device.split(":")[0])
+                rows.append((kind, name))
+            except UserError as e:
+                skipped.append(f"torchvision with data.decoder = {name}: not measured ({e})")
+    return rows, skipped
+
+
+def label(kind: str, decoder: str | None) -> str:
+    return f"{kind} ({decoder})" if decoder else kind
+
+
+def _measure(kind: str, decoder: str, root: str, split: str, batch: int, size: int, threads: int, warmup: int,
+             batches: int, device: str, channels_last: bool) -> dict:
     loader = make_loader(kind, root, split, rank=0, world_size=1, batch_size=batch, image_size=size,
                          num_classes=None, seed=0, channels_last=channels_last, device=device,
-                         num_threads=threads)
+                         num_threads=threads, decoder=decoder)
+    decoded_by = loader.decoder
     steps_per_pass = len(loader)
     done, epoch, t0, t_first = 0, 0, None, time.perf_counter()
     try:
@@ -39,7 +66,7 @@ def _measure(kind: str, root: str, split: str, batch: int, size: int, threads: i
         loader.close()
     seconds = time.perf_counter() - (t0 if t0 is not None else t_first)
     timed = batches if t0 is not None else done
-    return {"loader": kind, "threads": threads, "batches": timed, "images": timed * batch,
+    return {"loader": kind, "decoder": decoded_by, "threads": threads, "batches": timed, "images": timed * batch,
             "seconds": round(seconds, 3), "images_per_s": round(timed * batch / seconds, 1),
             "steps_per_pass": steps_per_pass}
 
@@ -57,12 +84,16 @@ def _measure(kind: str, root: str, split: str, batch: int, size: int, threads: i
               help="Rounds that alternate the loaders, so both see the same drift in the machine's load.")
 @click.option("--loaders", default="dali,torchvision", show_default=True, help="Comma-separated loaders to run.")
 @click.option("--device", default="cpu", show_default=True,
-              help="cpu, or cuda / cuda:N (DALI then decodes on the GPU).")
+              help="cpu, or cuda / cuda:N (DALI then decodes on the GPU, and torchvision is measured with each "
+                   "decoder).")
 @click.option("--channels-last/--no-channels-last", default=False, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results here.")
 def bench_input(root, split, batch_size, image_size, threads, warmup, batches, rounds, loaders, device,
                 channels_last, json_path):
     """Images/s of each input pipeline on the same files and cores, and DALI's ratio to torchvision.
+
+    With --device cuda the torchvision loader runs twice, decoding in its workers (cpu) and with nvJPEG on the
+    GPU (gpu, data.decoder); on the CPU only the first, said in a line.
 
     The loaders run one after the other in alternating rounds (each round builds its loader, warms it up,
     times it and closes it, so the other never runs beside it); the table gives each loader's median round.
@@ -78,35 +109,39 @@ def bench_input(root, split, batch_size, image_size, threads, warmup, batches, r
     if threads < 0:
         raise UserError(f"--threads: {threads} must be >= 0")
     if json_path is not None:
-        check_output_file(json_path, "--json")
+        check_json_output(json_path, WRITER)
     check_device(device)
     threads = threads or os.cpu_count() or 1
     s = scan(root, split)  # fail early, naming the path, before any pipeline starts
     click.echo(f"bench input: {s.root} ({len(s)} images, {len(s.classes)} classes), batch {batch_size}, "
                f"{image_size}x{image_size}, {threads} thread(s) each, device {device}, {rounds} round(s) of "
                f"{warmup} warm-up + {batches} timed batches per loader", err=True)
-    per_round: dict[str, list[dict]] = {k: [] for k in kinds}
+    rows, skipped = variants(kinds, device)
+    for line in skipped:
+        click.echo(line, err=True)
+    per_round: dict[tuple[str, str], list[dict]] = {v: [] for v in rows}
     for r in range(rounds):
-        for k in (kinds if r % 2 == 0 else kinds[::-1]):
-            m = _measure(k, root, split, batch_size, image_size, threads, warmup, batches, device, channels_last)
-            per_round[k].append(m)
-            click.echo(f"  round {r + 1}/{rounds}: {k:<11} {m['images_per_s']:8.1f} img/s", err=True)
-    results = [summarize(k, per_round[k]) for k in kinds]
-    base = next((r["images_per_s"] for r in results if r["loader"] == "torchvision"), None)
+        for v in (rows if r % 2 == 0 else rows[::-1]):
+            m = _measure(*v, root, split, batch_size, image_size, threads, warmup, batches, device, channels_last)
+            per_round[v].append(m)
+            click.echo(f"  round {r + 1}/{rounds}: {label(m['loader'], m['decoder']):<19} "
+                       f"{m['images_per_s']:8.1f} img/s", err=True)
+    results = [summarize(per_round[v]) for v in rows]
+    base_row = next((v for v in rows if v == ("torchvision", "cpu")), None)
+    base = summarize(per_round[base_row])["images_per_s"] if base_row else None
     for r in results:
         r["ratio_to_torchvision"] = round(r["images_per_s"] / base, 2) if base else None
     click.echo(format_table(results))
-    dali = next((r for r in results if r["loader"] == "dali"), None)
-    if dali and base:
-        pairs = [d["images_per_s"] / t["images_per_s"] for d, t in zip(per_round["dali"], per_round["torchvision"])]
-        click.echo(f"DALI / torchvision: {dali['images_per_s'] / base:.2f}x (median rounds; per round: "
-                   f"{', '.join(f'{x:.2f}' for x in pairs)})")
+    for v, r in zip(rows, results):
+        if base and v != base_row:
+            pairs = [d["images_per_s"] / t["images_per_s"] for d, t in zip(per_round[v], per_round[base_row])]
+            click.echo(f"{'DALI' if v[0] == 'dali' else label(*v)} / torchvision: {r['images_per_s'] / base:.2f}x "
+                       f"(median rounds; per round: {', '.join(f'{x:.2f}' for x in pairs)})")
     if json_path:
         doc = {"data": str(s.root), "images_in_split": len(s), "split": split, "batch_size": batch_size,
                "image_size": image_size, "threads": threads, "device": device, "warmup": warmup,
-               "rounds": rounds, "cpu_count": os.cpu_count(), "results": results}
-        with open(json_path, "w") as f:
-            json.dump(doc, f, indent=1)
+               "rounds": rounds, "cpu_count": os.cpu_count(), "not_measured": skipped, "results": results}
+        write_json(json_path, doc, WRITER)
         click.echo(f"wrote {json_path}", err=True)
 
 
@@ -124,10 +159,11 @@ def check_device(device: str) -> None:
                             + (f" or cuda:0 to cuda:{count - 1}" if count else ""))
 
 
-def summarize(kind: str, rounds: list[dict]) -> dict:
-    """One loader's row: totals over its rounds, and the median round's images/s."""
+def summarize(rounds: list[dict]) -> dict:
+    """One loader's row (with its decoder): totals over its rounds, and the median round's images/s."""
     rates = sorted(m["images_per_s"] for m in rounds)
-    return {"loader": kind, "threads": rounds[0]["threads"], "rounds": len(rounds),
+    return {"loader": rounds[0]["loader"], "decoder": rounds[0]["decoder"], "threads": rounds[0]["threads"],
+            "rounds": len(rounds),
             "batches": sum(m["batches"] for m in rounds), "images": sum(m["images"] for m in rounds),
             "seconds": round(sum(m["seconds"] for m in rounds), 3), "images_per_s": statistics.median(rates),
             "min_images_per_s": rates[0], "max_images_per_s": rates[-1],
@@ -136,12 +172,13 @@ def summarize(kind: str, rounds: list[dict]) -> dict:
 
 
 def format_table(results: list[dict]) -> str:
-    head = (f"{'loader':<12} {'threads':>7} {'rounds':>6} {'images':>7} {'seconds':>8} {'images/s':>9} "
+    head = (f"{'loader':<19} {'threads':>7} {'rounds':>6} {'images':>7} {'seconds':>8} {'images/s':>9} "
             f"{'min':>7} {'max':>7} {'ratio':>6}")
     lines = [head]
     for r in results:
         ratio = f"{r['ratio_to_torchvision']:.2f}" if r["ratio_to_torchvision"] else "-"
-        lines.append(f"{r['loader']:<12} {r['threads']:>7} {r['rounds']:>6} {r['images']:>7} {r['seconds']:>8.2f} "
+        lines.append(f"{label(r['loader'], r['decoder']):<19} {r['threads']:>7} {r['rounds']:>6} {r['images']:>7} "
+                     f"{r['seconds']:>8.2f} "
                      f"{r['images_per_s']:>9.1f} {r['min_images_per_s']:>7.1f} {r['max_images_per_s']:>7.1f} "
                      f"{ratio:>6}")
     return "\n".join(lines)

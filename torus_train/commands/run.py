@@ -21,6 +21,7 @@ FLAG_FIELDS = {
     "launcher": "launch.launcher", "hostfile": "launch.hostfile", "container": "launch.container",
     "data": "data.source", "model": "model.arch", "image_size": "data.image_size",
     "steps": "schedule.steps", "epochs": "schedule.epochs", "out": "job.out", "backend": "comm.backend",
+    "deterministic": "job.deterministic",
 }
 
 
@@ -49,6 +50,9 @@ FLAG_FIELDS = {
 @click.option("--out", default=None, help="Output folder (job.out). Default: runs/<job.name>.")
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
               help="Set any spec field, e.g. --set comm.algo=flat (repeatable).")
+@click.option("--deterministic", is_flag=True, default=None,
+              help="Deterministic cuDNN/cuBLAS kernels (job.deterministic): identical GPU runs, and a resumed run "
+                   "against a straight one, end with the same bits; slower.")
 @click.option("--resume", is_flag=True, help="Continue from the latest complete checkpoint in the output folder.")
 @click.option("--overwrite", is_flag=True, help="Delete earlier results in the output folder first.")
 @click.option("--dry-run", is_flag=True, help="Print the resolved spec, grid, command and batch table; start nothing.")
@@ -70,7 +74,8 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     """
     if resume and overwrite:
         raise UserError("--resume and --overwrite exclude each other")
-    overrides = [(FLAG_FIELDS[k], v) for k, v in flags.items() if v is not None]
+    # a flag not given is None or False (--deterministic): the spec's value stands
+    overrides = [(FLAG_FIELDS[k], v) for k, v in flags.items() if v is not None and v is not False]
     overrides += [parse_override(s) for s in sets]
     spec = load_spec(spec_path, overrides)
     given = {f for f, _ in overrides}

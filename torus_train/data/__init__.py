@@ -28,7 +28,7 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
                 num_classes: int | None, seed: int, channels_last: bool, device, num_threads: int = 2,
                 verify: bool = True, synthetic_samples: int | None = None, index: str | None = None,
                 dtype: str = "float32", on_corrupt: str = "fail", corrupt=None, io_workers: int = 2,
-                prefetch: int = 2, shuffle_buffer: int = 8192):
+                prefetch: int = 2, shuffle_buffer: int = 8192, decoder: str = "auto"):
     """A loader for ``split`` of ``root`` (tools and tests; ranks go through train/build.py): ``root`` is a
     folder or a packed set, told apart by the data sources' table; or ``kind`` names a data source that takes
     no path (synthetic, demo) and ``root`` is None.
@@ -43,7 +43,8 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
     naming it (fail) or is replaced by the next readable file (skip); ``corrupt``: the base.CorruptLog that
     counts the skipped files (kept across the loaders of a run; a new one when None), also
     ``loader.corrupt``. ``io_workers``: reader threads; ``prefetch``: batches prepared ahead;
-    ``shuffle_buffer``: a packed set's in-buffer shuffle (data/packed.py).
+    ``shuffle_buffer``: a packed set's in-buffer shuffle (data/packed.py). ``decoder``: where the torchvision
+    pipeline decodes (auto, cpu, gpu: job/sources.py's DECODERS).
     """
     import torch
 
@@ -52,7 +53,7 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
     named = kind in SOURCES and not SOURCES.get(kind).takes_path
     request = LoaderRequest(cfg, torch.device(device), None if named else root, "auto" if named else kind,
                             num_classes, index, build_index=True, verify=verify, samples=synthetic_samples or 0,
-                            corrupt=corrupt)
+                            corrupt=corrupt, decoder=decoder)
     if named:
         return SOURCES.get(kind).open_loader(request)
     if kind not in KINDS:  # named before the folder is read

@@ -89,6 +89,9 @@ class Loader(Protocol):
     request's device. ``len(loader)`` is the same on every rank: the epoch's samples are split into equal
     shards by GLOBAL rank, padded with wrapped-around samples; in validation a padded sample's label is
     PAD_LABEL (-1), so that every image is counted once.
+
+    A loader that decodes images may say where, in ``decoder`` (DALI's "mixed" or "cpu", torchvision's "gpu"
+    or "cpu"), which summary.json reports; one without the attribute (synthetic, a toy source) reports null.
     """
 
     kind: str
@@ -143,6 +146,8 @@ class LoaderRequest:
     """data.synthetic_samples: images per epoch of a source that makes them (0 = its default)."""
     corrupt: "CorruptLog | None" = None
     """The run's CorruptLog (files skipped under on_corrupt = skip, kept across the loaders of a run)."""
+    decoder: str = "auto"
+    """data.decoder for the torchvision pipeline: auto, cpu or gpu (job/sources.py: DECODERS)."""
 
 
 IMAGE_DTYPES = ("float32", "float16", "bfloat16")
@@ -208,6 +213,7 @@ class ShardedLoader:
     """Base of the file loaders: holds the split and computes this rank's shard for the current epoch."""
 
     kind = "?"
+    decoder: str | None = None
 
     def __init__(self, split: Split, cfg: LoaderConfig, device, corrupt: CorruptLog | None = None):
         self.split = split

@@ -7,6 +7,7 @@ import sys
 from torus_train.data.base import LoaderRequest
 from torus_train.data.index import DataError, Split
 from torus_train.errors import UserError
+from torus_train.job.sources import DECODERS
 
 KINDS = ("auto", "dali", "torchvision")
 """The file pipelines (data.loader): auto = dali when nvidia.dali imports, else torchvision."""
@@ -33,7 +34,9 @@ def resolve_kind(kind: str, rank: int = 0, say=None) -> str:
 
 def file_loader(files: Split, request: LoaderRequest):
     """The file pipeline (request.pipeline: DALI, or torchvision) over ``files`` (a folder's or a packed set's
-    split): what the folder, packed and demo sources open."""
+    split): what the folder, packed and demo sources open. The torchvision loader decodes where
+    request.decoder's entry (job/sources.py: DECODERS) places it for the request's device; DALI decodes on
+    the GPU ("mixed") whenever the device is one."""
     kind = resolve_kind(request.pipeline, request.cfg.rank)
     if kind == "dali":
         from torus_train.data.dali import DaliLoader, available
@@ -43,7 +46,8 @@ def file_loader(files: Split, request: LoaderRequest):
         return DaliLoader(files, request.cfg, request.device, request.corrupt)
     from torus_train.data.torchvision_loader import TorchvisionLoader
 
-    return TorchvisionLoader(files, request.cfg, request.device, request.corrupt)
+    decoder = DECODERS.get(request.decoder).place(request.device.type)  # data.decoder: auto, cpu or gpu
+    return TorchvisionLoader(files, request.cfg, request.device, request.corrupt, decoder)
 
 
 def check_class_count(files: Split, num_classes: int | None, what: str) -> None:

@@ -22,6 +22,7 @@ class SyntheticLoader:
     """Yields the same (images, labels) batch ``len(self)`` times per epoch."""
 
     kind = "synthetic"
+    decoder = None  # nothing to decode
     pad = 0
 
     def __init__(self, cfg: LoaderConfig, num_classes: int, device: torch.device,

@@ -220,3 +220,35 @@ register(DataSource(
     "torus_train.data.packed_source:open_loader", _packed_images, takes_path=True, claims=PACKED_KIND.claims,
     classes="torus_train.data.packed_source:classes", prepare="torus_train.data.packed_source:prepare",
     verify="torus_train.data.packed_source:check_files", stageable=True))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# where the torchvision loader decodes (data.decoder)
+# ----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Decoder:
+    """One value of data.decoder: which of the torchvision loader's two decoders a rank on ``device`` uses."""
+
+    name: str
+    help: str
+    """One line for the docs and errors."""
+    place: Callable[[str], str]
+    """The rank's device type ("cuda", "cpu") -> "gpu" (nvJPEG, augmentation on the GPU) or "cpu" (PIL in the
+    DataLoader workers); a UserError when the device cannot take it."""
+
+
+def _gpu_only(device_type: str) -> str:
+    if device_type != "cuda":
+        raise UserError(f"data.decoder = gpu needs ranks on CUDA GPUs, not {device_type}; use data.decoder = auto "
+                        "or cpu")
+    return "gpu"
+
+
+DECODERS: Registry[Decoder] = Registry("decoder")
+for _d in (Decoder("auto", "auto: gpu when the ranks are on CUDA, else cpu",
+                   lambda device_type: "gpu" if device_type == "cuda" else "cpu"),
+           Decoder("cpu", "cpu: PIL in the DataLoader's worker processes (crop, flip and normalise there too)",
+                   lambda device_type: "cpu"),
+           Decoder("gpu", "gpu: the workers read the files, nvJPEG decodes a batch at once on the rank's GPU, and "
+                          "the crop, flip and normalise run there", _gpu_only)):
+    DECODERS.add(_d.name, _d)

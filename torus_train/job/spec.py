@@ -30,7 +30,7 @@ from torus_train.job.gpus import BACKENDS
 from torus_train.job.launchers import choices as launcher_choices
 from torus_train.job.models import HOUSE_ARCHS
 from torus_train.job.schedule import Schedule, ScheduleError
-from torus_train.job.sources import DEFAULT_SOURCE, choices_text
+from torus_train.job.sources import DECODERS, DEFAULT_SOURCE, choices_text
 from torus_train.job.topology import MAX_WORLD
 from torus_train.job.topology import parse_grid
 
@@ -108,6 +108,9 @@ class JobSection:
     with one small all-reduce; also before every checkpoint and at the end). 0 = only there."""
     max_nonfinite_steps: int = 5
     """Steps in a row with non-finite gradients (skipped) after which the run fails (exit 1)."""
+    deterministic: bool = False
+    """Deterministic cuDNN and cuBLAS kernels (no cudnn.benchmark): two identical GPU runs end with the same bits;
+    slower (docs/run.md, "Repeatable runs")."""
 
 
 @dataclass
@@ -165,6 +168,9 @@ class DataSection:
     the data sources of job/sources.py."""
     loader: str = "auto"
     """auto | dali | torchvision (auto = dali when importable)."""
+    decoder: str = "auto"
+    """Where the torchvision loader decodes JPEGs: auto (gpu when the ranks are on CUDA) | cpu | gpu (nvJPEG,
+    with the crop and flip on the GPU); DALI decodes on the GPU whenever the ranks are on CUDA."""
     image_size: int = 224
     """Training crop side in pixels."""
     index: str = ""
@@ -279,6 +285,7 @@ class JobSpec:
         _choice("model.precision", self.model.precision, ("fp32", "fp16", "bf16"))
         _choice("model.cuda_graphs", self.model.cuda_graphs, ("auto", "off"))
         _choice("data.loader", self.data.loader, ("auto", "dali", "torchvision"))
+        _choice("data.decoder", self.data.decoder, DECODERS.names())
         _choice("data.on_corrupt", self.data.on_corrupt, ("fail", "skip"))
         _choice("data.stage", self.data.stage, ("none", "node"))
         _choice("optimizer.name", self.optimizer.name, ("sgd", "lars"))

@@ -110,6 +110,11 @@ def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regri
                fault: faults.Fault | None = None) -> dict:
     """Start-up, training, shutdown of one rank (torch imported here)."""
     threads = rank_threads(os.environ)
+    if spec.job.deterministic:  # before torch touches the GPU: cuBLAS reads it when its handle is made
+        from torus_train.train.build import DETERMINISTIC_ENV
+
+        for name, value in DETERMINISTIC_ENV.items():
+            os.environ.setdefault(name, value)
     import torch
 
     if threads:

@@ -2,6 +2,7 @@
 comm.algo, loaders, AMP."""
 from __future__ import annotations
 
+import os
 import random
 import time
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torchvision
+
 from torus_train.comm.buckets import BucketedModel
 from torus_train.comm.hooks import TorusHookState
 from torus_train.data import loader_config
@@ -34,6 +36,28 @@ def seed_everything(seed: int, rank: int) -> None:
     np.random.seed((seed * 1000 + rank) % 2**32)
 
 
+DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+"""What cuBLAS needs for repeatable results (a fixed workspace per stream); read when its handle is made, so the
+worker sets it before torch touches the GPU (ranks/worker.py)."""
+
+
+def set_determinism(deterministic: bool, device: torch.device, environ=None) -> None:
+    """The rank's kernel choice (job.deterministic), before the model is built.
+
+    On: only deterministic kernels (an op that has none raises, naming itself), cuDNN's deterministic
+    algorithms and no autotuning, cuBLAS's fixed workspace: two identical runs end with the same bits. Off:
+    cuDNN autotunes on a GPU (fixed input shapes per stage: the fastest kernels, picked once), whose choice
+    and atomics may differ from run to run.
+    """
+    environ = os.environ if environ is None else environ
+    if deterministic:
+        for name, value in DETERMINISTIC_ENV.items():
+            environ.setdefault(name, value)  # a value the user set (":16:8" is also deterministic) stands
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = device.type == "cuda" and not deterministic
+
+
 def build_model(spec: JobSpec, device: torch.device) -> nn.Module:
     if spec.model.arch in HOUSE_ARCHS:
         return _placed(build_house_model(HOUSE_ARCHS[spec.model.arch], spec.model.num_classes), spec, device)
@@ -47,8 +71,6 @@ def build_model(spec: JobSpec, device: torch.device) -> nn.Module:
 
 def _placed(model: nn.Module, spec: JobSpec, device: torch.device) -> nn.Module:
     model = model.to(device)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # fixed input shapes per stage: pick the fastest kernels once
     if spec.model.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
@@ -109,7 +131,8 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
                         spec.model.channels_last, d.num_threads or decode_threads(boot.info.local_world_size),
                         image_dtype(spec, boot.device), d.on_corrupt, d.io_workers, d.prefetch, d.shuffle_buffer)
     root = staged_root(spec, boot, source.path(spec)) if source.stageable else source.path(spec)
-    request = LoaderRequest(cfg, boot.device, root, d.loader, spec.model.num_classes, d.index or None, samples=d.synthetic_samples, corrupt=corrupt)
+    request = LoaderRequest(cfg, boot.device, root, d.loader, spec.model.num_classes, d.index or None,
+                            samples=d.synthetic_samples, corrupt=corrupt, decoder=d.decoder)
     return source.open_loader(request)
 
 

@@ -26,7 +26,7 @@ from torus_train.job.rank import Bootstrap
 import torch
 
 from torus_train.train.build import (amp_settings, build_loader, build_model, build_optimizer, seed_everything,
-                                     time_step, wrap_ddp)
+                                     set_determinism, time_step, wrap_ddp)
 from torus_train.train.eta import Eta
 from torus_train.train.faults import Fault, install
 from torus_train.train.checkpoint import write_atomic
@@ -70,6 +70,7 @@ def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = F
 
 def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunState:
     """Build every part in a fixed order (the same RNG draws on a straight and a resumed run)."""
+    set_determinism(spec.job.deterministic, boot.device)
     seed_everything(spec.job.seed, boot.info.rank)
     model = build_model(spec, boot.device)
     ddp = wrap_ddp(model, spec, boot)

@@ -1,0 +1,129 @@
+"""The torchvision loader's device decoder (data.decoder = gpu): a batch of encoded JPEGs -> a normalised image
+batch, on the rank's device.
+
+    images, failed = decode_batch(encoded, device)         nvJPEG, the whole batch in one call
+    x = augment(images, split, size, generator, ...)       per-image crop box, resize, flip, normalise
+
+The DataLoader's workers only read the files (bytes as uint8 tensors); decoding, the random-resized crop, the
+flip and the normalisation run here, on the GPU of a CUDA rank. The device is a parameter: the same functions
+run on the CPU (torchvision decodes a list of JPEGs there too), which is how they are tested without a GPU.
+
+The augmentation follows the CPU path's (torchvision_loader.transform): RandomResizedCrop's box (area
+TRAIN_AREA, ratio TRAIN_RATIO, ten tries then a centre crop), bilinear resize with antialiasing, a flip with
+probability 1/2; validation: the shorter side resized to val_resize(size), then the centre crop. The random
+draws come from ``generator`` (a CPU torch.Generator the loader seeds per epoch and rank), so a batch is a
+function of (seed, rank, epoch, step): a resumed run draws what a straight one drew.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+from torus_train.data.base import MEAN, STD, TRAIN_AREA, TRAIN_RATIO, val_resize
+
+
+def decode_batch(encoded: list[torch.Tensor], device) -> tuple[list[torch.Tensor | None], dict[int, str]]:
+    """([3, H, W] uint8 RGB on ``device`` per encoded image, {position: why} of those that did not decode).
+
+    One batched call first (nvJPEG on a GPU); when it fails, image by image, so that one bad file is named
+    instead of failing its batch: a JPEG the device decoder refuses (CMYK, a PNG named .JPEG) is decoded on
+    the CPU and moved to the device; one that no decoder reads is None, its reason in the dict."""
+    try:
+        return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)), {}
+    except RuntimeError:
+        pass
+    images: list[torch.Tensor | None] = []
+    failed: dict[int, str] = {}
+    for k, data in enumerate(encoded):
+        try:
+            images.append(decode_one(data, device))
+        except RuntimeError as e:
+            images.append(None)
+            failed[k] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return images, failed
+
+
+def decode_one(data: torch.Tensor, device) -> torch.Tensor:
+    """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder, else the CPU's
+    decoders (any format torchvision reads); RuntimeError when neither reads it."""
+    try:
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:
+        return decode_image(data, mode=ImageReadMode.RGB).to(device)
+
+
+def crop_box(height: int, width: int, generator: torch.Generator) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of a random-resized crop: torchvision's RandomResizedCrop.get_params, drawn from
+    ``generator``."""
+    area = height * width
+    log_ratio = (math.log(TRAIN_RATIO[0]), math.log(TRAIN_RATIO[1]))
+    for _ in range(10):
+        u = torch.rand(4, generator=generator).tolist()
+        target = area * (TRAIN_AREA[0] + u[0] * (TRAIN_AREA[1] - TRAIN_AREA[0]))
+        ratio = math.exp(log_ratio[0] + u[1] * (log_ratio[1] - log_ratio[0]))
+        w = int(round(math.sqrt(target * ratio)))
+        h = int(round(math.sqrt(target / ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            return int(u[2] * (height - h + 1)), int(u[3] * (width - w + 1)), h, w
+    ratio = width / height  # fallback: the centre crop of the ratio range's nearest bound
+    if ratio < TRAIN_RATIO[0]:
+        w, h = width, int(round(width / TRAIN_RATIO[0]))
+    elif ratio > TRAIN_RATIO[1]:
+        h, w = height, int(round(height * TRAIN_RATIO[1]))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def val_box(height: int, width: int, size: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((resized h, w), (top, left)): the shorter side resized to val_resize(size) (torchvision's Resize(int)),
+    then the centre crop's corner (CenterCrop's rounding)."""
+    short = val_resize(size)
+    if height <= width:
+        rh, rw = short, int(short * width / height)
+    else:
+        rh, rw = int(short * height / width), short
+    return (rh, rw), (int(round((rh - size) / 2.0)), int(round((rw - size) / 2.0)))
+
+
+def augment(images: list[torch.Tensor], split: str, size: int, generator: torch.Generator,
+            dtype: torch.dtype = torch.float32, channels_last: bool = False) -> torch.Tensor:
+    """[B, 3, size, size] in ``dtype``, normalised with MEAN/STD, on the images' device: training's random-resized
+    crop and flip, or validation's resize and centre crop, per image (their sizes differ), then one batch."""
+    out = []
+    for img in images:
+        _, height, width = img.shape
+        if split == "train":
+            top, left, h, w = crop_box(height, width, generator)
+            crop = img[None, :, top:top + h, left:left + w].float()
+            out.append(F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False))
+        else:
+            (rh, rw), (top, left) = val_box(height, width, size)
+            full = F.interpolate(img[None].float(), size=(rh, rw), mode="bilinear", antialias=True,
+                                 align_corners=False)
+            out.append(full[:, :, top:top + size, left:left + size])
+    x = torch.cat(out)
+    if split == "train":  # one draw per image, as RandomHorizontalFlip's
+        flip = to_device(torch.rand(len(images), generator=generator) < 0.5, x.device)
+        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    mean, std = statistics(x.device)
+    x = (x.clamp_(0, 255) - mean) / std  # the CPU path's ToTensor (0..1) and Normalize in one
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return x.to(dtype=dtype, memory_format=fmt)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small CPU tensor on ``device`` without waiting for the stream: a plain copy to a GPU waits for the
+    stream's earlier work; from pinned memory it is queued like a kernel."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
+@functools.lru_cache(maxsize=None)
+def statistics(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(MEAN, STD) x 255 as [1, 3, 1, 1] tensors on ``device``, made once per device."""
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) * 255 for v in (MEAN, STD))
+    return to_device(mean, device), to_device(std, device)
