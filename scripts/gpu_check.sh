@@ -297,8 +297,9 @@ def amp_dtype(device, precision="fp16"):
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[precision] if device.type == "cuda" else None
 
 
-def loop_img_s(boot, out, batch, warm, steps, precision="fp16", deterministic=False):
-    """(img/s of the steps after `warm`, peak memory) of the real loop (train/loop.py) in this process."""
+def loop_run(boot, out, batch, warm, steps, precision="fp16", deterministic=False, cuda_graphs="auto"):
+    """The real loop (train/loop.py) in this process: (img/s of the steps after `warm`, peak memory, seconds
+    of its CUDA graph captures)."""
     import time
 
     from torus_train.train import loop
@@ -306,7 +307,9 @@ def loop_img_s(boot, out, batch, warm, steps, precision="fp16", deterministic=Fa
 
     dev = boot.device
     fresh_memory(dev)
-    rs = loop.start(loop_spec(str(out), batch, warm + steps, precision, deterministic), boot, out, StopRequest())
+    spec = loop_spec(str(out), batch, warm + steps, precision, deterministic)
+    spec.model.cuda_graphs = cuda_graphs
+    rs = loop.start(spec, boot, out, StopRequest())
     loop.switch_stage(rs, 0)
     mark, real = {}, loop.train_step
 
@@ -323,9 +326,15 @@ def loop_img_s(boot, out, batch, warm, steps, precision="fp16", deterministic=Fa
         loop.train_step = real
     sync(dev)
     img_s = (rs.pos.global_step - warm) * batch / (time.perf_counter() - mark["t"])
+    captures = list(rs.graphs.capture_seconds) if rs.graphs is not None else []
     rs.loader.close()
-    rs.ddp.torus_hook_state.close()
-    return img_s, peak_gib(dev)
+    rs.ddp.close()
+    return img_s, peak_gib(dev), captures
+
+
+def loop_img_s(boot, out, batch, warm, steps, precision="fp16", deterministic=False):
+    """(img/s of the steps after `warm`, peak memory) of the real loop in this process (loop_run)."""
+    return loop_run(boot, out, batch, warm, steps, precision, deterministic)[:2]
 
 
 def bare_img_s(dev, batch, warm, steps, precision="fp16"):

@@ -16,8 +16,6 @@ import torch.distributed as dist
 import torchvision
 
 import shrunk
-from torus_train.train import loop
-from torus_train.train.stop import StopRequest
 
 OUT = pathlib.Path(os.environ["GPU_CHECK_OUT"]) / "graphs"
 QUICK = os.environ.get("GPU_CHECK_QUICK") == "1"
@@ -34,32 +32,10 @@ dev = boot.device
 
 def ours(batch, graphs):
     """img/s of the loop's steps after WARM (train/loop.py, in process), and its capture seconds."""
-    shrunk.fresh_memory(dev)
-    spec = shrunk.loop_spec(str(OUT), batch, WARM + STEPS)
-    spec.model.cuda_graphs = "auto" if graphs else "off"
-    rs = loop.start(spec, boot, OUT, StopRequest())
-    loop.switch_stage(rs, 0)
-    mark, real = {}, loop.train_step
-
-    def train_step(rs_, *a, **k):
-        if rs_.pos.global_step == WARM:
-            shrunk.sync(dev)
-            mark["t"] = time.perf_counter()
-        return real(rs_, *a, **k)
-
-    loop.train_step = train_step
-    try:
-        loop.run_epoch(rs, 0)
-    finally:
-        loop.train_step = real
-    shrunk.sync(dev)
-    img_s = (rs.pos.global_step - WARM) * batch / (time.perf_counter() - mark["t"])
-    capture = sum(rs.graphs.capture_seconds) if rs.graphs is not None else 0.0
-    if graphs and not shrunk.REHEARSAL and not (rs.graphs and rs.graphs.capture_seconds):
+    img_s, _, captures = shrunk.loop_run(boot, OUT, batch, WARM, STEPS, cuda_graphs="auto" if graphs else "off")
+    if graphs and not shrunk.REHEARSAL and not captures:
         raise RuntimeError("the loop did not capture its step (model.cuda_graphs = auto on NCCL)")
-    rs.loader.close()
-    rs.ddp.close()
-    return img_s, capture
+    return img_s, sum(captures)
 
 
 def bare(batch, graphed):

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clihelp import invoke
+from clihelp import invoke, tree_digest
 from datahelp import make_index_set
-from test_data_refusals import deadline, tree_digest
+from test_data_refusals import deadline
 from test_file_inputs_props import mutated
 from torus_train.data.packed import ARRAYS as PACKED_ARRAYS
 from torus_train.data.packed import SPLITS, check_shards, load_packed, own_files, pack

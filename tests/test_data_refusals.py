@@ -6,7 +6,6 @@ Every refusal is exit 2 with one line, and the files there are left byte for byt
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -15,25 +14,10 @@ import signal
 import numpy as np
 import pytest
 
-from clihelp import assert_one_line_error, invoke
+from clihelp import assert_one_line_error, invoke, tree_digest
 from datahelp import make_index_set
 from torus_train.data.packed import is_packed, pack
 
-
-def tree_digest(root) -> str:
-    """Every path, type and content below ``root`` (links and FIFOs by name, not followed or opened)."""
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames) + dirnames:
-            p = os.path.join(dirpath, name)
-            h.update(p.encode(errors="surrogateescape"))
-            if os.path.islink(p):
-                h.update(os.readlink(p).encode(errors="surrogateescape"))
-            elif os.path.isfile(p):
-                with open(p, "rb") as f:
-                    h.update(f.read())
-    return h.hexdigest()
 
 
 @contextlib.contextmanager

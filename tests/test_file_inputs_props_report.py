@@ -7,10 +7,8 @@ one asked for changes. Kept fast: bounded examples, report without its PNG excep
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import stat
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clihelp import invoke
+from clihelp import invoke, tree_digest
 from test_file_inputs_props import JSON_VALUES, mutated
 
 GOOD_INTERVAL = {"step": 2, "epoch": 0, "global_batch": 128, "per_rank_batch": 64, "lr": 0.1, "loss": 1.5,
@@ -43,22 +41,6 @@ def no_nan(doc_text: str) -> object:
         raise AssertionError(f"non-standard JSON constant {name} in an output")
     return json.loads(doc_text, parse_constant=refuse)
 
-
-def tree_digest(root: Path, skip: str = "", exclude: Path | None = None) -> str:
-    """Every entry's path, kind and (regular files) content below ``root``, leaving out folders named ``skip``
-    and the path ``exclude``; a FIFO is named, never opened."""
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d != skip and Path(dirpath, d) != exclude)
-        for name in sorted(filenames):
-            p = Path(dirpath, name)
-            if p == exclude:
-                continue
-            mode = os.lstat(p).st_mode
-            h.update(f"{p}:{stat.S_IFMT(mode)}".encode(errors="surrogateescape"))
-            if stat.S_ISREG(mode):
-                h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 @pytest.fixture(scope="module")

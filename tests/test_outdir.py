@@ -3,29 +3,13 @@ A target that is absent, empty or an older index is written; a file, a foreign f
 or a place inside its train/ or val/ is refused in one line (exit 2) and left byte for byte as it was."""
 from __future__ import annotations
 
-import hashlib
 import os
 
 import pytest
-from clihelp import assert_one_line_error, invoke
+from clihelp import assert_one_line_error, invoke, tree_digest
 from datahelp import make_index_set
 from torus_train.outdir import FolderKind, write_folder
 
-
-def tree_digest(root) -> str:
-    """Every path, type and content below ``root`` (symlinks not followed)."""
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames) + dirnames:
-            p = os.path.join(dirpath, name)
-            h.update(p.encode(errors="surrogateescape"))
-            if os.path.islink(p):
-                h.update(os.readlink(p).encode(errors="surrogateescape"))
-            elif os.path.isfile(p):
-                with open(p, "rb") as f:
-                    h.update(f.read())
-    return h.hexdigest()
 
 
 def index(data, target, cwd=None):
