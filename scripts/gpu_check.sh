@@ -72,6 +72,10 @@
 #                                    bare_graphed_img_s, ratio (ours_graphed / bare_graphed), capture_seconds}};
 #                                    pass_if ratio >= 0.85 at 16 and 32, >= 0.95 at 256
 #   graphs.eager_ratio_batch_32      ours_eager / bare_eager at batch 32; pass_if >= 0.90
+#   graphs.agree                     {batch, steps, eager_vs_graphed_max_rel, graphed_runs_equal,
+#                                    nonfinite_step_skipped, all_finite}: 12 deterministic steps at batch 32
+#                                    eager against graphed (max |diff| / max |param| <= 0.005), two graphed runs
+#                                    bit for bit, a replayed step fed NaN skipped (parameters unchanged, counted)
 # Without a CUDA GPU it says so, prints the JSON skeleton (status "no-gpu") and exits 0. With --rehearse the
 # status is "rehearsal" (pass lines computed, not required; the "..._32" fields then hold batch 4's figures,
 # "..._256" batch 8's) and the exit is 0 when every part ran and filled its fields.
@@ -153,8 +157,9 @@ SKELETON = {
                   "pass_if": "both shares <= 0.10, each over >= 20 steps after the first 3 of its stage"},
     "digest": {"first": None, "second": None, "default_img_s": None, "deterministic_img_s": None,
                "deterministic_cost": None, "pass_if": "first == second (both runs --deterministic)"},
-    "graphs": {"batches": None, "eager_ratio_batch_32": None,
-               "pass_if": "ratio >= 0.85 at 16 and 32, >= 0.95 at 256; eager_ratio_batch_32 >= 0.90"},
+    "graphs": {"batches": None, "eager_ratio_batch_32": None, "agree": None,
+               "pass_if": "ratio >= 0.85 at 16 and 32, >= 0.95 at 256; eager_ratio_batch_32 >= 0.90; agree: "
+                          "eager_vs_graphed_max_rel <= 0.005, graphed runs equal, the NaN step skipped"},
 }
 PARTS = {"syncs": ["host_syncs"], "speed": ["speed_vs_bare", "bf16_vs_fp16", "peak_memory"],
          "production": ["production", "data_wait"], "digest": ["digest"], "graphs": ["graphs"]}
@@ -297,9 +302,11 @@ def amp_dtype(device, precision="fp16"):
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[precision] if device.type == "cuda" else None
 
 
-def loop_run(boot, out, batch, warm, steps, precision="fp16", deterministic=False, cuda_graphs="auto"):
+def loop_run(boot, out, batch, warm, steps, precision="fp16", deterministic=False, cuda_graphs="auto",
+             around=None, keep=None):
     """The real loop (train/loop.py) in this process: (img/s of the steps after `warm`, peak memory, seconds
-    of its CUDA graph captures)."""
+    of its CUDA graph captures). `around(real)` may wrap each step (train_step's signature); `keep(rs)` is
+    called on the run state at the end, before the loader and the buckets close."""
     import time
 
     from torus_train.train import loop
@@ -319,7 +326,7 @@ def loop_run(boot, out, batch, warm, steps, precision="fp16", deterministic=Fals
             mark["t"] = time.perf_counter()
         return real(rs_, *a, **k)
 
-    loop.train_step = train_step
+    loop.train_step = train_step if around is None else around(train_step)
     try:
         loop.run_epoch(rs, 0)
     finally:
@@ -327,6 +334,8 @@ def loop_run(boot, out, batch, warm, steps, precision="fp16", deterministic=Fals
     sync(dev)
     img_s = (rs.pos.global_step - warm) * batch / (time.perf_counter() - mark["t"])
     captures = list(rs.graphs.capture_seconds) if rs.graphs is not None else []
+    if keep is not None:
+        keep(rs)
     rs.loader.close()
     rs.ddp.close()
     return img_s, peak_gib(dev), captures

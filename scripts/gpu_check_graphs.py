@@ -11,11 +11,15 @@ import pathlib
 import statistics
 import time
 
-import torch
-import torch.distributed as dist
-import torchvision
+# agree's runs are deterministic (job.deterministic); cuBLAS reads its workspace setting once per process, so
+# it is set before torch loads, for every column alike
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-import shrunk
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torchvision  # noqa: E402
+
+import shrunk  # noqa: E402
 
 OUT = pathlib.Path(os.environ["GPU_CHECK_OUT"]) / "graphs"
 QUICK = os.environ.get("GPU_CHECK_QUICK") == "1"
@@ -119,13 +123,65 @@ def measure(batch):
     return row
 
 
+AGREE_BATCH = BATCHES[1]
+AGREE_STEPS = 6 if shrunk.REHEARSAL else 12  # the loop's 3 eager warm-up steps, then the capture and replays
+POISON_AT = AGREE_STEPS - 2  # a replayed step whose batch is all NaN: it must be skipped, as eagerly
+AGREE_TOLERANCE = 5e-3  # eager against graphed: max |difference| / max |parameter|, fp16 arithmetic
+
+
+def params_of(rs):
+    return torch.cat([p.detach().float().reshape(-1) for p in rs.ddp.module.parameters()]).cpu()
+
+
+def trained(graphs, poison_at=None):
+    """The loop's parameters after AGREE_STEPS deterministic steps (job.deterministic), graphed or eager; with
+    `poison_at`, that step's batch is all NaN and whether it left the parameters as they were."""
+    got = {}
+
+    def around(step):
+        def poisoned(rs, images, labels, accumulation):
+            if rs.pos.global_step != poison_at:
+                return step(rs, images, labels, accumulation)
+            before = params_of(rs)
+            loss = step(rs, torch.full_like(images, float("nan")), labels, accumulation)
+            got["unchanged"] = bool(torch.equal(before, params_of(rs)))
+            return loss
+        return poisoned
+
+    def keep(rs):
+        got["params"] = params_of(rs)
+        got["skipped"] = int(rs.skip_counts[1]) if rs.skip_counts is not None else 0
+
+    shrunk.loop_run(boot, OUT, AGREE_BATCH, 0, AGREE_STEPS, deterministic=True,
+                    cuda_graphs="auto" if graphs else "off", around=around, keep=keep)
+    return got
+
+
+def agreement():
+    """graphs.agree: the graphed step against the eager one, two graphed runs, and a non-finite step skipped
+    inside the graph."""
+    eager, first, second = trained(False), trained(True), trained(True)
+    poisoned = trained(True, poison_at=POISON_AT)
+    scale = float(eager["params"].abs().max())
+    rel = float((eager["params"] - first["params"]).abs().max()) / max(scale, 1e-30)
+    res = {"batch": AGREE_BATCH, "steps": AGREE_STEPS, "eager_vs_graphed_max_rel": rel,
+           "graphed_runs_equal": bool(torch.equal(first["params"], second["params"])),
+           "nonfinite_step_skipped": bool(poisoned.get("unchanged")) and poisoned["skipped"] == 1,
+           "all_finite": all(bool(torch.isfinite(r["params"]).all()) for r in (eager, first, second, poisoned))}
+    res["ok"] = (rel <= AGREE_TOLERANCE and res["graphed_runs_equal"] and res["nonfinite_step_skipped"]
+                 and res["all_finite"])
+    print(json.dumps({"agree": res}), flush=True)
+    return res
+
+
 rows = {}
 for batch in BATCHES:
     rows[str(batch)] = measure(batch)
     print(json.dumps({batch: rows[str(batch)]}), flush=True)
 at = rows[str(BATCHES[1])]  # batch 32 (4 in a rehearsal)
 eager_ratio = round(at["ours_eager_img_s"] / at["bare_eager_img_s"], 3)
-res = {"batches": rows, "eager_ratio_batch_32": eager_ratio,
-       "ok": all(r["ok"] for r in rows.values()) and eager_ratio >= EAGER_PASS}
-assert all(v is not None for r in rows.values() for v in r.values())
+agree = agreement()
+res = {"batches": rows, "eager_ratio_batch_32": eager_ratio, "agree": agree,
+       "ok": all(r["ok"] for r in rows.values()) and eager_ratio >= EAGER_PASS and agree["ok"]}
+assert all(v is not None for r in [*rows.values(), agree] for v in r.values())
 pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "graphs.json").write_text(json.dumps({"graphs": res}))

@@ -175,3 +175,7 @@ def test_the_graphs_part_rehearses_on_the_cpu_with_every_field_filled(tmp_path):
         assert abs(row["ratio"] - row["ours_graphed_img_s"] / row["bare_graphed_img_s"]) < 0.01, batch
         assert row["capture_seconds"] == 0.0  # no capture on the CPU
     assert graphs["eager_ratio_batch_32"] > 0
+    # on the CPU both sides run the same step eagerly: equal to the bit, and the NaN step skipped and counted
+    agree = graphs["agree"]
+    assert (agree["eager_vs_graphed_max_rel"], agree["graphed_runs_equal"]) == (0.0, True), agree
+    assert agree["nonfinite_step_skipped"] and agree["all_finite"] and agree["ok"], agree
