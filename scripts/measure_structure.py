@@ -24,17 +24,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "torus_train"
 
 # Lowest first. A module may import from its own package and from any package before it in this list.
-ORDER = ("errors", "registry", "cache", "outdir", "userfiles", "outfiles", "specs", "job", "comm", "data", "plan",
+ORDER = ("errors", "registry", "cache", "userfiles", "outdir", "outfiles", "specs", "job", "comm", "data", "plan",
          "train", "ranks", "bench", "commands", "cli", "__main__")
 
 # Modules that import torch at their top: a rank's training, the collectives, the torch loaders. Every other
 # module is pure: importing it never imports torch (`--help`, `run --dry-run`, `plan` and the launcher stay free
 # of it), and a pure module reaches torch only inside the function that needs it (the torch boundary).
 TORCH_SIDE = (
-    "bench.sweep", "comm.algos", "comm.arith", "comm.groups", "comm.hooks", "comm.mpi.transport", "comm.shm",
-    "data.dali", "data.synthetic", "data.torchvision_loader", "ranks.distributed",
-    "train.build", "train.loop", "train.models", "train.optim", "train.report", "train.state", "train.step",
-    "train.syncs", "train.timing",
+    "bench.sweep", "comm.algos", "comm.arith", "comm.buckets", "comm.groups", "comm.hooks", "comm.mpi.transport",
+    "comm.shm", "data.batch_decode", "data.dali", "data.synthetic", "data.torchvision_loader", "ranks.distributed",
+    "train.build", "train.graphs", "train.loop", "train.models", "train.optim", "train.report", "train.state",
+    "train.step", "train.syncs", "train.timing",
 )
 # Optional dependencies (extras) and version fallbacks: imported where used, so that a missing one costs only
 # the feature that needs it.

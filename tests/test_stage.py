@@ -9,7 +9,8 @@ import pytest
 
 from datahelp import make_index_set
 from torus_train.data.packed import load_packed, pack
-from torus_train.data.stage import stage, stage_base, stage_on_node, stage_target, valid_copy
+from torus_train.data.stage import stage, stage_on_node, stage_target, valid_copy
+from torus_train.job.stagedir import stage_base
 from torus_train.errors import UserError
 
 

@@ -22,6 +22,7 @@ from torus_train.errors import UserError
 from torus_train.job.legs import Leg, leg_spec
 from torus_train.job.sources import class_difference, source_of
 from torus_train.job.spec import JobSpec, input_size_problem
+from torus_train.job.stagedir import check_stage_base
 
 
 def preflight(spec: JobSpec, legs: list[Leg], first: int, first_plan, make_plan: Callable, elastic: bool,
@@ -101,8 +102,6 @@ def check_data_stage(spec: JobSpec, strict: bool = True) -> str:
     fault is noted instead of refused."""
     if spec.data.stage != "node":
         return ""
-    from torus_train.data.stage import check_stage_base  # numpy: only when staging is asked for
-
     try:
         base = check_stage_base(spec.data.stage_dir)
     except UserError as e:
