@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from torus_train.errors import RunFailed, UserError
+from torus_train.errors import PeerLost, RunFailed, UserError
 from torus_train.job.spec import load_spec
 from torus_train.ranks.heartbeat import Beat, Heartbeat, first_stopped, read_beats
 from torus_train.ranks.diagnosis import RanksFailed, restartable
@@ -88,6 +88,9 @@ def test_classify_a_ranks_failure():
     assert classify(RuntimeError("[x.cc:78] Timed out waiting 20000ms for recv"))[2].startswith(
         "a collective waited comm.timeout_s for a peer")
     assert classify(KeyError("k"))[:3] == (1, "crash", "KeyError: 'k'")
+    # a peer lost in the shared-memory row: a crash (restartable), not a verdict on the job
+    assert classify(PeerLost("rank 0: rank 1 (pid 7) exited during the all-gather of row [0, 1]")) == (
+        1, "crash", "rank 0: rank 1 (pid 7) exited during the all-gather of row [0, 1]")
 
 
 def test_no_restart_reasons():

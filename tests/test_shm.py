@@ -10,7 +10,7 @@ import torch
 
 from torus_train.comm.chunks import chunk_bounds
 from torus_train.comm.shm import ShmRow
-from torus_train.errors import RunFailed
+from torus_train.errors import PeerLost
 
 
 def _pair(timeout=5.0):
@@ -62,7 +62,7 @@ def test_a_dead_peer_is_named():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     row.connect()
     t = time.monotonic()
-    with pytest.raises(RunFailed, match=r"rank 6 \(pid \d+\) exited during the reduce of row \[4, 6\]"):
+    with pytest.raises(PeerLost, match=r"rank 6 \(pid \d+\) exited during the reduce of row \[4, 6\]"):
         row.barrier("reduce")
     assert time.monotonic() - t < 5
     row.unlink()
@@ -72,7 +72,7 @@ def test_a_dead_peer_is_named():
 def test_a_hung_peer_times_out_naming_it():
     a, b = _pair(timeout=1.5)
     t = time.monotonic()
-    with pytest.raises(RunFailed, match=r"rank 10: all-gather of row \[10, 11\] timed out after 1.5 s waiting for rank 11"):
+    with pytest.raises(PeerLost, match=r"rank 10: all-gather of row \[10, 11\] timed out after 1.5 s waiting for rank 11"):
         a.barrier("all-gather")
     assert time.monotonic() - t < 5
     a.close()

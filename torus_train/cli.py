@@ -11,7 +11,7 @@ from typing import NoReturn
 import click
 
 from torus_train import __version__
-from torus_train.errors import RunFailed, UserError
+from torus_train.errors import PeerLost, RunFailed, UserError
 from torus_train.registry import Registry, load
 
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         error(e.format_message().replace("\n", " ") + hint, e.exit_code)
     except UserError as e:
         error(str(e), e.exit_code)
-    except RunFailed as e:
+    except (RunFailed, PeerLost) as e:
         error(str(e), e.exit_code)
     except UnicodeError as e:  # a user file or argument that is not UTF-8
         error(f"{_where(e)}not UTF-8 text ({e.reason})" if isinstance(e, UnicodeDecodeError) else str(e), 2)

@@ -18,6 +18,13 @@ class RunFailed(RuntimeError):
     exit_code = 1
 
 
+class PeerLost(RuntimeError):
+    """A peer rank exited or stopped answering inside a collective: a crash of the job, not a verdict on it
+    (--max-restarts restarts it, as it does a gloo or NCCL error for the same cause). Exit code 1."""
+
+    exit_code = 1
+
+
 def shown_path(path: object, limit: int = 80) -> str:
     """A user path for a one-line message, cut in the middle when very long."""
     text = str(path)

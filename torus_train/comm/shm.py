@@ -34,7 +34,7 @@ import torch
 from torus_train.comm.arith import STORAGE as _STORAGE
 from torus_train.comm.arith import accumulate as _accumulate
 from torus_train.comm.arith import as_numpy as _np
-from torus_train.errors import RunFailed
+from torus_train.errors import PeerLost, RunFailed
 
 _LINE = 64  # bytes per header line: keeps each member's counter on its own cache line
 DEFAULT_CAPACITY = 8 << 20
@@ -180,10 +180,10 @@ class ShmRow:
         me = self.ranks[self.index]
         if dead:
             names = ", ".join(f"rank {self.ranks[i]} (pid {int(self._hdr[i, 1])})" for i in dead)
-            raise RunFailed(f"rank {me}: {names} exited during the {what} of row {self.ranks}")
+            raise PeerLost(f"rank {me}: {names} exited during the {what} of row {self.ranks}")
         if waited > self.timeout:
             names = ", ".join(f"rank {self.ranks[i]}" for i in missing)
-            raise RunFailed(f"rank {me}: {what} of row {self.ranks} timed out after {self.timeout:g} s "
+            raise PeerLost(f"rank {me}: {what} of row {self.ranks} timed out after {self.timeout:g} s "
                             f"waiting for {names}")
 
     # --- buffers ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from torus_train.errors import RunFailed, UserError, comm_failure
+from torus_train.errors import PeerLost, RunFailed, UserError, comm_failure
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
 from torus_train.ranks.bootstrap import rank_info
@@ -57,6 +57,8 @@ def classify(e: BaseException) -> tuple[int, str, str]:
         return 143, "stopped", str(e)
     if isinstance(e, RunFailed):
         return 1, "verdict", str(e)
+    if isinstance(e, PeerLost):  # a peer died in a collective: restartable, said in the transport's words
+        return 1, "crash", str(e)
     first = str(e).splitlines()[0] if str(e) else ""
     said = comm_failure(str(e))  # gloo's and NCCL's words for a failed collective (errors.COMM_FAILURES)
     return 1, "crash", said or f"{type(e).__name__}: {first}"
