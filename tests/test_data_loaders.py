@@ -28,13 +28,26 @@ def device_decoder_anywhere():
     DECODERS.remove(ON_DEVICE)
 
 
+OPEN: list = []
+
+
+@pytest.fixture(autouse=True)
+def close_loaders():
+    """Every loader a test made is closed after it: one left to the garbage collector costs 5 s (the
+    DataLoader's status-check interval while its persistent workers stop)."""
+    yield
+    while OPEN:
+        OPEN.pop().close()
+
+
 def loader(kind, root, split, **kw):
     args = dict(rank=0, world_size=1, batch_size=8, image_size=24, num_classes=None, seed=0,
                 channels_last=False, device="cpu", num_threads=1)
     if kind == "torchvision-device":
         kind, args["decoder"] = "torchvision", ON_DEVICE
     args.update(kw)
-    return make_loader(kind, root, split, **args)
+    OPEN.append(make_loader(kind, root, split, **args))
+    return OPEN[-1]
 
 
 @pytest.fixture(scope="module")
