@@ -201,7 +201,8 @@ fi
 part() {  # $1 = part name, $2 = time limit (s); the Python program on stdin writes parts/NAME.json
     local name="$1" limit=$(( $2 * (1 + 4 * REHEARSE) )) start rc
     case ",$RUN_PARTS," in *",$name,"*) ;; *) cat > /dev/null; return ;; esac  # not asked for
-    rm -f "$OUT/parts/$name.json"  # never a result of an earlier run in the same --out
+    rm -f "$OUT/parts/$name.json"  # never a result of an earlier run in the same --out,
+    rm -rf "${OUT:?}/$name"         # nor its runs (the part's own folder, written by this script only)
     start=$(date +%s)
     say "$name (limit ${limit}s)"
     cat > "$OUT/parts/$name.py"
@@ -433,13 +434,14 @@ import shrunk
 from torus_train.data.dali import available
 here, out = pathlib.Path(os.environ["GPU_CHECK_HERE"]), pathlib.Path(os.environ["GPU_CHECK_OUT"])
 dali = available()  # without it: torchvision, decoding on the GPU (data.decoder = auto), and DALI not checked
-photos, run = out / "photos", out / "production"
+run = out / "production"
 LEFT_OUT, MEASURED = 3, 20  # the first steps of a stage (new loader, cuDNN autotuning) are not the loader's
 # 8 classes, the train set a whole number of batch-LARGE steps, more than LEFT_OUT + MEASURED of them:
 # 6,144 images: 192 steps at batch 32, 24 at 256; a rehearsal's 192: 48 at batch 4, 24 at batch 8
 per_class = shrunk.LARGE * (LEFT_OUT + MEASURED + 1) // 8
 # `unique` images per class made, the others links to them: the loader's speed is measured, not the images'
 unique, val_per_class = (4, 2) if shrunk.REHEARSAL else (16, 8)
+photos = out / f"photos-{per_class}-{unique}"  # kept for the next run into this --out: its size in its name
 if not (photos / "train").is_dir():
     subprocess.run([sys.executable, str(here / "scripts" / "photo_like_set.py"), "--out", str(photos),
                     "--classes", "8", "--per-class", str(unique), "--val-per-class", str(val_per_class)],

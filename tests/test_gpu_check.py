@@ -129,6 +129,13 @@ def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
     assert prec["fp16_img_s"] == speed["torus_train_img_s"]
     assert prec["ratio"] == pytest.approx(prec["bf16_img_s"] / prec["bare_bf16_img_s"])
     assert prec["bf16_over_fp16"] == pytest.approx(prec["bf16_img_s"] / prec["fp16_img_s"])
+    # run again into the same --out: the part starts from nothing of the earlier run (its runs would be refused
+    # as results already there, and their old figures read)
+    again = subprocess.run(["bash", str(SCRIPT), "--rehearse", "--parts", "digest", "--out", str(tmp_path / "out")],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert again.returncode == 0, again.stderr[-3000:]
+    redo = json.loads(again.stdout)["checks"]["digest"]
+    assert "error" not in redo and redo["ok"] and redo["first"] == digest["first"], redo
 
 
 @pytest.mark.slow
