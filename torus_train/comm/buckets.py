@@ -184,8 +184,14 @@ class BucketedModel:
 
 
 def broadcast_state(module: nn.Module) -> None:
-    """Parameters and buffers from rank 0: every tensor's bytes in one flat byte tensor, one broadcast."""
-    tensors = [t for t in list(module.parameters()) + list(module.buffers()) if t.numel()]
+    """Parameters and buffers from rank 0 (every rank starts where rank 0 does)."""
+    broadcast_from_rank0(list(module.parameters()) + list(module.buffers()))
+
+
+def broadcast_from_rank0(tensors: list) -> None:
+    """Rank 0's values of ``tensors`` on every rank: every tensor's bytes packed into one flat byte tensor, one
+    broadcast, unpacked (float statistics and int64 counters alike), instead of one collective per tensor."""
+    tensors = [t for t in tensors if t.numel()]
     if not tensors:
         return
     raw = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
