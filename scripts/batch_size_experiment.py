@@ -10,6 +10,7 @@ lr_reference_batch, warm-up, decay), differing only in the global batch:
     python scripts/batch_size_experiment.py --out runs/bsexp --json runs/bsexp/results.json
     python scripts/batch_size_experiment.py --out /tmp/bs --configs c --set schedule.epochs=1   # one short run
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,17 @@ def stages_toml(stages: list[dict]) -> str:
 
 def run_one(name: str, stages: list[dict], out: Path, extra: list[str]) -> dict:
     folder = out / name
-    cmd = [sys.executable, "-m", "torus_train", "run", "--out", str(folder), "--overwrite",
-           "--set", f"schedule.stages={stages_toml(stages)}"] + extra
+    cmd = [
+        sys.executable,
+        "-m",
+        "torus_train",
+        "run",
+        "--out",
+        str(folder),
+        "--overwrite",
+        "--set",
+        f"schedule.stages={stages_toml(stages)}",
+    ] + extra
     print(f"\n=== ({name}) stages {stages_toml(stages)}\n$ {' '.join(cmd)}", flush=True)
     t0 = time.time()
     r = subprocess.run(cmd, timeout=1800)
@@ -66,12 +76,16 @@ def main() -> None:
     small, large = stages[0]["per_rank_batch"], stages[-1]["per_rank_batch"]
     extra = [x for s in args.sets for x in ("--set", s)]
     out = Path(args.out)
-    configs = [("a: fixed small", [{"until_epoch": epochs, "per_rank_batch": small}]),
-               ("b: fixed large", [{"until_epoch": epochs, "per_rank_batch": large}]),
-               ("c: batch-size control", stages)]
+    configs = [
+        ("a: fixed small", [{"until_epoch": epochs, "per_rank_batch": small}]),
+        ("b: fixed large", [{"until_epoch": epochs, "per_rank_batch": large}]),
+        ("c: batch-size control", stages),
+    ]
     results = [run_one(n.split(":")[0], s, out, extra) | {"label": n} for n, s in configs if n[0] in chosen]
-    print(f"\n{epochs} epochs each, base_lr {sched['base_lr']} per {sched['lr_reference_batch']} samples "
-          f"({sched['lr_policy']}), warm-up {sched['warmup_epochs']}, decay {sched['decay']}\n")
+    print(
+        f"\n{epochs} epochs each, base_lr {sched['base_lr']} per {sched['lr_reference_batch']} samples "
+        f"({sched['lr_policy']}), warm-up {sched['warmup_epochs']}, decay {sched['decay']}\n"
+    )
     head = "| run | batch per rank | steps | val top-1 per epoch | final top-1 | best | wall s | to target |"
     print(head)
     print("|---|---|---|---|---|---|---|---|")
@@ -81,8 +95,10 @@ def main() -> None:
         per_epoch = " ".join(f"{100 * v:.1f}" for _, v in r["evals"] if v is not None)
         tt = s.get("time_to_target_seconds")
         target = f"epoch {s.get('time_to_target_epoch')}, {tt:.0f} s" if tt is not None else "not reached"
-        print(f"| {r['label']} | {batch} | {s.get('steps')} | {per_epoch} | {100 * s['val_top1']:.1f}% | "
-              f"{100 * s.get('best_top1', s['val_top1']):.1f}% | {r['wall_seconds']:.0f} | {target} |")
+        print(
+            f"| {r['label']} | {batch} | {s.get('steps')} | {per_epoch} | {100 * s['val_top1']:.1f}% | "
+            f"{100 * s.get('best_top1', s['val_top1']):.1f}% | {r['wall_seconds']:.0f} | {target} |"
+        )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -17,6 +17,7 @@ the difference that matters is the number of collective communicator splits, pri
 A rank's figure is the median over --rounds builds, each as a different rank of the grid (rows and columns
 vary). The ratio is per-group / two-call.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,10 @@ def fake_world(rank: int, size: int, emulate_device: bool):
 
     patches = []
     if emulate_device:  # split_group asks for an accelerator and a bound device; the fake backend uses neither
-        patches = [mock.patch("torch.accelerator.is_available", return_value=True),
-                   mock.patch("torch.accelerator.current_accelerator", return_value=torch.device("cuda"))]
+        patches = [
+            mock.patch("torch.accelerator.is_available", return_value=True),
+            mock.patch("torch.accelerator.current_accelerator", return_value=torch.device("cuda")),
+        ]
     for p in patches:
         p.start()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=size)
@@ -63,13 +66,21 @@ def time_method(grid, method: str, rounds: int) -> dict:
             g = build_grid_groups(grid, use_shm=False, method=method)
             seconds.append(time.perf_counter() - t)
             row, col = grid.position(rank)
-            if (dist.get_process_group_ranks(g.row_group) != grid.row_ranks(row)
-                    or dist.get_process_group_ranks(g.col_group) != grid.col_ranks(col)):
+            if dist.get_process_group_ranks(g.row_group) != grid.row_ranks(row) or dist.get_process_group_ranks(
+                g.col_group
+            ) != grid.col_ranks(col):
                 raise SystemExit(f"bench_groups: {method} gave rank {rank} the wrong row or column group")
     calls = {"per-group": grid.x + grid.y, "enumerate": grid.x + grid.y, "split": 2}[method]
     api = {"per-group": grid.x + grid.y, "enumerate": 2, "split": 2}[method]
-    return {"grid": str(grid), "ranks": grid.size, "method": method, "api_calls": api,
-            "collective_calls": calls, "seconds": statistics.median(seconds), "rounds": rounds}
+    return {
+        "grid": str(grid),
+        "ranks": grid.size,
+        "method": method,
+        "api_calls": api,
+        "collective_calls": calls,
+        "seconds": statistics.median(seconds),
+        "rounds": rounds,
+    }
 
 
 def main() -> None:
@@ -86,15 +97,20 @@ def main() -> None:
     grids = [Grid(g.x, g.y, 4) for g in grids]
     methods = ["per-group", "enumerate", "split"]
     rows = [time_method(g, m, args.rounds) for g in grids for m in methods]
-    print(f"# row and column groups on the fake backend (torch {torch.__version__}), one rank's build, "
-          f"median of {args.rounds}")
-    print(f"{'grid':>6} {'ranks':>6} {'method':>10} {'API calls':>9} {'collective':>10} {'ms':>8} "
-          f"{'per-group/this':>14}")
+    print(
+        f"# row and column groups on the fake backend (torch {torch.__version__}), one rank's build, "
+        f"median of {args.rounds}"
+    )
+    print(
+        f"{'grid':>6} {'ranks':>6} {'method':>10} {'API calls':>9} {'collective':>10} {'ms':>8} {'per-group/this':>14}"
+    )
     for r in rows:
         base = next(x for x in rows if x["grid"] == r["grid"] and x["method"] == "per-group")
         r["ratio_vs_per_group"] = base["seconds"] / r["seconds"]
-        print(f"{r['grid']:>6} {r['ranks']:>6} {r['method']:>10} {r['api_calls']:>9} {r['collective_calls']:>10} "
-              f"{r['seconds'] * 1e3:>8.2f} {r['ratio_vs_per_group']:>14.2f}")
+        print(
+            f"{r['grid']:>6} {r['ranks']:>6} {r['method']:>10} {r['api_calls']:>9} {r['collective_calls']:>10} "
+            f"{r['seconds'] * 1e3:>8.2f} {r['ratio_vs_per_group']:>14.2f}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "backend": "fake", "results": rows}, f, indent=1)

@@ -21,6 +21,7 @@ rows inside a node (shared memory), the columns and DDP's ring across the node l
 time as on a cluster, so the overlap of exchange and backward pass becomes measurable. The timeline's ranks
 run there too, started by mpirun.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,12 +43,38 @@ HOOKS = {"ddp": "ddp", "torus-sync": "torus-sync", "torus-async": "torus"}
 
 
 def run_once(hook: str, args, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "torus_train", "run", "--gpus", str(args.gpus), "--grid", args.grid,
-           "--data", "synthetic", "--model", args.model, "--image-size", str(args.image_size),
-           "--steps", str(args.steps), "--out", str(out), "--set", f"comm.algo={HOOKS[hook]}",
-           "--set", f"job.log_every={args.log_every}", "--set", "checkpoint.at_end=false",
-           "--set", "checkpoint.every_epochs=0", "--set", "eval.every_epochs=0",
-           "--set", f"schedule.stages=[{{until_epoch=4,global_batch={args.global_batch}}}]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torus_train",
+        "run",
+        "--gpus",
+        str(args.gpus),
+        "--grid",
+        args.grid,
+        "--data",
+        "synthetic",
+        "--model",
+        args.model,
+        "--image-size",
+        str(args.image_size),
+        "--steps",
+        str(args.steps),
+        "--out",
+        str(out),
+        "--set",
+        f"comm.algo={HOOKS[hook]}",
+        "--set",
+        f"job.log_every={args.log_every}",
+        "--set",
+        "checkpoint.at_end=false",
+        "--set",
+        "checkpoint.every_epochs=0",
+        "--set",
+        "eval.every_epochs=0",
+        "--set",
+        f"schedule.stages=[{{until_epoch=4,global_batch={args.global_batch}}}]",
+    ]
     if args.cluster:
         cmd = [str(CLUSTER_SH), "exec", "node1", *cmd, "--launcher", "mpirun", "--hostfile", args.cluster]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -56,8 +83,13 @@ def run_once(hook: str, args, out: Path) -> dict:
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rates = [m["images_per_second"] for m in lines if "images_per_second" in m][1:]
     summary = json.loads((out / "summary.json").read_text())
-    return {"hook": hook, "images_per_s": statistics.median(rates), "intervals": len(rates),
-            "wall_seconds": summary["wall_seconds"], "digests_agree": summary["param_digests_agree"]}
+    return {
+        "hook": hook,
+        "images_per_s": statistics.median(rates),
+        "intervals": len(rates),
+        "wall_seconds": summary["wall_seconds"],
+        "digests_agree": summary["param_digests_agree"],
+    }
 
 
 # --- timeline of one step (each rank runs this file with --worker) --------------------------------------
@@ -75,16 +107,24 @@ def worker(args) -> None:
     rank = int(env.get("RANK", env.get("OMPI_COMM_WORLD_RANK", "-1")))
     world = int(env.get("WORLD_SIZE", env.get("OMPI_COMM_WORLD_SIZE", "0")))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{env.get('MASTER_ADDR', '127.0.0.1')}:{env['MASTER_PORT']}",
-                            rank=rank, world_size=world)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{env.get('MASTER_ADDR', '127.0.0.1')}:{env['MASTER_PORT']}",
+        rank=rank,
+        world_size=world,
+    )
     groups = build_grid_groups(parse_grid(args.grid), timeout=120)
     batch = max(1, args.global_batch // world)
     x = torch.randn(batch, 3, args.image_size, args.image_size, generator=torch.Generator().manual_seed(rank))
     y = torch.randint(0, 1000, (batch,), generator=torch.Generator().manual_seed(rank))
     steps = {}
     import inspect  # as train/build.py: torch >= 2.14 names the switch forward_sync_buffers
-    no_buffer_sync = {"forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
-                      else "broadcast_buffers": False}
+
+    no_buffer_sync = {
+        "forward_sync_buffers"
+        if "forward_sync_buffers" in inspect.signature(DDP).parameters
+        else "broadcast_buffers": False
+    }
     for hook in args.hooks.split(","):
         torch.manual_seed(0)
         ddp = DDP(torchvision.models.get_model(args.model, num_classes=1000), **no_buffer_sync)
@@ -105,16 +145,33 @@ def worker(args) -> None:
             loss.backward()  # returns after DDP waited for every bucket's Future
             t_end = time.perf_counter()
             ddp.zero_grad(set_to_none=True)
-        steps[hook] = {"forward_s": t0 - t_fwd, "backward_and_exchange_s": t_end - t0,
-                       "buckets": [{**{k: v for k, v in row.items() if k in ("bucket", "numel")},
-                                    **{k: row[k] - t0 for k in ("ready", "start", "end")}}
-                                   for row in sorted(timeline, key=lambda r: r["ready"])]}
+        steps[hook] = {
+            "forward_s": t0 - t_fwd,
+            "backward_and_exchange_s": t_end - t0,
+            "buckets": [
+                {
+                    **{k: v for k, v in row.items() if k in ("bucket", "numel")},
+                    **{k: row[k] - t0 for k in ("ready", "start", "end")},
+                }
+                for row in sorted(timeline, key=lambda r: r["ready"])
+            ],
+        }
         if hook != "ddp":
             state.close()
     if rank == 0:
-        Path(args.worker_out).write_text(json.dumps({"grid": args.grid, "model": args.model,
-                                                     "image_size": args.image_size, "per_rank_batch": batch,
-                                                     "step": args.timeline_step, "hooks": steps}, indent=1))
+        Path(args.worker_out).write_text(
+            json.dumps(
+                {
+                    "grid": args.grid,
+                    "model": args.model,
+                    "image_size": args.image_size,
+                    "per_rank_batch": batch,
+                    "step": args.timeline_step,
+                    "hooks": steps,
+                },
+                indent=1,
+            )
+        )
     dist.destroy_process_group()
 
 
@@ -131,6 +188,7 @@ def _timed_ddp_hook(state, bucket):
         row["end"] = time.perf_counter()
         state["timeline"].append(row)
         return f.value()[0]
+
     return fut.then(done)
 
 
@@ -140,21 +198,57 @@ def timeline(args, path: Path) -> dict:
 
     x, y = map(int, args.grid.split("x"))
     world = x * y
-    argv = [sys.executable, __file__, "--worker", "--worker-out", str(path), "--grid", args.grid,
-            "--model", args.model, "--image-size", str(args.image_size), "--global-batch", str(args.global_batch),
-            "--hooks", args.hooks, "--timeline-step", str(args.timeline_step)]
+    argv = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--worker-out",
+        str(path),
+        "--grid",
+        args.grid,
+        "--model",
+        args.model,
+        "--image-size",
+        str(args.image_size),
+        "--global-batch",
+        str(args.global_batch),
+        "--hooks",
+        args.hooks,
+        "--timeline-step",
+        str(args.timeline_step),
+    ]
     if args.cluster:  # the ranks where the runs had them: mpirun from node1, rendezvous on node1
         slots = int(re.search(r"slots=(\d+)", Path(args.cluster).read_text()).group(1))
-        cmd = [str(CLUSTER_SH), "exec", "node1", "mpirun", "-np", str(world), "--map-by", f"ppr:{slots}:node",
-               "--hostfile", args.cluster, "-x", "MASTER_ADDR=node1", "-x", "MASTER_PORT=29411", "-x",
-               "OMP_NUM_THREADS=1", "-x", "PATH", *argv]
+        cmd = [
+            str(CLUSTER_SH),
+            "exec",
+            "node1",
+            "mpirun",
+            "-np",
+            str(world),
+            "--map-by",
+            f"ppr:{slots}:node",
+            "--hostfile",
+            args.cluster,
+            "-x",
+            "MASTER_ADDR=node1",
+            "-x",
+            "MASTER_PORT=29411",
+            "-x",
+            "OMP_NUM_THREADS=1",
+            "-x",
+            "PATH",
+            *argv,
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         if r.returncode != 0:
             sys.exit(f"bench_hook: the timeline ranks failed on the cluster:\n{r.stderr[-2000:]}")
     else:
         port = str(free_port())
-        envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
-                for r in range(world)]
+        envs = [
+            {"RANK": str(r), "WORLD_SIZE": str(world), "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+            for r in range(world)
+        ]
         run_local_ranks([argv] * world, envs, what="hook timeline")
     return json.loads(path.read_text())
 
@@ -174,14 +268,17 @@ def draw(tl: dict, png: Path) -> None:
             ax.barh(i, b["end"] - b["start"], left=b["start"], height=0.6, color="tab:blue")
             ax.plot([b["ready"]], [i], "k|", markersize=12)
         ax.axvline(h["backward_and_exchange_s"], color="tab:red", lw=1)
-        ax.set_yticks(range(len(rows)), [f"b{b['bucket']} ({b['numel'] * 4 / 2**20:.1f} MiB)" for b in rows],
-                      fontsize=7)
+        ax.set_yticks(
+            range(len(rows)), [f"b{b['bucket']} ({b['numel'] * 4 / 2**20:.1f} MiB)" for b in rows], fontsize=7
+        )
         ax.invert_yaxis()
         ax.set_title(f"{hook}: backward + exchange {h['backward_and_exchange_s'] * 1e3:.0f} ms", fontsize=9)
-    axes[-1, 0].set_xlabel("seconds from the start of backward (|: bucket ready, bar: exchange, red: "
-                           "backward returns)")
-    fig.suptitle(f"one step on {tl['grid']} (rank 0), {tl['model']} at {tl['image_size']} px, "
-                 f"{tl['per_rank_batch']} images per rank, link: {tl.get('link', '?')}", fontsize=10)
+    axes[-1, 0].set_xlabel("seconds from the start of backward (|: bucket ready, bar: exchange, red: backward returns)")
+    fig.suptitle(
+        f"one step on {tl['grid']} (rank 0), {tl['model']} at {tl['image_size']} px, "
+        f"{tl['per_rank_batch']} images per rank, link: {tl.get('link', '?')}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
@@ -189,8 +286,12 @@ def draw(tl: dict, png: Path) -> None:
 
 def _link(args) -> str:
     if args.cluster:
-        r = subprocess.run([str(CLUSTER_SH), "exec", "node1", "tc", "qdisc", "show", "dev", "eth0"],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [str(CLUSTER_SH), "exec", "node1", "tc", "qdisc", "show", "dev", "eth0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         rate = re.search(r"tbf .*?rate (\S+)", r.stdout)
         return f"namespace cluster ({args.cluster}), node links {rate.group(1) if rate else 'unshaped'}"
     return "loopback (one host)"
@@ -210,10 +311,15 @@ def main() -> None:
     ap.add_argument("--timeline-step", type=int, default=3, help="which step's timeline to keep (0-based)")
     ap.add_argument("--no-timeline", action="store_true")
     ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--json", default=None, help="write the results here (the timeline next to it: "
-                                                 "STEM-timeline.json and .png)")
-    ap.add_argument("--cluster", default=None, metavar="HOSTFILE",
-                    help="run the jobs on the namespace cluster (scripts/dev/cluster.sh) with this hostfile")
+    ap.add_argument(
+        "--json", default=None, help="write the results here (the timeline next to it: STEM-timeline.json and .png)"
+    )
+    ap.add_argument(
+        "--cluster",
+        default=None,
+        metavar="HOSTFILE",
+        help="run the jobs on the namespace cluster (scripts/dev/cluster.sh) with this hostfile",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -230,12 +336,15 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
-            for hook in (hooks if rnd % 2 == 0 else hooks[::-1]):
+            for hook in hooks if rnd % 2 == 0 else hooks[::-1]:
                 row = run_once(hook, args, Path(tmp) / f"{hook}-{rnd}")
                 row["round"] = rnd
                 rows.append(row)
-                print(f"round {rnd} {hook:>12}: {row['images_per_s']:8.1f} img/s (median of {row['intervals']} "
-                      f"intervals), wall {row['wall_seconds']:.1f} s", flush=True)
+                print(
+                    f"round {rnd} {hook:>12}: {row['images_per_s']:8.1f} img/s (median of {row['intervals']} "
+                    f"intervals), wall {row['wall_seconds']:.1f} s",
+                    flush=True,
+                )
     link = _link(args)  # on the cluster: asks node1's tc once
     med = {h: statistics.median(r["images_per_s"] for r in rows if r["hook"] == h) for h in hooks if rows}
     ratios = {}
@@ -243,18 +352,27 @@ def main() -> None:
         ratios["async/ddp"] = med["torus-async"] / med["ddp"]
     if "torus-async" in med and "torus-sync" in med:
         ratios["async/sync"] = med["torus-async"] / med["torus-sync"]
-    print(f"\n# {args.gpus} ranks on {args.grid}, {args.model} at {args.image_size} px, global batch "
-          f"{args.global_batch}, {args.steps} steps, median of {args.rounds} alternating round(s), "
-          f"link {link}")
+    print(
+        f"\n# {args.gpus} ranks on {args.grid}, {args.model} at {args.image_size} px, global batch "
+        f"{args.global_batch}, {args.steps} steps, median of {args.rounds} alternating round(s), "
+        f"link {link}"
+    )
     print(f"{'hook':>12}  {'img/s':>9}  rounds")
     for h in med:
         print(f"{h:>12}  {med[h]:9.1f}  " + " ".join(f"{r['images_per_s']:.1f}" for r in rows if r["hook"] == h))
     for k, v in ratios.items():
         print(f"{k:>12}  {v:9.3f}")
-    result = {"config": {k: v for k, v in vars(args).items() if not k.startswith("worker")}, "link": link,
-              "results": [{"hook": h, "images_per_s": med[h],
-                           "rounds": [r["images_per_s"] for r in rows if r["hook"] == h]} for h in med],
-              "ratios": ratios, "runs": rows, "date": time.strftime("%Y-%m-%d")}
+    result = {
+        "config": {k: v for k, v in vars(args).items() if not k.startswith("worker")},
+        "link": link,
+        "results": [
+            {"hook": h, "images_per_s": med[h], "rounds": [r["images_per_s"] for r in rows if r["hook"] == h]}
+            for h in med
+        ],
+        "ratios": ratios,
+        "runs": rows,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     if args.json:  # written now and again with the timeline, so a failed timeline keeps the rounds
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     if not args.no_timeline:
@@ -265,8 +383,10 @@ def main() -> None:
         draw(tl, tl_png)
         result["timeline"] = {"json": str(tl_json), "png": str(tl_png)}
         for h, v in tl["hooks"].items():
-            print(f"# timeline {h:>12}: backward + exchange {v['backward_and_exchange_s'] * 1e3:7.1f} ms, "
-                  f"{len(v['buckets'])} buckets")
+            print(
+                f"# timeline {h:>12}: backward + exchange {v['backward_and_exchange_s'] * 1e3:7.1f} ms, "
+                f"{len(v['buckets'])} buckets"
+            )
         print(f"# wrote {tl_json} and {tl_png}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

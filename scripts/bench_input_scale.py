@@ -24,6 +24,7 @@ DALI loader (CPU decoding, all cores of this machine, --io-workers reader thread
 JSON: {"images": N, "results": [{"layout", "images_per_s", "opens_per_image", "training_thread_opens"}]};
 the details (rounds, rates per round, counts) go to stderr.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,19 @@ def prepare(work: Path, per_class: int) -> tuple[Path, Path, int]:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(packed, ignore_errors=True)
         say(f"writing {want} photo-like JPEGs to {folder}")
-        subprocess.run([sys.executable, str(HERE / "photo_like_set.py"), "--out", str(folder), "--classes", "8",
-                        "--per-class", str(per_class)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "photo_like_set.py"),
+                "--out",
+                str(folder),
+                "--classes",
+                "8",
+                "--per-class",
+                str(per_class),
+            ],
+            check=True,
+        )
     from torus_train.data.index import ensure_index
     from torus_train.data.packed import is_packed, pack
 
@@ -96,16 +108,33 @@ def child(args) -> None:
     seconds = time.perf_counter() - t0
     mark("end")
     ld.close()
-    print(json.dumps({"tid": threading.get_native_id(), "images": images, "seconds": seconds,
-                      "delivered": done * args.batch}))
+    print(
+        json.dumps(
+            {"tid": threading.get_native_id(), "images": images, "seconds": seconds, "delivered": done * args.batch}
+        )
+    )
 
 
 def make(args, root):
     from torus_train.data import make_loader
 
-    return make_loader("dali", str(root), "train", rank=0, world_size=1, batch_size=args.batch, image_size=224,
-                       num_classes=None, seed=0, channels_last=False, device="cpu", num_threads=args.threads,
-                       verify=False, io_workers=args.io_workers, prefetch=2)
+    return make_loader(
+        "dali",
+        str(root),
+        "train",
+        rank=0,
+        world_size=1,
+        batch_size=args.batch,
+        image_size=224,
+        num_classes=None,
+        seed=0,
+        channels_last=False,
+        device="cpu",
+        num_threads=args.threads,
+        verify=False,
+        io_workers=args.io_workers,
+        prefetch=2,
+    )
 
 
 class Endless:
@@ -131,7 +160,7 @@ def rates_child(args) -> None:
     loaders = {"folder": Endless(make(args, args.folder)), "packed": Endless(make(args, args.packed))}
     per_round = {k: [] for k in loaders}
     for r in range(args.rounds):
-        for name in (list(loaders) if r % 2 == 0 else list(loaders)[::-1]):
+        for name in list(loaders) if r % 2 == 0 else list(loaders)[::-1]:
             ld = loaders[name]
             for _ in range(args.warmup):
                 ld.next()
@@ -145,9 +174,10 @@ def rates_child(args) -> None:
 
 
 def run_rates(folder: Path, packed: Path, args) -> dict[str, list[float]]:
-    cmd = [sys.executable, __file__, "--rates-child", "--folder", str(folder), "--packed", str(packed)] + \
-        [f"--{k}={getattr(args, k.replace('-', '_'))}" for k in ("batch", "threads", "io-workers", "warmup",
-                                                                  "batches", "rounds")]
+    cmd = [sys.executable, __file__, "--rates-child", "--folder", str(folder), "--packed", str(packed)] + [
+        f"--{k}={getattr(args, k.replace('-', '_'))}"
+        for k in ("batch", "threads", "io-workers", "warmup", "batches", "rounds")
+    ]
     env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, timeout=3600)
     if out.returncode != 0:
@@ -156,9 +186,23 @@ def run_rates(folder: Path, packed: Path, args) -> dict[str, list[float]]:
 
 
 def run_child(data: Path, args, trace: Path | None = None) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--data", str(data), "--batch", str(args.batch), "--threads",
-           str(args.threads), "--io-workers", str(args.io_workers), "--warmup", str(args.warmup), "--batches",
-           str(3 * args.batches)]  # a longer window: the batches read ahead past its end weigh less
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--data",
+        str(data),
+        "--batch",
+        str(args.batch),
+        "--threads",
+        str(args.threads),
+        "--io-workers",
+        str(args.io_workers),
+        "--warmup",
+        str(args.warmup),
+        "--batches",
+        str(3 * args.batches),
+    ]  # a longer window: the batches read ahead past its end weigh less
     if trace is not None:
         cmd = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(trace)] + cmd
     env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -227,15 +271,25 @@ def main() -> None:
         trace = Path(args.work) / f"strace-{name}.log"
         m = run_child(root, args, trace)
         total, main_opens, data_opens, before = count_opens(trace, m["tid"])
-        say(f"{name}: {m['images']} images timed; in the window {total} openat ({data_opens} of data files), "
-            f"{main_opens} by the training thread; before it (loader start-up) {before} by that thread")
-        results.append({"layout": name, "images_per_s": round(statistics.median(rates[name]), 1),
-                        "opens_per_image": round(total / m["images"], 4), "training_thread_opens": main_opens})
+        say(
+            f"{name}: {m['images']} images timed; in the window {total} openat ({data_opens} of data files), "
+            f"{main_opens} by the training thread; before it (loader start-up) {before} by that thread"
+        )
+        results.append(
+            {
+                "layout": name,
+                "images_per_s": round(statistics.median(rates[name]), 1),
+                "opens_per_image": round(total / m["images"], 4),
+                "training_thread_opens": main_opens,
+            }
+        )
     ratio = results[1]["images_per_s"] / results[0]["images_per_s"]
     say(f"rounds (images/s): " + "; ".join(f"{k} {', '.join(f'{x:.1f}' for x in v)}" for k, v in rates.items()))
     pairs = [p / f for f, p in zip(rates["folder"], rates["packed"])]
-    say(f"packed / folder: {ratio:.2f}x (median rounds; per round {', '.join(f'{x:.2f}' for x in pairs)}); "
-        f"{args.threads} decode thread(s), {args.io_workers} reader threads, batch {args.batch}, 224x224")
+    say(
+        f"packed / folder: {ratio:.2f}x (median rounds; per round {', '.join(f'{x:.2f}' for x in pairs)}); "
+        f"{args.threads} decode thread(s), {args.io_workers} reader threads, batch {args.batch}, 224x224"
+    )
     doc = {"images": n, "results": results}
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc))

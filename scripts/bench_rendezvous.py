@@ -23,6 +23,7 @@ LD_PRELOAD shim (built with cc) that asks getnameinfo for numeric hosts only, so
 --system-resolver measures with the machine's resolver as it is. A cluster's reverse DNS adds its own latency
 per rank in the same place.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -116,8 +117,9 @@ def round_once(n: int, procs: int, timeout: float) -> dict:
     procs = max(1, min(procs, others)) if others else 0
     shares = [others // procs + (i < others % procs) for i in range(procs)]
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    workers = [ctx.Process(target=client_proc, args=(port, n, k, timeout, ready, go, results), daemon=True)
-               for k in shares]
+    workers = [
+        ctx.Process(target=client_proc, args=(port, n, k, timeout, ready, go, results), daemon=True) for k in shares
+    ]
     for w in workers:
         w.start()
     for _ in workers:
@@ -156,8 +158,11 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=4, help="worker processes that hold the client threads")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per size; the table shows the median")
     ap.add_argument("--timeout", type=float, default=120.0, help="store timeout and wait bound, seconds")
-    ap.add_argument("--system-resolver", action="store_true",
-                    help="no getnameinfo shim: clients wait for this machine's reverse DNS as it is")
+    ap.add_argument(
+        "--system-resolver",
+        action="store_true",
+        help="no getnameinfo shim: clients wait for this machine's reverse DNS as it is",
+    )
     ap.add_argument("--json", default="", help="write the results here")
     args = ap.parse_args()
     sizes = [int(v) for v in args.ranks.split(",")]
@@ -173,20 +178,23 @@ def main() -> None:
             names = "system resolver (no C compiler for the shim)"
         else:
             names = "numeric (getnameinfo shim)"
-    print(f"# TCPStore rendezvous on {HOST}: {args.procs} client processes, median of {args.rounds} rounds, "
-          f"client socket names: {names}")
+    print(
+        f"# TCPStore rendezvous on {HOST}: {args.procs} client processes, median of {args.rounds} rounds, "
+        f"client socket names: {names}"
+    )
     rows = []
     for n in sizes:
-        runs = sorted((round_once(n, args.procs, args.timeout) for _ in range(args.rounds)),
-                      key=lambda r: r["seconds"])
+        runs = sorted((round_once(n, args.procs, args.timeout) for _ in range(args.rounds)), key=lambda r: r["seconds"])
         mid = runs[len(runs) // 2]
         rows.append({**mid, "rounds": [round(r["seconds"], 4) for r in runs]})
         print(f"# {n} ranks: rounds {', '.join(f'{r:.3f}' for r in rows[-1]['rounds'])} s", file=sys.stderr)
     base = rows[0]["seconds"]
     print(f"{'clients':>8} {'procs':>6} {'connected s':>12} {'barrier s':>10} {'x first':>8}")
     for r in rows:
-        print(f"{r['clients']:>8} {r['procs']:>6} {r['connected_seconds']:>12.3f} {r['seconds']:>10.3f} "
-              f"{r['seconds'] / base:>8.1f}")
+        print(
+            f"{r['clients']:>8} {r['procs']:>6} {r['connected_seconds']:>12.3f} {r['seconds']:>10.3f} "
+            f"{r['seconds'] / base:>8.1f}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"host": HOST, "rounds": args.rounds, "names": names, "results": rows}, f, indent=1)

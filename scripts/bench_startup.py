@@ -9,6 +9,7 @@ first and its last rank, in alternating rounds; the median round is reported.
 
     python scripts/bench_startup.py --files 1281167 --worlds 8,2176 --json startup.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,13 @@ def write_index(folder: Path, n: int, classes: int = 1000) -> Path:
 
 
 def measure(index: Path, data: Path, rank: int, world: int, batch: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", ONE_RANK, str(index), str(data), str(rank), str(world), str(batch)],
-                         capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", ONE_RANK, str(index), str(data), str(rank), str(world), str(batch)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     return json.loads(out.stdout)
 
 
@@ -82,34 +88,50 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t = time.time()
         index = write_index(Path(tmp), args.files)
-        print(f"index of {args.files:,} entries written in {time.time() - t:.1f} s "
-              f"({sum(f.stat().st_size for f in index.iterdir()) / 2**20:.0f} MiB)")
+        print(
+            f"index of {args.files:,} entries written in {time.time() - t:.1f} s "
+            f"({sum(f.stat().st_size for f in index.iterdir()) / 2**20:.0f} MiB)"
+        )
         runs: dict[int, list[dict]] = {w: [] for w in worlds}
         for _ in range(args.rounds):
             for w in worlds:  # alternating: each round measures every world size once, first and last rank
-                r0, rl = measure(index, Path(tmp) / "data", 0, w, args.batch), \
-                    measure(index, Path(tmp) / "data", w - 1, w, args.batch)
+                r0, rl = (
+                    measure(index, Path(tmp) / "data", 0, w, args.batch),
+                    measure(index, Path(tmp) / "data", w - 1, w, args.batch),
+                )
                 runs[w].append(max((r0, rl), key=lambda r: r["total"]))
     results = report(runs, args.files)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"files": args.files, "batch": args.batch, "results": results},
-                                              indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps({"files": args.files, "batch": args.batch, "results": results}, indent=1) + "\n"
+        )
 
 
 def report(runs: dict[int, list[dict]], files: int) -> list[dict]:
-    print(f"\nper rank before the first batch of an epoch, {files:,} files (median of {len(next(iter(runs.values())))}"
-          " rounds, slower of the first and last rank):")
+    print(
+        f"\nper rank before the first batch of an epoch, {files:,} files (median of {len(next(iter(runs.values())))}"
+        " rounds, slower of the first and last rank):"
+    )
     print(f"{'world':>6} {'entries/rank':>12} {'load s':>8} {'shard s':>8} {'file list s':>11} {'total s':>8}")
     results = []
     for w, rs in runs.items():
         med = sorted(rs, key=lambda r: r["total"])[len(rs) // 2]
-        print(f"{w:>6} {med['entries']:>12,} {med['load']:>8.3f} {med['shard']:>8.3f} {med['file_list']:>11.3f} "
-              f"{med['total']:>8.3f}")
-        results.append({"world": w, "seconds_per_rank": round(med["total"], 4), "entries_per_rank": med["entries"],
-                        "load_s": round(med["load"], 4), "shard_s": round(med["shard"], 4),
-                        "file_list_s": round(med["file_list"], 4),
-                        "rounds_s": [round(r["total"], 4) for r in rs]})
+        print(
+            f"{w:>6} {med['entries']:>12,} {med['load']:>8.3f} {med['shard']:>8.3f} {med['file_list']:>11.3f} "
+            f"{med['total']:>8.3f}"
+        )
+        results.append(
+            {
+                "world": w,
+                "seconds_per_rank": round(med["total"], 4),
+                "entries_per_rank": med["entries"],
+                "load_s": round(med["load"], 4),
+                "shard_s": round(med["shard"], 4),
+                "file_list_s": round(med["file_list"], 4),
+                "rounds_s": [round(r["total"], 4) for r in rs],
+            }
+        )
     base = results[0]["seconds_per_rank"]
     for r in results[1:]:
         print(f"world {r['world']} / world {results[0]['world']}: {r['seconds_per_rank'] / base:.2f}x")

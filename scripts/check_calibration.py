@@ -12,6 +12,7 @@ the ratio. The second file is only compared with, never fitted. Exit status 0 wh
 (algorithm, grid, size), the median time over the files: on a shared machine one run's noise can be as large
 as the band being tested.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,14 +30,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("check_file", help="bench JSON(s) of another grid to predict, comma-separated (e.g. 2x4 runs)")
     ap.add_argument("--algo", action="append", help="algorithm(s) to check (default: every one in both files)")
     ap.add_argument("--min-bytes", default="1M", help="smallest size compared (default 1M = 1 MiB)")
-    ap.add_argument("--cores", type=int, default=None, help="cores for the oversubscription term (default: this machine's)")
-    ap.add_argument("--fit-background", type=float, default=0.0,
-                    help="runnable threads of other jobs during the fit file's bench (scripts/measure_background.py; "
-                         "default 0)")
-    ap.add_argument("--check-background", type=float, default=None,
-                    help="the same during the check file's bench (default: --fit-background)")
-    ap.add_argument("--llc-mib", type=float, default=None,
-                    help="last-level cache in MiB the ranks' buffers share (default: this machine's, from /sys)")
+    ap.add_argument(
+        "--cores", type=int, default=None, help="cores for the oversubscription term (default: this machine's)"
+    )
+    ap.add_argument(
+        "--fit-background",
+        type=float,
+        default=0.0,
+        help="runnable threads of other jobs during the fit file's bench (scripts/measure_background.py; default 0)",
+    )
+    ap.add_argument(
+        "--check-background",
+        type=float,
+        default=None,
+        help="the same during the check file's bench (default: --fit-background)",
+    )
+    ap.add_argument(
+        "--llc-mib",
+        type=float,
+        default=None,
+        help="last-level cache in MiB the ranks' buffers share (default: this machine's, from /sys)",
+    )
     ap.add_argument("--tolerance", type=float, default=0.30, help="allowed |predicted/measured - 1| (default 0.30)")
     args = ap.parse_args(argv)
     try:
@@ -61,21 +75,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"check_calibration: error: {e}", file=sys.stderr)
             return 2
         bg = cal.background if args.check_background is None else args.check_background
-        print(f"# {algo}: fit on {cal.grid} ({args.fit_file}, {len(cal.rows_used)} rows, {cal.rows_skipped} left out), "
-              f"background {cal.background:g} (check file: {bg:g})")
+        print(
+            f"# {algo}: fit on {cal.grid} ({args.fit_file}, {len(cal.rows_used)} rows, {cal.rows_skipped} left out), "
+            f"background {cal.background:g} (check file: {bg:g})"
+        )
         for line in cal.describe():
             print(f"#   {line}")
-        runs = {(str(parse_grid(r["grid"])), r["size_bytes"]): r.get("runs", 1) for r in check_rows if r["algo"] == algo}
-        print(f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'runs':>5} {'measured GB/s':>14} {'predicted GB/s':>15} "
-              f"{'pred/meas':>10}")
+        runs = {
+            (str(parse_grid(r["grid"])), r["size_bytes"]): r.get("runs", 1) for r in check_rows if r["algo"] == algo
+        }
+        print(
+            f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'runs':>5} {'measured GB/s':>14} {'predicted GB/s':>15} "
+            f"{'pred/meas':>10}"
+        )
         for c in compare(cal, check_rows, min_bytes, args.check_background):
             ok = abs(c.ratio - 1) <= args.tolerance
             total += 1
             inside += ok
-            print(f"{algo:>13} {c.grid:>6} {c.size_bytes:>10} {runs.get((c.grid, c.size_bytes), 1):>5} "
-                  f"{c.measured_busbw:>14.4f} {c.predicted_busbw:>15.4f} {c.ratio:>10.2f}{'' if ok else '  outside'}")
-    print(f"# summary: {inside} of {total} predictions within {args.tolerance * 100:.0f}% of the measured busbw "
-          f"at >= {min_bytes} bytes")
+            print(
+                f"{algo:>13} {c.grid:>6} {c.size_bytes:>10} {runs.get((c.grid, c.size_bytes), 1):>5} "
+                f"{c.measured_busbw:>14.4f} {c.predicted_busbw:>15.4f} {c.ratio:>10.2f}{'' if ok else '  outside'}"
+            )
+    print(
+        f"# summary: {inside} of {total} predictions within {args.tolerance * 100:.0f}% of the measured busbw "
+        f"at >= {min_bytes} bytes"
+    )
     return 0 if total and inside == total else 1
 
 

@@ -14,6 +14,7 @@ warm-up step is not counted either). Writes
 
 and prints each read's place when one is found. Target: 0 for all three. Exit 0 when all are 0, 1 otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,13 +30,25 @@ def small_spec(steps: int, optimizer: str, out: str, image_size: int = 32, batch
     """A resnet18 on synthetic data (32 px, batch 8), logging every 5 steps and a replica check every 10."""
     from torus_train.job.spec import load_spec, parse_override
 
-    sets = [f"model.arch={arch}", "model.num_classes=10", "data.source=synthetic", f"data.image_size={image_size}",
-            f"data.synthetic_samples={batch * (steps + 1)}", f"schedule.steps={steps}",
-            f"schedule.stages=[{{until_epoch=1,global_batch={batch}}}]", "job.log_every=5", "job.check_every_steps=10",
-            "checkpoint.every_steps=0", "checkpoint.every_epochs=0", "checkpoint.at_end=false",
-            "eval.every_epochs=0", f"optimizer.name={optimizer}",
-            f"job.out={out}", "data.num_threads=1",
-            "job.max_nonfinite_steps=1000"]  # fp16's loss scale starts high: its first steps may all be skipped
+    sets = [
+        f"model.arch={arch}",
+        "model.num_classes=10",
+        "data.source=synthetic",
+        f"data.image_size={image_size}",
+        f"data.synthetic_samples={batch * (steps + 1)}",
+        f"schedule.steps={steps}",
+        f"schedule.stages=[{{until_epoch=1,global_batch={batch}}}]",
+        "job.log_every=5",
+        "job.check_every_steps=10",
+        "checkpoint.every_steps=0",
+        "checkpoint.every_epochs=0",
+        "checkpoint.at_end=false",
+        "eval.every_epochs=0",
+        f"optimizer.name={optimizer}",
+        f"job.out={out}",
+        "data.num_threads=1",
+        "job.max_nonfinite_steps=1000",
+    ]  # fp16's loss scale starts high: its first steps may all be skipped
     return load_spec(None, [parse_override(s) for s in sets])
 
 
@@ -67,8 +80,10 @@ def main(argv=None) -> int:
     result = {"steps": steps, "syncs_per_step": {p: r["syncs"] / max(r["steps"], 1) for p, r in found.items()}}
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     for p, r in found.items():
-        print(f"{p:12s} {r['syncs'] / max(r['steps'], 1):.2f} host reads per step over {r['steps']} steps "
-              f"(steps {', '.join(map(str, r['interval_steps']))} read on purpose, not counted)")
+        print(
+            f"{p:12s} {r['syncs'] / max(r['steps'], 1):.2f} host reads per step over {r['steps']} steps "
+            f"(steps {', '.join(map(str, r['interval_steps']))} read on purpose, not counted)"
+        )
         for where, n in sorted(r["where"].items(), key=lambda kv: -kv[1]):
             print(f"    {n:4d}  {where}")
     return 0 if all(v == 0 for v in result["syncs_per_step"].values()) else 1

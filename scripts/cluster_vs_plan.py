@@ -26,6 +26,7 @@ Writes [{"nodes", "ranks_per_node", "algo", "backend", "bytes", "measured_s", "p
 (calibration rows with nodes 2, then the N-node rows) and prints the table with predicted/measured and
 torus/flat at 2 and N nodes. The cluster is always torn down, also on failure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,11 @@ MAX_NODES = 8
 ALGOS = ("flat", "torus", "hierarchical")
 CALIBRATION_SIZES = (64 << 10, 256 << 10, 4 << 20)
 """Sizes the 2-node calibration adds to the measured ones: small sizes pin the per-step latencies."""
-BACKENDS = {"gloo": ("gloo", []), "mpi": ("mpi", ["--mca", "coll", "^han"]),
-            "mpi-yield": ("mpi", ["--mca", "coll", "^han", "--mca", "mpi_yield_when_idle", "1"])}
+BACKENDS = {
+    "gloo": ("gloo", []),
+    "mpi": ("mpi", ["--mca", "coll", "^han"]),
+    "mpi-yield": ("mpi", ["--mca", "coll", "^han", "--mca", "mpi_yield_when_idle", "1"]),
+}
 """Name -> (`bench --backend`, extra mpirun arguments). OpenMPI 5's coll/han makes the flat all-reduce across
 nodes 17x slower; `mpi-yield`: the waiting ranks call sched_yield instead of spinning on their core."""
 
@@ -76,8 +80,14 @@ def sizes_of(text: str) -> list[int]:
 
 
 def cluster(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(CLUSTER), *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, cwd=ROOT)
+    return subprocess.run(
+        [str(CLUSTER), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
 
 
 def sweeps(sizes: list[int]) -> list[tuple[int, int]]:
@@ -88,8 +98,9 @@ def sweeps(sizes: list[int]) -> list[tuple[int, int]]:
     return [(lo, hi)] if set(sizes) <= chain else [(s, s) for s in sizes]
 
 
-def bench(nodes: int, backend: str, sizes: list[int], out: Path, iters: int, algos=ALGOS,
-          per_node: int = RANKS_PER_NODE) -> list[dict]:
+def bench(
+    nodes: int, backend: str, sizes: list[int], out: Path, iters: int, algos=ALGOS, per_node: int = RANKS_PER_NODE
+) -> list[dict]:
     """`bench allreduce` on nodes node1..nodeN, `per_node` ranks each, grid per_node x N: the rows of every size
     of `sizes`."""
     hosts = out.with_suffix(".hosts")
@@ -97,31 +108,88 @@ def bench(nodes: int, backend: str, sizes: list[int], out: Path, iters: int, alg
     rows = []
     for first, last in sweeps(sizes):
         j = out.with_name(f"{out.stem}-{first}-{last}.json")
-        argv = ["exec", "node1", "mpirun", "-np", str(nodes * per_node), "--map-by",
-                f"ppr:{per_node}:node", "--hostfile", str(hosts), "-x", "OMP_NUM_THREADS=1", "-x", "PATH",
-                "-x", "PYTHONPATH", *BACKENDS[backend][1], sys.executable, "-m", "torus_train", "bench", "allreduce",
-                "--grid", f"{per_node}x{nodes}", "--algo", ",".join(algos), "-b", str(first), "-e", str(last),
-                "-f", "4", "-n", str(iters), "-w", "1", "-c", "0", "--backend", BACKENDS[backend][0], "--json", str(j)]
+        argv = [
+            "exec",
+            "node1",
+            "mpirun",
+            "-np",
+            str(nodes * per_node),
+            "--map-by",
+            f"ppr:{per_node}:node",
+            "--hostfile",
+            str(hosts),
+            "-x",
+            "OMP_NUM_THREADS=1",
+            "-x",
+            "PATH",
+            "-x",
+            "PYTHONPATH",
+            *BACKENDS[backend][1],
+            sys.executable,
+            "-m",
+            "torus_train",
+            "bench",
+            "allreduce",
+            "--grid",
+            f"{per_node}x{nodes}",
+            "--algo",
+            ",".join(algos),
+            "-b",
+            str(first),
+            "-e",
+            str(last),
+            "-f",
+            "4",
+            "-n",
+            str(iters),
+            "-w",
+            "1",
+            "-c",
+            "0",
+            "--backend",
+            BACKENDS[backend][0],
+            "--json",
+            str(j),
+        ]
         r = cluster(*argv, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout=900)
         if r.returncode != 0:
-            raise RuntimeError(f"bench {backend} on {nodes} nodes at {first}..{last} B failed (exit {r.returncode}):"
-                               f" {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+            raise RuntimeError(
+                f"bench {backend} on {nodes} nodes at {first}..{last} B failed (exit {r.returncode}):"
+                f" {(r.stderr or r.stdout).strip().splitlines()[-1:]}"
+            )
         rows += [x for x in json.loads(j.read_text()) if x["wrong"] == 0 and x["size_bytes"] in sizes]
     return rows
 
 
-PARAMS = {"intra_gbps": (0.02, 10.0), "inter_gbps": (0.01, 1.0), "reduce_gbps": (0.05, 20.0),
-          "intra_us": (1.0, 20_000.0), "inter_us": (1.0, 50_000.0)}
+PARAMS = {
+    "intra_gbps": (0.02, 10.0),
+    "inter_gbps": (0.01, 1.0),
+    "reduce_gbps": (0.05, 20.0),
+    "intra_us": (1.0, 20_000.0),
+    "inter_us": (1.0, 50_000.0),
+}
 """What the fit chooses, each within (low, high) on a log scale: the two links' bandwidths and per-step latencies
 (on 2 shared cores a step's latency is mostly the wait for a core, so it is fitted, not assumed) and the
 reduction rate."""
 
 
-def network(intra_gbps: float, inter_gbps: float, reduce_gbps: float, intra_us: float, inter_us: float,
-            per_node: int = RANKS_PER_NODE) -> Network:
+def network(
+    intra_gbps: float,
+    inter_gbps: float,
+    reduce_gbps: float,
+    intra_us: float,
+    inter_us: float,
+    per_node: int = RANKS_PER_NODE,
+) -> Network:
     """The namespace cluster as the planner sees it: `per_node` ranks per node, one shaped link out of each."""
-    return Network("namespace-cluster", per_node, Link(intra_gbps, intra_us), Link(inter_gbps, inter_us), 1,
-                   reduce_gbytes_per_s=reduce_gbps)
+    return Network(
+        "namespace-cluster",
+        per_node,
+        Link(intra_gbps, intra_us),
+        Link(inter_gbps, inter_us),
+        1,
+        reduce_gbytes_per_s=reduce_gbps,
+    )
 
 
 def predict(net: Network, nodes: int, algo: str, nbytes: int, share: float = 1.0) -> float:
@@ -132,28 +200,31 @@ def predict(net: Network, nodes: int, algo: str, nbytes: int, share: float = 1.0
     for a core), its copies inside a node (shared memory or loopback TCP) and its reductions; the shaped links
     between nodes (a tbf rate, not CPU) keep their bandwidth."""
     if share != 1.0:
-        net = replace(net, intra=Link(net.intra.bandwidth_gbytes_per_s / share, net.intra.latency_us * share),
-                      inter=Link(net.inter.bandwidth_gbytes_per_s, net.inter.latency_us * share),
-                      reduce_gbytes_per_s=net.reduce_gbytes_per_s / share)
+        net = replace(
+            net,
+            intra=Link(net.intra.bandwidth_gbytes_per_s / share, net.intra.latency_us * share),
+            inter=Link(net.inter.bandwidth_gbytes_per_s, net.inter.latency_us * share),
+            reduce_gbytes_per_s=net.reduce_gbytes_per_s / share,
+        )
     k = net.gpus_per_node
     return allreduce_cost(algo, Grid(k, nodes, k), net, nbytes).seconds
 
 
-def fit(rows: list[dict], nodes: int, per_node: int = RANKS_PER_NODE, sweeps: int = 5,
-        points: int = 41) -> tuple[Network, float]:
+def fit(
+    rows: list[dict], nodes: int, per_node: int = RANKS_PER_NODE, sweeps: int = 5, points: int = 41
+) -> tuple[Network, float]:
     """The Network (per_node ranks per node) whose predictions are closest to rows measured on `nodes` nodes
     (least squares in log time), by coordinate descent over PARAMS on log grids of `points` values; returns it
     and the rms log error."""
+
     def err(p: dict) -> float:
         net = network(**p, per_node=per_node)
-        return sum(math.log(predict(net, nodes, r["algo"], r["size_bytes"]) / (r["time_us"] * 1e-6)) ** 2
-                   for r in rows)
+        return sum(math.log(predict(net, nodes, r["algo"], r["size_bytes"]) / (r["time_us"] * 1e-6)) ** 2 for r in rows)
 
     p = {k: math.sqrt(lo * hi) for k, (lo, hi) in PARAMS.items()}
     for _ in range(sweeps):
         for k, (lo, hi) in PARAMS.items():
-            p[k] = min((lo * (hi / lo) ** (i / (points - 1)) for i in range(points)),
-                       key=lambda v: err({**p, k: v}))
+            p[k] = min((lo * (hi / lo) ** (i / (points - 1)) for i in range(points)), key=lambda v: err({**p, k: v}))
     return network(**p, per_node=per_node), math.sqrt(err(p) / len(rows))
 
 
@@ -170,14 +241,28 @@ weakly pinned (fits at the bounds of PARAMS with one size or one iteration). Fig
 docs/cluster.md section 7."""
 
 
-def row(x: dict, nodes: int, per_node: int, backend: str, calibration: str, predicted_s: float, net: Network,
-        rms: float) -> dict:
-    return {"nodes": nodes, "ranks_per_node": per_node, "algo": x["algo"], "backend": backend,
-            "bytes": x["size_bytes"], "measured_s": x["time_us"] * 1e-6, "predicted_s": predicted_s,
-            "fit": {"calibration": calibration, "ranks_per_node": net.gpus_per_node,
-                    "intra_gbps": net.intra.bandwidth_gbytes_per_s, "inter_gbps": net.inter.bandwidth_gbytes_per_s,
-                    "reduce_gbps": net.reduce_gbytes_per_s, "intra_us": net.intra.latency_us,
-                    "inter_us": net.inter.latency_us, "rms_log_error": rms}}
+def row(
+    x: dict, nodes: int, per_node: int, backend: str, calibration: str, predicted_s: float, net: Network, rms: float
+) -> dict:
+    return {
+        "nodes": nodes,
+        "ranks_per_node": per_node,
+        "algo": x["algo"],
+        "backend": backend,
+        "bytes": x["size_bytes"],
+        "measured_s": x["time_us"] * 1e-6,
+        "predicted_s": predicted_s,
+        "fit": {
+            "calibration": calibration,
+            "ranks_per_node": net.gpus_per_node,
+            "intra_gbps": net.intra.bandwidth_gbytes_per_s,
+            "inter_gbps": net.inter.bandwidth_gbytes_per_s,
+            "reduce_gbps": net.reduce_gbytes_per_s,
+            "intra_us": net.intra.latency_us,
+            "inter_us": net.inter.latency_us,
+            "rms_log_error": rms,
+        },
+    }
 
 
 class LiveBench:
@@ -208,15 +293,20 @@ class RecordedBench:
     def _rows(self, patterns: list[str], sizes: list[int], what: str) -> list[dict]:
         files = next((f for f in (sorted(self.folder.glob(p)) for p in patterns) if f), [])
         if not files:
-            fail(f"--from-raw: {self.folder}: no bench rows of {what} ({' or '.join(patterns)}); pass --nodes, "
-                 "--backends and --calibration as the run had them")
-        return [x for f in files for x in json.loads(f.read_text())
-                if x["wrong"] == 0 and x["size_bytes"] in sizes and x["algo"] in self.algos]
+            fail(
+                f"--from-raw: {self.folder}: no bench rows of {what} ({' or '.join(patterns)}); pass --nodes, "
+                "--backends and --calibration as the run had them"
+            )
+        return [
+            x
+            for f in files
+            for x in json.loads(f.read_text())
+            if x["wrong"] == 0 and x["size_bytes"] in sizes and x["algo"] in self.algos
+        ]
 
     def calibration(self, backend: str, sizes: list[int], per_node: int) -> list[dict]:
         older = [f"{backend}-2-*.json"] if per_node == RANKS_PER_NODE else []  # before the name said 2xK
-        return self._rows([f"{backend}-2x{per_node}-*.json", *older], sizes,
-                          f"{backend} on 2 nodes x {per_node} ranks")
+        return self._rows([f"{backend}-2x{per_node}-*.json", *older], sizes, f"{backend} on 2 nodes x {per_node} ranks")
 
     def measured(self, backend: str, nodes: int, sizes: list[int]) -> list[dict]:
         return self._rows([f"{backend}-{nodes}-*.json"], sizes, f"{backend} on {nodes} nodes")
@@ -231,21 +321,35 @@ def run(args, source) -> list[dict]:
         cal_sizes = sorted(set(args.sizes) | set(CALIBRATION_SIZES))
         cal_rows = source.calibration(backend, cal_sizes, cal_k)
         net, rms = fit(cal_rows, 2, cal_k)
-        print(f"# {backend}: fitted on 2 nodes x {cal_k} ranks ({len(cal_rows)} rows, {args.calibration}): "
-              f"intra {net.intra.bandwidth_gbytes_per_s:.3f} GB/s, "
-              f"inter {net.inter.bandwidth_gbytes_per_s:.4f} GB/s, reduction {net.reduce_gbytes_per_s:.3f} GB/s, "
-              f"step latency intra {net.intra.latency_us:.0f} us, inter {net.inter.latency_us:.0f} us; "
-              f"rms log error {rms:.3f}; CPU work x {share:g} at {args.nodes} nodes", flush=True)
+        print(
+            f"# {backend}: fitted on 2 nodes x {cal_k} ranks ({len(cal_rows)} rows, {args.calibration}): "
+            f"intra {net.intra.bandwidth_gbytes_per_s:.3f} GB/s, "
+            f"inter {net.inter.bandwidth_gbytes_per_s:.4f} GB/s, reduction {net.reduce_gbytes_per_s:.3f} GB/s, "
+            f"step latency intra {net.intra.latency_us:.0f} us, inter {net.inter.latency_us:.0f} us; "
+            f"rms log error {rms:.3f}; CPU work x {share:g} at {args.nodes} nodes",
+            flush=True,
+        )
         for x in cal_rows:
             if x["size_bytes"] in args.sizes:
-                out_rows.append(row(x, 2, cal_k, backend, args.calibration,
-                                    predict(net, 2, x["algo"], x["size_bytes"]), net, rms))
+                out_rows.append(
+                    row(x, 2, cal_k, backend, args.calibration, predict(net, 2, x["algo"], x["size_bytes"]), net, rms)
+                )
         if args.nodes == 2 and cal_k == RANKS_PER_NODE:
             continue
         two = replace(net, gpus_per_node=RANKS_PER_NODE)  # the links and latencies fitted, 2 ranks per node
         for x in source.measured(backend, args.nodes, args.sizes):
-            out_rows.append(row(x, args.nodes, RANKS_PER_NODE, backend, args.calibration,
-                                predict(two, args.nodes, x["algo"], x["size_bytes"], share), net, rms))
+            out_rows.append(
+                row(
+                    x,
+                    args.nodes,
+                    RANKS_PER_NODE,
+                    backend,
+                    args.calibration,
+                    predict(two, args.nodes, x["algo"], x["size_bytes"], share),
+                    net,
+                    rms,
+                )
+            )
     return out_rows
 
 
@@ -253,7 +357,7 @@ def on_cluster(args) -> list[dict]:
     """`run` on a namespace cluster of args.nodes nodes, brought up here and always torn down."""
     with open(LOCK, "a") as lock:
         if not args.no_lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)          # the cluster exists once on the machine
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the cluster exists once on the machine
         try:
             r = cluster("up", str(args.nodes), env={"TTC_RATE": args.rate, "TTC_SLURM": "0"}, timeout=300)
             if r.returncode != 0:
@@ -264,11 +368,14 @@ def on_cluster(args) -> list[dict]:
 
 
 def report(rows: list[dict]) -> None:
-    print(f"{'backend':>7} {'nodes':>5} {'algo':>12} {'MiB':>5} {'measured s':>11} {'predicted s':>12} "
-          f"{'pred/meas':>10}")
+    print(
+        f"{'backend':>7} {'nodes':>5} {'algo':>12} {'MiB':>5} {'measured s':>11} {'predicted s':>12} {'pred/meas':>10}"
+    )
     for r in rows:
-        print(f"{r['backend']:>7} {r['nodes']:>5} {r['algo']:>12} {r['bytes'] / 2**20:>5g} {r['measured_s']:>11.4f} "
-              f"{r['predicted_s']:>12.4f} {r['predicted_s'] / r['measured_s']:>10.2f}")
+        print(
+            f"{r['backend']:>7} {r['nodes']:>5} {r['algo']:>12} {r['bytes'] / 2**20:>5g} {r['measured_s']:>11.4f} "
+            f"{r['predicted_s']:>12.4f} {r['predicted_s'] / r['measured_s']:>10.2f}"
+        )
     key = {(r["backend"], r["nodes"], r["algo"], r["bytes"]): r["measured_s"] for r in rows}
     for (b, n, a, s), t in sorted(key.items()):
         if a == "torus" and (b, n, "flat", s) in key:
@@ -279,10 +386,14 @@ def markdown(paths: list[str]) -> str:
     """The tables of docs/cluster.md from recorded runs: predicted/measured per row and run, then measured
     flat/torus at 2 and N nodes per run."""
     runs = [(Path(p).stem, json.loads(Path(p).read_text())) for p in paths]
-    keys = sorted({(r["backend"], r["nodes"], r["algo"], r["bytes"]) for _, rows in runs for r in rows},
-                  key=lambda k: (k[0], k[1], ALGOS.index(k[2]), k[3]))
-    out = ["| backend | nodes | algo | MiB | " + " | ".join(f"{n}: measured s, pred/meas" for n, _ in runs) + " |",
-           "|---|---|---|---|" + "---|" * len(runs)]
+    keys = sorted(
+        {(r["backend"], r["nodes"], r["algo"], r["bytes"]) for _, rows in runs for r in rows},
+        key=lambda k: (k[0], k[1], ALGOS.index(k[2]), k[3]),
+    )
+    out = [
+        "| backend | nodes | algo | MiB | " + " | ".join(f"{n}: measured s, pred/meas" for n, _ in runs) + " |",
+        "|---|---|---|---|" + "---|" * len(runs),
+    ]
     for k in keys:
         cells = []
         for _, rows in runs:
@@ -310,21 +421,40 @@ def main(argv=None) -> int:
     ap.add_argument("--json", dest="json_path", required=True)
     ap.add_argument("--sizes-mib", default="1,16,64")
     ap.add_argument("--backends", default="gloo,mpi")
-    ap.add_argument("--algos", default=",".join(ALGOS), help="algorithms benched and predicted (of flat, torus, "
-                    "hierarchical; flat is the backend's own all-reduce)")
+    ap.add_argument(
+        "--algos",
+        default=",".join(ALGOS),
+        help="algorithms benched and predicted (of flat, torus, hierarchical; flat is the backend's own all-reduce)",
+    )
     ap.add_argument("--rate", default="1gbit", help="tbf rate of each node's outgoing link")
-    ap.add_argument("--iters", type=int, default=20, help="timed iterations per point (as nccl-tests; `bench` "
-                    "cuts them to about 10 s a point for big messages)")
-    ap.add_argument("--calibration", default="two-per-node",
-                    help="2-node calibration: same-ranks (as many ranks as the N-node run) or two-per-node")
-    ap.add_argument("--from-raw", metavar="DIR", help="predict from the bench rows a run recorded in DIR (its "
-                    "`# raw bench rows:` folder) with the current model: no cluster, no bench")
-    ap.add_argument("--no-lock", action="store_true",
-                    help=f"the caller already holds {LOCK} (e.g. `flock {LOCK} pytest tests/cluster`)")
+    ap.add_argument(
+        "--iters",
+        type=int,
+        default=20,
+        help="timed iterations per point (as nccl-tests; `bench` cuts them to about 10 s a point for big messages)",
+    )
+    ap.add_argument(
+        "--calibration",
+        default="two-per-node",
+        help="2-node calibration: same-ranks (as many ranks as the N-node run) or two-per-node",
+    )
+    ap.add_argument(
+        "--from-raw",
+        metavar="DIR",
+        help="predict from the bench rows a run recorded in DIR (its "
+        "`# raw bench rows:` folder) with the current model: no cluster, no bench",
+    )
+    ap.add_argument(
+        "--no-lock",
+        action="store_true",
+        help=f"the caller already holds {LOCK} (e.g. `flock {LOCK} pytest tests/cluster`)",
+    )
     args = ap.parse_args(argv)
     if not 2 <= args.nodes <= MAX_NODES:
-        fail(f"--nodes: {args.nodes}: this machine hosts 2..{MAX_NODES} namespace nodes of {RANKS_PER_NODE} ranks "
-             f"(2 CPU cores)")
+        fail(
+            f"--nodes: {args.nodes}: this machine hosts 2..{MAX_NODES} namespace nodes of {RANKS_PER_NODE} ranks "
+            f"(2 CPU cores)"
+        )
     args.backends = args.backends.split(",")
     bad = [b for b in args.backends if b not in BACKENDS]
     if bad:

@@ -27,6 +27,7 @@ Assumptions (where the published setting is unknown or differs from what the mod
 The fit: least squares in efficiency points over a grid of f from -0.2 to 0.3 in steps of 1e-4 (fit_overhead);
 the script checks that f fitted on all four is cost.STEP_OVERHEAD.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,16 +56,26 @@ def rows() -> list[dict]:
         net = PRESETS[preset]
         p = make_plan(gpus, net, "resnet50", batch, Grid(*grid, net.gpus_per_node), dtype)
         a = p.algorithms[algo]
-        out.append({"work": work, "reported_percent": reported,
-                    "predicted_percent": round(a.scaling_efficiency * 100, 2),
-                    "timeline_only_percent": round(100 * p.compute_seconds / (p.compute_seconds + a.exposed_seconds),
-                                                   2),
-                    "step_overhead": p.step_overhead,
-                    "network": preset, "gpus": gpus, "per_gpu_batch": batch, "gradient_dtype": dtype,
-                    "algorithm": algo, "grid": p.grid, "compute_ms": p.compute_seconds * 1e3,
-                    "fused_allreduce_ms": a.allreduce_seconds * 1e3,
-                    "bucket_allreduce_ms": [b["allreduce_seconds"] * 1e3 for b in a.timeline["buckets"]],
-                    "exposed_ms": a.exposed_seconds * 1e3, "derived_overlap": a.derived_overlap})
+        out.append(
+            {
+                "work": work,
+                "reported_percent": reported,
+                "predicted_percent": round(a.scaling_efficiency * 100, 2),
+                "timeline_only_percent": round(100 * p.compute_seconds / (p.compute_seconds + a.exposed_seconds), 2),
+                "step_overhead": p.step_overhead,
+                "network": preset,
+                "gpus": gpus,
+                "per_gpu_batch": batch,
+                "gradient_dtype": dtype,
+                "algorithm": algo,
+                "grid": p.grid,
+                "compute_ms": p.compute_seconds * 1e3,
+                "fused_allreduce_ms": a.allreduce_seconds * 1e3,
+                "bucket_allreduce_ms": [b["allreduce_seconds"] * 1e3 for b in a.timeline["buckets"]],
+                "exposed_ms": a.exposed_seconds * 1e3,
+                "derived_overlap": a.derived_overlap,
+            }
+        )
     return out
 
 
@@ -88,7 +99,7 @@ def leave_one_out(table: list[dict]) -> list[dict]:
     """The FITTED constant tested out of sample: f fitted on three works, the fourth predicted with it. Adds
     loo_overhead_fraction and loo_predicted_percent to every row; returns the table."""
     for i, r in enumerate(table):
-        f = fit_overhead(table[:i] + table[i + 1:])
+        f = fit_overhead(table[:i] + table[i + 1 :])
         r["loo_overhead_fraction"] = f
         r["loo_predicted_percent"] = round(with_overhead(r, f), 2)
     return table
@@ -96,24 +107,32 @@ def leave_one_out(table: list[dict]) -> list[dict]:
 
 def print_tables(table: list[dict], f_all: float) -> None:
     """The two markdown tables: the prediction per work with its inputs, then the fitted constant's test."""
-    print("| work | reported | predicted | timeline only | network preset | GPUs | img/GPU | grads | algorithm "
-          "| grid | compute ms | buckets' all-reduce ms | exposed ms | derived overlap |")
+    print(
+        "| work | reported | predicted | timeline only | network preset | GPUs | img/GPU | grads | algorithm "
+        "| grid | compute ms | buckets' all-reduce ms | exposed ms | derived overlap |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
         rep = f"~{r['reported_percent']:g}%" if r["work"].startswith("Goyal") else f"{r['reported_percent']:g}%"
-        print(f"| {r['work']} | {rep} | {r['predicted_percent']:.2f}% | {r['timeline_only_percent']:.2f}% | "
-              f"{r['network']} | {r['gpus']} | {r['per_gpu_batch']} | {r['gradient_dtype']} | {r['algorithm']} | "
-              f"{r['grid']} | {r['compute_ms']:.1f} | {' + '.join(f'{x:.2f}' for x in r['bucket_allreduce_ms'])} | "
-              f"{r['exposed_ms']:.2f} | {r['derived_overlap']:.3f} |")
+        print(
+            f"| {r['work']} | {rep} | {r['predicted_percent']:.2f}% | {r['timeline_only_percent']:.2f}% | "
+            f"{r['network']} | {r['gpus']} | {r['per_gpu_batch']} | {r['gradient_dtype']} | {r['algorithm']} | "
+            f"{r['grid']} | {r['compute_ms']:.1f} | {' + '.join(f'{x:.2f}' for x in r['bucket_allreduce_ms'])} | "
+            f"{r['exposed_ms']:.2f} | {r['derived_overlap']:.3f} |"
+        )
     print()
-    print(f"Leave-one-out of the ONE FITTED constant f (every step also pays f x compute that nothing hides; "
-          f"fitted on all four: {f_all:.4f}):")
+    print(
+        f"Leave-one-out of the ONE FITTED constant f (every step also pays f x compute that nothing hides; "
+        f"fitted on all four: {f_all:.4f}):"
+    )
     print("| work | reported | timeline only | f fitted on the other three | predicted with it | miss |")
     print("|---|---|---|---|---|---|")
     for r in table:
-        print(f"| {r['work']} | {r['reported_percent']:g}% | {r['timeline_only_percent']:.2f}% | "
-              f"{r['loo_overhead_fraction']:.4f} | {r['loo_predicted_percent']:.2f}% | "
-              f"{r['loo_predicted_percent'] - r['reported_percent']:+.2f} |")
+        print(
+            f"| {r['work']} | {r['reported_percent']:g}% | {r['timeline_only_percent']:.2f}% | "
+            f"{r['loo_overhead_fraction']:.4f} | {r['loo_predicted_percent']:.2f}% | "
+            f"{r['loo_predicted_percent'] - r['reported_percent']:+.2f} |"
+        )
 
 
 def within(table: list[dict], key: str, points: float = 3.0) -> int:
@@ -128,12 +147,16 @@ def main() -> None:
     table = leave_one_out(rows())
     f_all = fit_overhead(table)
     print_tables(table, f_all)
-    print(f"# within 3 points: {within(table, 'predicted_percent')} of 4 as `plan` predicts (f = {STEP_OVERHEAD:g}, "
-          f"fitted on all four); {within(table, 'loo_predicted_percent')} of 4 each left out and predicted with f "
-          f"fitted on the other three; {within(table, 'timeline_only_percent')} of 4 with no constant")
+    print(
+        f"# within 3 points: {within(table, 'predicted_percent')} of 4 as `plan` predicts (f = {STEP_OVERHEAD:g}, "
+        f"fitted on all four); {within(table, 'loo_predicted_percent')} of 4 each left out and predicted with f "
+        f"fitted on the other three; {within(table, 'timeline_only_percent')} of 4 with no constant"
+    )
     if abs(f_all - STEP_OVERHEAD) > 5e-5:
-        print(f"# WARNING: f fitted on all four is {f_all:.4f}, not cost.STEP_OVERHEAD = {STEP_OVERHEAD:g}: "
-              f"the model changed; refit and update the constant")
+        print(
+            f"# WARNING: f fitted on all four is {f_all:.4f}, not cost.STEP_OVERHEAD = {STEP_OVERHEAD:g}: "
+            f"the model changed; refit and update the constant"
+        )
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(table, indent=2) + "\n")
         print(f"# wrote {args.json_path}")

@@ -5,6 +5,7 @@ batch 16, 32 and 256, in one process, rounds alternating. Writes parts/graphs.js
 {BATCH: {ours_graphed_img_s, ours_eager_img_s, bare_eager_img_s, bare_graphed_img_s, ratio,
 capture_seconds}}, "ok"}}. A rehearsal runs it on the CPU at batch 2, 4 and 8 (nothing is captured there:
 capture_seconds is 0.0 and every column is eager; it checks the program, not the speed)."""
+
 import json
 import os
 import pathlib
@@ -146,14 +147,24 @@ def trained(graphs, poison_at=None):
             loss = step(rs, torch.full_like(images, float("nan")), labels, accumulation)
             got["unchanged"] = bool(torch.equal(before, params_of(rs)))
             return loss
+
         return poisoned
 
     def keep(rs):
         got["params"] = params_of(rs)
         got["skipped"] = int(rs.skip_counts[1]) if rs.skip_counts is not None else 0
 
-    shrunk.loop_run(boot, OUT, AGREE_BATCH, 0, AGREE_STEPS, deterministic=True,
-                    cuda_graphs="auto" if graphs else "off", around=around, keep=keep)
+    shrunk.loop_run(
+        boot,
+        OUT,
+        AGREE_BATCH,
+        0,
+        AGREE_STEPS,
+        deterministic=True,
+        cuda_graphs="auto" if graphs else "off",
+        around=around,
+        keep=keep,
+    )
     return got
 
 
@@ -164,12 +175,17 @@ def agreement():
     poisoned = trained(True, poison_at=POISON_AT)
     scale = float(eager["params"].abs().max())
     rel = float((eager["params"] - first["params"]).abs().max()) / max(scale, 1e-30)
-    res = {"batch": AGREE_BATCH, "steps": AGREE_STEPS, "eager_vs_graphed_max_rel": rel,
-           "graphed_runs_equal": bool(torch.equal(first["params"], second["params"])),
-           "nonfinite_step_skipped": bool(poisoned.get("unchanged")) and poisoned["skipped"] == 1,
-           "all_finite": all(bool(torch.isfinite(r["params"]).all()) for r in (eager, first, second, poisoned))}
-    res["ok"] = (rel <= AGREE_TOLERANCE and res["graphed_runs_equal"] and res["nonfinite_step_skipped"]
-                 and res["all_finite"])
+    res = {
+        "batch": AGREE_BATCH,
+        "steps": AGREE_STEPS,
+        "eager_vs_graphed_max_rel": rel,
+        "graphed_runs_equal": bool(torch.equal(first["params"], second["params"])),
+        "nonfinite_step_skipped": bool(poisoned.get("unchanged")) and poisoned["skipped"] == 1,
+        "all_finite": all(bool(torch.isfinite(r["params"]).all()) for r in (eager, first, second, poisoned)),
+    }
+    res["ok"] = (
+        rel <= AGREE_TOLERANCE and res["graphed_runs_equal"] and res["nonfinite_step_skipped"] and res["all_finite"]
+    )
     print(json.dumps({"agree": res}), flush=True)
     return res
 
@@ -181,7 +197,11 @@ for batch in BATCHES:
 at = rows[str(BATCHES[1])]  # batch 32 (4 in a rehearsal)
 eager_ratio = round(at["ours_eager_img_s"] / at["bare_eager_img_s"], 3)
 agree = agreement()
-res = {"batches": rows, "eager_ratio_batch_32": eager_ratio, "agree": agree,
-       "ok": all(r["ok"] for r in rows.values()) and eager_ratio >= EAGER_PASS and agree["ok"]}
+res = {
+    "batches": rows,
+    "eager_ratio_batch_32": eager_ratio,
+    "agree": agree,
+    "ok": all(r["ok"] for r in rows.values()) and eager_ratio >= EAGER_PASS and agree["ok"],
+}
 assert all(v is not None for r in [*rows.values(), agree] for v in r.values())
 pathlib.Path(os.environ["GPU_CHECK_OUT"], "parts", "graphs.json").write_text(json.dumps({"graphs": res}))

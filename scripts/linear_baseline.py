@@ -8,6 +8,7 @@ regularisation, one run per --l2 value, and scored on the validation split.
     python scripts/linear_baseline.py                      # the cached demo set (created if missing)
     python scripts/linear_baseline.py --data DIR --size 32 --json out.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,10 @@ def main() -> None:
     xtr_t, xva_t = torch.from_numpy((xtr - mean) / std), torch.from_numpy((xva - mean) / std)
     ytr_t, yva_t = torch.from_numpy(ytr), torch.from_numpy(yva)
     classes = int(ytr.max()) + 1
-    print(f"{root}: {len(ytr)} train, {len(yva)} val images, {classes} classes, {xtr.shape[1]} pixel features "
-          f"(loaded in {time.time() - t0:.1f} s)")
+    print(
+        f"{root}: {len(ytr)} train, {len(yva)} val images, {classes} classes, {xtr.shape[1]} pixel features "
+        f"(loaded in {time.time() - t0:.1f} s)"
+    )
     print(f"chance: {100 / classes:.1f}%")
     print("| L2 | train top-1 | val top-1 |\n|---|---|---|")
     rows = []

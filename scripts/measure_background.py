@@ -10,6 +10,7 @@ The mean is the `background` term of the calibration's oversubscription model,
 max(1, (ranks + background) / cores): `plan calibrate --background` and
 `scripts/check_calibration.py --fit-background/--check-background`. Linux only.
 """
+
 from __future__ import annotations
 
 import argparse

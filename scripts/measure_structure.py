@@ -11,6 +11,7 @@ Prints, from the source alone (nothing is imported):
   literal (the registry's own module is where it belongs);
 - the files a contributor touches for each worked example of docs/extending.md ("Files touched:" lines).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,17 +25,53 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "torus_train"
 
 # Lowest first. A module may import from its own package and from any package before it in this list.
-ORDER = ("errors", "registry", "cache", "userfiles", "outdir", "outfiles", "specs", "job", "comm", "data", "plan",
-         "train", "ranks", "bench", "commands", "cli", "__main__")
+ORDER = (
+    "errors",
+    "registry",
+    "cache",
+    "userfiles",
+    "outdir",
+    "outfiles",
+    "specs",
+    "job",
+    "comm",
+    "data",
+    "plan",
+    "train",
+    "ranks",
+    "bench",
+    "commands",
+    "cli",
+    "__main__",
+)
 
 # Modules that import torch at their top: a rank's training, the collectives, the torch loaders. Every other
 # module is pure: importing it never imports torch (`--help`, `run --dry-run`, `plan` and the launcher stay free
 # of it), and a pure module reaches torch only inside the function that needs it (the torch boundary).
 TORCH_SIDE = (
-    "bench.sweep", "comm.algos", "comm.arith", "comm.buckets", "comm.groups", "comm.hooks", "comm.mpi.transport",
-    "comm.shm", "data.batch_decode", "data.dali", "data.synthetic", "data.torchvision_loader", "ranks.distributed",
-    "train.build", "train.graphs", "train.loop", "train.models", "train.optim", "train.report", "train.state",
-    "train.step", "train.syncs", "train.timing",
+    "bench.sweep",
+    "comm.algos",
+    "comm.arith",
+    "comm.buckets",
+    "comm.groups",
+    "comm.hooks",
+    "comm.mpi.transport",
+    "comm.shm",
+    "data.batch_decode",
+    "data.dali",
+    "data.synthetic",
+    "data.torchvision_loader",
+    "ranks.distributed",
+    "train.build",
+    "train.graphs",
+    "train.loop",
+    "train.models",
+    "train.optim",
+    "train.report",
+    "train.state",
+    "train.step",
+    "train.syncs",
+    "train.timing",
 )
 # Optional dependencies (extras) and version fallbacks: imported where used, so that a missing one costs only
 # the feature that needs it.
@@ -66,12 +103,14 @@ def imported(node) -> list[str]:
 
 def import_sites(tree: ast.AST):
     """Yield (import node, inside_function) for every import in the module."""
+
     def walk(node, in_fn):
         for child in ast.iter_child_nodes(node):
             inner = in_fn or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 yield child, in_fn
             yield from walk(child, inner)
+
     yield from walk(tree, False)
 
 
@@ -99,8 +138,11 @@ def import_kind(name: str, inside: str) -> str:
     module reaching torch or a torch-side module: the boundary), or "other" (no reason: it belongs at the top)."""
     if any(name == o or name.startswith(o + ".") for o in OPTIONAL):
         return "optional"
-    torchy = name.split(".")[0] in ("torch", "torchvision") or \
-        name.removeprefix("torus_train.") in TORCH_SIDE and name.startswith("torus_train.")
+    torchy = (
+        name.split(".")[0] in ("torch", "torchvision")
+        or name.removeprefix("torus_train.") in TORCH_SIDE
+        and name.startswith("torus_train.")
+    )
     return "torch" if torchy and inside not in TORCH_SIDE else "other"
 
 
@@ -128,8 +170,12 @@ def largest(trees: dict[Path, ast.AST], sources: dict[Path, str]) -> dict:
                 n = node.end_lineno - node.lineno + 1
                 if n > best[0]:
                     best = (n, f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
-    return {"module": str(mod.relative_to(ROOT)), "module_lines": len(sources[mod].splitlines()),
-            "function": best[1], "function_lines": best[0]}
+    return {
+        "module": str(mod.relative_to(ROOT)),
+        "module_lines": len(sources[mod].splitlines()),
+        "function": best[1],
+        "function_lines": best[0],
+    }
 
 
 def docstring_nodes(tree: ast.AST) -> set[int]:
@@ -195,8 +241,10 @@ def main() -> int:
     for line in m["upward_imports"]:
         print(f"  {line}")
     f = m["imports_in_functions"]
-    print(f"imports inside functions: {f['all']} (optional extras {f['optional']}, the torch boundary "
-          f"{f['torch']}, without a reason {f['other']})")
+    print(
+        f"imports inside functions: {f['all']} (optional extras {f['optional']}, the torch boundary "
+        f"{f['torch']}, without a reason {f['other']})"
+    )
     for line in f["others"]:
         print(f"  {line}")
     lg = m["largest"]

@@ -8,6 +8,7 @@ in shuffled order, `--rounds` blocks of `--iters` calls each (after a barrier), 
 per size with the ratios to flat (busbw ratio = time ratio: same size, same ranks). The results of the two
 replays are compared bit for bit first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,11 @@ def main() -> None:
         if not torch.equal(check["python"], check["native"]):
             sys.exit(f"rank {comm.rank}: the two replays differ at {size}")
         t = torch.ones(n)
-        variants = {"flat": (t, "flat", grids["python"]), "python": (t, "torus", grids["python"]),
-                    "native": (t, "torus", grids["native"])}
+        variants = {
+            "flat": (t, "flat", grids["python"]),
+            "python": (t, "torus", grids["python"]),
+            "native": (t, "torus", grids["native"]),
+        }
         times = {k: [] for k in variants}
         for call in variants.values():
             for _ in range(5):

@@ -9,6 +9,7 @@ noise blurred at three scales (coarse shapes to fine grain), a few sharp-edged e
 saved at quality 90 with 4:2:0 chroma subsampling: their JPEG size (~50-80 KB) is close to ImageNet's average
 (~110 KB at 400x350), unlike the demo set's ~2 KB.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,9 @@ def one_image(rng: np.random.Generator, w: int, h: int) -> Image.Image:
         base[..., c] = 128 + 60 * (a * xx / w + b * yy / h) + 30 * d
     img = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
     for radius, amp in ((24, 70), (6, 45), (1.2, 30)):  # texture at three scales
-        noise = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).filter(ImageFilter.GaussianBlur(radius))
+        noise = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).filter(
+            ImageFilter.GaussianBlur(radius)
+        )
         n = (np.asarray(noise, np.float32) - 127.5) * (amp / 40.0)
         img = Image.fromarray(np.clip(np.asarray(img, np.float32) + n, 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(img)

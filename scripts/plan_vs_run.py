@@ -22,6 +22,7 @@ Writes {"machine", "settings", "results": [{grid, repeat, measured_step_seconds,
 bound, by_background_unit, backgrounds, files}], "summary": {grid: {...}}}
 and prints one line per result. Exit 0 when it ran (whatever the ratios), 1 when a step failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -140,8 +141,12 @@ def measured(cmd: list[str], log: Path, timeout: float, metrics: Path | None = N
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:6])} ... failed (rc {proc.returncode}); see {log}")
     n = max(len(samples), 1)
-    out = {"groups": sum(x[0] for x in samples) / n, "threads": sum(x[1] for x in samples) / n,
-           "samples": len(samples), "seconds": seconds}
+    out = {
+        "groups": sum(x[0] for x in samples) / n,
+        "threads": sum(x[1] for x in samples) / n,
+        "samples": len(samples),
+        "seconds": seconds,
+    }
     # The CPU rate (cores busy) between the first record (warm-up) and the last (ranks exit then, and their CPU
     # leaves /proc), times the median step of the records: the metrics' step lags the samples by up to one
     # logging interval, so CPU over steps counted from them would be off by up to 2 intervals in 30 steps.
@@ -156,11 +161,32 @@ def measured(cmd: list[str], log: Path, timeout: float, metrics: Path | None = N
 
 def job_args(args, out: Path, steps: int) -> list[str]:
     """The job of every run: the model at the image size on synthetic data, args.batch per rank, torus hook."""
-    return ["--data", "synthetic", "--model", args.model, "--image-size", str(args.image_size), "--steps", str(steps),
-            "--out", str(out), "--set", "comm.algo=torus", "--set", "job.log_every=5",
-            "--set", "checkpoint.every_epochs=0", "--set", "checkpoint.at_end=false", "--set", "eval.every_epochs=0",
-            "--set", f"schedule.stages=[{{until_epoch=1,per_rank_batch={args.batch}}}]",
-            "--set", "schedule.warmup_epochs=0"]
+    return [
+        "--data",
+        "synthetic",
+        "--model",
+        args.model,
+        "--image-size",
+        str(args.image_size),
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        "--set",
+        "comm.algo=torus",
+        "--set",
+        "job.log_every=5",
+        "--set",
+        "checkpoint.every_epochs=0",
+        "--set",
+        "checkpoint.at_end=false",
+        "--set",
+        "eval.every_epochs=0",
+        "--set",
+        f"schedule.stages=[{{until_epoch=1,per_rank_batch={args.batch}}}]",
+        "--set",
+        "schedule.warmup_epochs=0",
+    ]
 
 
 def one(grid: str, rep: int, work: Path, args) -> dict:
@@ -173,54 +199,133 @@ def one(grid: str, rep: int, work: Path, args) -> dict:
     tt = [PY, "-m", "torus_train"]
     t0 = time.time()
     pick = "groups" if args.background_unit == "groups" else "threads"
-    m_bench = measured([*tt, "bench", "allreduce", "--grid", grid, "--algo", "torus", "-b", "1M", "-e", "32M",
-                         "-n", str(args.bench_iters), "-w", "2", "--json", str(bench)], d / "bench.log", 900)
-    m_prof = measured([PY, "-m", "torus_train.plan.host", args.model, str(prof), "--image-size", str(args.image_size),
-                        "--batch", str(args.batch), "--repeats", "5"], d / "profile.log", 600)
+    m_bench = measured(
+        [
+            *tt,
+            "bench",
+            "allreduce",
+            "--grid",
+            grid,
+            "--algo",
+            "torus",
+            "-b",
+            "1M",
+            "-e",
+            "32M",
+            "-n",
+            str(args.bench_iters),
+            "-w",
+            "2",
+            "--json",
+            str(bench),
+        ],
+        d / "bench.log",
+        900,
+    )
+    m_prof = measured(
+        [
+            PY,
+            "-m",
+            "torus_train.plan.host",
+            args.model,
+            str(prof),
+            "--image-size",
+            str(args.image_size),
+            "--batch",
+            str(args.batch),
+            "--repeats",
+            "5",
+        ],
+        d / "profile.log",
+        600,
+    )
     bg_bench, bg_prof = m_bench[pick], m_prof[pick]
     p = json.loads(prof.read_text())
     p["background"] = bg_prof
     if args.loop:
         # pinned to one core, so the rank runs one compute thread, as the profile and the grid's ranks do
-        m_loop = measured(["taskset", "-c", "0", *tt, "run", "--gpus", "1", "--grid", "1x1",
-                           *job_args(args, d / "run_1x1", 30)],
-                          d / "run_1x1.log", 900, d / "run_1x1" / "metrics.jsonl")
+        m_loop = measured(
+            ["taskset", "-c", "0", *tt, "run", "--gpus", "1", "--grid", "1x1", *job_args(args, d / "run_1x1", 30)],
+            d / "run_1x1.log",
+            900,
+            d / "run_1x1" / "metrics.jsonl",
+        )
         p["loop_seconds"] = m_loop.get("cpu_per_step")
     prof.write_text(json.dumps(p, indent=1) + "\n")
-    m_run = measured([*tt, "run", "--gpus", str(ranks), "--grid", grid, *job_args(args, run, args.steps)],
-                     d / "run.log", 1200, run / "metrics.jsonl")
+    m_run = measured(
+        [*tt, "run", "--gpus", str(ranks), "--grid", grid, *job_args(args, run, args.steps)],
+        d / "run.log",
+        1200,
+        run / "metrics.jsonl",
+    )
     bg_run = m_run[pick]
     rows = {}
-    variants = {"threads": (m_bench["threads"], m_run["threads"]), "groups": (m_bench["groups"], m_run["groups"]),
-                "none": (0.0, 0.0)}
+    variants = {
+        "threads": (m_bench["threads"], m_run["threads"]),
+        "groups": (m_bench["groups"], m_run["groups"]),
+        "none": (0.0, 0.0),
+    }
     for label, (bb, br) in variants.items():
         out = d / f"compare_{label}.json"
-        r = subprocess.run([*tt, "plan", "compare-run", str(run), "--calibrate", str(bench), "--layer-profile",
-                            str(prof), "--cores", str(args.cores), "--background", f"{bb}", "--run-background", f"{br}",
-                            "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        r = subprocess.run(
+            [
+                *tt,
+                "plan",
+                "compare-run",
+                str(run),
+                "--calibrate",
+                str(bench),
+                "--layer-profile",
+                str(prof),
+                "--cores",
+                str(args.cores),
+                "--background",
+                f"{bb}",
+                "--run-background",
+                f"{br}",
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
         (d / f"compare_{label}.log").write_text(r.stdout + r.stderr)
         if r.returncode != 0:
             raise RuntimeError(f"plan compare-run failed: {r.stderr.strip()}")
         rows[label] = json.loads(out.read_text())["stages"][0]
     w = rows[pick]
     pred = w["prediction"]
-    return {"grid": grid, "ranks": ranks, "repeat": rep, "started": time.strftime("%H:%M:%S", time.gmtime(t0)),
-            "measured_step_seconds": w["measured_step_seconds"], "metrics_records_used": w["records_used"],
-            "predicted_step_seconds": w["predicted_step_seconds"], "ratio": w["ratio"], "bound": pred["bound"],
-            "background_unit": pick, "timeline_step_seconds": pred["timeline_step_seconds"],
-            "cores_step_seconds": pred["cores_step_seconds"], "exchanges_seconds": pred["bucket_seconds"],
-            "oversubscription": pred["oversubscription"],
-            # the model's CPU per rank per step (profile + the exchanges' work: the cores' bound over o) against
-            # what the run's processes used: a check of the model that the background does not enter
-            "predicted_cpu_per_rank_step_seconds": pred["cores_step_seconds"] / pred["oversubscription"],
-            "measured_cpu_per_rank_step_seconds": (m_run["cpu_per_step"] / ranks if "cpu_per_step" in m_run
-                                                   else None),
-            "by_background_unit": {k: {"predicted_step_seconds": v["predicted_step_seconds"], "ratio": v["ratio"]}
-                                   for k, v in rows.items()},
-            "backgrounds": {"bench": bg_bench, "profile": bg_prof, "run": bg_run, "unit": pick},
-            "background_samples": {"bench": m_bench, "profile": m_prof, "run": m_run},
-            "profile_ms": {k: p[k] * 1e3 for k in ("forward_seconds", "backward_seconds", "optimizer_seconds")},
-            "profile_clock": p.get("clock", "wall"), "loop_seconds": p.get("loop_seconds"), "files": str(d)}
+    return {
+        "grid": grid,
+        "ranks": ranks,
+        "repeat": rep,
+        "started": time.strftime("%H:%M:%S", time.gmtime(t0)),
+        "measured_step_seconds": w["measured_step_seconds"],
+        "metrics_records_used": w["records_used"],
+        "predicted_step_seconds": w["predicted_step_seconds"],
+        "ratio": w["ratio"],
+        "bound": pred["bound"],
+        "background_unit": pick,
+        "timeline_step_seconds": pred["timeline_step_seconds"],
+        "cores_step_seconds": pred["cores_step_seconds"],
+        "exchanges_seconds": pred["bucket_seconds"],
+        "oversubscription": pred["oversubscription"],
+        # the model's CPU per rank per step (profile + the exchanges' work: the cores' bound over o) against
+        # what the run's processes used: a check of the model that the background does not enter
+        "predicted_cpu_per_rank_step_seconds": pred["cores_step_seconds"] / pred["oversubscription"],
+        "measured_cpu_per_rank_step_seconds": (m_run["cpu_per_step"] / ranks if "cpu_per_step" in m_run else None),
+        "by_background_unit": {
+            k: {"predicted_step_seconds": v["predicted_step_seconds"], "ratio": v["ratio"]} for k, v in rows.items()
+        },
+        "backgrounds": {"bench": bg_bench, "profile": bg_prof, "run": bg_run, "unit": pick},
+        "background_samples": {"bench": m_bench, "profile": m_prof, "run": m_run},
+        "profile_ms": {k: p[k] * 1e3 for k in ("forward_seconds", "backward_seconds", "optimizer_seconds")},
+        "profile_clock": p.get("clock", "wall"),
+        "loop_seconds": p.get("loop_seconds"),
+        "files": str(d),
+    }
 
 
 def main() -> int:
@@ -234,13 +339,21 @@ def main() -> int:
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--bench-iters", type=int, default=5)
-    ap.add_argument("--no-loop", dest="loop", action="store_false",
-                    help="do not measure the training loop's CPU per step in a one-rank run of the same job")
+    ap.add_argument(
+        "--no-loop",
+        dest="loop",
+        action="store_false",
+        help="do not measure the training loop's CPU per step in a one-rank run of the same job",
+    )
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--background-unit", choices=["groups", "threads"], default="threads",
-                    help="what the headline prediction counts as background: runnable threads (as "
-                         "scripts/measure_background.py and the calibration's model do) or runnable scheduling "
-                         "groups (sessions, which sched_autogroup shares the CPU between); both are in the JSON")
+    ap.add_argument(
+        "--background-unit",
+        choices=["groups", "threads"],
+        default="threads",
+        help="what the headline prediction counts as background: runnable threads (as "
+        "scripts/measure_background.py and the calibration's model do) or runnable scheduling "
+        "groups (sessions, which sched_autogroup shares the CPU between); both are in the JSON",
+    )
     args = ap.parse_args()
     grids = args.grid or ["2x2", "2x4"]
     work = Path(args.workdir or Path(args.json_path).with_suffix("")).resolve()
@@ -256,33 +369,49 @@ def main() -> int:
                 break
             results.append(r)
             b, u = r["backgrounds"], r["by_background_unit"]
-            print(f"{g} #{rep} ({r['started']} UTC): measured {r['measured_step_seconds'] * 1e3:.1f} ms, predicted "
-                  f"{r['predicted_step_seconds'] * 1e3:.1f} ms, pred/meas {r['ratio']:.2f} ({r['bound']} bound; "
-                  f"background {b['unit']}: bench {b['bench']:.2f} run {b['run']:.2f}); pred/meas counting "
-                  + ", ".join(f"{k} {v['ratio']:.2f}" for k, v in u.items())
-                  + (f"; CPU per rank per step predicted {r['predicted_cpu_per_rank_step_seconds'] * 1e3:.0f} ms, "
-                     f"used {r['measured_cpu_per_rank_step_seconds'] * 1e3:.0f} ms"
-                     if r["measured_cpu_per_rank_step_seconds"] else ""), flush=True)
+            print(
+                f"{g} #{rep} ({r['started']} UTC): measured {r['measured_step_seconds'] * 1e3:.1f} ms, predicted "
+                f"{r['predicted_step_seconds'] * 1e3:.1f} ms, pred/meas {r['ratio']:.2f} ({r['bound']} bound; "
+                f"background {b['unit']}: bench {b['bench']:.2f} run {b['run']:.2f}); pred/meas counting "
+                + ", ".join(f"{k} {v['ratio']:.2f}" for k, v in u.items())
+                + (
+                    f"; CPU per rank per step predicted {r['predicted_cpu_per_rank_step_seconds'] * 1e3:.0f} ms, "
+                    f"used {r['measured_cpu_per_rank_step_seconds'] * 1e3:.0f} ms"
+                    if r["measured_cpu_per_rank_step_seconds"]
+                    else ""
+                ),
+                flush=True,
+            )
         if failed:
             break
     summary = {}
     for g in grids:
         rs = [r for r in results if r["grid"] == g]
         if rs:
-            summary[g] = {"runs": len(rs), "median_ratio": statistics.median(r["ratio"] for r in rs),
-                          "within_15_percent": sum(abs(r["ratio"] - 1) <= 0.15 for r in rs),
-                          "median_ratio_by_background_unit": {
-                              k: statistics.median(r["by_background_unit"][k]["ratio"] for r in rs)
-                              for k in rs[0]["by_background_unit"]}}
+            summary[g] = {
+                "runs": len(rs),
+                "median_ratio": statistics.median(r["ratio"] for r in rs),
+                "within_15_percent": sum(abs(r["ratio"] - 1) <= 0.15 for r in rs),
+                "median_ratio_by_background_unit": {
+                    k: statistics.median(r["by_background_unit"][k]["ratio"] for r in rs)
+                    for k in rs[0]["by_background_unit"]
+                },
+            }
     load = os.getloadavg()
-    out = {"machine": {"cores": args.cores, "loadavg_at_end": load, "autogroup": autogroup_enabled()},
-           "settings": {k: v for k, v in vars(args).items() if k != "json_path"} | {"grid": grids},
-           "results": results, "summary": summary, "failed": failed}
+    out = {
+        "machine": {"cores": args.cores, "loadavg_at_end": load, "autogroup": autogroup_enabled()},
+        "settings": {k: v for k, v in vars(args).items() if k != "json_path"} | {"grid": grids},
+        "results": results,
+        "summary": summary,
+        "failed": failed,
+    }
     Path(args.json_path).write_text(json.dumps(out, indent=2) + "\n")
     for g, s in summary.items():
         alt = ", ".join(f"{k} {v:.2f}" for k, v in s["median_ratio_by_background_unit"].items())
-        print(f"# summary {g}: {s['runs']} run(s), median pred/meas {s['median_ratio']:.2f}, "
-              f"{s['within_15_percent']} within 15% (median counting the background as {alt})")
+        print(
+            f"# summary {g}: {s['runs']} run(s), median pred/meas {s['median_ratio']:.2f}, "
+            f"{s['within_15_percent']} within 15% (median counting the background as {alt})"
+        )
     print(f"# wrote {args.json_path} (files under {work})")
     return 1 if failed else 0
 

@@ -13,6 +13,7 @@ node). Sony v1 (NCCL 2.3.5, ring only) published no torus-against-NCCL time in t
 Writes [{"work", "variant", "grid", "network", "nccl_algo", "bytes", "torus_ms", "nccl_ms",
 "predicted_ratio", "published_ratio"}].
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,16 @@ class Published:
 
 
 WORKS = (
-    Published("horovod-3608", Grid(6, 32, 6), "scripts/networks/horovod-3608.toml", "nccl-ring", 978.0, 2498.0,
-              "github.com/horovod/horovod/pull/3608: BERT-Large all-reduce, 32 nodes x 6 V100, one 10 GbE NIC; "
-              "NCCLRingAllreduce 2498 ms, NCCLTorusAllreduce 978 ms"),
+    Published(
+        "horovod-3608",
+        Grid(6, 32, 6),
+        "scripts/networks/horovod-3608.toml",
+        "nccl-ring",
+        978.0,
+        2498.0,
+        "github.com/horovod/horovod/pull/3608: BERT-Large all-reduce, 32 nodes x 6 V100, one 10 GbE NIC; "
+        "NCCLRingAllreduce 2498 ms, NCCLTorusAllreduce 978 ms",
+    ),
 )
 
 VARIANTS = {
@@ -67,9 +75,20 @@ def rows() -> list[dict]:
                 n = int(mb * 1e6)
                 t = allreduce_cost("torus", w.grid, net, n).seconds
                 c = allreduce_cost(w.nccl_algo, w.grid, net, n).seconds
-                out.append({"work": w.work, "variant": variant, "grid": str(w.grid), "network": net.name,
-                            "nccl_algo": w.nccl_algo, "bytes": n, "torus_ms": t * 1e3, "nccl_ms": c * 1e3,
-                            "predicted_ratio": t / c, "published_ratio": w.torus_ms / w.nccl_ms})
+                out.append(
+                    {
+                        "work": w.work,
+                        "variant": variant,
+                        "grid": str(w.grid),
+                        "network": net.name,
+                        "nccl_algo": w.nccl_algo,
+                        "bytes": n,
+                        "torus_ms": t * 1e3,
+                        "nccl_ms": c * 1e3,
+                        "predicted_ratio": t / c,
+                        "published_ratio": w.torus_ms / w.nccl_ms,
+                    }
+                )
     return out
 
 
@@ -80,11 +99,15 @@ def main(argv=None) -> int:
     out = rows()
     for w in WORKS:
         print(f"# {w.work}: {w.source}; published torus/NCCL {w.torus_ms / w.nccl_ms:.2f}")
-    print(f"{'work':>14} {'variant':>8} {'grid':>6} {'MB':>6} {'torus ms':>9} {'NCCL ms':>9} {'predicted':>9} "
-          f"{'published':>9}")
+    print(
+        f"{'work':>14} {'variant':>8} {'grid':>6} {'MB':>6} {'torus ms':>9} {'NCCL ms':>9} {'predicted':>9} "
+        f"{'published':>9}"
+    )
     for r in out:
-        print(f"{r['work']:>14} {r['variant']:>8} {r['grid']:>6} {r['bytes'] / 1e6:>6g} {r['torus_ms']:>9.1f} "
-              f"{r['nccl_ms']:>9.1f} {r['predicted_ratio']:>9.2f} {r['published_ratio']:>9.2f}")
+        print(
+            f"{r['work']:>14} {r['variant']:>8} {r['grid']:>6} {r['bytes'] / 1e6:>6g} {r['torus_ms']:>9.1f} "
+            f"{r['nccl_ms']:>9.1f} {r['predicted_ratio']:>9.2f} {r['published_ratio']:>9.2f}"
+        )
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(out, indent=2) + "\n")
         print(f"# wrote {args.json_path}")

@@ -8,6 +8,7 @@ Each run is `torus-train run --out OUT/seedS-tT --overwrite --set job.seed=S` wi
 the ranks (launch.env), one after the other; extra `--set` arguments go to every run. Wall times are those of
 this machine at that moment: on a shared machine they vary with the load, accuracies do not.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,19 @@ def parse_pairs(seeds: str, threads: str, also: list[str]) -> list[tuple[int, in
 
 def run_one(out: Path, seed: int, threads: int, sets: list[str]) -> float:
     """One run; its wall time in seconds (start-up and data preparation included)."""
-    cmd = [sys.executable, "-m", "torus_train", "run", "--out", str(out), "--overwrite",
-           "--set", f"job.seed={seed}", "--set", f'launch.env=["OMP_NUM_THREADS={threads}"]']
+    cmd = [
+        sys.executable,
+        "-m",
+        "torus_train",
+        "run",
+        "--out",
+        str(out),
+        "--overwrite",
+        "--set",
+        f"job.seed={seed}",
+        "--set",
+        f'launch.env=["OMP_NUM_THREADS={threads}"]',
+    ]
     for s in sets:
         cmd += ["--set", s]
     print("$", " ".join(cmd), flush=True)
@@ -50,20 +62,32 @@ def row(out: Path, seed: int, threads: int) -> dict:
     wall = json.loads((out / "recipe_wall.json").read_text())["wall_seconds"]
     target = summary.get("target_top1", 0.9)
     first = next((i + 1 for i, t in enumerate(evals) if t >= target), None)
-    return {"seed": seed, "threads": threads, "top1": evals, "first_epoch": first, "epochs": len(evals),
-            "train_s": summary.get("wall_seconds"), "wall_s": wall, "digest": summary.get("param_digest", "")[:12],
-            "target": target}
+    return {
+        "seed": seed,
+        "threads": threads,
+        "top1": evals,
+        "first_epoch": first,
+        "epochs": len(evals),
+        "train_s": summary.get("wall_seconds"),
+        "wall_s": wall,
+        "digest": summary.get("param_digest", "")[:12],
+        "target": target,
+    }
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| seed | threads per rank | val top-1 after each epoch (%) | 90% first passed | training s | "
-             "wall s (start to end) | replica digest |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| seed | threads per rank | val top-1 after each epoch (%) | 90% first passed | training s | "
+        "wall s (start to end) | replica digest |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         top = " ".join(f"{100 * t:.1f}" for t in r["top1"])
         first = f"after epoch {r['first_epoch']} of {r['epochs']}" if r["first_epoch"] else "not reached"
         train = f"{r['train_s']:.1f}" if r["train_s"] is not None else "-"
-        lines.append(f"| {r['seed']} | {r['threads']} | {top} | {first} | {train} | {r['wall_s']:.1f} | "
-                     f"{r['digest']} |")
+        lines.append(
+            f"| {r['seed']} | {r['threads']} | {top} | {first} | {train} | {r['wall_s']:.1f} | {r['digest']} |"
+        )
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@
 Prints, per size and algorithm, the ratio in each file (each file's algorithms ran interleaved, so each ratio
 is a side-by-side measurement), their minimum and their median.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,9 @@ def main() -> None:
         cells = []
         for a in algos:
             v = table.get((a, size), [])
-            cells.append(f"{a} " + " ".join(f"{x:.2f}" for x in v) + f" | min {min(v):.2f} med {statistics.median(v):.2f}")
+            cells.append(
+                f"{a} " + " ".join(f"{x:.2f}" for x in v) + f" | min {min(v):.2f} med {statistics.median(v):.2f}"
+            )
         print(f"{size:>10}  " + "   ".join(cells))
     for a in algos:
         big = [x for (b, s), v in table.items() if b == a and s >= args.from_size for x in v]

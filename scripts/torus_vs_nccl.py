@@ -10,6 +10,7 @@ gradients, 32 images per GPU, the grid and bucket cap chosen by the predicted to
 overhead): the torus on its chosen grid against `nccl` (the algorithm/protocol NCCL's tuning model picks per
 bucket, torus_train.plan.nccl) on the same bucket timeline. "drives" names what decides the row.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,13 +32,23 @@ def row(network: str, gpus: int) -> dict:
     p = make_plan(gpus, net, bucket_cap=None)
     t, n = p.algorithms["torus"], p.algorithms["nccl"]
     gain = (n.step_seconds - t.step_seconds) / n.step_seconds
-    r = {"network": network, "gpus": gpus, "grid": p.grid, "bucket_cap_mb": p.bucket_cap_bytes / 2**20,
-         "torus_step_ms": t.step_seconds * 1e3, "nccl_step_ms": n.step_seconds * 1e3,
-         "torus_efficiency": t.scaling_efficiency, "nccl_efficiency": n.scaling_efficiency,
-         "torus_exposed_ms": t.exposed_seconds * 1e3, "nccl_exposed_ms": n.exposed_seconds * 1e3,
-         "torus_allreduce_ms": t.allreduce_seconds * 1e3, "nccl_allreduce_ms": n.allreduce_seconds * 1e3,
-         "nccl_choice": n.nccl_choice, "torus_gain_fraction": gain,
-         "winner": "tie" if abs(gain) < TIE else ("torus" if gain > 0 else "nccl")}
+    r = {
+        "network": network,
+        "gpus": gpus,
+        "grid": p.grid,
+        "bucket_cap_mb": p.bucket_cap_bytes / 2**20,
+        "torus_step_ms": t.step_seconds * 1e3,
+        "nccl_step_ms": n.step_seconds * 1e3,
+        "torus_efficiency": t.scaling_efficiency,
+        "nccl_efficiency": n.scaling_efficiency,
+        "torus_exposed_ms": t.exposed_seconds * 1e3,
+        "nccl_exposed_ms": n.exposed_seconds * 1e3,
+        "torus_allreduce_ms": t.allreduce_seconds * 1e3,
+        "nccl_allreduce_ms": n.allreduce_seconds * 1e3,
+        "nccl_choice": n.nccl_choice,
+        "torus_gain_fraction": gain,
+        "winner": "tie" if abs(gain) < TIE else ("torus" if gain > 0 else "nccl"),
+    }
     best = min(bucket_sweep(p, "nccl"), key=lambda c: c["step_seconds"])
     r["nccl_best_cap_mb"], r["nccl_best_cap_step_ms"] = best["cap_mb"], best["step_seconds"] * 1e3
     r["drives"] = drives(r, p)
@@ -50,26 +61,30 @@ def drives(r: dict, p) -> str:
     t, n = p.algorithms["torus"], p.algorithms["nccl"]
     ratio = r["torus_allreduce_ms"] / r["nccl_allreduce_ms"]
     tl, nl = t.timeline["buckets"][-1], n.timeline["buckets"][-1]
-    return (f"fused all-reduce torus/NCCL {ratio:.2f}; last bucket ({tl['nbytes'] / 1e6:.1f} MB) torus "
-            f"{tl['allreduce_seconds'] * 1e3:.2f} ms ({t.steps} steps) vs NCCL {nl['allreduce_seconds'] * 1e3:.2f} ms; "
-            f"exposed torus {r['torus_exposed_ms']:.2f} ms, NCCL {r['nccl_exposed_ms']:.2f} ms")
+    return (
+        f"fused all-reduce torus/NCCL {ratio:.2f}; last bucket ({tl['nbytes'] / 1e6:.1f} MB) torus "
+        f"{tl['allreduce_seconds'] * 1e3:.2f} ms ({t.steps} steps) vs NCCL {nl['allreduce_seconds'] * 1e3:.2f} ms; "
+        f"exposed torus {r['torus_exposed_ms']:.2f} ms, NCCL {r['nccl_exposed_ms']:.2f} ms"
+    )
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| network | GPUs | grid, cap | torus step ms (eff.) | NCCL step ms (eff.) | NCCL picks (fused) | winner | "
-            "NCCL at its best cap | drives |\n|---|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| network | GPUs | grid, cap | torus step ms (eff.) | NCCL step ms (eff.) | NCCL picks (fused) | winner | "
+        "NCCL at its best cap | drives |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
     return head + "".join(
         f"| {r['network']} | {r['gpus']} | {r['grid']}, {r['bucket_cap_mb']:g} MiB | "
         f"{r['torus_step_ms']:.2f} ({r['torus_efficiency'] * 100:.2f}%)"
         f" | {r['nccl_step_ms']:.2f} ({r['nccl_efficiency'] * 100:.2f}%) | {r['nccl_choice']} | "
         f"{_winner(r)} | {r['nccl_best_cap_step_ms']:.2f} ms at {r['nccl_best_cap_mb']:g} MiB | {r['drives']} |\n"
-        for r in rows)
+        for r in rows
+    )
 
 
 def _winner(r: dict) -> str:
     pct = abs(r["torus_gain_fraction"]) * 100
-    return {"tie": f"tie ({pct:.1f}%)", "torus": f"torus by {pct:.1f}%",
-            "nccl": f"**NCCL** by {pct:.1f}%"}[r["winner"]]
+    return {"tie": f"tie ({pct:.1f}%)", "torus": f"torus by {pct:.1f}%", "nccl": f"**NCCL** by {pct:.1f}%"}[r["winner"]]
 
 
 def main(argv=None) -> int:

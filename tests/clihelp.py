@@ -1,4 +1,5 @@
 """The real entry point run in process, and the shape every user error must have (one line, exit 2)."""
+
 from __future__ import annotations
 
 import hashlib

@@ -5,6 +5,7 @@ TORUS_TRAIN_SLOW_TESTS=1, which keeps the default suite near 15 minutes on 2 cor
 
 Before each test, OpenMPI session directories left by killed launchers are removed (see
 `sweep_stale_mpi_session_dirs`)."""
+
 from __future__ import annotations
 
 import os

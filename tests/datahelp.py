@@ -1,4 +1,5 @@
 """Small real data sets for the data tests: JPEG files whose colour encodes their index."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """The pure parts of bench allreduce: sizes, bandwidths, the reference and the table."""
+
 import json
 
 import pytest
@@ -25,8 +26,10 @@ def test_sizes_sweep_and_element_rounding():
     assert cfg.sizes() == [4]
 
 
-@pytest.mark.parametrize("kwargs", [dict(min_bytes=2048, max_bytes=1024), dict(factor=1), dict(dtype="int8"),
-                                    dict(algos=["ring"]), dict(algos=[])])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(min_bytes=2048, max_bytes=1024), dict(factor=1), dict(dtype="int8"), dict(algos=["ring"]), dict(algos=[])],
+)
 def test_bad_config_is_a_user_error(kwargs):
     with pytest.raises(UserError):
         B.BenchConfig(**kwargs)
@@ -60,8 +63,11 @@ def test_patterns_differ_per_rank_and_fit_half_types():
 
 
 def test_table_json_and_ratio(tmp_path):
-    rows = [B.make_row(a, "gloo", "2x2", 4, s, "float32", t, 0)
-            for s in (1024, 2048) for a, t in (("flat", 2e-3), ("torus", 1e-3))]
+    rows = [
+        B.make_row(a, "gloo", "2x2", 4, s, "float32", t, 0)
+        for s in (1024, 2048)
+        for a, t in (("flat", 2e-3), ("torus", 1e-3))
+    ]
     text = B.table(rows, "torus")
     assert "# Out of bounds values : 0 OK" in text and "# Avg bus bandwidth" in text
     assert "#wrong" in text and "busbw" in text
@@ -70,18 +76,31 @@ def test_table_json_and_ratio(tmp_path):
     path = tmp_path / "b.json"
     B.write_json(rows, str(path))
     data = json.loads(path.read_text())
-    assert set(data[0]) == {"algo", "backend", "grid", "size_bytes", "count", "dtype", "time_us", "algbw_gbps",
-                            "busbw_gbps", "wrong"}
+    assert set(data[0]) == {
+        "algo",
+        "backend",
+        "grid",
+        "size_bytes",
+        "count",
+        "dtype",
+        "time_us",
+        "algbw_gbps",
+        "busbw_gbps",
+        "wrong",
+    }
     assert len(data) == 4
 
 
 # --- where the ranks run: never two NCCL ranks on one GPU ----------------------------------------------------
-@pytest.mark.parametrize("gpus, world, grid, backend, why", [
-    (0, 4, "2x2", "gloo", "CPU ranks: no GPU here"),
-    (1, 4, "2x2", "gloo", "CPU ranks: one GPU here, and NCCL runs one rank per GPU"),
-    (2, 2, "2x1", "nccl", "one rank per GPU (2 GPUs here)"),
-    (8, 8, "4x2", "nccl", "one rank per GPU (8 GPUs here)"),
-])
+@pytest.mark.parametrize(
+    "gpus, world, grid, backend, why",
+    [
+        (0, 4, "2x2", "gloo", "CPU ranks: no GPU here"),
+        (1, 4, "2x2", "gloo", "CPU ranks: one GPU here, and NCCL runs one rank per GPU"),
+        (2, 2, "2x1", "nccl", "one rank per GPU (2 GPUs here)"),
+        (8, 8, "4x2", "nccl", "one rank per GPU (8 GPUs here)"),
+    ],
+)
 def test_the_default_ranks_follow_the_gpus_here(gpus, world, grid, backend, why):
     from torus_train.bench.allreduce import bench_ranks
 
@@ -99,8 +118,11 @@ def test_more_ranks_than_gpus_fall_back_to_gloo_unless_nccl_is_asked():
     assert bench_ranks(2, None, None, 4).backend == "nccl"
     assert bench_ranks(None, None, "nccl", 1).world == 1  # nccl asked on one GPU: one rank, not four
     for nprocs, grid, gpus in ((2, None, 1), (None, Grid(2, 2), 1), (8, None, 4)):
-        with pytest.raises(UserError, match=f"--backend nccl: {nprocs or 4} ranks but {gpus} GPU.s. here, and "
-                                            "NCCL runs one rank per GPU; run CPU ranks with --backend gloo"):
+        with pytest.raises(
+            UserError,
+            match=f"--backend nccl: {nprocs or 4} ranks but {gpus} GPU.s. here, and "
+            "NCCL runs one rank per GPU; run CPU ranks with --backend gloo",
+        ):
             bench_ranks(nprocs, grid, "nccl", gpus)
     with pytest.raises(UserError, match="--backend nccl needs CUDA GPUs; none found here"):
         bench_ranks(None, None, "nccl", 0)

@@ -1,4 +1,5 @@
 """Inside a rank: rank / world size / local rank from each launcher's environment, and the rendezvous."""
+
 from __future__ import annotations
 
 import sys
@@ -11,16 +12,34 @@ from torus_train.ranks.bootstrap import RankInfo, rank_info, rendezvous
 from torus_train.errors import RunFailed
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, RankInfo(5, 8, 1, 4, "torchrun")),
-    ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
-      "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, RankInfo(3, 4, 3, 4, "openmpi")),
-    ({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4"},
-     RankInfo(9, 16, 1, 4, "slurm")),
-    ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}, RankInfo(2, 4, 0, 2, "pmi")),
-    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, RankInfo(1, 2, 1, 2, "slurm")),  # no local vars: fall back
-    ({}, RankInfo(0, 1, 0, 1, "single")),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        (
+            {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"},
+            RankInfo(5, 8, 1, 4, "torchrun"),
+        ),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "3",
+                "OMPI_COMM_WORLD_SIZE": "4",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+            },
+            RankInfo(3, 4, 3, 4, "openmpi"),
+        ),
+        (
+            {"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4"},
+            RankInfo(9, 16, 1, 4, "slurm"),
+        ),
+        (
+            {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"},
+            RankInfo(2, 4, 0, 2, "pmi"),
+        ),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, RankInfo(1, 2, 1, 2, "slurm")),  # no local vars: fall back
+        ({}, RankInfo(0, 1, 0, 1, "single")),
+    ],
+)
 def test_rank_info_sources(env, expected):
     assert rank_info(env) == expected
 
@@ -47,13 +66,23 @@ def test_rendezvous_from_the_environment():
 def test_ranks_launched_by_the_plan_need_no_mpi(monkeypatch):
     """mpirun -x hands every rank MASTER_ADDR/MASTER_PORT: an OpenMPI rank must not import mpi4py."""
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # any `import mpi4py` now fails
-    env = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "2176", "MASTER_ADDR": "host001",
-           "MASTER_PORT": "21473"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "5",
+        "OMPI_COMM_WORLD_SIZE": "2176",
+        "MASTER_ADDR": "host001",
+        "MASTER_PORT": "21473",
+    }
     assert rendezvous(rank_info(env), env) == ("host001", 21473)
 
 
-SRUN = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3", "SLURM_JOB_ID": "4242",
-        "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[007-008],gpu010"}
+SRUN = {
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "8",
+    "SLURM_LOCALID": "3",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0",
+    "SLURM_JOB_NODELIST": "gpu[007-008],gpu010",
+}
 
 
 def test_srun_by_hand_derives_the_rendezvous(monkeypatch):
@@ -84,6 +113,6 @@ def test_rank_threads_from_the_launcher_or_slurm():
     from torus_train.ranks.worker import rank_threads
 
     assert rank_threads({"OMP_NUM_THREADS": "4", "SLURM_CPUS_PER_TASK": "8"}) == 4
-    assert rank_threads({"SLURM_CPUS_PER_TASK": "8"}) == 8   # srun by hand: Slurm sets no OMP_NUM_THREADS
+    assert rank_threads({"SLURM_CPUS_PER_TASK": "8"}) == 8  # srun by hand: Slurm sets no OMP_NUM_THREADS
     assert rank_threads({"OMP_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": "x"}) is None
     assert rank_threads({}) is None

@@ -1,4 +1,5 @@
 """Checkpoints: atomic save with a manifest as commit point; corrupt or partial ones are never loaded."""
+
 from __future__ import annotations
 
 import hashlib
@@ -7,8 +8,17 @@ import json
 import pytest
 import torch
 
-from torus_train.train.checkpoint import (find_latest, list_checkpoints, load_checkpoint, prune, ref_from_verdict,
-                                          same_choice, save_checkpoint, verdict, verify)
+from torus_train.train.checkpoint import (
+    find_latest,
+    list_checkpoints,
+    load_checkpoint,
+    prune,
+    ref_from_verdict,
+    same_choice,
+    save_checkpoint,
+    verdict,
+    verify,
+)
 from torus_train.errors import RunFailed
 
 
@@ -39,7 +49,7 @@ def test_keep_prunes_oldest(tmp_path):
 def test_uncommitted_checkpoint_is_ignored(tmp_path):
     """A kill during save leaves a .pt (or a temporary file) without manifest: never chosen."""
     save_checkpoint(tmp_path, 5, state(5), {}, keep=3)
-    torch.save(state(9), tmp_path / "step-00000009.pt")          # data written, manifest never renamed
+    torch.save(state(9), tmp_path / "step-00000009.pt")  # data written, manifest never renamed
     (tmp_path / "step-00000010.pt.tmp123").write_bytes(b"partial")
     assert find_latest(tmp_path).step == 5
 
@@ -54,7 +64,7 @@ def test_corrupt_newest_falls_back_with_a_warning(tmp_path, damage):
         pt.write_bytes(data[: len(data) // 2])
     elif damage == "flip":
         i = len(data) // 2
-        pt.write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:])
+        pt.write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :])
     else:
         pt.unlink()
     warnings = []

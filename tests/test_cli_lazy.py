@@ -1,5 +1,6 @@
 """The command table: `torus-train --help` lists every command from COMMANDS without importing any of them,
 and every entry loads a click command whose --help works."""
+
 from __future__ import annotations
 
 import subprocess
@@ -14,9 +15,11 @@ from torus_train.registry import load
 
 
 def test_group_help_imports_no_command_and_no_torch():
-    code = ("import sys; from click.testing import CliRunner; from torus_train.cli import cli; "
-            "r = CliRunner().invoke(cli, ['--help']); assert r.exit_code == 0, r.output; "
-            "print(sorted(m for m in sys.modules if m.startswith(('torus_train.commands.', 'torch'))))")
+    code = (
+        "import sys; from click.testing import CliRunner; from torus_train.cli import cli; "
+        "r = CliRunner().invoke(cli, ['--help']); assert r.exit_code == 0, r.output; "
+        "print(sorted(m for m in sys.modules if m.startswith(('torus_train.commands.', 'torch'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

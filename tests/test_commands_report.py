@@ -1,5 +1,6 @@
 """`torus-train report`: a finished, a running and a failed run, several runs, and bad input (exit 2, or a
 plot of what is there with a line saying what was left out)."""
+
 from __future__ import annotations
 
 import json
@@ -18,21 +19,63 @@ def write_run(out: Path, epochs: int = 3, finished: bool = True, steps_per_epoch
     for e in range(epochs):
         batch = 128 if e < 2 else 256
         if e in (0, 2):
-            lines.append({"event": "stage", "epoch": e, "stage": e // 2, "global_batch": batch,
-                          "per_rank_batch": batch // 2, "accumulation": 1, "step": step})
+            lines.append(
+                {
+                    "event": "stage",
+                    "epoch": e,
+                    "stage": e // 2,
+                    "global_batch": batch,
+                    "per_rank_batch": batch // 2,
+                    "accumulation": 1,
+                    "step": step,
+                }
+            )
         for _ in range(steps_per_epoch // 2):
             step, wall = step + 2, wall + 1.0
-            lines.append({"step": step, "epoch": e, "global_batch": batch, "per_rank_batch": batch // 2,
-                          "lr": 0.1, "loss": 2.0 / step, "images_per_second": 250.0, "data_time": 0.01,
-                          "step_time": 0.5, "wall_seconds": wall})
-        lines.append({"event": "eval", "epoch": e, "step": step, "top1": 0.3 * (e + 1), "top5": 0.9,
-                      "val_loss": 1.0 / (e + 1), "samples": 100, "wall_seconds": wall + 0.2})
+            lines.append(
+                {
+                    "step": step,
+                    "epoch": e,
+                    "global_batch": batch,
+                    "per_rank_batch": batch // 2,
+                    "lr": 0.1,
+                    "loss": 2.0 / step,
+                    "images_per_second": 250.0,
+                    "data_time": 0.01,
+                    "step_time": 0.5,
+                    "wall_seconds": wall,
+                }
+            )
+        lines.append(
+            {
+                "event": "eval",
+                "epoch": e,
+                "step": step,
+                "top1": 0.3 * (e + 1),
+                "top5": 0.9,
+                "val_loss": 1.0 / (e + 1),
+                "samples": 100,
+                "wall_seconds": wall + 0.2,
+            }
+        )
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     if finished:
-        ranks = [{"rank": r, "host": "h", "work_p50": 0.1 + r / 100, "compute_p50": 0.09, "data_p50": 0.01 + r / 100}
-                 for r in range(2)]
-        (out / "summary.json").write_text(json.dumps({"steps": step, "wall_seconds": wall, "world_size": 2,
-                                                      "grid": "2x1", "target_top1": 0.8, "ranks": ranks}))
+        ranks = [
+            {"rank": r, "host": "h", "work_p50": 0.1 + r / 100, "compute_p50": 0.09, "data_p50": 0.01 + r / 100}
+            for r in range(2)
+        ]
+        (out / "summary.json").write_text(
+            json.dumps(
+                {
+                    "steps": step,
+                    "wall_seconds": wall,
+                    "world_size": 2,
+                    "grid": "2x1",
+                    "target_top1": 0.8,
+                    "ranks": ranks,
+                }
+            )
+        )
     return out
 
 
@@ -57,8 +100,9 @@ def test_running_run_with_a_torn_line_and_a_failed_run_compared(tmp_path):
     (failed / "logs").mkdir()
     (failed / "logs" / "rank00001.failed").write_text("nonfinite")
     png = tmp_path / "both.png"
-    r = CliRunner().invoke(cli, ["report", str(running), str(failed), "--png", str(png), "--json",
-                                 str(tmp_path / "b.json")])
+    r = CliRunner().invoke(
+        cli, ["report", str(running), str(failed), "--png", str(png), "--json", str(tmp_path / "b.json")]
+    )
     assert r.exit_code == 0, r.output
     assert f"{failed}: failed" in r.output and f"{running}: no summary.json" in r.output
     assert "metrics.jsonl line 12: torn last line" in r.output
@@ -87,12 +131,15 @@ def test_bad_values_are_left_out_naming_file_line_and_field(tmp_path):
     assert not (run / "report.png").exists()
 
 
-@pytest.mark.parametrize("case,expected", [
-    ("missing", "no such folder"),
-    ("not_a_run", "not a run's output folder (no metrics.jsonl or summary.json)"),
-    ("empty", "nothing to show yet"),
-    ("garbage", "nothing to show yet (skipped metrics.jsonl line 1: not JSON"),
-])
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        ("missing", "no such folder"),
+        ("not_a_run", "not a run's output folder (no metrics.jsonl or summary.json)"),
+        ("empty", "nothing to show yet"),
+        ("garbage", "nothing to show yet (skipped metrics.jsonl line 1: not JSON"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, expected):
     out = tmp_path / case
     if case != "missing":

@@ -1,4 +1,5 @@
 """`torus-train run` through click's CliRunner: help, usage errors, dry run (no ranks start here)."""
+
 from __future__ import annotations
 
 from click.testing import CliRunner
@@ -9,9 +10,26 @@ from torus_train.cli import cli
 def test_help_lists_the_flags():
     r = CliRunner().invoke(cli, ["run", "--help"])
     assert r.exit_code == 0
-    for flag in ("--spec", "--gpus", "--grid", "--gpus-per-node", "--launcher", "--hostfile", "--container",
-                 "--data", "--model", "--image-size", "--steps", "--epochs", "--out", "--resume", "--dry-run",
-                 "--set", "--overwrite", "--backend"):
+    for flag in (
+        "--spec",
+        "--gpus",
+        "--grid",
+        "--gpus-per-node",
+        "--launcher",
+        "--hostfile",
+        "--container",
+        "--data",
+        "--model",
+        "--image-size",
+        "--steps",
+        "--epochs",
+        "--out",
+        "--resume",
+        "--dry-run",
+        "--set",
+        "--overwrite",
+        "--backend",
+    ):
         assert flag in r.output, flag
 
 
@@ -71,8 +89,23 @@ def test_dry_run_at_2176_gpus_keeps_the_default_per_rank_batches(tmp_path):
     """No spec: the default job's stages are per-rank batches, so 2176 ranks keep them."""
     f = tmp_path / "hosts"
     f.write_text("".join(f"host{i:03d} slots=4\n" for i in range(1, 545)))
-    r = CliRunner().invoke(cli, ["run", "--dry-run", "--gpus", "2176", "--grid", "32x68", "--gpus-per-node", "4",
-                                 "--launcher", "mpirun", "--hostfile", str(f)])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            "--dry-run",
+            "--gpus",
+            "2176",
+            "--grid",
+            "32x68",
+            "--gpus-per-node",
+            "4",
+            "--launcher",
+            "mpirun",
+            "--hostfile",
+            str(f),
+        ],
+    )
     assert r.exit_code == 0, r.output
     table = r.output.split("# batch schedule")[1].splitlines()
     assert [line.split()[2:4] for line in table[2:5]] == [["139264", "64"], ["278528", "128"], ["557056", "256"]]
@@ -85,8 +118,9 @@ def test_cuda_graphs_switch_takes_auto_and_off_only(tmp_path, capsys):
     from torus_train.cli import main
 
     for value in ("auto", "off"):
-        r = CliRunner().invoke(cli, ["run", "--dry-run", "--out", str(tmp_path / value), "--set",
-                                     f"model.cuda_graphs={value}"])
+        r = CliRunner().invoke(
+            cli, ["run", "--dry-run", "--out", str(tmp_path / value), "--set", f"model.cuda_graphs={value}"]
+        )
         assert r.exit_code == 0, r.output
     with pytest.raises(SystemExit) as e:
         main(["run", "--dry-run", "--out", str(tmp_path / "on"), "--set", "model.cuda_graphs=on"])

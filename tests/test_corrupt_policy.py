@@ -1,5 +1,6 @@
 """data.on_corrupt on real JPEG files, both loaders: fail names the file; skip replaces it by the next readable
 file (batch size and step count unchanged), names it once in a warning and counts it."""
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,18 @@ KINDS = ["dali", "torchvision"]
 
 
 def loader(kind, root, split, **kw):
-    args = dict(rank=0, world_size=1, batch_size=4, image_size=24, num_classes=None, seed=0,
-                channels_last=False, device="cpu", num_threads=1, verify=False)
+    args = dict(
+        rank=0,
+        world_size=1,
+        batch_size=4,
+        image_size=24,
+        num_classes=None,
+        seed=0,
+        channels_last=False,
+        device="cpu",
+        num_threads=1,
+        verify=False,
+    )
     args.update(kw)
     return make_loader(kind, root, split, **args)
 
@@ -32,7 +43,7 @@ def wreck_inside(path):
 
 
 def truncate(path):
-    path.write_bytes(path.read_bytes()[: 200])
+    path.write_bytes(path.read_bytes()[:200])
 
 
 @pytest.fixture()
@@ -108,7 +119,6 @@ def test_bad_policy(folder):
         loader("torchvision", folder, "train", on_corrupt="ignore")
 
 
-
 class SlowHandler(logging.Handler):
     """A log write that takes a while (a shared file system's log file): it widens the window of a race."""
 
@@ -124,6 +134,7 @@ def test_reader_threads_noting_one_file_warn_once(caplog):
         start.wait()
         for _ in range(5):
             log.note("a/bad.JPEG", "truncated", "a/next.JPEG")
+
     logging.getLogger("torus_train.data").addHandler(slow)
     try:
         with caplog.at_level(logging.WARNING, logger="torus_train.data"):

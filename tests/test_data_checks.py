@@ -1,4 +1,5 @@
 """Data-folder validation: errors name the path."""
+
 from __future__ import annotations
 
 import shutil

@@ -1,4 +1,5 @@
 """The demo data set: deterministic real JPEGs in ImageNet layout, the cache helper, and `data demo`."""
+
 from __future__ import annotations
 
 import hashlib
@@ -71,25 +72,56 @@ def test_ensure_creates_once_and_reuses(tmp_path, monkeypatch):
 
 def test_cli_data_demo(tmp_path):
     out = tmp_path / "d"
-    r = subprocess.run([sys.executable, "-m", "torus_train", "data", "demo", "--out", str(out), "--seed", "3",
-                        "--train-per-class", "2", "--val-per-class", "1", "--size", "32"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torus_train",
+            "data",
+            "demo",
+            "--out",
+            str(out),
+            "--seed",
+            "3",
+            "--train-per-class",
+            "2",
+            "--val-per-class",
+            "1",
+            "--size",
+            "32",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "train 20 images, val 10 images, 32x32 JPEG" in r.stdout
     assert "100.0%" in r.stderr
     assert json.loads((out / "demo.json").read_text())["seed"] == 3
-    again = subprocess.run([sys.executable, "-m", "torus_train", "data", "demo", "--out", str(out)],
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "torus_train", "data", "demo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 2 and again.stderr.count("\n") == 1
     assert "already holds a demo data set" in again.stderr
-    bad = subprocess.run([sys.executable, "-m", "torus_train", "data", "demo", "--out", str(tmp_path / "e"),
-                          "--size", "8"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "torus_train", "data", "demo", "--out", str(tmp_path / "e"), "--size", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "--size: 8" in bad.stderr
 
 
 def test_cli_data_check_names_the_bad_path(tmp_path):
     generate(tmp_path, seed=0, train_per_class=1, val_per_class=1, size=32, workers=1)
     (tmp_path / "train" / "03_square" / "readme.md").write_text("x")
-    r = subprocess.run([sys.executable, "-m", "torus_train", "data", "check", "--data", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "torus_train", "data", "check", "--data", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "03_square/readme.md: not an image file" in r.stderr

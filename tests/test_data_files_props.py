@@ -6,6 +6,7 @@ interrupts a blocking open (a FIFO), and must end in exit 0 or in exit 2 with ex
 and no file changed outside what the command was asked to write. Documents are a good file one step away
 (test_file_inputs_props.mutated); arrays take any dtype, shape and values, raw bytes, or a FIFO.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,12 @@ from torus_train.data.packed import ARRAYS as PACKED_ARRAYS
 from torus_train.data.packed import SPLITS, check_shards, load_packed, own_files, pack
 from torus_train.data.index import ARRAYS as INDEX_ARRAYS
 
-SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 COUNT = {"examples": 0, "exit0": 0, "exit2": 0}
 
 
@@ -55,8 +60,10 @@ def sets(tmp_path_factory):
     assert code == 0, err
     pack(data, d / "packed", shard_mb=0.01)
     yield d
-    print(f"\nhypothesis over data files: {COUNT['examples']} generated inputs through torus_train.cli.main: "
-          f"{COUNT['exit0']} exit 0, {COUNT['exit2']} exit 2 (one line each)")
+    print(
+        f"\nhypothesis over data files: {COUNT['examples']} generated inputs through torus_train.cli.main: "
+        f"{COUNT['exit0']} exit 0, {COUNT['exit2']} exit 2 (one line each)"
+    )
 
 
 def fresh(sets, name: str):
@@ -96,8 +103,12 @@ def hostile_array(data, path, good: np.ndarray) -> None:
     else:
         n = data.draw(st.sampled_from([0, len(good) - 1, len(good), len(good) + 1]))
         shape = data.draw(st.sampled_from([(max(n, 0),), (max(n, 0), 1), (), (1, max(n, 0))]))
-        a = np.asarray(data.draw(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=int(np.prod(shape)),
-                                          max_size=int(np.prod(shape)))), dtype=np.int64)
+        a = np.asarray(
+            data.draw(
+                st.lists(st.integers(-(2**31), 2**31 - 1), min_size=int(np.prod(shape)), max_size=int(np.prod(shape)))
+            ),
+            dtype=np.int64,
+        )
         a = a.astype(data.draw(ARRAY_DTYPES)).reshape(shape)
     np.save(path, a)
 
@@ -109,8 +120,23 @@ def test_hostile_packed_json(sets, data):
     good = json.loads((packed / "packed.json").read_text())
     hostile_file(data, packed / "packed.json", good)
     one_example(work, "data", "check", "--data", str(packed))
-    one_example(work, "run", "--dry-run", "--gpus", "1", "--grid", "1x1", "--steps", "1", "--data", str(packed),
-                "--set", "model.num_classes=3", "--out", str(work / "run"))
+    one_example(
+        work,
+        "run",
+        "--dry-run",
+        "--gpus",
+        "1",
+        "--grid",
+        "1x1",
+        "--steps",
+        "1",
+        "--data",
+        str(packed),
+        "--set",
+        "model.num_classes=3",
+        "--out",
+        str(work / "run"),
+    )
 
 
 @SETTINGS
@@ -134,12 +160,38 @@ def test_hostile_index_files(sets, key, data):
     else:
         hostile_array(data, index / f"{key}.npy", np.load(index / f"{key}.npy"))
     one_example(work, "data", "check", "--data", str(folder))
-    one_example(work, "run", "--dry-run", "--gpus", "1", "--grid", "1x1", "--steps", "1", "--data", str(folder),
-                "--set", "model.num_classes=3", "--out", str(work / "run"))
+    one_example(
+        work,
+        "run",
+        "--dry-run",
+        "--gpus",
+        "1",
+        "--grid",
+        "1x1",
+        "--steps",
+        "1",
+        "--data",
+        str(folder),
+        "--set",
+        "model.num_classes=3",
+        "--out",
+        str(work / "run"),
+    )
 
 
-EXTRAS = st.sampled_from(["notes.txt", ".DS_Store", "train-000077.tar", "x.npy", "sub/", "train.labels.npy",
-                          "train-000000.tar", "packed.json.bak", "val-000000.tar/"])
+EXTRAS = st.sampled_from(
+    [
+        "notes.txt",
+        ".DS_Store",
+        "train-000077.tar",
+        "x.npy",
+        "sub/",
+        "train.labels.npy",
+        "train-000000.tar",
+        "packed.json.bak",
+        "val-000000.tar/",
+    ]
+)
 
 
 @SETTINGS
@@ -161,8 +213,18 @@ def test_packing_again_over_an_earlier_set(sets, extras, seed):
     foreign = [e for e in extras if e.endswith("/") or e not in own]
     before = tree_digest(work)
     with deadline(60):
-        code, _, err = invoke("data", "pack", "--data", str(sets / "data"), "--out", str(packed),
-                              "--shard-mb", "0.01", "--seed", str(seed))
+        code, _, err = invoke(
+            "data",
+            "pack",
+            "--data",
+            str(sets / "data"),
+            "--out",
+            str(packed),
+            "--shard-mb",
+            "0.01",
+            "--seed",
+            str(seed),
+        )
     COUNT["examples"] += 1
     assert "Traceback" not in err
     if foreign:

@@ -1,5 +1,6 @@
 """The file index: built once by directory reads, reused, refused when stale, foreign, damaged or of another
 version, each with one line that says how to rebuild it; `data index` and `data check` from the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -51,12 +52,15 @@ def test_foreign_index_is_refused(folder, tmp_path):
         load_index(dest, folder)
 
 
-@pytest.mark.parametrize("damage, match", [
-    ("checksum", r"damaged \(checksum differs\)"),
-    ("truncate", r"not a readable index|damaged"),
-    ("version", r"index version 99 is not 1"),
-    ("missing", r"no index there"),
-])
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        ("checksum", r"damaged \(checksum differs\)"),
+        ("truncate", r"not a readable index|damaged"),
+        ("version", r"index version 99 is not 1"),
+        ("missing", r"no index there"),
+    ],
+)
 def test_damaged_index_is_refused(folder, damage, match):
     dest = build_index(folder)
     labels = dest / "train.labels.npy"
@@ -87,8 +91,10 @@ def test_read_only_data_folder_indexes_into_the_cache(folder, tmp_path, monkeypa
 
 def test_cli_index_and_check(folder):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "torus_train", "data", *args], capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "torus_train", "data", *args], capture_output=True, text=True, timeout=120
+        )
+
     r = cli("index", "--data", str(folder))
     assert r.returncode == 0 and "train: 3 classes, 30 files" in r.stdout, r.stderr
     r = cli("check", "--data", str(folder))

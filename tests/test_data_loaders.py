@@ -2,6 +2,7 @@
 DALI's validation output is to torchvision's validation transform. "torchvision-device" is the torchvision
 loader with its GPU decoder's code path (workers read, the rank decodes a batch at once and augments it) run on
 the CPU: a test-only data.decoder entry places it on any device."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,8 +42,17 @@ def close_loaders():
 
 
 def loader(kind, root, split, **kw):
-    args = dict(rank=0, world_size=1, batch_size=8, image_size=24, num_classes=None, seed=0,
-                channels_last=False, device="cpu", num_threads=1)
+    args = dict(
+        rank=0,
+        world_size=1,
+        batch_size=8,
+        image_size=24,
+        num_classes=None,
+        seed=0,
+        channels_last=False,
+        device="cpu",
+        num_threads=1,
+    )
     if kind == "torchvision-device":
         kind, args["decoder"] = "torchvision", ON_DEVICE
     args.update(kw)
@@ -72,7 +82,7 @@ def test_reads_its_shard_in_order(kind, split, index_set):
     split_files = scan(index_set, split)
     want = [split_files.labels[i] for i in sh.indices]
     if split == "val" and sh.pad:
-        want[-sh.pad:] = [-1] * sh.pad
+        want[-sh.pad :] = [-1] * sh.pad
     assert labels == want
     ld.close()
 
@@ -98,7 +108,7 @@ def demo_small(tmp_path_factory):
 
 def test_dali_val_matches_torchvision_val(demo_small):
     """Same files, same order: mean absolute difference of the normalised tensors stays small."""
-    a = loader("dali", demo_small, "val", batch_size=20, image_size=32)   # 64 px files: resize 36, crop 32
+    a = loader("dali", demo_small, "val", batch_size=20, image_size=32)  # 64 px files: resize 36, crop 32
     b = loader("torchvision", demo_small, "val", batch_size=20, image_size=32)
     diffs = []
     for (xa, ya), (xb, yb) in zip(a, b):
@@ -146,8 +156,20 @@ def test_class_count_mismatch_and_bad_args(index_set):
 
 
 def test_synthetic():
-    ld = make_loader("synthetic", None, "train", rank=1, world_size=4, batch_size=8, image_size=16,
-                     num_classes=10, seed=0, channels_last=True, device="cpu", synthetic_samples=100)
+    ld = make_loader(
+        "synthetic",
+        None,
+        "train",
+        rank=1,
+        world_size=4,
+        batch_size=8,
+        image_size=16,
+        num_classes=10,
+        seed=0,
+        channels_last=True,
+        device="cpu",
+        synthetic_samples=100,
+    )
     batches = list(ld)
     assert len(batches) == len(ld) == 4  # ceil(100 / 32)
     x, y = batches[0]
@@ -157,6 +179,7 @@ def test_synthetic():
 
 def test_auto_says_once(index_set, capsys):
     import torus_train.data as data
+
     data._said_auto = False
     a = loader("auto", index_set, "train")
     b = loader("auto", index_set, "train")
@@ -179,9 +202,9 @@ def test_dali_pipeline_is_built_once_across_epochs_and_rebuilt_after_an_early_st
     expect = [shard(90, 1, 4, 4, epoch=e, seed=0).indices.tolist() for e in (0, 1)]
     assert read_epoch(ld, 0) == expect[0]
     pipe = ld._pipe
-    assert read_epoch(ld, 1) == expect[1] and ld._pipe is pipe      # the next epoch came from the same pipeline
-    assert read_epoch(ld, 1, limit=2) == expect[1][:8]                # a pass that stops early (resume, steps)...
-    assert read_epoch(ld, 1) == expect[1] and ld._pipe is not pipe   # ...makes the next pass start afresh
+    assert read_epoch(ld, 1) == expect[1] and ld._pipe is pipe  # the next epoch came from the same pipeline
+    assert read_epoch(ld, 1, limit=2) == expect[1][:8]  # a pass that stops early (resume, steps)...
+    assert read_epoch(ld, 1) == expect[1] and ld._pipe is not pipe  # ...makes the next pass start afresh
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -211,7 +234,7 @@ def test_half_precision_images_equal_the_float32_ones_rounded(kind, dtype, index
             assert xh.dtype == getattr(torch, dtype) and xh.is_contiguous(memory_format=torch.channels_last)
             assert torch.equal(yf, yh)
             # rounding of values below 8 in magnitude: half an ulp at 4..8 is 2**-9 (fp16) and 2**-6 (bf16)
-            tol = 2.0 ** -9 if dtype == "float16" else 2.0 ** -6
+            tol = 2.0**-9 if dtype == "float16" else 2.0**-6
             assert (xh.float() - xf).abs().max().item() <= tol
             n += 1
     finally:
@@ -257,7 +280,7 @@ def test_batch_decode_and_augment_on_the_cpu(demo_small):
     assert torch.equal(x, train(0)) and not torch.equal(x, train(1))
     half = train(0, dtype=torch.float16, channels_last=True)
     assert half.dtype == torch.float16 and half.is_contiguous(memory_format=torch.channels_last)
-    assert (half.float() - x).abs().max().item() <= 2.0 ** -9
+    assert (half.float() - x).abs().max().item() <= 2.0**-9
     val = augment(images, "val", 32, torch.Generator())
     want = torch.stack([transform("val", 32)(Image.open(f).convert("RGB")) for f in files])
     assert val.shape == want.shape and (val - want).abs().mean().item() < 0.05
@@ -283,8 +306,20 @@ def test_the_decoder_entry_places_it_by_device(index_set):
     assert DECODERS.get("cpu").place("cuda") == "cpu" and DECODERS.get("gpu").place("cuda") == "gpu"
     with pytest.raises(UserError, match="data.decoder = gpu needs ranks on CUDA"):
         DECODERS.get("gpu").place("cpu")
-    ld = make_loader("torchvision", index_set, "val", rank=0, world_size=1, batch_size=4,
-                     image_size=24, num_classes=None, seed=0, channels_last=False, device="cpu", num_threads=0)
+    ld = make_loader(
+        "torchvision",
+        index_set,
+        "val",
+        rank=0,
+        world_size=1,
+        batch_size=4,
+        image_size=24,
+        num_classes=None,
+        seed=0,
+        channels_last=False,
+        device="cpu",
+        num_threads=0,
+    )
     assert (ld.kind, ld.decoder) == ("torchvision", "cpu")  # what summary.json's loader and decoder say
 
 

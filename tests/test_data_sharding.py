@@ -1,5 +1,6 @@
 """The sharding rule: every sample once per epoch across the ranks (padding stated), equal steps, the same
 order on every machine for a seed, and a resumed epoch that continues the same order."""
+
 from __future__ import annotations
 
 import subprocess
@@ -15,8 +16,10 @@ def all_shards(n, world, batch, epoch=0, seed=3, shuffle=True):
     return [shard(n, r, world, batch, epoch=epoch, seed=seed, shuffle=shuffle) for r in range(world)]
 
 
-@pytest.mark.parametrize("n, world, batch", [(100, 1, 8), (7, 3, 4), (10_000, 3, 32), (1000, 8, 16), (1, 2, 1),
-                                             (64, 8, 8), (20_000, 2176, 4)])
+@pytest.mark.parametrize(
+    "n, world, batch",
+    [(100, 1, 8), (7, 3, 4), (10_000, 3, 32), (1000, 8, 16), (1, 2, 1), (64, 8, 8), (20_000, 2176, 4)],
+)
 def test_every_sample_once_per_epoch_apart_from_the_stated_padding(n, world, batch):
     for epoch in (0, 1):
         shards = all_shards(n, world, batch, epoch)
@@ -25,8 +28,8 @@ def test_every_sample_once_per_epoch_apart_from_the_stated_padding(n, world, bat
         everything = np.concatenate([s.indices for s in shards])
         pad = sum(s.pad for s in shards)
         assert pad == len(everything) - n and pad < world * batch
-        assert np.array_equal(np.sort(everything[:n]), np.arange(n))      # the unpadded prefix: each once
-        assert np.array_equal(everything[n:], everything[:pad])         # padding repeats the epoch's start
+        assert np.array_equal(np.sort(everything[:n]), np.arange(n))  # the unpadded prefix: each once
+        assert np.array_equal(everything[n:], everything[:pad])  # padding repeats the epoch's start
 
 
 def test_order_is_a_function_of_seed_and_epoch_alone():
@@ -44,7 +47,6 @@ def test_order_is_numpys_pcg64_permutation():
     """Pinned: a numpy release that changed this stream would change every epoch's order (and resumes
     across machines with different numpy versions); this test then says so."""
     assert [int(i) for i in epoch_order(10, 0, 0)] == [4, 6, 2, 7, 3, 5, 9, 0, 8, 1]
-
 
 
 def test_sharding_module_is_pure():

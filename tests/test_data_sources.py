@@ -1,6 +1,7 @@
 """The data sources' table (job/sources.py) and the loader contract (data/base.py: Loader): which entry a
 data.source is, the contract kept by the built-in loaders, the docs' list, and docs/extending.md's worked
 example run as written through train/build.py's build_loader."""
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,15 @@ def test_stage_and_missing_folder_are_asked_of_the_entry(tmp_path):
 
 
 def test_synthetic_loader_keeps_the_contract_and_the_tables_default():
-    spec = load_spec(None, [("data.source", "synthetic"), ("data.image_size", 16), ("model.num_classes", 7),
-                            ("model.channels_last", False)])
+    spec = load_spec(
+        None,
+        [
+            ("data.source", "synthetic"),
+            ("data.image_size", 16),
+            ("model.num_classes", 7),
+            ("model.channels_last", False),
+        ],
+    )
     ld = SOURCES.get("synthetic").open_loader(_request(spec, "train", rank=1, world=4, batch=8))
     assert isinstance(ld, Loader) and ld.num_samples == SYNTHETIC_SAMPLES
     assert len(ld) == -(-SYNTHETIC_SAMPLES // 32)
@@ -69,8 +77,17 @@ def test_folder_loader_through_build_loader(tmp_path):
     from datahelp import make_index_set
 
     root = make_index_set(tmp_path, n_train=12, n_val=6)
-    spec = load_spec(None, [("data.source", str(root)), ("data.loader", "torchvision"), ("data.image_size", 16),
-                            ("model.num_classes", 3), ("model.channels_last", False), ("data.num_threads", 1)])
+    spec = load_spec(
+        None,
+        [
+            ("data.source", str(root)),
+            ("data.loader", "torchvision"),
+            ("data.image_size", 16),
+            ("model.num_classes", 3),
+            ("model.channels_last", False),
+            ("data.num_threads", 1),
+        ],
+    )
     source_of(spec.data.source).prepare_data(spec)  # the launcher's step: the index built, its place set
     from torus_train.train.build import build_loader
 
@@ -98,8 +115,10 @@ def test_run_help_lists_the_sources():
 
 
 def test_the_table_imports_no_torch():
-    code = ("import sys, torus_train.job.sources, torus_train.job.spec, torus_train.ranks.preflight; "
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    code = (
+        "import sys, torus_train.job.sources, torus_train.job.spec, torus_train.ranks.preflight; "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
@@ -108,10 +127,22 @@ def _request(spec, split, rank, world, batch):
     from torus_train.data.base import LoaderRequest
 
     d = spec.data
-    cfg = loader_config(split, rank, world, batch, d.image_size, spec.job.seed, spec.model.channels_last, 1,
-                        "float32", d.on_corrupt, 1, 1, d.shuffle_buffer)
-    return LoaderRequest(cfg, torch.device("cpu"), None, d.loader, spec.model.num_classes,
-                         samples=d.synthetic_samples)
+    cfg = loader_config(
+        split,
+        rank,
+        world,
+        batch,
+        d.image_size,
+        spec.job.seed,
+        spec.model.channels_last,
+        1,
+        "float32",
+        d.on_corrupt,
+        1,
+        1,
+        d.shuffle_buffer,
+    )
+    return LoaderRequest(cfg, torch.device("cpu"), None, d.loader, spec.model.num_classes, samples=d.synthetic_samples)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -144,8 +175,16 @@ def test_extending_example_constant_source(constant_source):
     from torus_train.train.build import build_loader
 
     classes, world, batch, n = 5, 4, 4, 37
-    spec = load_spec(None, [("data.source", "constant"), ("data.image_size", 8), ("model.num_classes", classes),
-                            ("data.synthetic_samples", n), ("model.channels_last", False)])
+    spec = load_spec(
+        None,
+        [
+            ("data.source", "constant"),
+            ("data.image_size", 8),
+            ("model.num_classes", classes),
+            ("data.synthetic_samples", n),
+            ("model.channels_last", False),
+        ],
+    )
     assert source_of("constant") is constant_source
     assert check_data_classes(spec) == ""  # no classes to check, no folder to prepare
     constant_source.prepare_data(spec)

@@ -1,5 +1,6 @@
 """job.deterministic: the switch (spec field, `run --deterministic`) reaches the rank's torch settings before
 the model is built; off, cuDNN autotunes on a GPU."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -16,16 +17,22 @@ from torus_train.train.build import DETERMINISTIC_ENV, set_determinism
 
 @pytest.fixture
 def restore_torch_settings():
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-             torch.backends.cudnn.benchmark)
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
     yield
     torch.use_deterministic_algorithms(saved[0])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[1], saved[2]
 
 
 def settings():
-    return (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-            torch.backends.cudnn.benchmark)
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])  # torch.device("cuda") is only a name here: no GPU touched

@@ -1,5 +1,6 @@
 """NCCL's own words for a failed start or collective, as torch raises them or a rank's log holds them, become
 one line naming the rank (ranks/diagnosis.py, errors.COMM_FAILURES), never a traceback."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,20 +26,27 @@ for details), NCCL version 2.20.5
 ncclUnhandledCudaError: Call to CUDA function failed.
 Last error:
 Cuda failure 'out of memory'"""
-WATCHDOG = ("[rank1]:[E ProcessGroupNCCL.cpp:563] [Rank 1] Watchdog caught collective operation timeout: "
-            "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600075 "
-            "milliseconds before timing out.")
-OTHER = ("NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1000, invalid argument (run with "
-         "NCCL_DEBUG=WARN for details), NCCL version 2.21.5")
+WATCHDOG = (
+    "[rank1]:[E ProcessGroupNCCL.cpp:563] [Rank 1] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600075 "
+    "milliseconds before timing out."
+)
+OTHER = (
+    "NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1000, invalid argument (run with "
+    "NCCL_DEBUG=WARN for details), NCCL version 2.21.5"
+)
 
 
-@pytest.mark.parametrize("text, meaning, quoted", [
-    (DUPLICATE, "two ranks on one GPU: NCCL runs one rank per GPU", "Duplicate GPU detected : rank 1 and rank 0"),
-    (SYSTEM, "NCCL system error", "unhandled system error"),
-    (CUDA, "a CUDA call inside NCCL failed", "unhandled cuda error"),
-    (WATCHDOG, "an NCCL collective ran past comm.timeout_s and NCCL's watchdog aborted it", "Watchdog caught"),
-    (OTHER, "an NCCL call failed", "invalid argument"),
-])
+@pytest.mark.parametrize(
+    "text, meaning, quoted",
+    [
+        (DUPLICATE, "two ranks on one GPU: NCCL runs one rank per GPU", "Duplicate GPU detected : rank 1 and rank 0"),
+        (SYSTEM, "NCCL system error", "unhandled system error"),
+        (CUDA, "a CUDA call inside NCCL failed", "unhandled cuda error"),
+        (WATCHDOG, "an NCCL collective ran past comm.timeout_s and NCCL's watchdog aborted it", "Watchdog caught"),
+        (OTHER, "an NCCL call failed", "invalid argument"),
+    ],
+)
 def test_nccl_texts_are_recognised(text, meaning, quoted):
     said = comm_failure(text)
     assert said is not None and said.startswith(meaning) and quoted in said

@@ -1,5 +1,6 @@
 """docs/run.md's field table lists the values each table allows, in the table's order: a registered algorithm,
 launcher or data source shows up there or this test fails."""
+
 from __future__ import annotations
 
 import re
@@ -27,7 +28,7 @@ def test_launcher_values():
 
 def test_data_source_names():
     named = [s.name for s in SOURCES if not s.takes_path]
-    assert listed("data", "source")[:len(named)] == named
+    assert listed("data", "source")[: len(named)] == named
 
 
 def test_data_decoder_values_and_docs_data_table():

@@ -1,5 +1,6 @@
 """docs/extending.md, "Adding a launcher": the toy launcher's code, taken from the page itself, registered from
 the test and checked exact (argv, environment, auto, the rank a started process reads, the dry run shown)."""
+
 from __future__ import annotations
 
 import re
@@ -42,12 +43,36 @@ def toyrun():
 
 
 def test_the_toy_launchers_argv_and_env_are_exact(toyrun):
-    spec = load_spec(None, [("launch.launcher", "toyrun"), ("launch.env", ["A=1"]),
-                            ("launch.launcher_args", ["--quiet"])])
-    plan = build_plan(spec, Grid(2, 2, 2), "toyrun", "why", [Host("a", 2), Host("b", 2), Host("c", 2)], hostfile="",
-                      job_file=JOB, python="/py", environ={}, cpu_count=8)
-    assert plan.argv == ["toyrun", "-n", "4", "--per-host", "2", "--hosts", "a,b", "--quiet",
-                         "/py", "-m", "torus_train.ranks.worker", "--job", JOB]
+    spec = load_spec(
+        None, [("launch.launcher", "toyrun"), ("launch.env", ["A=1"]), ("launch.launcher_args", ["--quiet"])]
+    )
+    plan = build_plan(
+        spec,
+        Grid(2, 2, 2),
+        "toyrun",
+        "why",
+        [Host("a", 2), Host("b", 2), Host("c", 2)],
+        hostfile="",
+        job_file=JOB,
+        python="/py",
+        environ={},
+        cpu_count=8,
+    )
+    assert plan.argv == [
+        "toyrun",
+        "-n",
+        "4",
+        "--per-host",
+        "2",
+        "--hosts",
+        "a,b",
+        "--quiet",
+        "/py",
+        "-m",
+        "torus_train.ranks.worker",
+        "--job",
+        JOB,
+    ]
     assert plan.env == {"OMP_NUM_THREADS": "4", "A": "1", "MASTER_ADDR": "a", "MASTER_PORT": "21473"}
     assert plan.launcher == "toyrun" and plan.entry is toyrun and not plan.entry.runs_here
     assert plan.hosts == [Host("a", 2), Host("b", 2)]
@@ -58,12 +83,21 @@ def test_auto_picks_it_inside_a_toy_allocation_and_reads_its_hosts(toyrun):
     assert choose_launcher("auto", {**TOY_ENV, "SLURM_JOB_ID": "5"}, "")[0] == "srun"  # Slurm's comes first
     assert choose_launcher("auto", {}, "hosts.txt")[0] == "mpirun"
     four = load_spec(None, [("grid.gpus", 4), ("grid.grid", "")])
-    plan = plan_launch(four, TOY_ENV, job_file=JOB, python="/py", as_root=False, master_port=1, cpu_count=2,
-                       local_gpus=0)
+    plan = plan_launch(
+        four, TOY_ENV, job_file=JOB, python="/py", as_root=False, master_port=1, cpu_count=2, local_gpus=0
+    )
     assert plan.argv[:7] == ["toyrun", "-n", "4", "--per-host", "2", "--hosts", "a,b"]
     with pytest.raises(Exception, match="launcher toyrun needs a toy allocation"):
-        plan_launch(load_spec(None, [("launch.launcher", "toyrun")]), {}, job_file=JOB, python="/py",
-                    as_root=False, master_port=1, cpu_count=2, local_gpus=0)
+        plan_launch(
+            load_spec(None, [("launch.launcher", "toyrun")]),
+            {},
+            job_file=JOB,
+            python="/py",
+            as_root=False,
+            master_port=1,
+            cpu_count=2,
+            local_gpus=0,
+        )
 
 
 def test_a_process_it_started_knows_its_rank(toyrun):

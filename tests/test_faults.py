@@ -1,5 +1,6 @@
 """TORUS_TRAIN_FAULT is parsed once into one Fault and wraps only what it acts on; without it nothing is
 installed (the step's code holds no fault branch)."""
+
 from __future__ import annotations
 
 import math
@@ -15,9 +16,13 @@ from torus_train.train.stop import StopRequest
 
 def run_state(rank: int = 1, step: int = 0):
     model = torch.nn.Linear(2, 1)
-    return types.SimpleNamespace(boot=types.SimpleNamespace(info=types.SimpleNamespace(rank=rank)),
-                                 pos=types.SimpleNamespace(global_step=step), model=model,
-                                 loss_fn=torch.nn.MSELoss(), stop=StopRequest())
+    return types.SimpleNamespace(
+        boot=types.SimpleNamespace(info=types.SimpleNamespace(rank=rank)),
+        pos=types.SimpleNamespace(global_step=step),
+        model=model,
+        loss_fn=torch.nn.MSELoss(),
+        stop=StopRequest(),
+    )
 
 
 def test_no_variable_no_fault():
@@ -25,18 +30,31 @@ def test_no_variable_no_fault():
     assert faults.from_environ({"TORUS_TRAIN_FAULT": ""}) is None
 
 
-@pytest.mark.parametrize("value, kind, rank, at", [
-    ("step:1:3", "step", 1, 3), ("nanfrom:all:2", "nanfrom", None, 2), ("slow:0:0.25", "slow", 0, 0.25),
-    ("start:2", "start", 2, 0.0), ("hang:3:5", "hang", 3, 5)])
+@pytest.mark.parametrize(
+    "value, kind, rank, at",
+    [
+        ("step:1:3", "step", 1, 3),
+        ("nanfrom:all:2", "nanfrom", None, 2),
+        ("slow:0:0.25", "slow", 0, 0.25),
+        ("start:2", "start", 2, 0.0),
+        ("hang:3:5", "hang", 3, 5),
+    ],
+)
 def test_parse(value, kind, rank, at):
     f = faults.from_environ({"TORUS_TRAIN_FAULT": value})
     assert (f.kind.name, f.rank, f.at) == (kind, rank, at)
 
 
-@pytest.mark.parametrize("value, said", [
-    ("boom:1:3", "unknown fault kind 'boom'; choose one of step, stop"), ("step:1", "should read step:RANK:STEP"),
-    ("start:1:2", "should read start:RANK"), ("nan:x:3", "the rank 'x' is not a number"),
-    ("nan:1:-3", "at least 0")])
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        ("boom:1:3", "unknown fault kind 'boom'; choose one of step, stop"),
+        ("step:1", "should read step:RANK:STEP"),
+        ("start:1:2", "should read start:RANK"),
+        ("nan:x:3", "the rank 'x' is not a number"),
+        ("nan:1:-3", "at least 0"),
+    ],
+)
 def test_bad_values_name_what_is_wrong(value, said):
     with pytest.raises(UserError, match="TORUS_TRAIN_FAULT=") as e:
         faults.parse(value)

@@ -1,4 +1,5 @@
 """The launcher's fault logic without processes: heartbeats, who stopped first, what is restarted."""
+
 from __future__ import annotations
 
 import time
@@ -70,10 +71,18 @@ def test_first_stopped_is_the_lowest_step():
     assert first_stopped({}) == []
 
 
-@pytest.mark.parametrize("code, kind, ok", [
-    (-9, "", True), (0, "", True), (1, "", True), (1, "crash", True),
-    (1, "verdict", False), (2, "input", False), (143, "stopped", False),
-])
+@pytest.mark.parametrize(
+    "code, kind, ok",
+    [
+        (-9, "", True),
+        (0, "", True),
+        (1, "", True),
+        (1, "crash", True),
+        (1, "verdict", False),
+        (2, "input", False),
+        (143, "stopped", False),
+    ],
+)
 def test_what_a_restart_may_cure(code, kind, ok):
     assert restartable(code, kind) is ok
 
@@ -84,13 +93,20 @@ def test_classify_a_ranks_failure():
     assert classify(Terminated("x"))[:2] == (143, "stopped")
     assert classify(RunFailed("replicas differ"))[:2] == (1, "verdict")
     assert classify(RuntimeError("Connection closed by peer\nmore"))[:3] == (
-        1, "crash", "a peer's connection closed in a collective (the peer died?): Connection closed by peer")
+        1,
+        "crash",
+        "a peer's connection closed in a collective (the peer died?): Connection closed by peer",
+    )
     assert classify(RuntimeError("[x.cc:78] Timed out waiting 20000ms for recv"))[2].startswith(
-        "a collective waited comm.timeout_s for a peer")
+        "a collective waited comm.timeout_s for a peer"
+    )
     assert classify(KeyError("k"))[:3] == (1, "crash", "KeyError: 'k'")
     # a peer lost in the shared-memory row: a crash (restartable), not a verdict on the job
     assert classify(PeerLost("rank 0: rank 1 (pid 7) exited during the all-gather of row [0, 1]")) == (
-        1, "crash", "rank 0: rank 1 (pid 7) exited during the all-gather of row [0, 1]")
+        1,
+        "crash",
+        "rank 0: rank 1 (pid 7) exited during the all-gather of row [0, 1]",
+    )
 
 
 def test_no_restart_reasons():
@@ -142,15 +158,26 @@ def test_the_rank_mpirun_or_srun_names():
 
     mpirun, srun = LAUNCHERS.get("mpirun"), LAUNCHERS.get("srun")
 
-    mpi = ["----", "prterun noticed that process rank 3 with PID 28781 on node node2 exited on",
-           "signal 9 (Killed).", "----"]
+    mpi = [
+        "----",
+        "prterun noticed that process rank 3 with PID 28781 on node node2 exited on",
+        "signal 9 (Killed).",
+        "----",
+    ]
     assert mpirun.culprit(mpi) == (3, "node2", "was killed by SIGKILL")
     assert srun.culprit(["srun: error: node2: tasks 2-3: Killed"]) == (2, "node2", "was killed by SIGKILL")
-    srun_lines = ["srun: error: node2: task 2: Exited with exit code 1", "srun: launch/slurm: _step_signal: Terminating",
-            "srun: error: node2: task 3: Killed", "srun: error: node1: tasks 0-1: Exited with exit code 1"]
+    srun_lines = [
+        "srun: error: node2: task 2: Exited with exit code 1",
+        "srun: launch/slurm: _step_signal: Terminating",
+        "srun: error: node2: task 3: Killed",
+        "srun: error: node1: tasks 0-1: Exited with exit code 1",
+    ]
     assert srun.culprit(srun_lines) == (3, "node2", "was killed by SIGKILL")  # the killed task, not the first line
-    assert srun.culprit(["srun: error: node1: task 0: Exited with exit code 1"]) == \
-        (0, "node1", "ended (Exited with exit code 1)")
+    assert srun.culprit(["srun: error: node1: task 0: Exited with exit code 1"]) == (
+        0,
+        "node1",
+        "ended (Exited with exit code 1)",
+    )
     assert mpirun.culprit(["nothing useful"]) is None and srun.culprit(["nothing useful"]) is None
     import pathlib
     import tempfile
@@ -163,23 +190,26 @@ def test_the_rank_mpirun_or_srun_names():
 
 NCCL_LINES = {
     "watchdog": "[rank1]:[E1204 05:40:01.123 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation "
-                "timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=6422528, NumelOut=6422528, Timeout(ms)=600000) "
-                "ran for 600021 milliseconds before timing out.",
+    "timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=6422528, NumelOut=6422528, Timeout(ms)=600000) "
+    "ran for 600021 milliseconds before timing out.",
     "abort": "[rank1]:[E1204 05:40:01.200 ProcessGroupNCCL.cpp:1720] [PG 0 Rank 1] Some NCCL operations have failed "
-             "or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
-             "corrupted/incomplete data.",
+    "or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+    "corrupted/incomplete data.",
     "system": "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:2030, unhandled system error "
-              "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3",
+    "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3",
     "remote": "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
 }
 
 
-@pytest.mark.parametrize("kind, meaning", [
-    ("watchdog", "an NCCL collective ran past comm.timeout_s and NCCL's watchdog aborted it"),
-    ("abort", "NCCL took the rank down after a failed or timed-out collective"),
-    ("system", "NCCL system error"),
-    ("remote", "NCCL remote error: a peer exited or the network between them failed"),
-])
+@pytest.mark.parametrize(
+    "kind, meaning",
+    [
+        ("watchdog", "an NCCL collective ran past comm.timeout_s and NCCL's watchdog aborted it"),
+        ("abort", "NCCL took the rank down after a failed or timed-out collective"),
+        ("system", "NCCL system error"),
+        ("remote", "NCCL remote error: a peer exited or the network between them failed"),
+    ],
+)
 def test_nccl_failures_are_named_like_gloos(tmp_path, kind, meaning):
     from torus_train.ranks.diagnosis import failure_kind, mark_comm_failure
 

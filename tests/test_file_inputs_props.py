@@ -7,6 +7,7 @@ Hypothesis generates malformed run folders (job.json, summary.json, metrics.json
 to write. Valid documents are mutated (a field replaced by any JSON value, removed, or the text cut short), so
 most examples sit one step away from a good file, where a missed check would show.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,21 +24,46 @@ from clihelp import invoke, tree_digest
 from datahelp import make_index_set
 
 JSON_VALUES = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.floats(), st.text(max_size=8),
-              st.sampled_from([0, -1, 1e308, 10**400, "1", ""])),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(10**20), 10**20),
+        st.floats(),
+        st.text(max_size=8),
+        st.sampled_from([0, -1, 1e308, 10**400, "1", ""]),
+    ),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
-    max_leaves=6)
+    max_leaves=6,
+)
 
-GOOD_JOB = {"spec": {"model": {"arch": "resnet18", "num_classes": 10}, "data": {"image_size": 32},
-                     "comm": {"algo": "torus", "compression": "none", "bucket_mb": 25.0}},
-            "grid": {"x": 2, "y": 1, "gpus_per_node": 2}}
+GOOD_JOB = {
+    "spec": {
+        "model": {"arch": "resnet18", "num_classes": 10},
+        "data": {"image_size": 32},
+        "comm": {"algo": "torus", "compression": "none", "bucket_mb": 25.0},
+    },
+    "grid": {"x": 2, "y": 1, "gpus_per_node": 2},
+}
 GOOD_SUMMARY = {"device": "cpu", "steps": 40, "param_digests_agree": True}
 GOOD_STEP = {"step": 10, "per_rank_batch": 64, "step_time": 0.12, "loss": 2.0}
-GOOD_BENCH = [{"algo": "torus", "backend": "gloo", "grid": "2x1", "size_bytes": s, "time_us": 50 + s / 1e3,
-               "wrong": 0} for s in (1024, 65536, 1 << 20, 4 << 20)]
-GOOD_PROFILE = {"model": "resnet18", "image_size": 32, "batch": 16, "num_classes": 10, "threads": 1,
-                "forward_seconds": 0.02, "backward_seconds": 0.04, "optimizer_seconds": 0.005,
-                "modules": {"conv1": 0.01, "fc": 0.002}, "cores": 2, "background": 0.0, "clock": "cpu"}
+GOOD_BENCH = [
+    {"algo": "torus", "backend": "gloo", "grid": "2x1", "size_bytes": s, "time_us": 50 + s / 1e3, "wrong": 0}
+    for s in (1024, 65536, 1 << 20, 4 << 20)
+]
+GOOD_PROFILE = {
+    "model": "resnet18",
+    "image_size": 32,
+    "batch": 16,
+    "num_classes": 10,
+    "threads": 1,
+    "forward_seconds": 0.02,
+    "backward_seconds": 0.04,
+    "optimizer_seconds": 0.005,
+    "modules": {"conv1": 0.01, "fc": 0.002},
+    "cores": 2,
+    "background": 0.0,
+    "clock": "cpu",
+}
 
 COUNT = {"examples": 0, "exit0": 0, "exit2": 0}
 
@@ -62,7 +88,7 @@ def mutated(draw, good) -> str:
         return json.dumps(draw(JSON_VALUES))
     if how == "truncate":
         text = json.dumps(doc)
-        return text[:draw(st.integers(0, len(text) - 1))]
+        return text[: draw(st.integers(0, len(text) - 1))]
     path = draw(st.sampled_from([p for p in paths_of(doc) if p]))
     parent = doc
     for key in path[:-1]:
@@ -72,7 +98,6 @@ def mutated(draw, good) -> str:
     else:
         parent[path[-1]] = draw(JSON_VALUES)
     return json.dumps(doc)
-
 
 
 def run_cli(place: Path, *args: str, may_write: str = "") -> int:
@@ -98,12 +123,18 @@ def place(tmp_path_factory):
     (d / "bench.json").write_text(json.dumps(GOOD_BENCH))
     (d / "profile.json").write_text(json.dumps(GOOD_PROFILE))
     yield d
-    print(f"\nhypothesis over files: {COUNT['examples']} generated inputs through torus_train.cli.main: "
-          f"{COUNT['exit0']} exit 0, {COUNT['exit2']} exit 2 (one line each)")
+    print(
+        f"\nhypothesis over files: {COUNT['examples']} generated inputs through torus_train.cli.main: "
+        f"{COUNT['exit0']} exit 0, {COUNT['exit2']} exit 2 (one line each)"
+    )
 
 
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @SETTINGS
@@ -111,8 +142,11 @@ SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
 def test_run_folders(place, which, data):
     run = place / "run"
     run.mkdir(exist_ok=True)
-    texts = {"job.json": json.dumps(GOOD_JOB), "summary.json": json.dumps(GOOD_SUMMARY),
-             "metrics.jsonl": "\n".join(json.dumps(GOOD_STEP | {"step": s}) for s in (10, 20, 30)) + "\n"}
+    texts = {
+        "job.json": json.dumps(GOOD_JOB),
+        "summary.json": json.dumps(GOOD_SUMMARY),
+        "metrics.jsonl": "\n".join(json.dumps(GOOD_STEP | {"step": s}) for s in (10, 20, 30)) + "\n",
+    }
     if which == "metrics.jsonl":
         lines = [json.dumps(GOOD_STEP | {"step": 10}), data.draw(mutated(GOOD_STEP)), json.dumps(GOOD_STEP)]
         texts[which] = "\n".join(lines) + "\n"
@@ -120,8 +154,18 @@ def test_run_folders(place, which, data):
         texts[which] = data.draw(mutated(json.loads(texts[which])))
     for name, text in texts.items():
         (run / name).write_text(text)
-    run_cli(place, "plan", "compare-run", "run", "--calibrate", "bench.json", "--layer-profile", "profile.json",
-            "--cores", "2")
+    run_cli(
+        place,
+        "plan",
+        "compare-run",
+        "run",
+        "--calibrate",
+        "bench.json",
+        "--layer-profile",
+        "profile.json",
+        "--cores",
+        "2",
+    )
 
 
 @SETTINGS
@@ -143,14 +187,29 @@ def test_profiles(place, kind, data):
         for name, doc in (("job.json", GOOD_JOB), ("summary.json", GOOD_SUMMARY)):
             (place / "run" / name).write_text(json.dumps(doc))
         (place / "run" / "metrics.jsonl").write_text(json.dumps(GOOD_STEP) + "\n")
-        run_cli(place, "plan", "compare-run", "run", "--calibrate", "bench.json", "--layer-profile", "p.json",
-                "--cores", "2")
+        run_cli(
+            place,
+            "plan",
+            "compare-run",
+            "run",
+            "--calibrate",
+            "bench.json",
+            "--layer-profile",
+            "p.json",
+            "--cores",
+            "2",
+        )
 
 
 HOST_LINES = st.one_of(
-    st.builds(lambda h, k: f"{h} slots={k}", st.sampled_from(["localhost", "node1", "n-2.x", "", "a b"]),
-              st.one_of(st.integers(-2, 10**12).map(str), st.text(max_size=4))),
-    st.text(max_size=30), st.sampled_from(["# comment", "", "localhost", "localhost slots=", "slots=2"]))
+    st.builds(
+        lambda h, k: f"{h} slots={k}",
+        st.sampled_from(["localhost", "node1", "n-2.x", "", "a b"]),
+        st.one_of(st.integers(-2, 10**12).map(str), st.text(max_size=4)),
+    ),
+    st.text(max_size=30),
+    st.sampled_from(["# comment", "", "localhost", "localhost slots=", "slots=2"]),
+)
 
 
 @SETTINGS
@@ -158,8 +217,9 @@ HOST_LINES = st.one_of(
 def test_hostfiles(place, lines, raw, use_raw):
     f = place / "hosts"
     f.write_bytes(raw if use_raw else "\n".join(lines).encode("utf-8", "surrogatepass"))
-    run_cli(place, "run", "--dry-run", "--data", "synthetic", "--launcher", "mpirun", "--hostfile", "hosts",
-            "--out", "o")
+    run_cli(
+        place, "run", "--dry-run", "--data", "synthetic", "--launcher", "mpirun", "--hostfile", "hosts", "--out", "o"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ profiles and --json targets, each run through the real entry point in process. E
 line; never a traceback, never a hang (a deadline per example, a time limit per test), and no file outside the
 one asked for changes. Kept fast: bounded examples, report without its PNG except in one small test.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,36 +20,89 @@ from hypothesis import strategies as st
 from clihelp import invoke, tree_digest
 from test_file_inputs_props import JSON_VALUES, mutated
 
-GOOD_INTERVAL = {"step": 2, "epoch": 0, "global_batch": 128, "per_rank_batch": 64, "lr": 0.1, "loss": 1.5,
-                 "images_per_second": 250.0, "data_time": 0.01, "step_time": 0.5, "wall_seconds": 1.0}
+GOOD_INTERVAL = {
+    "step": 2,
+    "epoch": 0,
+    "global_batch": 128,
+    "per_rank_batch": 64,
+    "lr": 0.1,
+    "loss": 1.5,
+    "images_per_second": 250.0,
+    "data_time": 0.01,
+    "step_time": 0.5,
+    "wall_seconds": 1.0,
+}
 GOOD_EVAL = {"event": "eval", "epoch": 0, "step": 4, "top1": 0.3, "top5": 0.9, "val_loss": 1.0, "wall_seconds": 2.2}
 GOOD_STAGE = {"event": "stage", "epoch": 0, "stage": 0, "global_batch": 128, "per_rank_batch": 64, "step": 0}
-GOOD_SUMMARY = {"steps": 4, "wall_seconds": 2.0, "world_size": 2, "grid": "2x1", "target_top1": 0.8,
-                "ranks": [{"rank": r, "work_p50": 0.1, "compute_p50": 0.09, "data_p50": 0.01} for r in range(2)]}
-GOOD_ROW = {"algo": "torus", "backend": "gloo", "grid": "2x1", "size_bytes": 1024, "count": 256, "dtype": "float32",
-            "time_us": 51.0, "algbw_gbps": 0.02, "busbw_gbps": 0.02, "wrong": 0}
-HOSTILE = st.sampled_from([None, True, 0, -1, 10**400, -(10**400), 1e308, -1e308, float("nan"), float("inf"),
-                           "", "1", [], {}, [[[[1]]]], 2**63, 2**63 - 1, 1e-320])
+GOOD_SUMMARY = {
+    "steps": 4,
+    "wall_seconds": 2.0,
+    "world_size": 2,
+    "grid": "2x1",
+    "target_top1": 0.8,
+    "ranks": [{"rank": r, "work_p50": 0.1, "compute_p50": 0.09, "data_p50": 0.01} for r in range(2)],
+}
+GOOD_ROW = {
+    "algo": "torus",
+    "backend": "gloo",
+    "grid": "2x1",
+    "size_bytes": 1024,
+    "count": 256,
+    "dtype": "float32",
+    "time_us": 51.0,
+    "algbw_gbps": 0.02,
+    "busbw_gbps": 0.02,
+    "wrong": 0,
+}
+HOSTILE = st.sampled_from(
+    [
+        None,
+        True,
+        0,
+        -1,
+        10**400,
+        -(10**400),
+        1e308,
+        -1e308,
+        float("nan"),
+        float("inf"),
+        "",
+        "1",
+        [],
+        {},
+        [[[[1]]]],
+        2**63,
+        2**63 - 1,
+        1e-320,
+    ]
+)
 
 COUNT = {"examples": 0, "exit0": 0, "exit2": 0}
-SETTINGS = settings(max_examples=30, deadline=timedelta(seconds=60), derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=30,
+    deadline=timedelta(seconds=60),
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def no_nan(doc_text: str) -> object:
     """The JSON document, refusing the non-standard NaN/Infinity a writer must not put out."""
+
     def refuse(name):
         raise AssertionError(f"non-standard JSON constant {name} in an output")
-    return json.loads(doc_text, parse_constant=refuse)
 
+    return json.loads(doc_text, parse_constant=refuse)
 
 
 @pytest.fixture(scope="module")
 def place(tmp_path_factory):
     d = tmp_path_factory.mktemp("report_files")
     yield d
-    print(f"\nhypothesis over report/plan files: {COUNT['examples']} generated inputs: {COUNT['exit0']} exit 0, "
-          f"{COUNT['exit2']} exit 2 (one line each)")
+    print(
+        f"\nhypothesis over report/plan files: {COUNT['examples']} generated inputs: {COUNT['exit0']} exit 0, "
+        f"{COUNT['exit2']} exit 2 (one line each)"
+    )
 
 
 def line_text(draw) -> str:
@@ -163,8 +217,22 @@ def test_hostile_figures_still_draw(place, data):
     assert code == 0 and (place / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-TARGETS = st.sampled_from(["run/metrics.jsonl", "run/summary.json", "notes.json", "plan.json", "rep.json",
-                           "folder", "fifo.json", "link.json", "new.json", "missing/x.json", "run", ""])
+TARGETS = st.sampled_from(
+    [
+        "run/metrics.jsonl",
+        "run/summary.json",
+        "notes.json",
+        "plan.json",
+        "rep.json",
+        "folder",
+        "fifo.json",
+        "link.json",
+        "new.json",
+        "missing/x.json",
+        "run",
+        "",
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +252,7 @@ def outplace(tmp_path_factory):
 @settings(SETTINGS, max_examples=25)
 @given(target=TARGETS, command=st.sampled_from(["report", "plan"]))
 def test_json_targets_are_replaced_only_when_the_command_wrote_them(outplace, target, command):
-    args = (["report", "run", "--no-png"] if command == "report" else ["plan", "--gpus", "8", "--grid", "2x4"])
+    args = ["report", "run", "--no-png"] if command == "report" else ["plan", "--gpus", "8", "--grid", "2x4"]
     ours = Path(outplace / target) if target else None
     before = tree_digest(outplace, exclude=ours)
     own_before = _owner(ours)
@@ -218,16 +286,19 @@ def _owner(path: Path | None) -> str | None:
 
 @pytest.mark.timeout(600)
 @SETTINGS
-@given(rows=st.lists(st.tuples(st.sampled_from(sorted(GOOD_ROW)), st.one_of(HOSTILE, JSON_VALUES)), max_size=4),
-       compare=st.booleans())
+@given(
+    rows=st.lists(st.tuples(st.sampled_from(sorted(GOOD_ROW)), st.one_of(HOSTILE, JSON_VALUES)), max_size=4),
+    compare=st.booleans(),
+)
 def test_hostile_bench_rows_for_calibrate(place, rows, compare):
     docs = [dict(GOOD_ROW, size_bytes=s, time_us=50 + s / 1e3) for s in (1024, 65536, 1 << 20, 4 << 20)]
     for i, (key, value) in enumerate(rows):
         docs[i % len(docs)][key] = value
     text = json.dumps(docs)
     (place / "b.json").write_text(text)
-    (place / "good.json").write_text(json.dumps([dict(GOOD_ROW, size_bytes=s, time_us=50 + s / 1e3)
-                                                 for s in (1024, 1 << 20)]))
+    (place / "good.json").write_text(
+        json.dumps([dict(GOOD_ROW, size_bytes=s, time_us=50 + s / 1e3) for s in (1024, 1 << 20)])
+    )
     extra = ["--compare", "b.json"] if compare else []
     fit = "good.json" if compare else "b.json"
     _plan_json(place, ["plan", "calibrate", fit, *extra, "--cores", "2", "--llc-mib", "32"])
@@ -255,13 +326,16 @@ def _plan_json(place: Path, args: list[str]) -> None:
 @pytest.fixture(scope="module")
 def module_names() -> list[str]:
     from torus_train.plan.timeline import model_layers
+
     return sorted({layer.name.rsplit(".", 1)[0] for layer in model_layers("resnet50", 224, 1000)})
 
 
 @pytest.mark.timeout(600)
 @settings(SETTINGS, max_examples=15)
-@given(changes=st.lists(st.tuples(st.integers(0, 200), st.one_of(HOSTILE, JSON_VALUES)), max_size=3),
-       base=st.sampled_from([1e-3, 1e6, 1e-320]))
+@given(
+    changes=st.lists(st.tuples(st.integers(0, 200), st.one_of(HOSTILE, JSON_VALUES)), max_size=3),
+    base=st.sampled_from([1e-3, 1e6, 1e-320]),
+)
 def test_hostile_layer_profiles(place, module_names, changes, base):
     doc = {name: base for name in module_names}
     for i, value in changes:

@@ -1,5 +1,6 @@
 """The floors of the package (docs/extending.md): no import runs upward, pure modules never import torch, and an
 import sits inside a function only for a reason (an optional extra, or a pure module reaching torch)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -43,8 +44,10 @@ def test_pure_modules_never_import_torch(measure):
     pure = [f"torus_train.{n}" if n else "torus_train" for n in names if n not in measure.TORCH_SIDE]
     torch_side = [f"torus_train.{n}" for n in measure.TORCH_SIDE]
     assert set(torch_side) <= {f"torus_train.{n}" for n in names}, "TORCH_SIDE names a module that is gone"
-    code = ("import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
-            "    assert 'torch' not in sys.modules, m + ' imports torch'\nprint(len(sys.argv) - 1)")
+    code = (
+        "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+        "    assert 'torch' not in sys.modules, m + ' imports torch'\nprint(len(sys.argv) - 1)"
+    )
     out = subprocess.run([sys.executable, "-c", code, *pure], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout) == len(pure) > 60

@@ -2,6 +2,7 @@
 header documents, the embedded programs (they compile; their limits add up to under 8 minutes) and the
 production spec shrunk to one GPU (it validates). The checks themselves need a CUDA GPU; the rehearsal (slow)
 runs every part's program on the CPU at toy size."""
+
 from __future__ import annotations
 
 import json
@@ -13,16 +14,20 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
-CHECKS = {"host_syncs", "speed_vs_bare", "bf16_vs_fp16", "peak_memory", "production", "data_wait", "digest",
-          "graphs"}
+CHECKS = {"host_syncs", "speed_vs_bare", "bf16_vs_fp16", "peak_memory", "production", "data_wait", "digest", "graphs"}
 PARTS = {"syncs", "speed", "production", "digest", "graphs"}
 ORDER = ["syncs", "speed", "production", "digest", "graphs"]
 FILE_PARTS = {"graphs": "gpu_check_graphs.py"}  # parts whose program is a file of its own beside the script
 
 
 def run(*args: str, env: dict | None = None):
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+    )
 
 
 def documented() -> dict[str, set[str]]:
@@ -88,8 +93,13 @@ def test_the_production_spec_shrunk_to_one_gpu_is_valid(monkeypatch, tmp_path):
     assert (bf16.model.precision, bf16.comm.compression) == ("bf16", "bf16")
     deterministic = shrunk["loop_spec"](str(tmp_path), 256, 30, deterministic=True)
     assert not spec.job.deterministic and deterministic.job.deterministic
-    sets = shrunk["cli_sets"](["model.num_classes=8", "schedule.stages=[{until_epoch=1,global_batch=32},"
-                                                      "{until_epoch=2,global_batch=256}]", "schedule.epochs=2"])
+    sets = shrunk["cli_sets"](
+        [
+            "model.num_classes=8",
+            "schedule.stages=[{until_epoch=1,global_batch=32},{until_epoch=2,global_batch=256}]",
+            "schedule.epochs=2",
+        ]
+    )
     cli = load_spec(str(shrunk["SPEC"]), [parse_override(v) for k, v in zip(sets[::2], sets[1::2])])
     assert cli.data.loader == "dali" and cli.eval.every_epochs == 5 and cli.grid.gpus == 1
     assert [s.global_batch for s in cli.schedule.stages] == [32, 256]
@@ -100,9 +110,13 @@ def test_the_production_spec_shrunk_to_one_gpu_is_valid(monkeypatch, tmp_path):
 def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
     """--rehearse: the four parts' programs end to end on the CPU (gloo, DALI's CPU decoder, 64 px), every
     documented field filled; the pass lines that hold on any device hold here."""
-    r = subprocess.run(["bash", str(SCRIPT), "--rehearse", "--out", str(tmp_path / "out"), "--json",
-                        str(tmp_path / "s.json")], capture_output=True, text=True, timeout=1500,
-                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    r = subprocess.run(
+        ["bash", str(SCRIPT), "--rehearse", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "s.json")],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     assert doc["status"] == "rehearsal" and doc["gpu"] is None and doc["parts"] == sorted(PARTS, key=ORDER.index)
@@ -131,8 +145,13 @@ def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
     assert prec["bf16_over_fp16"] == pytest.approx(prec["bf16_img_s"] / prec["fp16_img_s"])
     # run again into the same --out: the part starts from nothing of the earlier run (its runs would be refused
     # as results already there, and their old figures read)
-    again = subprocess.run(["bash", str(SCRIPT), "--rehearse", "--parts", "digest", "--out", str(tmp_path / "out")],
-                           capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    again = subprocess.run(
+        ["bash", str(SCRIPT), "--rehearse", "--parts", "digest", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     redo = json.loads(again.stdout)["checks"]["digest"]
     assert "error" not in redo and redo["ok"] and redo["first"] == digest["first"], redo
@@ -146,12 +165,18 @@ def test_one_part_without_dali_passes_on_torchvision_and_says_dali_was_not_check
     its note says that DALI was not checked; the other parts' checks stay null."""
     fake = tmp_path / "nodali" / "nvidia"
     (fake / "dali").mkdir(parents=True)
-    (fake / "__init__.py").write_text("import os, site\n"  # the real nvidia.* packages stay importable
-                                      "__path__.extend(os.path.join(d, 'nvidia') for d in site.getsitepackages())\n")
+    (fake / "__init__.py").write_text(
+        "import os, site\n"  # the real nvidia.* packages stay importable
+        "__path__.extend(os.path.join(d, 'nvidia') for d in site.getsitepackages())\n"
+    )
     (fake / "dali" / "__init__.py").write_text("raise ImportError('nvidia.dali hidden by the test')\n")
-    r = subprocess.run(["bash", str(SCRIPT), "--rehearse", "--parts", "production", "--out", str(tmp_path / "out")],
-                       capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(fake.parent)})
+    r = subprocess.run(
+        ["bash", str(SCRIPT), "--rehearse", "--parts", "production", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(fake.parent)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     assert (doc["status"], doc["parts"]) == ("rehearsal", ["production"])
@@ -168,8 +193,13 @@ def test_one_part_without_dali_passes_on_torchvision_and_says_dali_was_not_check
 def test_the_graphs_part_rehearses_on_the_cpu_with_every_field_filled(tmp_path):
     """--rehearse --parts graphs: the part's program end to end on the CPU at batch 2, 4 and 8 (nothing is
     captured there), every column of every batch filled, the ratio its columns' quotient."""
-    r = subprocess.run(["bash", str(SCRIPT), "--rehearse", "--parts", "graphs", "--out", str(tmp_path / "out")],
-                       capture_output=True, text=True, timeout=900, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    r = subprocess.run(
+        ["bash", str(SCRIPT), "--rehearse", "--parts", "graphs", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     assert (doc["status"], doc["parts"]) == ("rehearsal", ["graphs"])
@@ -177,8 +207,10 @@ def test_the_graphs_part_rehearses_on_the_cpu_with_every_field_filled(tmp_path):
     assert "error" not in graphs and sorted(graphs["batches"], key=int) == ["2", "4", "8"]
     for batch, row in graphs["batches"].items():
         assert None not in row.values(), batch
-        assert min(row[k] for k in ("ours_graphed_img_s", "ours_eager_img_s", "bare_eager_img_s",
-                                    "bare_graphed_img_s")) > 0, batch
+        assert (
+            min(row[k] for k in ("ours_graphed_img_s", "ours_eager_img_s", "bare_eager_img_s", "bare_graphed_img_s"))
+            > 0
+        ), batch
         assert abs(row["ratio"] - row["ours_graphed_img_s"] / row["bare_graphed_img_s"]) < 0.01, batch
         assert row["capture_seconds"] == 0.0  # no capture on the CPU
     assert graphs["eager_ratio_batch_32"] > 0

@@ -1,5 +1,6 @@
 """Stages on their own grids through the CLI without starting ranks: --dry-run shows the legs, and what cannot
 work is refused with one line (exit 2)."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 so that a one-GPU acceptance run exercises the side stream, buffers and Future of the full job. Shown here on
 one gloo rank with singleton groups asked for (NCCL gets them by default): each phase is called once, over a
 group of one, and the bucket ends as its own mean (the world is one rank)."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,9 @@ def one_rank(tmp_path):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("singletons, phases", [(True, ["reduce_scatter_tensor", "all_reduce",
-                                                        "all_gather_into_tensor"]), (False, [])])
+@pytest.mark.parametrize(
+    "singletons, phases", [(True, ["reduce_scatter_tensor", "all_reduce", "all_gather_into_tensor"]), (False, [])]
+)
 def test_three_phases_on_a_1x1_grid(one_rank, monkeypatch, singletons, phases):
     groups = build_grid_groups(parse_grid("1x1"), use_shm=False, singletons=singletons)
     assert (groups.row_group is not None, groups.col_group is not None) == (singletons, singletons)
@@ -35,9 +37,10 @@ def test_three_phases_on_a_1x1_grid(one_rank, monkeypatch, singletons, phases):
         def spy(*args, _real=real, _name=name, **kwargs):
             called.append(_name)
             return _real(*args, **kwargs)
+
         monkeypatch.setattr(hooks.dist, name, spy)
     state = hooks.TorusHookState(groups, algo="torus", compression="bf16")
-    bucket = torch.arange(7, dtype=torch.float32) / 4   # 7 values: bf16 holds them exactly
+    bucket = torch.arange(7, dtype=torch.float32) / 4  # 7 values: bf16 holds them exactly
     got = hooks.exchange_cuda(state, bucket.clone())
     assert called == phases
     assert torch.equal(got, bucket) and state.buckets_reduced == 1

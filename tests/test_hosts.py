@@ -1,10 +1,20 @@
 """Host lists: OpenMPI hostfiles, PBS node files, Slurm compressed node lists."""
+
 from __future__ import annotations
 
 import pytest
 
-from torus_train.job.hosts import (Host, HostsError, expand_nodelist, expand_tasks_per_node, format_hostfile,
-                               parse_hostfile, read_hostfile, slurm_hosts, total_slots)
+from torus_train.job.hosts import (
+    Host,
+    HostsError,
+    expand_nodelist,
+    expand_tasks_per_node,
+    format_hostfile,
+    parse_hostfile,
+    read_hostfile,
+    slurm_hosts,
+    total_slots,
+)
 
 
 def test_openmpi_hostfile():
@@ -19,12 +29,15 @@ def test_pbs_nodefile_one_line_per_slot():
     assert parse_hostfile(text) == [Host("g0001", 4), Host("g0002", 4)]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("node01 slots=four\n", "hostfile:1: 'slots=four' needs a positive integer"),
-    ("node01 cpus=4\n", "unknown option 'cpus=4'"),
-    ("node01:4\n", "is not a host line"),
-    ("\n# nothing\n", "lists no hosts"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("node01 slots=four\n", "hostfile:1: 'slots=four' needs a positive integer"),
+        ("node01 cpus=4\n", "unknown option 'cpus=4'"),
+        ("node01:4\n", "is not a host line"),
+        ("\n# nothing\n", "lists no hosts"),
+    ],
+)
 def test_bad_hostfiles_show_the_format(text, message):
     with pytest.raises(HostsError) as e:
         parse_hostfile(text)
@@ -36,13 +49,16 @@ def test_missing_hostfile_is_named(tmp_path):
         read_hostfile(tmp_path / "nope", "--hostfile")
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("node[001-004,010]", ["node001", "node002", "node003", "node004", "node010"]),
-    ("a1,b[8-10]", ["a1", "b8", "b9", "b10"]),
-    ("gpu[1-2]-ib,login", ["gpu1-ib", "gpu2-ib", "login"]),
-    ("r[1-2]n[01-02]", ["r1n01", "r1n02", "r2n01", "r2n02"]),
-    ("single", ["single"]),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("node[001-004,010]", ["node001", "node002", "node003", "node004", "node010"]),
+        ("a1,b[8-10]", ["a1", "b8", "b9", "b10"]),
+        ("gpu[1-2]-ib,login", ["gpu1-ib", "gpu2-ib", "login"]),
+        ("r[1-2]n[01-02]", ["r1n01", "r1n02", "r2n01", "r2n02"]),
+        ("single", ["single"]),
+    ],
+)
 def test_slurm_nodelists(text, expected):
     assert expand_nodelist(text) == expected
 
@@ -69,4 +85,6 @@ def test_pbs_pro_node_file_shapes():
     with_mpiprocs = "".join(f"r{n}i0n{n}.ib0.cluster\n" for n in (1, 2) for _ in range(4))
     assert parse_hostfile(with_mpiprocs) == [Host("r1i0n1.ib0.cluster", 4), Host("r2i0n2.ib0.cluster", 4)]
     assert parse_hostfile("r1i0n1.ib0.cluster\nr2i0n2.ib0.cluster\n") == [
-        Host("r1i0n1.ib0.cluster", 1), Host("r2i0n2.ib0.cluster", 1)]
+        Host("r1i0n1.ib0.cluster", 1),
+        Host("r2i0n2.ib0.cluster", 1),
+    ]

@@ -4,6 +4,7 @@ Fixed cases for each kind of bad input the issue lists, then a property-based te
 real entry point, ``torus_train.cli.main``, in process with generated specs, flags and files and asserts: exit 0
 or 2, exactly one ``torus-train: error:`` line on stderr for exit 2, no traceback, under 2 s each.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,37 +29,45 @@ def here(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------------------------
 # (1) numeric ranges, arch, --set tokens
 # ------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("setting, message", [
-    ("optimizer.momentum=1", "optimizer.momentum: 1.0 must be in [0, 1)"),
-    ("optimizer.momentum=-0.1", "optimizer.momentum: -0.1 must be in [0, 1)"),
-    ("optimizer.momentum=nan", "optimizer.momentum: nan must be a finite number"),
-    ("optimizer.weight_decay=nan", "optimizer.weight_decay: nan must be a finite number"),
-    ("optimizer.weight_decay=inf", "optimizer.weight_decay: inf must be a finite number"),
-    ("optimizer.weight_decay=-1", "optimizer.weight_decay: -1.0 must be >= 0"),
-    ("optimizer.trust_coefficient=0", "optimizer.trust_coefficient: 0.0 must be > 0"),
-    ("optimizer.trust_coefficient=-inf", "optimizer.trust_coefficient: -inf must be a finite number"),
-    ("comm.timeout_s=inf", "comm.timeout_s: inf must be a finite number"),
-    ("comm.timeout_s=1e300", "comm.timeout_s: 1e+300 must be <= 31,536,000"),
-    ("comm.bucket_mb=inf", "comm.bucket_mb: inf must be a finite number"),
-    ("comm.bucket_mb=0", "comm.bucket_mb: 0.0 must be > 0"),
-    ("eval.target_top1=nan", "eval.target_top1: nan must be a finite number"),
-    ("eval.target_top1=1.5", "eval.target_top1: 1.5 must be a fraction in [0, 1]"),
-    ("schedule.label_smoothing=1", "schedule.label_smoothing: 1.0 must be in [0, 1)"),
-    ("schedule.base_lr=inf", "schedule.base_lr: inf must be a finite number"),
-    ("schedule.base_lr=" + "9" * 400, "schedule.base_lr: 999999999999999999...999999999999999999 (400 characters) is out "
-     "of range for a number"),
-    ("data.image_size=100000", "data.image_size: 100000 must be <= 8,192"),
-    ("schedule.epochs=" + "9" * 400, "schedule.epochs: 999999999999999999...999999999999999999 (400 characters) is out"),
-    ("model.arch=fcn_resnet50", "model.arch: 'fcn_resnet50' is not a torchvision classification model"),
-    ("model.arch=resnet5", "did you mean resnet50"),
-    ("job.name=\"a\\u0000b\"", "job.name: 'a\\x00b' contains a NUL character"),
-    ("=1", "--set '=1': no field name before '='"),
-    (" = 1", "--set ' = 1': no field name before '='"),
-    ("a..b=1", "--set 'a..b=1': 'a..b' is not a dotted field name"),
-    ("comm.=1", "--set 'comm.=1': 'comm.' is not a dotted field name"),
-    ("noequals", "--set 'noequals': expected FIELD=VALUE"),
-    ("x=" + "[" * 2000 + "]" * 2000, "the value is nested too deeply"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("optimizer.momentum=1", "optimizer.momentum: 1.0 must be in [0, 1)"),
+        ("optimizer.momentum=-0.1", "optimizer.momentum: -0.1 must be in [0, 1)"),
+        ("optimizer.momentum=nan", "optimizer.momentum: nan must be a finite number"),
+        ("optimizer.weight_decay=nan", "optimizer.weight_decay: nan must be a finite number"),
+        ("optimizer.weight_decay=inf", "optimizer.weight_decay: inf must be a finite number"),
+        ("optimizer.weight_decay=-1", "optimizer.weight_decay: -1.0 must be >= 0"),
+        ("optimizer.trust_coefficient=0", "optimizer.trust_coefficient: 0.0 must be > 0"),
+        ("optimizer.trust_coefficient=-inf", "optimizer.trust_coefficient: -inf must be a finite number"),
+        ("comm.timeout_s=inf", "comm.timeout_s: inf must be a finite number"),
+        ("comm.timeout_s=1e300", "comm.timeout_s: 1e+300 must be <= 31,536,000"),
+        ("comm.bucket_mb=inf", "comm.bucket_mb: inf must be a finite number"),
+        ("comm.bucket_mb=0", "comm.bucket_mb: 0.0 must be > 0"),
+        ("eval.target_top1=nan", "eval.target_top1: nan must be a finite number"),
+        ("eval.target_top1=1.5", "eval.target_top1: 1.5 must be a fraction in [0, 1]"),
+        ("schedule.label_smoothing=1", "schedule.label_smoothing: 1.0 must be in [0, 1)"),
+        ("schedule.base_lr=inf", "schedule.base_lr: inf must be a finite number"),
+        (
+            "schedule.base_lr=" + "9" * 400,
+            "schedule.base_lr: 999999999999999999...999999999999999999 (400 characters) is out of range for a number",
+        ),
+        ("data.image_size=100000", "data.image_size: 100000 must be <= 8,192"),
+        (
+            "schedule.epochs=" + "9" * 400,
+            "schedule.epochs: 999999999999999999...999999999999999999 (400 characters) is out",
+        ),
+        ("model.arch=fcn_resnet50", "model.arch: 'fcn_resnet50' is not a torchvision classification model"),
+        ("model.arch=resnet5", "did you mean resnet50"),
+        ("job.name=\"a\\u0000b\"", "job.name: 'a\\x00b' contains a NUL character"),
+        ("=1", "--set '=1': no field name before '='"),
+        (" = 1", "--set ' = 1': no field name before '='"),
+        ("a..b=1", "--set 'a..b=1': 'a..b' is not a dotted field name"),
+        ("comm.=1", "--set 'comm.=1': 'comm.' is not a dotted field name"),
+        ("noequals", "--set 'noequals': expected FIELD=VALUE"),
+        ("x=" + "[" * 2000 + "]" * 2000, "the value is nested too deeply"),
+    ],
+)
 def test_bad_values_are_named(here, setting, message):
     code, _, err = invoke("run", "--dry-run", "--set", setting)
     assert_one_line_error(code, err, message)
@@ -78,8 +87,10 @@ def test_validation_does_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from torus_train.job.spec import load_spec; "
-            "load_spec(None, [('model.arch', 'resnet18')]); assert 'torch' not in sys.modules")
+    code = (
+        "import sys; from torus_train.job.spec import load_spec; "
+        "load_spec(None, [('model.arch', 'resnet18')]); assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -91,21 +102,24 @@ def test_parse_override_keeps_plain_strings():
 # ------------------------------------------------------------------------------------------------------------
 # (2) world size bounded, factored in O(sqrt N)
 # ------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, message", [
-    (["run", "--dry-run", "--gpus", "1000000007"], "grid.gpus: 1000000007 must be <= 1,000,000"),
-    (["run", "--dry-run", "--grid", "99999x99999"], "grid.grid: grid 99999x99999: 9,999,800,001 ranks is more"),
-    (["run", "--dry-run", "--grid", "1" * 400 + "x2"], "a side has more than 12 digits"),
-    (["run", "--dry-run", "--gpus", "9" * 400], "grid.gpus: 999999999999999999"),
-    (["plan", "--gpus", "1000000007"], "--gpus: 1,000,000,007 ranks is more than"),
-    (["plan", "--grid", "99999x99999"], "9,999,800,001 ranks"),
-    (["plan", "--gpus", "1000000", "--simulate"], "--simulate and --check-groups run on at most"),
-    (["bench", "allreduce", "--nprocs", "0"], "--nprocs 0 must be at least 1"),
-    (["bench", "allreduce", "--nprocs", "1000000007"], "--nprocs 1000000007 must be at least 1 and at most"),
-    (["bench", "allreduce", "--grid", "99999x99999"], "9,999,800,001 ranks"),
-    (["plan", "--gpus", "8", "--images-per-second", "inf"], "--images-per-second: inf must be a finite number"),
-    (["plan", "--gpus", "8", "--images-per-second", "nan"], "--images-per-second: nan must be a finite number"),
-    (["plan", "--gpus", "8", "--overlap", "nan"], "--overlap: nan must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--dry-run", "--gpus", "1000000007"], "grid.gpus: 1000000007 must be <= 1,000,000"),
+        (["run", "--dry-run", "--grid", "99999x99999"], "grid.grid: grid 99999x99999: 9,999,800,001 ranks is more"),
+        (["run", "--dry-run", "--grid", "1" * 400 + "x2"], "a side has more than 12 digits"),
+        (["run", "--dry-run", "--gpus", "9" * 400], "grid.gpus: 999999999999999999"),
+        (["plan", "--gpus", "1000000007"], "--gpus: 1,000,000,007 ranks is more than"),
+        (["plan", "--grid", "99999x99999"], "9,999,800,001 ranks"),
+        (["plan", "--gpus", "1000000", "--simulate"], "--simulate and --check-groups run on at most"),
+        (["bench", "allreduce", "--nprocs", "0"], "--nprocs 0 must be at least 1"),
+        (["bench", "allreduce", "--nprocs", "1000000007"], "--nprocs 1000000007 must be at least 1 and at most"),
+        (["bench", "allreduce", "--grid", "99999x99999"], "9,999,800,001 ranks"),
+        (["plan", "--gpus", "8", "--images-per-second", "inf"], "--images-per-second: inf must be a finite number"),
+        (["plan", "--gpus", "8", "--images-per-second", "nan"], "--images-per-second: nan must be a finite number"),
+        (["plan", "--gpus", "8", "--overlap", "nan"], "--overlap: nan must be a finite number"),
+    ],
+)
 def test_huge_and_non_finite_flags_answer_at_once(here, args, message):
     t = time.perf_counter()
     code, _, err = invoke(*args)
@@ -148,8 +162,10 @@ def test_file_errors_are_one_line(here):
         (["run", "--dry-run", "--out", "afile"], "--out afile: a file is in the way"),
         (["run", "--dry-run", "--out", "afile/sub"], "--out afile/sub: a file is in the way (afile)"),
         (["run", "--dry-run", "--out", long + "/x"], "a name in the path is longer than 255 bytes"),
-        (["plan", "--gpus", "8", "--json", "missing/plan.json"], "--json missing/plan.json: its folder missing does "
-                                                                 "not exist"),
+        (
+            ["plan", "--gpus", "8", "--json", "missing/plan.json"],
+            "--json missing/plan.json: its folder missing does not exist",
+        ),
         (["plan", "--gpus", "8", "--json", "afile/plan.json"], "its folder afile is a file, not a folder"),
         (["plan", "--gpus", "8", "--json", long + ".json"], "(305 characters): File name too long"),
         (["bench", "allreduce", "--json", "missing/b.json"], "--json missing/b.json: its folder missing does not"),
@@ -185,11 +201,42 @@ FIELDS = {
     "checkpoint": ["every_steps", "every_epochs", "keep"],
     "eval": ["every_epochs", "target_top1"],
 }
-NASTY_TEXT = st.sampled_from(["", "=", "a..b", "\n", "\x00", "é", "a" * 300, "[", "{", "\"", "'", "1e999", "nan",
-                              "inf", "-0", "9" * 400, "resnet18", "fcn_resnet50", "2x2", "0x4", "99999x99999",
-                              "synthetic", "demo", "flat", "torus", "fp16"])
-NUMBERS = st.one_of(st.integers(min_value=-10**6, max_value=10**7), st.integers(min_value=-(10**400),
-                    max_value=10**400), st.floats(allow_nan=True, allow_infinity=True), st.booleans())
+NASTY_TEXT = st.sampled_from(
+    [
+        "",
+        "=",
+        "a..b",
+        "\n",
+        "\x00",
+        "é",
+        "a" * 300,
+        "[",
+        "{",
+        "\"",
+        "'",
+        "1e999",
+        "nan",
+        "inf",
+        "-0",
+        "9" * 400,
+        "resnet18",
+        "fcn_resnet50",
+        "2x2",
+        "0x4",
+        "99999x99999",
+        "synthetic",
+        "demo",
+        "flat",
+        "torus",
+        "fp16",
+    ]
+)
+NUMBERS = st.one_of(
+    st.integers(min_value=-(10**6), max_value=10**7),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+)
 SCALAR = st.one_of(NUMBERS, NASTY_TEXT, st.text(max_size=12))
 
 
@@ -203,6 +250,7 @@ def _toml(v) -> str:
     if isinstance(v, list):
         return "[" + ", ".join(_toml(x) for x in v) + "]"
     import json
+
     return json.dumps(v)
 
 
@@ -235,8 +283,9 @@ def run_args(draw, folder: Path) -> list[str]:
         f.write_bytes(draw(spec_files()))
         args += ["--spec", str(f)]
     flag_values = {
-        "--gpus": st.one_of(st.integers(min_value=-5, max_value=64), st.integers(min_value=-(10**30),
-                            max_value=10**30)).map(str),
+        "--gpus": st.one_of(
+            st.integers(min_value=-5, max_value=64), st.integers(min_value=-(10**30), max_value=10**30)
+        ).map(str),
         "--grid": st.one_of(st.builds(lambda x, y: f"{x}x{y}", st.integers(0, 9), st.integers(0, 9)), NASTY_TEXT),
         "--gpus-per-node": st.integers(min_value=-2, max_value=10**8).map(str),
         "--model": st.one_of(st.sampled_from(["resnet18", "vit_b_16", "deeplabv3_resnet50"]), NASTY_TEXT),
@@ -246,39 +295,70 @@ def run_args(draw, folder: Path) -> list[str]:
         "--data": st.one_of(st.just("synthetic"), NASTY_TEXT),
         "--out": st.one_of(st.just("out"), st.just("afile"), st.just("afile/x"), NASTY_TEXT),
         "--hostfile": st.one_of(st.just("hosts.bin"), st.just("hosts.ok"), NASTY_TEXT),
-        "--set": st.one_of(st.builds(lambda s, k, v: f"{s}.{k}={_toml(v)}", st.sampled_from(sorted(FIELDS)),
-                                     st.sampled_from(sorted({k for ks in FIELDS.values() for k in ks})), SCALAR),
-                           NASTY_TEXT, st.text(max_size=20)),
+        "--set": st.one_of(
+            st.builds(
+                lambda s, k, v: f"{s}.{k}={_toml(v)}",
+                st.sampled_from(sorted(FIELDS)),
+                st.sampled_from(sorted({k for ks in FIELDS.values() for k in ks})),
+                SCALAR,
+            ),
+            NASTY_TEXT,
+            st.text(max_size=20),
+        ),
     }
     for flag in draw(st.lists(st.sampled_from(sorted(flag_values)), max_size=4)):
         args += [flag, draw(flag_values[flag])]
     return args
 
 
-PLAN_ARGS = st.lists(st.one_of(
-    # a real plan for up to 4,096 GPUs (larger ones take seconds by design), or a count past the bound
-    st.tuples(st.just("--gpus"), st.one_of(st.integers(-3, 4096), st.integers(MAX_WORLD + 1, 10**20),
-                                           st.integers(-(10**20), 0)).map(str)),
-    st.tuples(st.just("--grid"), st.one_of(st.builds(lambda x, y: f"{x}x{y}", st.integers(0, 64),
-                                                     st.integers(0, 64)), NASTY_TEXT)),
-    st.tuples(st.just("--images-per-second"), st.floats().map(repr)),
-    st.tuples(st.just("--overlap"), st.floats().map(repr)),
-    st.tuples(st.just("--per-gpu-batch"), st.integers(-3, 10**6).map(str)),
-    st.tuples(st.just("--json"), st.sampled_from(["p.json", "missing/p.json", "afile/p.json", ".", "a\0b"])),
-    st.tuples(st.just("--model"), st.one_of(st.just("resnet50"), NASTY_TEXT)),
-), max_size=4).map(lambda pairs: ["plan", *[x for p in pairs for x in p]])
+PLAN_ARGS = st.lists(
+    st.one_of(
+        # a real plan for up to 4,096 GPUs (larger ones take seconds by design), or a count past the bound
+        st.tuples(
+            st.just("--gpus"),
+            st.one_of(st.integers(-3, 4096), st.integers(MAX_WORLD + 1, 10**20), st.integers(-(10**20), 0)).map(str),
+        ),
+        st.tuples(
+            st.just("--grid"),
+            st.one_of(st.builds(lambda x, y: f"{x}x{y}", st.integers(0, 64), st.integers(0, 64)), NASTY_TEXT),
+        ),
+        st.tuples(st.just("--images-per-second"), st.floats().map(repr)),
+        st.tuples(st.just("--overlap"), st.floats().map(repr)),
+        st.tuples(st.just("--per-gpu-batch"), st.integers(-3, 10**6).map(str)),
+        st.tuples(st.just("--json"), st.sampled_from(["p.json", "missing/p.json", "afile/p.json", ".", "a\0b"])),
+        st.tuples(st.just("--model"), st.one_of(st.just("resnet50"), NASTY_TEXT)),
+    ),
+    max_size=4,
+).map(lambda pairs: ["plan", *[x for p in pairs for x in p]])
 
 # bench and data demo that would start work when valid: always with one bad flag, so they never launch
 BENCH_ARGS = st.tuples(
-    st.sampled_from([["--nprocs", "0"], ["--nprocs", "-3"], ["--nprocs", "99999999999"], ["--json", "missing/b.json"],
-                     ["--json", "afile/b.json"], ["--grid", "99999x99999"], ["--grid", "x"], ["--timeout", "nan"],
-                     ["-f", "1"], ["-b", "1Z"]]),
+    st.sampled_from(
+        [
+            ["--nprocs", "0"],
+            ["--nprocs", "-3"],
+            ["--nprocs", "99999999999"],
+            ["--json", "missing/b.json"],
+            ["--json", "afile/b.json"],
+            ["--grid", "99999x99999"],
+            ["--grid", "x"],
+            ["--timeout", "nan"],
+            ["-f", "1"],
+            ["-b", "1Z"],
+        ]
+    ),
     st.lists(st.sampled_from([["--nprocs", "4"], ["--grid", "2x2"], ["--algo", "flat"]]), max_size=2),
 ).map(lambda t: ["bench", "allreduce", *[x for a in t[1] for x in a], *t[0]])
-DATA_ARGS = st.sampled_from([["data", "demo", "--out", "afile"], ["data", "demo", "--out", "afile/x"],
-                             ["data", "demo", "--out", "d", "--size", "100000"],
-                             ["data", "demo", "--out", "d", "--train-per-class", "-1"],
-                             ["data", "check", "--data", "nowhere"], ["data", "index", "--data", "afile"]])
+DATA_ARGS = st.sampled_from(
+    [
+        ["data", "demo", "--out", "afile"],
+        ["data", "demo", "--out", "afile/x"],
+        ["data", "demo", "--out", "d", "--size", "100000"],
+        ["data", "demo", "--out", "d", "--train-per-class", "-1"],
+        ["data", "check", "--data", "nowhere"],
+        ["data", "index", "--data", "afile"],
+    ]
+)
 
 COUNT = {"examples": 0, "exit0": 0, "exit2": 0, "slowest": 0.0}
 
@@ -293,16 +373,20 @@ def playground(tmp_path_factory):
         invoke("plan", "--gpus", "8")  # imports once, outside the timed examples
         invoke("run", "--dry-run")
         yield d
-    print(f"\nhypothesis: {COUNT['examples']} generated inputs through torus_train.cli.main: {COUNT['exit0']} exit 0, "
-          f"{COUNT['exit2']} exit 2 (one line each), slowest {COUNT['slowest']:.2f} s")
+    print(
+        f"\nhypothesis: {COUNT['examples']} generated inputs through torus_train.cli.main: {COUNT['exit0']} exit 0, "
+        f"{COUNT['exit2']} exit 2 (one line each), slowest {COUNT['slowest']:.2f} s"
+    )
 
 
 # derandomize: the same 200 inputs on every run, so a CI run cannot turn red on a new random draw
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
 @given(data=st.data())
 def test_generated_inputs_exit_0_or_2_with_one_line(playground, data):
-    args = data.draw(st.one_of(run_args(playground), run_args(playground), run_args(playground), PLAN_ARGS,
-                               BENCH_ARGS, DATA_ARGS), label="argv")
+    args = data.draw(
+        st.one_of(run_args(playground), run_args(playground), run_args(playground), PLAN_ARGS, BENCH_ARGS, DATA_ARGS),
+        label="argv",
+    )
     t = time.perf_counter()
     code, _, err = invoke(*args)
     seconds = time.perf_counter() - t

@@ -1,6 +1,7 @@
 """Issue 15 parts 2-4 in one process: checkpoints load as tensors and plain values only, malformed manifests and
 full disks give one line and lose nothing, orphans go, metrics.jsonl is cut back on resume, a checkpoint of
 another job or grid is refused, the GradScaler's skipped steps are counted, and the replica check sees one bit."""
+
 from __future__ import annotations
 
 import errno
@@ -35,10 +36,25 @@ def real_state(step: int) -> dict:
     model(torch.randn(16, 8)).sum().backward()
     opt.step()
     rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "cuda": None}
-    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": None,
-            "position": {"epoch": 0, "step_in_epoch": step, "global_step": step, "images": 32 * step,
-                         "seconds": 1.5, "target_epoch": None, "target_seconds": None, "best_top1": None},
-            "rng": [rng, rng], "grid": "2x1", "world_size": 2, "spec": JobSpec().to_dict()}
+    return {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scaler": None,
+        "position": {
+            "epoch": 0,
+            "step_in_epoch": step,
+            "global_step": step,
+            "images": 32 * step,
+            "seconds": 1.5,
+            "target_epoch": None,
+            "target_seconds": None,
+            "best_top1": None,
+        },
+        "rng": [rng, rng],
+        "grid": "2x1",
+        "world_size": 2,
+        "spec": JobSpec().to_dict(),
+    }
 
 
 def test_real_state_round_trips_with_weights_only(tmp_path):
@@ -70,9 +86,17 @@ def test_pickled_object_is_refused_and_never_run(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("manifest", ["[1, 2]", '"text"', "{}", '{"step": "7", "file": "step-00000007.pt", '
-                                      '"bytes": 1, "sha256": "x"}', '{"step": 7, "file": "../../etc/passwd", '
-                                      '"bytes": 1, "sha256": "x"}', "{not json"])
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        "[1, 2]",
+        '"text"',
+        "{}",
+        '{"step": "7", "file": "step-00000007.pt", "bytes": 1, "sha256": "x"}',
+        '{"step": 7, "file": "../../etc/passwd", "bytes": 1, "sha256": "x"}',
+        "{not json",
+    ],
+)
 def test_malformed_manifest_is_skipped_with_its_name(tmp_path, manifest):
     ckpt.save_checkpoint(tmp_path, 5, real_state(5), {}, keep=3)
     ckpt.save_checkpoint(tmp_path, 7, real_state(7), {}, keep=3)
@@ -112,8 +136,12 @@ def test_real_full_tmpfs(tmp_path):
     """A 256 KiB tmpfs: the second checkpoint does not fit; the first stays loadable, nothing else is left."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                                           capture_output=True, timeout=10).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True, timeout=10
+        ).returncode
+    ):
         pytest.skip("needs root and tmpfs mounts")
     try:
         ckpt.save_checkpoint(mnt, 1, real_state(1), {}, keep=3)
@@ -160,8 +188,11 @@ def test_another_job_or_grid_is_refused(tmp_path):
     assert check_identity(ref, here, regrid=False) == ""
     assert (here.spec.model.arch, here.spec.model.num_classes) == ("resnet50", 1000)  # JobSpec's defaults
     other = fake_run(tmp_path, model__arch="vgg11", model__num_classes=7)
-    with pytest.raises(RunFailed, match=r"is from another job \(model.arch 'vgg11' here, 'resnet50' in the "
-                                        r"checkpoint; model.num_classes 7 here, 1000 in the checkpoint\)"):
+    with pytest.raises(
+        RunFailed,
+        match=r"is from another job \(model.arch 'vgg11' here, 'resnet50' in the "
+        r"checkpoint; model.num_classes 7 here, 1000 in the checkpoint\)",
+    ):
         check_identity(ref, other, regrid=True)
     moved = fake_run(tmp_path, world=4, grid="2x2")
     with pytest.raises(RunFailed, match=r"written on grid 2x1 \(2 ranks\), this job runs on grid 2x2 \(4 ranks\)"):
@@ -185,10 +216,20 @@ def scaler_run(monkeypatch, k=3):
     spec = JobSpec()
     spec.job.max_nonfinite_steps = k
     pos = types.SimpleNamespace(global_step=0, epoch=0, step_in_epoch=0, images=0)
-    rs = types.SimpleNamespace(ddp=BucketedModel(model, None, 25), model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                               loss_fn=torch.nn.CrossEntropyLoss(), amp_dtype=None, spec=spec, pos=pos,
-                               scaler=torch.amp.GradScaler("cpu"), skip_counts=None, skipped_steps=0,
-                               nonfinite_in_a_row=0, boot=types.SimpleNamespace(info=types.SimpleNamespace(rank=0)))
+    rs = types.SimpleNamespace(
+        ddp=BucketedModel(model, None, 25),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        loss_fn=torch.nn.CrossEntropyLoss(),
+        amp_dtype=None,
+        spec=spec,
+        pos=pos,
+        scaler=torch.amp.GradScaler("cpu"),
+        skip_counts=None,
+        skipped_steps=0,
+        nonfinite_in_a_row=0,
+        boot=types.SimpleNamespace(info=types.SimpleNamespace(rank=0)),
+    )
     faults.install(faults.parse("nanfrom:0:3"), rs)  # rank 0's loss is NaN from step 3 on
     return rs
 
@@ -205,7 +246,9 @@ def test_scaler_path_counts_skipped_steps(monkeypatch, one_rank):
     train_step(rs, x, y, 1)
     rs.pos.global_step = 5
     assert torch.equal(rs.model.weight, weights)  # skipped: the parameters are those of step 2
-    with pytest.raises(RunFailed, match=r"3 steps in a row had non-finite loss or gradients \(steps 3-5, skipped on every rank"):
+    with pytest.raises(
+        RunFailed, match=r"3 steps in a row had non-finite loss or gradients \(steps 3-5, skipped on every rank"
+    ):
         check_replicas(rs, "the check before the checkpoint")
 
 
@@ -239,8 +282,11 @@ def test_no_checkpoint_inside_a_run_of_non_finite_steps(monkeypatch, one_rank, t
     ckpt.save_checkpoint(tmp_path / "checkpoints", 5, real_state(5), {}, keep=2)
     assert save(rs, "every 7 steps") is False  # a stop signal's checkpoint goes the same way
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [5]
-    with pytest.raises(RunFailed, match=r"^the last 2 step\(s\) had non-finite loss or gradients: no checkpoint at "
-                                        r"step 7 \(end of training\); the checkpoint at step 5 is kept$"):
+    with pytest.raises(
+        RunFailed,
+        match=r"^the last 2 step\(s\) had non-finite loss or gradients: no checkpoint at "
+        r"step 7 \(end of training\); the checkpoint at step 5 is kept$",
+    ):
         save(rs, "end of training")
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [5]
 

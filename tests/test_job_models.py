@@ -1,5 +1,6 @@
 """Forward FLOPs per image (job/models.py) against torch's own counter, the house model, and the training work
 that `run --dry-run` prints (job/work.py)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -20,8 +21,11 @@ def test_forward_flops_match_torchs_counter(arch, size):
 
     from torus_train.train.models import build_house_model
 
-    model = (build_house_model(HOUSE_ARCHS[arch], 10) if arch in HOUSE_ARCHS
-             else torchvision.models.get_model(arch, num_classes=10)).eval()
+    model = (
+        build_house_model(HOUSE_ARCHS[arch], 10)
+        if arch in HOUSE_ARCHS
+        else torchvision.models.get_model(arch, num_classes=10)
+    ).eval()
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(torch.zeros(1, 3, size, size))
     assert forward_flops(arch, size, 10) == counter.get_total_flops()

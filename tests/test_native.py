@@ -2,6 +2,7 @@
 
 Its results are checked against the Python replay under real mpirun in tests/dist/test_transports.py.
 """
+
 import ctypes
 import os
 import shutil
@@ -74,9 +75,16 @@ def test_a_failing_compiler_leaves_nothing_behind_and_says_why(cache, monkeypatc
 
 def test_the_c_source_and_python_agree_on_the_op_kinds():
     text = native.SOURCE.read_text()
-    for name, value in [("SENDRECV", native.SENDRECV), ("ISEND", native.ISEND), ("IRECV", native.IRECV),
-                        ("WAITALL", native.WAITALL), ("ALLREDUCE", native.ALLREDUCE), ("REDUCE", native.REDUCE),
-                        ("BCAST", native.BCAST), ("ADD", native.ADD)]:
+    for name, value in [
+        ("SENDRECV", native.SENDRECV),
+        ("ISEND", native.ISEND),
+        ("IRECV", native.IRECV),
+        ("WAITALL", native.WAITALL),
+        ("ALLREDUCE", native.ALLREDUCE),
+        ("REDUCE", native.REDUCE),
+        ("BCAST", native.BCAST),
+        ("ADD", native.ADD),
+    ]:
         assert f"TT_{name} = {value}" in text
     assert f"TT_MAX_REQS = {native.MAX_REQS}" in text and f"TT_MAX_COMMS = {native.MAX_COMMS}" in text
 
@@ -86,11 +94,15 @@ def test_the_c_source_and_python_agree_on_the_op_kinds():
 def test_parallel_builds_on_one_node_produce_one_library(cache):
     """Ranks of one node start together: the lock makes one build, the others load it."""
     version = _mpi_version()
-    code = ("import sys; from torus_train.comm.mpi import native; lib, how = native._load(sys.argv[1]); "
-            "print('ok' if lib is not None else how)")
+    code = (
+        "import sys; from torus_train.comm.mpi import native; lib, how = native._load(sys.argv[1]); "
+        "print('ok' if lib is not None else how)"
+    )
     env = dict(os.environ)
-    procs = [subprocess.Popen([sys.executable, "-c", code, version], stdout=subprocess.PIPE, text=True, env=env)
-             for _ in range(3)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, version], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=180)[0].strip() for p in procs]
     assert outs == ["ok"] * 3
     assert len(list(cache.glob("*.so"))) == 1 and not list(cache.glob("*.tmp"))

@@ -1,5 +1,6 @@
 """The native replay's library is loaded only from a folder and file of this user that nobody else may write;
 otherwise it is built anew in a private folder (torus_train.comm.mpi.native.trusted_folder / private)."""
+
 import os
 import shutil
 import subprocess

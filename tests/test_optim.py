@@ -1,4 +1,5 @@
 """Optimizers: parameter groups, LARS's trust ratio against a hand computation, and a model that learns."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,14 @@ from torus_train.train.optim import LARS, build_optimizer, param_groups
 
 def small_net():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, bias=False),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 4),
+    )
 
 
 def test_bn_and_bias_have_no_weight_decay():
@@ -27,17 +34,21 @@ def test_bn_and_bias_have_no_weight_decay():
 
 
 def test_lars_step_matches_formula():
-    w = torch.nn.Parameter(torch.tensor([3.0, 4.0]))      # ||w|| = 5
+    w = torch.nn.Parameter(torch.tensor([3.0, 4.0]))  # ||w|| = 5
     b = torch.nn.Parameter(torch.tensor([1.0]))
-    opt = LARS([{"params": [w], "weight_decay": 0.1, "lars": True},
-                {"params": [b], "weight_decay": 0.0, "lars": False}], lr=0.5, momentum=0.9, trust_coefficient=0.01)
-    w.grad = torch.tensor([0.0, 2.0])                     # ||g|| = 2
+    opt = LARS(
+        [{"params": [w], "weight_decay": 0.1, "lars": True}, {"params": [b], "weight_decay": 0.0, "lars": False}],
+        lr=0.5,
+        momentum=0.9,
+        trust_coefficient=0.01,
+    )
+    w.grad = torch.tensor([0.0, 2.0])  # ||g|| = 2
     b.grad = torch.tensor([0.2])
     opt.step()
     trust = 0.01 * 5 / (2 + 0.1 * 5)
     step = 0.5 * trust * (torch.tensor([0.0, 2.0]) + 0.1 * torch.tensor([3.0, 4.0]))
     torch.testing.assert_close(w.detach(), torch.tensor([3.0, 4.0]) - step)
-    torch.testing.assert_close(b.detach(), torch.tensor([1.0 - 0.5 * 0.2]))   # plain step, no trust ratio
+    torch.testing.assert_close(b.detach(), torch.tensor([1.0 - 0.5 * 0.2]))  # plain step, no trust ratio
     # second step uses momentum
     w.grad = torch.tensor([0.0, 2.0])
     before = w.detach().clone()
@@ -74,12 +85,15 @@ def test_optimizer_reduces_loss(name):
     assert losses[-1] < 0.6 * losses[0]
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(name="adam"), r"optimizer\.name: 'adam'"),
-    (dict(momentum=1.5), r"optimizer\.momentum: 1\.5"),
-    (dict(momentum=0.0, nesterov=True), r"optimizer\.nesterov"),
-    (dict(trust_coefficient=0.0), r"optimizer\.trust_coefficient"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(name="adam"), r"optimizer\.name: 'adam'"),
+        (dict(momentum=1.5), r"optimizer\.momentum: 1\.5"),
+        (dict(momentum=0.0, nesterov=True), r"optimizer\.nesterov"),
+        (dict(trust_coefficient=0.0), r"optimizer\.trust_coefficient"),
+    ],
+)
 def test_bad_settings(kw, match):
     args = dict(name="sgd", lr=0.1, momentum=0.9, weight_decay=1e-4)
     args.update(kw)
@@ -95,8 +109,11 @@ def reference_lars_step(params_groups, state):
             g = p.grad
             if group["lars"]:
                 w_norm, g_norm = p.norm(), g.norm()
-                trust = group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm) if w_norm > 0 and g_norm > 0 \
+                trust = (
+                    group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm)
+                    if w_norm > 0 and g_norm > 0
                     else torch.tensor(1.0)
+                )
                 scaled = (g + wd * p) * (trust * lr)
             else:
                 scaled = g * lr
@@ -110,10 +127,14 @@ def test_lars_multi_tensor_step_equals_the_per_tensor_loop(nesterov):
     torch.manual_seed(0)
     a, b = small_net(), small_net()
     b.load_state_dict(a.state_dict())
-    opt = build_optimizer(a, "lars", lr=0.5, momentum=0.9, weight_decay=1e-4, nesterov=nesterov,
-                          trust_coefficient=0.02)
-    ref_groups = [dict(g, params=[dict(b.named_parameters())[n] for n, q in a.named_parameters()
-                                  if any(q is x for x in g["params"])]) for g in opt.param_groups]
+    opt = build_optimizer(a, "lars", lr=0.5, momentum=0.9, weight_decay=1e-4, nesterov=nesterov, trust_coefficient=0.02)
+    ref_groups = [
+        dict(
+            g,
+            params=[dict(b.named_parameters())[n] for n, q in a.named_parameters() if any(q is x for x in g["params"])],
+        )
+        for g in opt.param_groups
+    ]
     state = {}
     x = torch.randn(16, 3, 8, 8)
     for _ in range(5):
@@ -153,8 +174,9 @@ def test_a_step_flagged_non_finite_changes_nothing_and_the_scale_is_taken_off(na
         with torch.no_grad():
             for a, b in zip(nets[0].parameters(), nets[1].parameters()):
                 a.copy_(b)
-        for o_a, o_b, p_a, p_b in ((opts[0], opts[1], a, b) for a, b in zip(nets[0].parameters(),
-                                                                              nets[1].parameters())):
+        for o_a, o_b, p_a, p_b in (
+            (opts[0], opts[1], a, b) for a, b in zip(nets[0].parameters(), nets[1].parameters())
+        ):
             if "momentum_buffer" in o_b.state[p_b]:
                 o_a.state[p_a]["momentum_buffer"] = o_b.state[p_b]["momentum_buffer"].clone()
     # a scaled step (grad x 1024, grad_scale 1024) equals the plain one

@@ -1,6 +1,7 @@
 """ranks/orchestrate.run_job without ranks: the dry run comes back as a report (the command prints it), a plan
 the preflight refuses comes back with the problem after the whole plan, and the launcher's modules (runner,
 watchdog, diagnosis, orchestrate) import each other without a cycle."""
+
 from __future__ import annotations
 
 import ast
@@ -29,8 +30,15 @@ def test_a_dry_run_returns_its_report_and_writes_nothing(tmp_path, capsys):
 
 def three_ranks(out: Path):
     """A job whose global batch 64 does not split over its 3 ranks."""
-    return load_spec(None, [("grid.gpus", 3), ("grid.grid", "3x1"), ("job.out", str(out)),
-                            parse_override("schedule.stages=[{until_epoch=1,global_batch=64}]")])
+    return load_spec(
+        None,
+        [
+            ("grid.gpus", 3),
+            ("grid.grid", "3x1"),
+            ("job.out", str(out)),
+            parse_override("schedule.stages=[{until_epoch=1,global_batch=64}]"),
+        ],
+    )
 
 
 def test_a_refused_plan_comes_back_after_the_whole_report(tmp_path):
@@ -59,18 +67,21 @@ def _top_level_imports(path: Path, known: set[str]) -> set[str]:
 
 def test_the_package_imports_form_no_cycle():
     """Top-level imports only (those inside functions run later, once everything is loaded)."""
-    paths = {".".join(p.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__"): p
-             for p in PKG.rglob("*.py")}
+    paths = {
+        ".".join(p.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in PKG.rglob("*.py")
+    }
     graph = {name: _top_level_imports(p, set(paths)) - {name} for name, p in paths.items()}
-    assert {"torus_train.ranks.runner", "torus_train.ranks.diagnosis"} <= graph["torus_train.ranks.orchestrate"] | \
-        graph["torus_train.ranks.runner"]
+    assert {"torus_train.ranks.runner", "torus_train.ranks.diagnosis"} <= graph[
+        "torus_train.ranks.orchestrate"
+    ] | graph["torus_train.ranks.runner"]
     state: dict[str, int] = {}
 
     def visit(name: str, path: list[str]) -> None:
         state[name] = 1
         for dep in sorted(graph[name]):
             # state 1: dep is on the current path, so this edge closes a cycle
-            assert state.get(dep) != 1, "import cycle: " + " -> ".join(path[path.index(dep):] + [name, dep])
+            assert state.get(dep) != 1, "import cycle: " + " -> ".join(path[path.index(dep) :] + [name, dep])
             if dep not in state:
                 visit(dep, path + [name])
         state[name] = 2

@@ -1,6 +1,7 @@
 """Writers never delete what they did not write: `data index` (the CLI, in process) over every kind of target.
 A target that is absent, empty or an older index is written; a file, a foreign folder, the data folder itself
 or a place inside its train/ or val/ is refused in one line (exit 2) and left byte for byte as it was."""
+
 from __future__ import annotations
 
 import os
@@ -9,7 +10,6 @@ import pytest
 from clihelp import assert_one_line_error, invoke, tree_digest
 from datahelp import make_index_set
 from torus_train.outdir import FolderKind, write_folder
-
 
 
 def index(data, target, cwd=None):
@@ -48,8 +48,10 @@ def test_absent_empty_and_older_index_are_written(data, tmp_path):
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name or ".old-" in p.name]
 
 
-@pytest.mark.parametrize("case", ["notes-folder", "file", "symlink", "data-itself", "train", "inside-train",
-                                  "inside-val", "parent-of-data", "dot"])
+@pytest.mark.parametrize(
+    "case",
+    ["notes-folder", "file", "symlink", "data-itself", "train", "inside-train", "inside-val", "parent-of-data", "dot"],
+)
 def test_foreign_targets_are_refused_untouched(data, tmp_path, case):
     notes = tmp_path / "notes"
     notes.mkdir()

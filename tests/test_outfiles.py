@@ -1,4 +1,5 @@
 """torus_train/outfiles.py: a command's --json and plots replace only that command's own earlier output."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,15 @@ import os
 import pytest
 
 from torus_train.errors import UserError
-from torus_train.outfiles import (Writer, check_distinct, check_json_output, check_plot_output, plot_format,
-                                  save_figure, write_json)
+from torus_train.outfiles import (
+    Writer,
+    check_distinct,
+    check_json_output,
+    check_plot_output,
+    plot_format,
+    save_figure,
+    write_json,
+)
 
 A, B = Writer("plan"), Writer("report")
 ROWS = Writer("bench allreduce", recognise=lambda d: isinstance(d, list) and d == [1])
@@ -27,7 +35,7 @@ def test_json_is_written_with_the_marker_and_replaced_only_by_its_writer(tmp_pat
     check_json_output(out, A)
     write_json(out, {"x": 1}, A)
     assert json.loads(out.read_text()) == {"written_by": "torus-train plan", "x": 1}
-    check_json_output(out, A)                 # its own earlier output: may be replaced
+    check_json_output(out, A)  # its own earlier output: may be replaced
     write_json(out, {"x": 2}, A)
     assert json.loads(out.read_text())["x"] == 2
     before = out.read_bytes()
@@ -38,14 +46,17 @@ def test_json_is_written_with_the_marker_and_replaced_only_by_its_writer(tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"]  # no temporary left behind
 
 
-@pytest.mark.parametrize("content,why", [
-    ('{"step": 1}\n{"step": 2}\n', "it is not JSON"),                      # a run's metrics.jsonl
-    ('{"steps": 4, "world_size": 2}', "its JSON has no written_by"),      # a run's summary.json
-    ('{"written_by": "torus-train report"}', "its JSON has no written_by"),  # another command's output
-    ("[1, 2]", "its JSON has no written_by"),
-    ("", "it is not JSON"),
-    ("\xff\xfe", "it is not JSON"),
-])
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        ('{"step": 1}\n{"step": 2}\n', "it is not JSON"),  # a run's metrics.jsonl
+        ('{"steps": 4, "world_size": 2}', "its JSON has no written_by"),  # a run's summary.json
+        ('{"written_by": "torus-train report"}', "its JSON has no written_by"),  # another command's output
+        ("[1, 2]", "its JSON has no written_by"),
+        ("", "it is not JSON"),
+        ("\xff\xfe", "it is not JSON"),
+    ],
+)
 def test_foreign_files_are_refused_and_untouched(tmp_path, content, why):
     out = tmp_path / "f.json"
     out.write_text(content, encoding="latin-1")
@@ -82,8 +93,10 @@ def test_plot_suffix_must_be_a_format_matplotlib_writes(tmp_path):
 
 def _figure():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(2, 2))
     ax.plot([1, 2])
     return plt, fig
@@ -95,7 +108,7 @@ def test_plots_carry_the_marker_and_are_replaced_only_by_their_writer(tmp_path, 
     out = tmp_path / f"p.{fmt}"
     try:
         save_figure(fig, out, A, "--plot")
-        check_plot_output(out, A, "--plot")     # its own: may be replaced
+        check_plot_output(out, A, "--plot")  # its own: may be replaced
         save_figure(fig, out, A, "--plot")
     finally:
         plt.close(fig)
@@ -119,7 +132,7 @@ def test_a_plot_of_a_format_without_metadata_is_never_replaced(tmp_path):
 def test_a_png_the_user_made_is_refused(tmp_path):
     plt, fig = _figure()
     try:
-        fig.savefig(tmp_path / "mine.png")       # matplotlib's own metadata, not ours
+        fig.savefig(tmp_path / "mine.png")  # matplotlib's own metadata, not ours
     finally:
         plt.close(fig)
     refused(check_plot_output, tmp_path / "mine.png", A, "--plot", match="did not write")

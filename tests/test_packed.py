@@ -1,6 +1,7 @@
 """Packed sets (`torus-train data pack`): the shards read back through both loaders (every sample once per
 epoch, labels right, order reproducible), damaged shards named or skipped, the pack target rules, the
 epoch order's guarantees, and no file I/O on the training thread."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,19 @@ def packed(folder, tmp_path_factory):
 
 
 def loader(kind, root, split, **kw):
-    args = dict(rank=0, world_size=1, batch_size=4, image_size=16, num_classes=3, seed=3, channels_last=False,
-                device="cpu", num_threads=1, verify=False, shuffle_buffer=8)
+    args = dict(
+        rank=0,
+        world_size=1,
+        batch_size=4,
+        image_size=16,
+        num_classes=3,
+        seed=3,
+        channels_last=False,
+        device="cpu",
+        num_threads=1,
+        verify=False,
+        shuffle_buffer=8,
+    )
     args.update(kw)
     return make_loader(kind, root, split, **args)
 
@@ -85,14 +97,16 @@ def test_every_sample_once_per_epoch_with_its_label(kind, packed, folder):
 def test_order_is_reproducible_in_another_process(packed):
     """Another process (numpy and PIL only) draws rank 1's epoch-1 shard and reads its samples' colours: the
     same images in the same order as the DALI loader here."""
-    code = ("import sys, io, json, numpy as np; sys.path.insert(0, 'tests'); from PIL import Image; "
-            "from datahelp import colour_index; from torus_train.data.base import LoaderConfig, epoch_shard; "
-            "from torus_train.data.packed import load_packed, ShardReader; "
-            f"sp = load_packed({str(packed)!r}).split('train'); "
-            "cfg = LoaderConfig('train', 1, 2, 4, 16, 3, False, 1, shuffle_buffer=8); r = ShardReader(sp); "
-            "rgb = lambda i: np.asarray(Image.open(io.BytesIO(r.read(int(i))[0].tobytes())).convert('RGB'))"
-            ".reshape(-1, 3).mean(0); "
-            "print(json.dumps([colour_index(rgb(i)) for i in epoch_shard(sp, cfg, 1).indices]))")
+    code = (
+        "import sys, io, json, numpy as np; sys.path.insert(0, 'tests'); from PIL import Image; "
+        "from datahelp import colour_index; from torus_train.data.base import LoaderConfig, epoch_shard; "
+        "from torus_train.data.packed import load_packed, ShardReader; "
+        f"sp = load_packed({str(packed)!r}).split('train'); "
+        "cfg = LoaderConfig('train', 1, 2, 4, 16, 3, False, 1, shuffle_buffer=8); r = ShardReader(sp); "
+        "rgb = lambda i: np.asarray(Image.open(io.BytesIO(r.read(int(i))[0].tobytes())).convert('RGB'))"
+        ".reshape(-1, 3).mean(0); "
+        "print(json.dumps([colour_index(rgb(i)) for i in epoch_shard(sp, cfg, 1).indices]))"
+    )
     ours = loader("dali", packed, "train", rank=1, world_size=2)
     ours.set_epoch(1)
     here = [i for x, _ in ours for i in decode_indices(x)]
@@ -133,10 +147,10 @@ def damaged_copy(packed, tmp_path, how):
     victim = int(sp.starts[1])
     data = bytearray(shard_path.read_bytes())
     if how == "truncated":
-        data = data[:int(sp.offsets[victim]) + 50]  # the shard's first image cut, the rest gone
+        data = data[: int(sp.offsets[victim]) + 50]  # the shard's first image cut, the rest gone
     else:
         at = int(sp.offsets[victim]) + 100
-        data[at:at + 20] = bytes(20)
+        data[at : at + 20] = bytes(20)
     shard_path.write_bytes(bytes(data))
     return dst, victim
 
@@ -230,18 +244,45 @@ def test_cli_pack_and_bad_input(folder, packed, tmp_path):
     code, out, _ = invoke("data", "pack", "--data", str(folder), "--out", str(tmp_path / "s"), "--shard-mb", "1")
     assert code == 0 and "train: 3 classes, 45 samples, 1 shards" in out and is_packed(tmp_path / "s")
     for args, message in (
-            (["--out", str(tmp_path / "t"), "--shard-mb", "0"], "--shard-mb: 0 must be between"),
-            (["--out", str(tmp_path / "t"), "--shard-mb", "nan"], "--shard-mb: nan must be between"),
-            (["--out", str(tmp_path / "afile")], "a file is there, not a packed data set")):
+        (["--out", str(tmp_path / "t"), "--shard-mb", "0"], "--shard-mb: 0 must be between"),
+        (["--out", str(tmp_path / "t"), "--shard-mb", "nan"], "--shard-mb: nan must be between"),
+        (["--out", str(tmp_path / "afile")], "a file is there, not a packed data set"),
+    ):
         code, _, err = invoke("data", "pack", "--data", str(folder), *args)
         assert_one_line_error(code, err, message)
     assert (tmp_path / "afile").read_text() == "mine"
     (tmp_path / "neither").mkdir()
-    code, _, err = invoke("run", "--gpus", "1", "--grid", "1x1", "--steps", "1", "--data", str(tmp_path / "neither"),
-                          "--out", str(tmp_path / "run"))
+    code, _, err = invoke(
+        "run",
+        "--gpus",
+        "1",
+        "--grid",
+        "1x1",
+        "--steps",
+        "1",
+        "--data",
+        str(tmp_path / "neither"),
+        "--out",
+        str(tmp_path / "run"),
+    )
     assert_one_line_error(code, err, "neither an ImageNet-layout folder (train/CLASS/*, val/CLASS/*) nor a packed set")
-    code, _, err = invoke("run", "--gpus", "1", "--grid", "1x1", "--steps", "1", "--data", str(folder),
-                          "--set", "data.stage=node", "--set", "model.num_classes=3", "--out", str(tmp_path / "run2"))
+    code, _, err = invoke(
+        "run",
+        "--gpus",
+        "1",
+        "--grid",
+        "1x1",
+        "--steps",
+        "1",
+        "--data",
+        str(folder),
+        "--set",
+        "data.stage=node",
+        "--set",
+        "model.num_classes=3",
+        "--out",
+        str(tmp_path / "run2"),
+    )
     assert_one_line_error(code, err, "data.stage = node needs a packed set")
 
 
@@ -262,8 +303,9 @@ def test_dali_webdataset_reader_reads_the_shards(packed):
 
     @pipeline_def(batch_size=N_TRAIN, num_threads=1, device_id=None)
     def pipe():
-        img, cls = fn.readers.webdataset(paths=list(sp.shard_paths), ext=["jpg", "cls"],
-                                         missing_component_behavior="error")
+        img, cls = fn.readers.webdataset(
+            paths=list(sp.shard_paths), ext=["jpg", "cls"], missing_component_behavior="error"
+        )
         return fn.decoders.image(img, device="cpu"), cls
 
     p = pipe()

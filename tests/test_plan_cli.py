@@ -1,4 +1,5 @@
 """`torus-train plan` end to end: the real console script in a subprocess, real files, exit codes."""
+
 from __future__ import annotations
 
 import json
@@ -22,15 +23,17 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
 def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "torus_train", "plan", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "torus_train", "plan", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.timeout(120)
 def test_sony_point_prints_parameters_table_and_json(tmp_path):
     out = tmp_path / "plan.json"
-    r = run_cli("--gpus", "1088", "--network", "abci-v100", "--per-gpu-batch", "32", "--grid", "32x34",
-                "--json", str(out))
+    r = run_cli(
+        "--gpus", "1088", "--network", "abci-v100", "--per-gpu-batch", "32", "--grid", "32x34", "--json", str(out)
+    )
     assert r.returncode == 0, r.stderr
     # The parameters the prediction rests on are printed, with their sources.
     for text in ("12.5 GB/s", "2 NIC(s)", "50 GB/s", "1376 img/s", "sources:", "datasheet"):
@@ -60,8 +63,11 @@ def test_without_grid_the_grid_and_bucket_cap_are_chosen_by_the_step_and_explain
     assert r.exit_code == 0, r.output
     d = json.loads(out.read_text())
     cands = d["candidates"]
-    assert cands and all(set(c) == {"grid", "cap_mb", "buckets", "allreduce_seconds", "exposed_seconds",
-                                    "step_seconds", "scaling_efficiency"} for c in cands)
+    assert cands and all(
+        set(c)
+        == {"grid", "cap_mb", "buckets", "allreduce_seconds", "exposed_seconds", "step_seconds", "scaling_efficiency"}
+        for c in cands
+    )
     best = cands[0]
     assert best["step_seconds"] == min(c["step_seconds"] for c in cands)
     assert (d["grid"], d["bucket_cap_bytes"]) == (best["grid"], int(best["cap_mb"] * 2**20))
@@ -87,14 +93,17 @@ def test_given_grid_or_overlap_keeps_the_old_choices():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("args,needle", [
-    (["--gpus", "1000", "--grid", "32x68"], "32x68 = 2176"),
-    (["--gpus", "64", "--network", "no-such-net"], "'no-such-net'"),
-    (["--gpus", "0"], "--gpus"),
-    (["--gpus", "64", "--grid", "8by8"], "8by8"),
-    (["--gpus", "64", "--overlap", "2"], "--overlap"),
-    (["--gpus", "64", "--model", "vgg99"], "vgg99"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--gpus", "1000", "--grid", "32x68"], "32x68 = 2176"),
+        (["--gpus", "64", "--network", "no-such-net"], "'no-such-net'"),
+        (["--gpus", "0"], "--gpus"),
+        (["--gpus", "64", "--grid", "8by8"], "8by8"),
+        (["--gpus", "64", "--overlap", "2"], "--overlap"),
+        (["--gpus", "64", "--model", "vgg99"], "vgg99"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, needle):
     r = run_cli(*args)
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -103,8 +112,9 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("section,key,value", [("inter", "bandwidth_gbytes_per_s", -12.5),
-                                               ("intra", "bandwidth_gbytes_per_s", 0)])
+@pytest.mark.parametrize(
+    "section,key,value", [("inter", "bandwidth_gbytes_per_s", -12.5), ("intra", "bandwidth_gbytes_per_s", 0)]
+)
 def test_bad_network_file_names_the_field(tmp_path, section, key, value):
     links = {"intra": (50, 2), "inter": (12.5, 2)}
     f = tmp_path / "net.toml"
@@ -124,8 +134,7 @@ def test_bad_network_file_names_the_field(tmp_path, section, key, value):
 @pytest.mark.timeout(180)
 def test_simulate_and_check_groups_at_full_scale(tmp_path):
     out = tmp_path / "p.json"
-    r = run_cli("--gpus", "2176", "--grid", "32x68", "--simulate", "--check-groups", "--json", str(out),
-                timeout=170)
+    r = run_cli("--gpus", "2176", "--grid", "32x68", "--simulate", "--check-groups", "--json", str(out), timeout=170)
     assert r.returncode == 0, r.stderr
     d = json.loads(out.read_text())
     assert all(x["ok"] and x["wrong_ranks"] == 0 and x["steps"] == 196 for x in d["simulation"]["results"])
@@ -142,9 +151,17 @@ def test_plot_writes_a_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
-def _bench_rows(grid: str, algos=("torus",), alpha_us: float = 150.0, cache_gbs: float = 0.5, memory_gbs: float = 0.25,
-                cores: int = 2, llc: int = 1 << 20, background: float = 0.0,
-                sizes=(1 << 12, 1 << 16, 1 << 18, 1 << 20, 1 << 22)) -> list[dict]:
+def _bench_rows(
+    grid: str,
+    algos=("torus",),
+    alpha_us: float = 150.0,
+    cache_gbs: float = 0.5,
+    memory_gbs: float = 0.25,
+    cores: int = 2,
+    llc: int = 1 << 20,
+    background: float = 0.0,
+    sizes=(1 << 12, 1 << 16, 1 << 18, 1 << 20, 1 << 22),
+) -> list[dict]:
     """Rows in `bench allreduce --json` format whose times follow the calibration model with known figures."""
     g = Grid(*map(int, grid.split("x")))
     coefficients = [alpha_us * 1e-6, 1 / (cache_gbs * 1e9), 1 / (memory_gbs * 1e9) - 1 / (cache_gbs * 1e9)]
@@ -152,9 +169,20 @@ def _bench_rows(grid: str, algos=("torus",), alpha_us: float = 150.0, cache_gbs:
     for algo in algos:
         for s in sizes:
             t = float(fit_terms(algo, g, s, cores, background, llc) @ coefficients) * 1e6
-            rows.append({"algo": algo, "backend": "gloo", "grid": grid, "size_bytes": s, "count": s // 4,
-                         "dtype": "float32", "time_us": t, "algbw_gbps": s / t / 1e3,
-                         "busbw_gbps": s / t / 1e3 * 2 * (g.size - 1) / g.size, "wrong": 0})
+            rows.append(
+                {
+                    "algo": algo,
+                    "backend": "gloo",
+                    "grid": grid,
+                    "size_bytes": s,
+                    "count": s // 4,
+                    "dtype": "float32",
+                    "time_us": t,
+                    "algbw_gbps": s / t / 1e3,
+                    "busbw_gbps": s / t / 1e3 * 2 * (g.size - 1) / g.size,
+                    "wrong": 0,
+                }
+            )
     return rows
 
 
@@ -166,9 +194,15 @@ def test_calibrate_fits_a_bench_file_and_predicts_2x4(tmp_path):
     out = tmp_path / "cal.json"
     r = run_cli("calibrate", str(bench), "--grid", "2x4", "--cores", "2", "--llc-mib", "1", "--json", str(out))
     assert r.returncode == 0, r.stderr
-    for text in ("alpha = 150.00 us per step", "1/beta_cache = 0.5000 GB/s per rank in cache",
-                 "1/(beta_cache + beta_extra) = 0.2500 GB/s per rank beyond the cache (2 rows beyond it)",
-                 "rms 0.0% of the measured time", "5 rows used", "1 MiB cache", "fit/meas"):
+    for text in (
+        "alpha = 150.00 us per step",
+        "1/beta_cache = 0.5000 GB/s per rank in cache",
+        "1/(beta_cache + beta_extra) = 0.2500 GB/s per rank beyond the cache (2 rows beyond it)",
+        "rms 0.0% of the measured time",
+        "5 rows used",
+        "1 MiB cache",
+        "fit/meas",
+    ):
         assert text in r.stdout, text
     d = json.loads(out.read_text())
     assert d["calibration"]["llc_bytes"] == 1 << 20 and d["calibration"]["rows_beyond_cache"] == 2
@@ -204,10 +238,18 @@ def test_calibrate_compare_prints_predicted_against_measured(tmp_path):
 
 
 def test_help_does_not_import_torch():
-    r = subprocess.run([sys.executable, "-c", "import sys; from torus_train.cli import cli; "
-                        "import torus_train.commands.plan, torus_train.plan.predict, torus_train.plan.calibrate_report, "
-                        "torus_train.plan.run_report; print('torch' in sys.modules)"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from torus_train.cli import cli; "
+            "import torus_train.commands.plan, torus_train.plan.predict, torus_train.plan.calibrate_report, "
+            "torus_train.plan.run_report; print('torch' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.stdout.strip() == "False", r.stderr
 
 
@@ -225,22 +267,41 @@ def test_each_command_lists_only_its_own_options():
     assert {"--gpus", "--grid", "--network", "--overlap", "--simulate", "--check-groups", "--png", "--plot"} <= main
     assert not main & {"--calibrate", "--compare", "--compare-run", "--cores", "--llc-mib", "--run-background"}
     assert "calibrate" in pages[""].output.split("Commands:")[1]
-    assert _options(pages["calibrate"].output) == {"--grid", "--algo", "--compare", "--cores", "--background",
-                                                   "--llc-mib", "--json", "--help"}
-    assert _options(pages["compare-run"].output) == {"--calibrate", "--layer-profile", "--cores", "--background",
-                                                     "--run-background", "--llc-mib", "--json", "--help"}
+    assert _options(pages["calibrate"].output) == {
+        "--grid",
+        "--algo",
+        "--compare",
+        "--cores",
+        "--background",
+        "--llc-mib",
+        "--json",
+        "--help",
+    }
+    assert _options(pages["compare-run"].output) == {
+        "--calibrate",
+        "--layer-profile",
+        "--cores",
+        "--background",
+        "--run-background",
+        "--llc-mib",
+        "--json",
+        "--help",
+    }
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--calibrate", "b.json", "--grid", "2x4"], "torus-train plan calibrate BENCH.json"),
-    (["--gpus", "8", "--llc-mib", "32"], "torus-train plan calibrate BENCH.json --llc-mib M"),
-    (["--calibrate", "b.json", "--compare-run", "run"], "torus-train plan compare-run OUT --calibrate"),
-    (["--gpus", "8", "calibrate", "b.json"], "--gpus: an option of the main plan, not of `plan calibrate`"),
-    (["calibrate", "b.json", "--gpus", "8"], "No such option"),
-    (["calibrate"], "Missing argument 'BENCH.json'"),
-    (["compare-run", "run", "--overlap", "0.5"], "No such option"),
-    (["calibrate", "missing.json"], "BENCH.json: missing.json"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--calibrate", "b.json", "--grid", "2x4"], "torus-train plan calibrate BENCH.json"),
+        (["--gpus", "8", "--llc-mib", "32"], "torus-train plan calibrate BENCH.json --llc-mib M"),
+        (["--calibrate", "b.json", "--compare-run", "run"], "torus-train plan compare-run OUT --calibrate"),
+        (["--gpus", "8", "calibrate", "b.json"], "--gpus: an option of the main plan, not of `plan calibrate`"),
+        (["calibrate", "b.json", "--gpus", "8"], "No such option"),
+        (["calibrate"], "Missing argument 'BENCH.json'"),
+        (["compare-run", "run", "--overlap", "0.5"], "No such option"),
+        (["calibrate", "missing.json"], "BENCH.json: missing.json"),
+    ],
+)
 def test_old_and_misplaced_options_are_one_line_and_exit_2(args, needle):
     assert_one_line_error(*invoke("plan", *args)[::2], needle)
 
@@ -249,22 +310,52 @@ def test_old_and_misplaced_options_are_one_line_and_exit_2(args, needle):
 def test_check_calibration_script_on_bench_files(tmp_path):
     # Two bench files whose times follow the model with different background loads: the script must say
     # 10 of 10 within 30% when told the loads, and name what falls outside when it is not.
-    kw = {"algos": ("flat", "torus"), "alpha_us": 120.0, "cache_gbs": 1.1, "memory_gbs": 0.6, "llc": 4 << 20,
-          "sizes": (1 << 16, 1 << 20, 1 << 22, 1 << 23, 1 << 24)}
+    kw = {
+        "algos": ("flat", "torus"),
+        "alpha_us": 120.0,
+        "cache_gbs": 1.1,
+        "memory_gbs": 0.6,
+        "llc": 4 << 20,
+        "sizes": (1 << 16, 1 << 20, 1 << 22, 1 << 23, 1 << 24),
+    }
     f22, f24 = tmp_path / "b22.json", tmp_path / "b24.json"
     f22.write_text(json.dumps(_bench_rows("2x2", background=3.0, **kw)))
     f24.write_text(json.dumps(_bench_rows("2x4", background=15.0, **kw)))
-    script = [sys.executable, str(SCRIPTS / "check_calibration.py"), str(f22), str(f24), "--cores", "2",
-              "--llc-mib", "4"]
-    ok = subprocess.run(script + ["--fit-background", "3", "--check-background", "15"], capture_output=True,
-                        text=True, timeout=60)
+    script = [
+        sys.executable,
+        str(SCRIPTS / "check_calibration.py"),
+        str(f22),
+        str(f24),
+        "--cores",
+        "2",
+        "--llc-mib",
+        "4",
+    ]
+    ok = subprocess.run(
+        script + ["--fit-background", "3", "--check-background", "15"], capture_output=True, text=True, timeout=60
+    )
     assert ok.returncode == 0 and "8 of 8 predictions within 30%" in ok.stdout, ok.stdout + ok.stderr
     assert "pred/meas" in ok.stdout and " 1.00" in ok.stdout and "1/beta_cache = 1.1000 GB/s" in ok.stdout
-    off = subprocess.run(script, capture_output=True, text=True, timeout=60)   # loads ignored: 2x4 over-predicted
+    off = subprocess.run(script, capture_output=True, text=True, timeout=60)  # loads ignored: 2x4 over-predicted
     assert off.returncode == 1 and "outside" in off.stdout
-    merged = subprocess.run(script[:2] + [f"{f22},{f22}", f"{f24},{f24}", "--cores", "2", "--llc-mib", "4",
-                                          "--fit-background", "3", "--check-background", "15"],
-                            capture_output=True, text=True, timeout=60)
+    merged = subprocess.run(
+        script[:2]
+        + [
+            f"{f22},{f22}",
+            f"{f24},{f24}",
+            "--cores",
+            "2",
+            "--llc-mib",
+            "4",
+            "--fit-background",
+            "3",
+            "--check-background",
+            "15",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert merged.returncode == 0 and "     2 " in merged.stdout
     bad = subprocess.run(script + ["--llc-mib", "-1"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--llc-mib" in bad.stderr
@@ -273,12 +364,28 @@ def test_check_calibration_script_on_bench_files(tmp_path):
 @pytest.mark.timeout(60)
 def test_measure_background_runs_the_command_and_reports(tmp_path):
     out = tmp_path / "bg.json"
-    r = subprocess.run([sys.executable, str(SCRIPTS / "measure_background.py"), "--json", str(out), "--",
-                        sys.executable, "-c", "import time; time.sleep(1.0)"], capture_output=True, text=True,
-                       timeout=50)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPTS / "measure_background.py"),
+            "--json",
+            str(out),
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(1.0)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert r.returncode == 0 and r.stdout.startswith("background: "), r.stdout + r.stderr
     d = json.loads(out.read_text())
     assert d["samples"] >= 3 and d["background"] >= 0 and d["rc"] == 0
-    bad = subprocess.run([sys.executable, str(SCRIPTS / "measure_background.py"), "--", sys.executable, "-c",
-                          "raise SystemExit(3)"], capture_output=True, text=True, timeout=50)
+    bad = subprocess.run(
+        [sys.executable, str(SCRIPTS / "measure_background.py"), "--", sys.executable, "-c", "raise SystemExit(3)"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert bad.returncode == 3

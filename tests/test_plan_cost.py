@@ -1,4 +1,5 @@
 """The alpha-beta-gamma cost of an all-reduce and a step: step counts, the paper's formulas, link sharing."""
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,14 @@ def test_single_node_times_are_the_textbook_formulas(x, y):
     a, b, g = net.intra.alpha, net.intra.beta, net.gamma
     p = x * y
     flat = 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
-    torus = (2 * (x - 1) * a + 2 * (x - 1) / x * n * b + 2 * (y - 1) * a + 2 * (y - 1) / (x * y) * n * b
-             + (x - 1) / x * n * g + (y - 1) / (x * y) * n * g)
+    torus = (
+        2 * (x - 1) * a
+        + 2 * (x - 1) / x * n * b
+        + 2 * (y - 1) * a
+        + 2 * (y - 1) / (x * y) * n * b
+        + (x - 1) / x * n * g
+        + (y - 1) / (x * y) * n * g
+    )
     lg = math.ceil(math.log2(p))
     tree = 2 * lg * (a + n * b) + lg * n * g
     assert allreduce_cost("flat", Grid(x, y), net, int(n)).seconds == pytest.approx(flat, rel=1e-6)
@@ -54,8 +61,9 @@ def test_torus_vertical_carries_one_xth_of_the_hierarchical_leaders_data():
     assert hier.bytes_across_nodes / torus.bytes_across_nodes == pytest.approx(4)
     # 4 vertical flows share 2 NICs (6.25 GB/s each); the leader's single flow is split over both (25 GB/s).
     col = [p for p in torus.phases if p.name == "column reduce-scatter"][0]
-    assert col.seconds == pytest.approx(271 * (2e-6 + R50_FP16 / 4 / 272 / 6.25e9)
-                                        + 271 / 272 * R50_FP16 / 4 * ABCI.gamma)
+    assert col.seconds == pytest.approx(
+        271 * (2e-6 + R50_FP16 / 4 / 272 / 6.25e9) + 271 / 272 * R50_FP16 / 4 * ABCI.gamma
+    )
     lead = [p for p in hier.phases if p.name == "leader ring reduce-scatter"][0]
     assert lead.seconds == pytest.approx(271 * (2e-6 + R50_FP16 / 272 / 25e9) + 271 / 272 * R50_FP16 * ABCI.gamma)
     assert torus.seconds < hier.seconds
@@ -74,7 +82,7 @@ def test_flows_leaving_a_node_share_all_its_nics():
 def test_flat_ring_is_paced_by_the_nic_and_rows_inside_nodes_use_nvlink():
     g = Grid(4, 4, 4)
     flat = allreduce_cost("flat", g, ABCI, 16_000_000)
-    step = 2e-6 + 1_000_000 / 25e9                   # chunk n/16, one flow per node over both NICs
+    step = 2e-6 + 1_000_000 / 25e9  # chunk n/16, one flow per node over both NICs
     assert flat.phases[0].seconds == pytest.approx(15 * step + 15 / 16 * 16e6 * ABCI.gamma)
     torus = allreduce_cost("torus", g, ABCI, 16_000_000)
     row = torus.phases[0]
@@ -92,7 +100,7 @@ def test_more_bandwidth_is_never_slower():
 def test_step_cost_overlap_bounds():
     no = step_cost(0.1, 0.05, overlap=0.0)
     assert no.step_seconds == pytest.approx(0.15) and no.scaling_efficiency == pytest.approx(0.1 / 0.15)
-    full = step_cost(0.1, 0.05, overlap=1.0)           # 0.05 < 2/3 * 0.1: fully hidden
+    full = step_cost(0.1, 0.05, overlap=1.0)  # 0.05 < 2/3 * 0.1: fully hidden
     assert full.scaling_efficiency == 1.0 and full.exposed_seconds == 0.0
     half = step_cost(0.1, 0.05, overlap=0.5)
     assert half.exposed_seconds == pytest.approx(0.05 - 0.5 * 2 / 3 * 0.1)
@@ -107,17 +115,26 @@ def test_placement_by_columns_moves_the_row_rings_onto_the_network():
     n = 16_000_000
     rows = allreduce_cost("torus", g, ABCI, n, "rows")
     cols = allreduce_cost("torus", g, ABCI, n, "columns")
-    assert rows.bytes_across_nodes == pytest.approx(2 * 3 / 16 * n)    # only the column phase crosses nodes
-    assert cols.bytes_across_nodes == pytest.approx(2 * 3 / 4 * n)     # every row edge crosses nodes
+    assert rows.bytes_across_nodes == pytest.approx(2 * 3 / 16 * n)  # only the column phase crosses nodes
+    assert cols.bytes_across_nodes == pytest.approx(2 * 3 / 4 * n)  # every row edge crosses nodes
     assert rows.seconds < cols.seconds
     with pytest.raises(UserError, match="placement"):
         allreduce_cost("torus", g, ABCI, n, "diagonal")
 
 
 def test_plan_modules_import_no_torch():
-    out = subprocess.run([sys.executable, "-c", "import sys, torus_train.plan.networks, torus_train.plan.cost, "
-                          "torus_train.plan.search, torus_train.plan.calibrate, torus_train.plan.simulate; "
-                          "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, torus_train.plan.networks, torus_train.plan.cost, "
+            "torus_train.plan.search, torus_train.plan.calibrate, torus_train.plan.simulate; "
+            "print('torch' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.stdout.strip() == "False", out.stderr
 
 
@@ -132,5 +149,6 @@ def test_allreduce_seconds_fn_equals_allreduce_cost():
                 for algo in ALGORITHMS:
                     f = allreduce_seconds_fn(algo, g, net, placement)
                     for n in (0, 1, 1000, 4_860_000, 51_114_064):
-                        assert f(n) == pytest.approx(allreduce_cost(algo, g, net, n, placement).seconds, rel=1e-12,
-                                                     abs=1e-15), (net.name, x, y, placement, algo, n)
+                        assert f(n) == pytest.approx(
+                            allreduce_cost(algo, g, net, n, placement).seconds, rel=1e-12, abs=1e-15
+                        ), (net.name, x, y, placement, algo, n)

@@ -1,4 +1,5 @@
 """`plan compare-run`: a finished CPU run's measured step against the host prediction (torus_train.plan.host)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,7 @@ BENCH = ROOT / "docs" / "bench" / "allreduce_gloo_2x2.json"
 def _profile(tmp_path: Path, background: float = 0.0) -> Path:
     """A step profile of resnet18 at 64 px: 10 ms forward, 20 ms backward shared evenly, 5 ms optimizer."""
     mods = sorted({l.name.rsplit(".", 1)[0] for l in model_layers("resnet18", 64, 10)})
-    p = StepProfile("resnet18", 64, 16, 10, 1, 0.010, 0.020, 0.005, {m: 0.020 / len(mods) for m in mods}, 2,
-                    background)
+    p = StepProfile("resnet18", 64, 16, 10, 1, 0.010, 0.020, 0.005, {m: 0.020 / len(mods) for m in mods}, 2, background)
     f = tmp_path / "prof.json"
     f.write_text(json.dumps(p.__dict__))
     return f
@@ -32,8 +32,11 @@ def _run_folder(tmp_path: Path, device: str = "cpu", times=(9.0, 0.5, 0.5, 0.7))
     """The three files `torus-train run` leaves, for a 2x2 CPU torus run at 16 images per rank."""
     out = tmp_path / "run"
     out.mkdir()
-    spec = {"model": {"arch": "resnet18", "num_classes": 10}, "data": {"image_size": 64},
-            "comm": {"algo": "torus", "compression": "none", "bucket_mb": 25.0}}
+    spec = {
+        "model": {"arch": "resnet18", "num_classes": 10},
+        "data": {"image_size": 64},
+        "comm": {"algo": "torus", "compression": "none", "bucket_mb": 25.0},
+    }
     (out / "job.json").write_text(json.dumps({"spec": spec, "grid": {"x": 2, "y": 2, "gpus_per_node": 4}}))
     (out / "summary.json").write_text(json.dumps({"device": device, "steps": 5 * len(times), "grid": "2x2"}))
     lines = [{"event": "stage", "epoch": 0, "per_rank_batch": 16}]
@@ -44,8 +47,21 @@ def _run_folder(tmp_path: Path, device: str = "cpu", times=(9.0, 0.5, 0.5, 0.7))
 
 def test_compare_run_on_a_fixture_folder_predicts_by_hand(tmp_path):
     out, prof, js = _run_folder(tmp_path), _profile(tmp_path), tmp_path / "cmp.json"
-    r = CliRunner().invoke(plan, ["compare-run", str(out), "--calibrate", str(BENCH), "--layer-profile", str(prof),
-                                  "--cores", "2", "--json", str(js)])
+    r = CliRunner().invoke(
+        plan,
+        [
+            "compare-run",
+            str(out),
+            "--calibrate",
+            str(BENCH),
+            "--layer-profile",
+            str(prof),
+            "--cores",
+            "2",
+            "--json",
+            str(js),
+        ],
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(js.read_text())
     assert set(d) >= {"run", "grid", "ranks", "calibration", "profile", "run_background", "stages"}
@@ -67,9 +83,19 @@ def test_the_timeline_bound_decides_when_cores_are_free():
     """2 ranks on 8 cores: o = 1, exchanges hide behind the backward pass, and the critical path is longer than
     the cores' work only when an exchange outlasts the backward left after it."""
     cal = calibrate(read_benches(str(BENCH)), algo="torus", cores=8)
-    prof = StepProfile("resnet18", 64, 16, 10, 1, 0.010, 0.020, 0.005,
-                       {m: 0.020 / 21 for m in {l.name.rsplit(".", 1)[0] for l in model_layers("resnet18", 64, 10)}},
-                       8, 0.0)
+    prof = StepProfile(
+        "resnet18",
+        64,
+        16,
+        10,
+        1,
+        0.010,
+        0.020,
+        0.005,
+        {m: 0.020 / 21 for m in {l.name.rsplit(".", 1)[0] for l in model_layers("resnet18", 64, 10)}},
+        8,
+        0.0,
+    )
     h = predict_host_step(cal, prof, host_grid("2x1"), 16, 25 * 2**20, 4, model_layers("resnet18", 64, 10), 0.0)
     assert h.oversubscription == 1.0
     assert h.cores_step_seconds == pytest.approx(0.035 + h.communication_seconds)
@@ -77,12 +103,15 @@ def test_the_timeline_bound_decides_when_cores_are_free():
     assert h.timeline_step_seconds == pytest.approx(0.035 + h.timeline["exposed_seconds"])
 
 
-@pytest.mark.parametrize("what, needle", [
-    ("missing", "summary.json is missing"),
-    ("gpu", "ran on cuda; only runs on CPU ranks"),
-    ("no-bench", "plan compare-run needs this machine's calibration"),
-    ("other-model", "is resnet50 at 64 px; the run is resnet18"),
-])
+@pytest.mark.parametrize(
+    "what, needle",
+    [
+        ("missing", "summary.json is missing"),
+        ("gpu", "ran on cuda; only runs on CPU ranks"),
+        ("no-bench", "plan compare-run needs this machine's calibration"),
+        ("other-model", "is resnet50 at 64 px; the run is resnet18"),
+    ],
+)
 def test_compare_run_bad_input_is_one_line_exit_2(tmp_path, what, needle):
     out = _run_folder(tmp_path, device="cuda" if what == "gpu" else "cpu")
     prof = _profile(tmp_path)
@@ -94,8 +123,9 @@ def test_compare_run_bad_input_is_one_line_exit_2(tmp_path, what, needle):
     args = ["compare-run", str(out), "--layer-profile", str(prof)]
     if what != "no-bench":
         args += ["--calibrate", str(BENCH)]
-    r = subprocess.run([sys.executable, "-m", "torus_train", "plan", *args], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "torus_train", "plan", *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
@@ -105,25 +135,86 @@ def test_compare_run_on_a_real_run(tmp_path):
     """A real 4-rank torus run (a few steps), a real bench and a real profile, back to back, compared."""
     env_py = [sys.executable, "-m", "torus_train"]
     bench, prof, out = tmp_path / "b.json", tmp_path / "p.json", tmp_path / "run"
-    for cmd in ([*env_py, "bench", "allreduce", "--grid", "2x2", "--algo", "torus", "-b", "1M", "-e", "16M", "-n", "3",
-                 "-w", "1", "--json", str(bench)],
-                [sys.executable, "-m", "torus_train.plan.host", "resnet18", str(prof), "--repeats", "3"],
-                [*env_py, "run", "--gpus", "4", "--grid", "2x2", "--data", "synthetic", "--model", "resnet18",
-                 "--image-size", "64", "--steps", "8", "--out", str(out), "--set", "job.log_every=2",
-                 "--set", "checkpoint.every_epochs=0", "--set", "checkpoint.at_end=false",
-                 "--set", "eval.every_epochs=0", "--set", "schedule.stages=[{until_epoch=1,per_rank_batch=16}]"]):
+    for cmd in (
+        [
+            *env_py,
+            "bench",
+            "allreduce",
+            "--grid",
+            "2x2",
+            "--algo",
+            "torus",
+            "-b",
+            "1M",
+            "-e",
+            "16M",
+            "-n",
+            "3",
+            "-w",
+            "1",
+            "--json",
+            str(bench),
+        ],
+        [sys.executable, "-m", "torus_train.plan.host", "resnet18", str(prof), "--repeats", "3"],
+        [
+            *env_py,
+            "run",
+            "--gpus",
+            "4",
+            "--grid",
+            "2x2",
+            "--data",
+            "synthetic",
+            "--model",
+            "resnet18",
+            "--image-size",
+            "64",
+            "--steps",
+            "8",
+            "--out",
+            str(out),
+            "--set",
+            "job.log_every=2",
+            "--set",
+            "checkpoint.every_epochs=0",
+            "--set",
+            "checkpoint.at_end=false",
+            "--set",
+            "eval.every_epochs=0",
+            "--set",
+            "schedule.stages=[{until_epoch=1,per_rank_batch=16}]",
+        ],
+    ):
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
         assert r.returncode == 0, r.stdout + r.stderr
     js = tmp_path / "cmp.json"
-    r = subprocess.run([*env_py, "plan", "compare-run", str(out), "--calibrate", str(bench), "--layer-profile",
-                        str(prof), "--json", str(js)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [
+            *env_py,
+            "plan",
+            "compare-run",
+            str(out),
+            "--calibrate",
+            str(bench),
+            "--layer-profile",
+            str(prof),
+            "--json",
+            str(js),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     (st,) = json.loads(js.read_text())["stages"]
     rec = read_run(str(out))
     assert st["measured_step_seconds"] == rec.stages[0]["step_seconds"] > 0 and st["records_used"] == 3
     assert st["predicted_step_seconds"] > 0 and len(st["prediction"]["bucket_bytes"]) == 3
-    print(f"\nreal 2x2 run: measured {st['measured_step_seconds'] * 1e3:.0f} ms, predicted "
-          f"{st['predicted_step_seconds'] * 1e3:.0f} ms, pred/meas {st['ratio']:.2f}")
+    print(
+        f"\nreal 2x2 run: measured {st['measured_step_seconds'] * 1e3:.0f} ms, predicted "
+        f"{st['predicted_step_seconds'] * 1e3:.0f} ms, pred/meas {st['ratio']:.2f}"
+    )
 
 
 def test_the_loops_own_work_is_added_when_measured(tmp_path):

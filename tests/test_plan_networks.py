@@ -1,4 +1,5 @@
 """Network descriptions: presets with sources, TOML files, bad figures named by field."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,11 +8,22 @@ from torus_train.plan.networks import PRESETS, NetworkError, load_network, netwo
 from torus_train.plan.search import make_plan
 
 
-@pytest.mark.parametrize("field,value", [("inter.bandwidth_gbytes_per_s", -1), ("intra.bandwidth_gbytes_per_s", 0),
-                                         ("gpus_per_node", 0), ("inter.latency_us", -2)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("inter.bandwidth_gbytes_per_s", -1),
+        ("intra.bandwidth_gbytes_per_s", 0),
+        ("gpus_per_node", 0),
+        ("inter.latency_us", -2),
+    ],
+)
 def test_bad_network_figures_name_the_field(field, value):
-    d = {"gpus_per_node": 4, "nics_per_node": 2, "intra": {"bandwidth_gbytes_per_s": 50, "latency_us": 2},
-         "inter": {"bandwidth_gbytes_per_s": 12.5, "latency_us": 2}}
+    d = {
+        "gpus_per_node": 4,
+        "nics_per_node": 2,
+        "intra": {"bandwidth_gbytes_per_s": 50, "latency_us": 2},
+        "inter": {"bandwidth_gbytes_per_s": 12.5, "latency_us": 2},
+    }
     sec, _, key = field.rpartition(".")
     (d[sec] if sec else d)[key] = value
     with pytest.raises(NetworkError, match=f"mynet.{field.replace('.', '[.]')}: {value}"):
@@ -20,10 +32,12 @@ def test_bad_network_figures_name_the_field(field, value):
 
 def test_network_from_toml_file(tmp_path):
     f = tmp_path / "lab.toml"
-    f.write_text('name = "lab"\ngpus_per_node = 8\nnics_per_node = 4\n'
-                 '[intra]\nbandwidth_gbytes_per_s = 300\nlatency_us = 3\n'
-                 '[inter]\nbandwidth_gbytes_per_s = 25\nlatency_us = 4\n'
-                 '[images_per_second]\nresnet50 = 2000\n')
+    f.write_text(
+        'name = "lab"\ngpus_per_node = 8\nnics_per_node = 4\n'
+        '[intra]\nbandwidth_gbytes_per_s = 300\nlatency_us = 3\n'
+        '[inter]\nbandwidth_gbytes_per_s = 25\nlatency_us = 4\n'
+        '[images_per_second]\nresnet50 = 2000\n'
+    )
     net = load_network(str(f))
     assert (net.name, net.gpus_per_node, net.nics_per_node, net.inter.bandwidth_gbytes_per_s) == ("lab", 8, 4, 25)
     assert make_plan(64, net).images_per_second == 2000

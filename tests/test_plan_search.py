@@ -1,4 +1,5 @@
 """Grid choice by predicted time and whole plans: the fastest factor pair, the Sony point, sweeps."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,8 @@ def test_best_grid_is_the_fastest_factor_pair_and_says_why():
         assert t <= allreduce_cost("torus", Grid(x, 1088 // x, 4), ABCI, R50_FP16).seconds + 1e-15
     assert "fastest predicted torus" in why and "ms" in why
     assert [c.seconds for _, c in rank_grids(1088, ABCI, R50_FP16)] == sorted(
-        c.seconds for _, c in rank_grids(1088, ABCI, R50_FP16))
+        c.seconds for _, c in rank_grids(1088, ABCI, R50_FP16)
+    )
     with pytest.raises(GridError):
         best_grid(0, ABCI, R50_FP16)
 
@@ -34,8 +36,13 @@ def test_plan_for_sony_point_uses_datasheet_figures():
     assert p.algorithms["torus"].steps == 128
     assert p.algorithms["torus"].allreduce_seconds < p.algorithms["flat"].allreduce_seconds
     d = p.to_json()
-    assert set(d["algorithms"]["torus"]) >= {"steps", "bytes_across_nodes", "allreduce_seconds",
-                                              "step_seconds", "scaling_efficiency"}
+    assert set(d["algorithms"]["torus"]) >= {
+        "steps",
+        "bytes_across_nodes",
+        "allreduce_seconds",
+        "step_seconds",
+        "scaling_efficiency",
+    }
     with pytest.raises(GridError, match="1088"):
         make_plan(1088, ABCI, grid=Grid(32, 32, 4))
 
@@ -45,7 +52,7 @@ def test_sweep_covers_every_algorithm():
     # ours and NCCL's (CollNet is opt-in in NCCL, so the curves leave it out)
     assert set(s) == set(ALGORITHMS) | {"nccl-ring", "nccl-tree", "nccl-nvls", "nccl"}
     flat = [t for _, t in s["flat"]]
-    assert flat == sorted(flat)                           # a flat ring only gets slower with more ranks
+    assert flat == sorted(flat)  # a flat ring only gets slower with more ranks
 
 
 # Two GPUs per node, one 1 GB/s NIC, 100 GB/s inside a node, no latency: for n bytes on 4 ranks the torus costs
@@ -62,13 +69,24 @@ def test_gpus_n_chooses_grid_and_cap_by_the_step_on_a_hand_checked_case():
     p = make_plan(4, SMALL, "resnet18", 32, None, "fp32", images_per_second=1e6, bucket_cap=None)
     assert p.grid == "2x2" and p.grid_why.startswith("fastest predicted step of")
     steps = [c["step_seconds"] for c in p.candidates]
-    assert all(a <= b + 1e-12 for a, b in zip(steps, steps[1:])) and {c["grid"] for c in p.candidates} == {"2x2", "4x1", "1x4"}
+    assert all(a <= b + 1e-12 for a, b in zip(steps, steps[1:])) and {c["grid"] for c in p.candidates} == {
+        "2x2",
+        "4x1",
+        "1x4",
+    }
     best = p.candidates[0]
     # the chosen pair's step is the plan's own torus step at that grid and cap
     assert p.bucket_cap_bytes == int(best["cap_mb"] * 2**20)
     assert p.algorithms["torus"].step_seconds == pytest.approx(best["step_seconds"])
-    assert set(best) == {"grid", "cap_mb", "buckets", "allreduce_seconds", "exposed_seconds", "step_seconds",
-                         "scaling_efficiency"}
+    assert set(best) == {
+        "grid",
+        "cap_mb",
+        "buckets",
+        "allreduce_seconds",
+        "exposed_seconds",
+        "step_seconds",
+        "scaling_efficiency",
+    }
     # compute ~ 0: every byte is exposed, the step is the buckets' exchanges, and bucketing cannot beat the grid
     assert best["step_seconds"] == pytest.approx(n * 1.01 / 1e9, rel=1e-3)
 
@@ -76,7 +94,7 @@ def test_gpus_n_chooses_grid_and_cap_by_the_step_on_a_hand_checked_case():
 def test_latency_picks_few_buckets_bandwidth_picks_small_ones():
     slow_msgs = Network("lat", 2, Link(1e6, 10_000.0), Link(1e6, 10_000.0), 1, reduce_gbytes_per_s=1e9)
     p = make_plan(4, slow_msgs, "resnet18", 32, None, "fp32", images_per_second=1000.0, bucket_cap=None)
-    assert p.candidates[0]["buckets"] == min(c["buckets"] for c in p.candidates)      # 10 ms per message
+    assert p.candidates[0]["buckets"] == min(c["buckets"] for c in p.candidates)  # 10 ms per message
     # no latency, a long backward: small buckets start early and leave a small last bucket exposed
     q = make_plan(4, SMALL, "resnet18", 32, None, "fp32", images_per_second=100.0, bucket_cap=None)
     assert q.candidates[0]["cap_mb"] < 25 and q.candidates[0]["buckets"] > 3

@@ -1,4 +1,5 @@
 """The bucket timeline (torus_train.plan.timeline): a hand-computed two-bucket step, and DDP's own buckets."""
+
 from __future__ import annotations
 
 import os
@@ -62,7 +63,7 @@ def test_buckets_equal_a_real_ddp_on_one_gloo_rank(monkeypatch):
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         m = torchvision.models.resnet50()
-        ddp = DDP(m)                              # defaults: bucket_cap_mb 25, first bucket 1 MiB
+        ddp = DDP(m)  # defaults: bucket_cap_mb 25, first bucket 1 MiB
         names = {p: n for n, p in m.named_parameters()}
         seen = {}
 
@@ -74,7 +75,7 @@ def test_buckets_equal_a_real_ddp_on_one_gloo_rank(monkeypatch):
 
         ddp.register_comm_hook(None, record)
         x = torch.randn(2, 3, 64, 64)
-        for _ in range(2):                        # DDP rebuilds its buckets in gradient-ready order after step 1
+        for _ in range(2):  # DDP rebuilds its buckets in gradient-ready order after step 1
             seen.clear()
             ddp(x).sum().backward()
     finally:
@@ -115,8 +116,15 @@ def test_plan_json_carries_the_timeline_and_the_override_is_labelled(tmp_path):
         assert sum(b["numel"] for b in t["buckets"]) == 25_557_032
         ends = [b["end_seconds"] for b in t["buckets"]]
         assert ends == sorted(ends)
-        assert set(t["buckets"][0]) >= {"index", "nbytes", "ready_seconds", "start_seconds", "allreduce_seconds",
-                                       "end_seconds", "parameter_count"}
+        assert set(t["buckets"][0]) >= {
+            "index",
+            "nbytes",
+            "ready_seconds",
+            "start_seconds",
+            "allreduce_seconds",
+            "end_seconds",
+            "parameter_count",
+        }
     r2 = CliRunner().invoke(plan, ["--gpus", "1088", "--grid", "32x34", "--overlap", "0.5", "--json", str(out)])
     assert r2.exit_code == 0, r2.output
     assert "OVERRIDE" in r2.output
@@ -143,8 +151,13 @@ def test_efficiency_table_json_and_it_agrees_with_plan(tmp_path):
 
     root = Path(__file__).resolve().parent.parent
     out, plan_json = tmp_path / "eff.json", tmp_path / "plan.json"
-    r = subprocess.run([sys.executable, str(root / "scripts" / "efficiency_table.py"), "--json", str(out)],
-                       capture_output=True, text=True, timeout=240, cwd=root)
+    r = subprocess.run(
+        [sys.executable, str(root / "scripts" / "efficiency_table.py"), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=root,
+    )
     assert r.returncode == 0, r.stderr
     table = json.loads(out.read_text())
     assert [t["work"].split(" (")[0] for t in table] == ["Sony v1", "Sony v2", "Goyal et al. 2017", "Jia et al. 2018"]
@@ -156,9 +169,30 @@ def test_efficiency_table_json_and_it_agrees_with_plan(tmp_path):
     assert all(t["step_overhead"] == STEP_OVERHEAD for t in table)
     assert all(abs(t["loo_predicted_percent"] - t["reported_percent"]) <= 3 for t in table), r.stdout
     assert len({t["loo_overhead_fraction"] for t in table}) == 4
-    r = subprocess.run([sys.executable, "-m", "torus_train", "plan", "--gpus", "1088", "--grid", "32x34", "--network",
-                        "abci-v100", "--model", "resnet50", "--per-gpu-batch", "32", "--json", str(plan_json)],
-                       capture_output=True, text=True, timeout=240, cwd=root)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torus_train",
+            "plan",
+            "--gpus",
+            "1088",
+            "--grid",
+            "32x34",
+            "--network",
+            "abci-v100",
+            "--model",
+            "resnet50",
+            "--per-gpu-batch",
+            "32",
+            "--json",
+            str(plan_json),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=root,
+    )
     assert r.returncode == 0, r.stderr
     eff = json.loads(plan_json.read_text())["algorithms"]["torus"]["scaling_efficiency"]
     assert table[0]["predicted_percent"] == pytest.approx(eff * 100, abs=0.005)
@@ -173,8 +207,9 @@ def test_png_timeline_and_bucket_cap(tmp_path):
     from torus_train.commands.plan import plan
 
     png, out = tmp_path / "t.png", tmp_path / "p.json"
-    r = CliRunner().invoke(plan, ["--gpus", "1088", "--grid", "32x34", "--png", str(png), "--bucket-cap-mb", "100",
-                                  "--json", str(out)])
+    r = CliRunner().invoke(
+        plan, ["--gpus", "1088", "--grid", "32x34", "--png", str(png), "--bucket-cap-mb", "100", "--json", str(out)]
+    )
     assert r.exit_code == 0, r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     d = json.loads(out.read_text())
@@ -228,8 +263,23 @@ def test_measured_profile_replaces_flops(tmp_path):
         layers_with_profile(layers, {"fc": 1.0})
     f, out = tmp_path / "prof.json", tmp_path / "p.json"
     f.write_text(json.dumps(prof))
-    r = CliRunner().invoke(plan, ["--grid", "2x2", "--model", "resnet18", "--network", "dgx-h100",
-                                  "--images-per-second", "500", "--layer-profile", str(f), "--json", str(out)])
+    r = CliRunner().invoke(
+        plan,
+        [
+            "--grid",
+            "2x2",
+            "--model",
+            "resnet18",
+            "--network",
+            "dgx-h100",
+            "--images-per-second",
+            "500",
+            "--layer-profile",
+            str(f),
+            "--json",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "measured --layer-profile" in r.output
     assert json.loads(out.read_text())["backward_share"] == "measured profile"

@@ -1,6 +1,7 @@
 """The preflight (torus_train.ranks.preflight): what can be known before a rank starts is refused by `run` and by
 `run --dry-run` alike, in one line (exit 2), before anything is written or trained; the dry run says what it
 checked. Each case here used to pass the checks before launch and fail inside the ranks or at a later stage."""
+
 from __future__ import annotations
 
 import os
@@ -25,21 +26,28 @@ def test_a_later_stage_that_cannot_fit_is_refused_before_the_first_trains(tmp_pa
 def test_a_later_stage_beyond_the_hostfiles_slots_is_refused(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost slots=2\n")
-    code, _, err = invoke(*BASE, "--out", str(tmp_path / "run"), "--launcher", "mpirun", "--hostfile", str(hosts),
-                          "--set", STAGES % "2x2")
+    code, _, err = invoke(
+        *BASE, "--out", str(tmp_path / "run"), "--launcher", "mpirun", "--hostfile", str(hosts), "--set", STAGES % "2x2"
+    )
     assert_one_line_error(code, err, "grid stage 2 (epochs 1-2 on grid 2x2)")
     assert "slots" in err
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--elastic", "--max-restarts", "1"], "--elastic needs --max-restarts 2 or more"),
-    (["--elastic", "--max-restarts", "3", "--set", STAGES % "2x2"], "--elastic cannot be combined with stages"),
-    (["--model", "vit_b_16"], "data.image_size: vit_b_16 takes only 224 px images, not 32"),
-    (["--model", "inception_v3", "--image-size", "64"], "inception_v3 needs images of at least 75 px"),
-    (["--set", "model.num_classes=9223372036854775807"], "model.num_classes: 9223372036854775807 must be <= 1,000,000"),
-    (["--set", "job.seed=-1"], "job.seed: -1 must be >= 0"),
-    (["--set", "schedule.steps=4294967296"], "schedule.steps: 4294967296 must be <= 2,147,483,647"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--elastic", "--max-restarts", "1"], "--elastic needs --max-restarts 2 or more"),
+        (["--elastic", "--max-restarts", "3", "--set", STAGES % "2x2"], "--elastic cannot be combined with stages"),
+        (["--model", "vit_b_16"], "data.image_size: vit_b_16 takes only 224 px images, not 32"),
+        (["--model", "inception_v3", "--image-size", "64"], "inception_v3 needs images of at least 75 px"),
+        (
+            ["--set", "model.num_classes=9223372036854775807"],
+            "model.num_classes: 9223372036854775807 must be <= 1,000,000",
+        ),
+        (["--set", "job.seed=-1"], "job.seed: -1 must be >= 0"),
+        (["--set", "schedule.steps=4294967296"], "schedule.steps: 4294967296 must be <= 2,147,483,647"),
+    ],
+)
 @pytest.mark.parametrize("dry", [True, False])
 def test_run_and_dry_run_refuse_alike(tmp_path, flags, message, dry):
     out = tmp_path / "run"
@@ -54,11 +62,22 @@ def data(tmp_path):
 
 
 def test_classes_against_the_model_and_between_splits(data, tmp_path):
-    common = ["run", "--data", str(data), "--model", "resnet18", "--image-size", "32", "--dry-run",
-              "--out", str(tmp_path / "run")]
+    common = [
+        "run",
+        "--data",
+        str(data),
+        "--model",
+        "resnet18",
+        "--image-size",
+        "32",
+        "--dry-run",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     code, _, err = invoke(*common)  # the default spec's 10 classes
-    assert_one_line_error(code, err, f"model.num_classes: 10 but {data}: train/ has 3 class folders; "
-                                     "set --set model.num_classes=3")
+    assert_one_line_error(
+        code, err, f"model.num_classes: 10 but {data}: train/ has 3 class folders; set --set model.num_classes=3"
+    )
     code, out, err = invoke(*common, "--set", "model.num_classes=3")
     assert code == 0, err
     assert "# preflight passed:" in out and "data: 3 classes in train/ and val/" in out

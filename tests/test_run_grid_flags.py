@@ -1,5 +1,6 @@
 """`run --gpus N` without --grid chooses a grid for N (the default spec's grid gives way), `--grid` alone sets
 the world size, and no message asks the user to leave out what they did not give."""
+
 from __future__ import annotations
 
 from click.testing import CliRunner
@@ -73,15 +74,23 @@ def gpus_here(monkeypatch):
 
     def set_to(n: int) -> None:
         monkeypatch.setattr(gpus, "local_gpu_count", lambda environ=None: n)
+
     return set_to
 
 
-@pytest.mark.parametrize("n, grid, note", [
-    (0, "grid 2x1: 2 ranks", "2 CPU ranks on gloo"),
-    (1, "grid 1x1: 1 rank", "one rank on one GPU (grid 1x1): its all-reduce has no peer; to see the torus, run "
-                            "CPU ranks (--backend gloo --gpus 4)"),
-    (4, "grid 2x2: 4 ranks", "4 ranks on NCCL, one per GPU (4 here)"),
-])
+@pytest.mark.parametrize(
+    "n, grid, note",
+    [
+        (0, "grid 2x1: 2 ranks", "2 CPU ranks on gloo"),
+        (
+            1,
+            "grid 1x1: 1 rank",
+            "one rank on one GPU (grid 1x1): its all-reduce has no peer; to see the torus, run "
+            "CPU ranks (--backend gloo --gpus 4)",
+        ),
+        (4, "grid 2x2: 4 ranks", "4 ranks on NCCL, one per GPU (4 here)"),
+    ],
+)
 def test_the_default_job_takes_the_gpus_here(gpus_here, tmp_path, n, grid, note):
     gpus_here(n)
     r = dry("--out", str(tmp_path / "o"))
@@ -110,8 +119,12 @@ def test_more_ranks_than_gpus_is_one_line_before_anything_starts(gpus_here, tmp_
     gpus_here(1)
     out = tmp_path / "o"
     code, _, err = invoke("run", "--gpus", "2", "--out", str(out))
-    assert_one_line_error(code, err, "2 ranks do not fit on this machine (1 GPU(s), one rank each); to run them "
-                                     "here as CPU ranks pass --backend gloo")
+    assert_one_line_error(
+        code,
+        err,
+        "2 ranks do not fit on this machine (1 GPU(s), one rank each); to run them "
+        "here as CPU ranks pass --backend gloo",
+    )
     assert "--hostfile FILE" in err and "Slurm or PBS job" in err
     assert not out.exists()
     r = dry("--gpus", "2", "--out", str(out))  # the dry run prints the plan and what stops it

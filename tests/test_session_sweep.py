@@ -1,4 +1,5 @@
 """The suite's sweep of OpenMPI session directories (tests/conftest.py): only those of dead processes go."""
+
 from __future__ import annotations
 
 import os
@@ -17,4 +18,5 @@ def test_only_directories_of_dead_processes_are_removed(tmp_path):
     removed = sweep_stale_mpi_session_dirs(tmp_path)
     assert sorted(removed) == sorted([f"prted.{dead}", f"ompi.{dead}"])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f"prted.{os.getpid()}", f"ompi.{os.getpid()}", "prted.x1", f"notes.{dead}"])
+        [f"prted.{os.getpid()}", f"ompi.{os.getpid()}", "prted.x1", f"notes.{dead}"]
+    )

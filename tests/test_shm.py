@@ -1,4 +1,5 @@
 """Shared-memory rows: the exchange itself, and a peer that dies or hangs is named instead of hanging."""
+
 import subprocess
 import sys
 import threading
@@ -57,8 +58,7 @@ def test_a_dead_peer_is_named():
     name = f"torus-train-test-{uuid.uuid4().hex[:8]}"
     row = ShmRow(name, 0, [4, 6], capacity=4096, timeout=30)
     # rank 6 attaches from another process, then exits without ever reaching the barrier
-    code = ("from torus_train.comm.shm import ShmRow;"
-            f"r = ShmRow({name!r}, 1, [4, 6], capacity=4096, timeout=30)")
+    code = f"from torus_train.comm.shm import ShmRow;r = ShmRow({name!r}, 1, [4, 6], capacity=4096, timeout=30)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     row.connect()
     t = time.monotonic()
@@ -72,7 +72,9 @@ def test_a_dead_peer_is_named():
 def test_a_hung_peer_times_out_naming_it():
     a, b = _pair(timeout=1.5)
     t = time.monotonic()
-    with pytest.raises(PeerLost, match=r"rank 10: all-gather of row \[10, 11\] timed out after 1.5 s waiting for rank 11"):
+    with pytest.raises(
+        PeerLost, match=r"rank 10: all-gather of row \[10, 11\] timed out after 1.5 s waiting for rank 11"
+    ):
         a.barrier("all-gather")
     assert time.monotonic() - t < 5
     a.close()

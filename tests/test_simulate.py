@@ -1,4 +1,5 @@
 """Virtual-rank execution of the 2D-torus all-reduce: exact sums at full scale, step counts, chunk layout."""
+
 from __future__ import annotations
 
 import time
@@ -7,8 +8,14 @@ import numpy as np
 import pytest
 
 from torus_train.comm.chunks import chunk_bounds
-from torus_train.plan.simulate import (SimStats, check, flat_ring_allreduce, ring_all_gather, ring_reduce_scatter,
-                                  torus_allreduce)
+from torus_train.plan.simulate import (
+    SimStats,
+    check,
+    flat_ring_allreduce,
+    ring_all_gather,
+    ring_reduce_scatter,
+    torus_allreduce,
+)
 
 # 2179 is a prime larger than every grid below (2176 ranks); 1 and 7 leave most chunks empty.
 RAGGED = (1, 7, 97, 2179)
@@ -48,8 +55,12 @@ def test_bytes_sent_per_rank_match_the_bandwidth_term():
     _, st = torus_allreduce(values, x, y)
     ideal = 2 * (x - 1) / x * n + 2 * (y - 1) / (x * y) * n
     assert ideal <= st.sent_elements.max() <= ideal + 2 * (x - 1) + 2 * (y - 1)
-    assert st.phase_steps == {"row reduce-scatter": 31, "column reduce-scatter": 67,
-                              "column all-gather": 67, "row all-gather": 31}
+    assert st.phase_steps == {
+        "row reduce-scatter": 31,
+        "column reduce-scatter": 67,
+        "column all-gather": 67,
+        "row all-gather": 31,
+    }
     assert st.messages == 196 * x * y
 
 
@@ -74,8 +85,9 @@ def test_a_missing_step_is_caught():
     st = SimStats()
     sent = np.zeros((1, 6), dtype=np.int64)
     from torus_train.plan import simulate
+
     bounds = chunk_bounds(17, 6)
-    for s in range(4):                       # 4 of the 5 steps
+    for s in range(4):  # 4 of the 5 steps
         simulate._ring_step(buf, bounds, (np.arange(6) - s - 1) % 6, True, sent)
     ring_all_gather(buf, st, sent, "ag")
     assert (buf[0] != want).any(axis=1).sum() > 0

@@ -1,4 +1,5 @@
 """Singularity.def: the recipe has what the cluster scripts rely on (parsed here; no runtime on this machine)."""
+
 from __future__ import annotations
 
 import re
@@ -42,8 +43,11 @@ def test_installs_what_the_ranks_import_and_runs_the_cli():
     assert shlex.split(sections["runscript"].strip()) == ["exec", "torus-train", "$@"]
     # only what the package needs goes in: the build file, the readme it names, the package itself
     files = [line.split() for line in sections["files"].strip().splitlines()]
-    assert files == [["pyproject.toml", "/opt/torus-train/pyproject.toml"], ["README.md", "/opt/torus-train/README.md"],
-                     ["torus_train", "/opt/torus-train/torus_train"]]
+    assert files == [
+        ["pyproject.toml", "/opt/torus-train/pyproject.toml"],
+        ["README.md", "/opt/torus-train/README.md"],
+        ["torus_train", "/opt/torus-train/torus_train"],
+    ]
 
 
 def _pyproject() -> dict:
@@ -94,10 +98,21 @@ def test_launch_plan_uses_the_same_container_command():
 
     _, sections = parse(RECIPE.read_text())
     spec = load_spec(None, [("launch.container", "torus-train.sif")])
-    plan = build_plan(spec, Grid(4, 2, 4), "mpirun", "", [Host("a", 4), Host("b", 4)], hostfile="hosts.txt",
-                      job_file="runs/NAME/job.json", python="python3", environ={})
+    plan = build_plan(
+        spec,
+        Grid(4, 2, 4),
+        "mpirun",
+        "",
+        [Host("a", 4), Host("b", 4)],
+        hostfile="hosts.txt",
+        job_file="runs/NAME/job.json",
+        python="python3",
+        environ={},
+    )
     i = plan.argv.index("singularity")
     tail = " ".join(plan.argv[i:])
-    assert tail == ("singularity exec --nv --bind runs/NAME torus-train.sif python3 -m torus_train.ranks.worker "
-                    "--job runs/NAME/job.json")
+    assert tail == (
+        "singularity exec --nv --bind runs/NAME torus-train.sif python3 -m torus_train.ranks.worker "
+        "--job runs/NAME/job.json"
+    )
     assert tail in " ".join(sections["help"].replace("\\\n", " ").split())

@@ -1,4 +1,5 @@
 """The job spec: defaults, TOML files, overrides, and errors that name the dotted field path."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,10 @@ def test_embedded_default_is_the_demo_job():
 
 
 def test_file_values_and_defaults(tmp_path):
-    s = load_spec(write(tmp_path, """
+    s = load_spec(
+        write(
+            tmp_path,
+            """
 [grid]
 gpus = 8
 grid = "4x2"
@@ -29,30 +33,39 @@ bucket_mb = 10
 [schedule]
 epochs = 3
 stages = [{until_epoch = 1, global_batch = 64}, {until_epoch = 3, global_batch = 128}]
-"""))
+""",
+        )
+    )
     assert s.grid.gpus == 8 and s.comm.algo == "flat"
     assert s.comm.bucket_mb == 10.0 and isinstance(s.comm.bucket_mb, float)  # ints accepted for floats
     assert s.model.arch == "resnet50"  # untouched sections keep the dataclass defaults
     assert [(st.until_epoch, st.global_batch) for st in s.schedule.stages] == [(1, 64), (3, 128)]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[grid]\ngpu = 4\n", "grid.gpu: unknown key"),
-    ("[gird]\ngpus = 4\n", "gird: unknown key"),
-    ('[grid]\ngpus = "four"\n', "grid.gpus: expected an integer, got string 'four'"),
-    ("[model]\nchannels_last = 1\n", "model.channels_last: expected true or false, got integer 1"),
-    ("[grid]\ngpus = true\n", "grid.gpus: expected an integer, got boolean True"),
-    ("[launch]\nenv = \"A\"\n", "launch.env: expected a list"),
-    ("[schedule]\nstages = [{until_epoch = 1, global_batch = 8, x = 1}]\n", "schedule.stages[0].x: unknown key"),
-    ("[schedule]\nstages = [{until_epoch = 2, global_batch = 64}, {until_epoch = 1, global_batch = 128}]\n",
-     "schedule.stages[1].until_epoch: 1 must be greater"),
-    ("[schedule]\nstages = [{until_epoch = 2, global_batch = 64}, {until_epoch = 4, global_batch = 32}]\n",
-     "schedule.stages[1].global_batch: 32 is smaller"),
-    ('[comm]\nalgo = "ring"\n', "comm.algo: 'ring' is not one of"),
-    ('[grid]\ngrid = "3by3"\n', "grid.grid:"),
-    ("[comm]\ntimeout_s = 0\n", "comm.timeout_s: 0.0 must be > 0"),
-    ("[eval]\ntarget_top1 = 75\n", "eval.target_top1: 75.0 must be a fraction"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[grid]\ngpu = 4\n", "grid.gpu: unknown key"),
+        ("[gird]\ngpus = 4\n", "gird: unknown key"),
+        ('[grid]\ngpus = "four"\n', "grid.gpus: expected an integer, got string 'four'"),
+        ("[model]\nchannels_last = 1\n", "model.channels_last: expected true or false, got integer 1"),
+        ("[grid]\ngpus = true\n", "grid.gpus: expected an integer, got boolean True"),
+        ("[launch]\nenv = \"A\"\n", "launch.env: expected a list"),
+        ("[schedule]\nstages = [{until_epoch = 1, global_batch = 8, x = 1}]\n", "schedule.stages[0].x: unknown key"),
+        (
+            "[schedule]\nstages = [{until_epoch = 2, global_batch = 64}, {until_epoch = 1, global_batch = 128}]\n",
+            "schedule.stages[1].until_epoch: 1 must be greater",
+        ),
+        (
+            "[schedule]\nstages = [{until_epoch = 2, global_batch = 64}, {until_epoch = 4, global_batch = 32}]\n",
+            "schedule.stages[1].global_batch: 32 is smaller",
+        ),
+        ('[comm]\nalgo = "ring"\n', "comm.algo: 'ring' is not one of"),
+        ('[grid]\ngrid = "3by3"\n', "grid.grid:"),
+        ("[comm]\ntimeout_s = 0\n", "comm.timeout_s: 0.0 must be > 0"),
+        ("[eval]\ntarget_top1 = 75\n", "eval.target_top1: 75.0 must be a fraction"),
+    ],
+)
 def test_bad_fields_are_named(tmp_path, text, message):
     with pytest.raises(SpecError) as e:
         load_spec(write(tmp_path, text))
@@ -67,9 +80,14 @@ def test_invalid_toml_and_missing_file(tmp_path):
 
 
 def test_overrides_go_through_the_same_checks(tmp_path):
-    s = load_spec(write(tmp_path, "[comm]\nalgo = 'torus'\n"),
-                  [parse_override("comm.algo=flat"), parse_override("grid.gpus=6"),
-                   parse_override("launch.env=['NCCL_DEBUG', 'A=1']")])
+    s = load_spec(
+        write(tmp_path, "[comm]\nalgo = 'torus'\n"),
+        [
+            parse_override("comm.algo=flat"),
+            parse_override("grid.gpus=6"),
+            parse_override("launch.env=['NCCL_DEBUG', 'A=1']"),
+        ],
+    )
     assert (s.comm.algo, s.grid.gpus, s.launch.env) == ("flat", 6, ["NCCL_DEBUG", "A=1"])
     with pytest.raises(SpecError, match="grid.gpus: expected an integer"):
         load_spec(None, [parse_override("grid.gpus=lots")])
@@ -81,6 +99,7 @@ def test_overrides_go_through_the_same_checks(tmp_path):
 
 def test_stages_follow_the_epoch_count():
     stages = ("schedule.stages", [{"until_epoch": 2, "global_batch": 64}, {"until_epoch": 4, "global_batch": 128}])
+
     def cut(epochs):
         s = load_spec(None, [stages, ("schedule.epochs", epochs)]).schedule.at(4)
         return [(st.until_epoch, st.global_batch) for st in s.stages]

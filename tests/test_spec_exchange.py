@@ -1,5 +1,6 @@
 """Spec checks of the gradient exchange: fp16 on the wire only with fp16 training (its loss scaler), and the
 synchronous torus hook as a comm.algo for comparisons."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,9 @@ def test_fp16_exchange_without_a_loss_scaler_is_refused(precision):
     assert "\n" not in msg and "comm.compression" in msg and "model.precision" in msg and precision in msg
 
 
-@pytest.mark.parametrize("precision, compression", [("fp16", "fp16"), ("bf16", "bf16"), ("fp32", "bf16"),
-                                                    ("fp32", "none")])
+@pytest.mark.parametrize(
+    "precision, compression", [("fp16", "fp16"), ("bf16", "bf16"), ("fp32", "bf16"), ("fp32", "none")]
+)
 def test_exchange_with_a_loss_scaler_or_without_fp16_is_accepted(precision, compression):
     s = spec(f"comm.compression={compression}", f"model.precision={precision}")
     assert (s.model.precision, s.comm.compression) == (precision, compression)

@@ -1,5 +1,6 @@
 """data.stage = node (data/stage.py): the packed set copied to node-local space and checked, a valid copy
 reused, a stale one replaced, a node without room refused in one line naming both sizes."""
+
 from __future__ import annotations
 
 import shutil
@@ -53,7 +54,8 @@ def test_no_room_is_one_line_with_both_sizes(shards, tmp_path, monkeypatch):
     msg = str(e.value)
     assert "\n" not in msg and "has 0.0 MB free, the packed set needs 0." in msg and "MB" in msg
     assert not (tmp_path / "local" / "torus-train-stage").exists() or not any(
-        (tmp_path / "local" / "torus-train-stage").iterdir())
+        (tmp_path / "local" / "torus-train-stage").iterdir()
+    )
 
 
 def test_where_and_what(shards, tmp_path):

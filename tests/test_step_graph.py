@@ -2,6 +2,7 @@
 replaced by recorders: warm-up steps eager, one capture per stage, replays after it, a new capture at a stage
 switch, accumulation and odd shapes eager, and a failed capture a one-line RunFailed. Whether the captured
 step is right is the GPU check's work (scripts/gpu_check.sh --parts graphs)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -42,10 +43,16 @@ def fake_cuda(monkeypatch):
             pass
 
     stream = SimpleNamespace(wait_stream=lambda other: None)
-    for name, value in {"CUDAGraph": lambda: FakeGraph(log), "graph_pool_handle": lambda: "pool",
-                        "graph": graph, "synchronize": lambda: None, "empty_cache": lambda: None,
-                        "Stream": Stream, "current_stream": lambda device=None: stream,
-                        "stream": lambda s: contextlib.nullcontext()}.items():
+    for name, value in {
+        "CUDAGraph": lambda: FakeGraph(log),
+        "graph_pool_handle": lambda: "pool",
+        "graph": graph,
+        "synchronize": lambda: None,
+        "empty_cache": lambda: None,
+        "Stream": Stream,
+        "current_stream": lambda device=None: stream,
+        "stream": lambda s: contextlib.nullcontext(),
+    }.items():
         monkeypatch.setattr(torch.cuda, name, value)
 
     def body(rs, images, labels, accumulation):
@@ -73,8 +80,13 @@ def test_warm_up_then_one_capture_then_replays(fake_cuda):
     for _ in range(5):
         g.step(run_state(), *batch(), accumulation=1)
     # two eager warm-up steps; the capture records the third step, which is then run as the first replay
-    assert log == [("eager", 1, (4, 3, 8, 8))] * 2 + [("capture", "thread_local"), ("eager", 1, (4, 3, 8, 8)),
-                                                       "replay", "replay", "replay"]
+    assert log == [("eager", 1, (4, 3, 8, 8))] * 2 + [
+        ("capture", "thread_local"),
+        ("eager", 1, (4, 3, 8, 8)),
+        "replay",
+        "replay",
+        "replay",
+    ]
     assert len(g.capture_seconds) == 1 and said and "captured in" in said[0]
 
 

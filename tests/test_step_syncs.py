@@ -1,5 +1,6 @@
 """No host read in a training step: the counter sees reads, and the real loop makes none outside its intervals
 (scripts/check_step_syncs.py, on a smaller model)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -24,8 +25,16 @@ def script():
 
 def test_the_counter_sees_each_kind_of_host_read():
     t, z = torch.tensor([1.0, 0.0]), torch.tensor(2.0)
-    reads = [lambda: z.item(), lambda: bool(z), lambda: t.tolist(), lambda: t.numpy(), lambda: t.nonzero(),
-             lambda: torch.equal(t, t), lambda: f"{z:.1f}", lambda: t[t > 0]]
+    reads = [
+        lambda: z.item(),
+        lambda: bool(z),
+        lambda: t.tolist(),
+        lambda: t.numpy(),
+        lambda: t.nonzero(),
+        lambda: torch.equal(t, t),
+        lambda: f"{z:.1f}",
+        lambda: t[t > 0],
+    ]
     for read in reads:
         with SyncCounter() as c:
             read()
@@ -54,8 +63,12 @@ def test_a_read_in_a_step_is_counted_and_placed(monkeypatch):
     found = script().count_all(7, "sgd", ["fp32"], **SMALL)["fp32"]
     assert found["syncs"] == found["steps"] == 4
     [(where, n)] = found["where"].items()
-    assert n == 4 and where.startswith("aten::_local_scalar_dense at ") and "test_step_syncs.py:" in where \
+    assert (
+        n == 4
+        and where.startswith("aten::_local_scalar_dense at ")
+        and "test_step_syncs.py:" in where
         and where.endswith(" <lambda>")
+    )
 
 
 def test_script_writes_the_json_of_the_issue(monkeypatch, tmp_path):
@@ -64,6 +77,8 @@ def test_script_writes_the_json_of_the_issue(monkeypatch, tmp_path):
     monkeypatch.setattr(mod, "count_all", lambda steps, optimizer: counts)
     assert mod.main(["--json", str(tmp_path / "s.json"), "--steps", "7"]) == 0
     assert json.loads((tmp_path / "s.json").read_text()) == {
-        "steps": 5, "syncs_per_step": {"fp32": 0.0, "bf16": 0.0, "fp16-scaler": 0.0}}
+        "steps": 5,
+        "syncs_per_step": {"fp32": 0.0, "bf16": 0.0, "fp16-scaler": 0.0},
+    }
     counts["bf16"]["syncs"] = 10
     assert mod.main(["--json", str(tmp_path / "s.json"), "--steps", "7"]) == 1

@@ -1,5 +1,6 @@
 """The straggler report's parts on one process: what StepTimes counts as a rank's own compute, how the slowest
 ranks are picked against the median rank, and the slow:R:SECONDS fault."""
+
 from __future__ import annotations
 
 import time
@@ -46,8 +47,9 @@ def test_slowest_against_the_median_rank():
     assert [r["rank"] for r in st["slowest"]] == [3, 2, 1, 0]
     assert st["slowest"][0]["vs_median"] == pytest.approx(0.84 / 0.41, abs=1e-3)
     lines = rank_lines({"stragglers": st, "corrupt_skipped": {"files": 0, "reads": 0}})
-    assert lines == ["straggler: rank 3 on node2, own work p50 0.840 s (compute 0.800, data 0.040) against "
-                     "0.410 s median (2.0x)"]
+    assert lines == [
+        "straggler: rank 3 on node2, own work p50 0.840 s (compute 0.800, data 0.040) against 0.410 s median (2.0x)"
+    ]
 
 
 def test_no_line_under_the_ratio():

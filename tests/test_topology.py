@@ -49,8 +49,9 @@ def test_mismatch_prints_every_factor():
     assert "grid 32x68 = 2176 ranks but --gpus is 2048" in str(e.value)
 
 
-@pytest.mark.parametrize("n,k,xy", [(4, 1, (2, 2)), (2176, 4, (64, 34)), (16, 4, (4, 4)), (7, 1, (7, 1)),
-                                    (8, 8, (4, 2)), (1, 1, (1, 1))])
+@pytest.mark.parametrize(
+    "n,k,xy", [(4, 1, (2, 2)), (2176, 4, (64, 34)), (16, 4, (4, 4)), (7, 1, (7, 1)), (8, 8, (4, 2)), (1, 1, (1, 1))]
+)
 def test_choose_grid(n, k, xy):
     grid, why = choose_grid(n, k)
     assert (grid.x, grid.y) == xy

@@ -1,4 +1,5 @@
 """The ETA (train/eta.py): work left per stage at that stage's measured rate; unrun stages from their batch."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,5 +1,6 @@
 """metrics.jsonl lines go through a writer thread: an append never waits on the file; flush does, and says
 what failed."""
+
 from __future__ import annotations
 
 import builtins

@@ -1,4 +1,5 @@
 """Where torus-train keeps what it makes once and reuses (pure, no torch): the demo set, the native replay."""
+
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 
 Errors a user can cause print one line (``torus-train: error: ...``) and exit 2; a failed run exits 1.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,11 @@ from torus_train.registry import Registry, load
 # so `torus-train --help` and `run --dry-run` never pay for the others' imports (torch among them).
 COMMANDS: Registry[tuple[str, str]] = Registry("command")
 for _name, _ref, _short in (
-    ("bench", "torus_train.commands.bench:bench", "Benchmarks: the all-reduce sweep (nccl-tests columns), the input pipeline."),
+    (
+        "bench",
+        "torus_train.commands.bench:bench",
+        "Benchmarks: the all-reduce sweep (nccl-tests columns), the input pipeline.",
+    ),
     ("data", "torus_train.commands.data:data", "Data sets: the demo set, packing a folder, checks."),
     ("plan", "torus_train.commands.plan:plan", "Plan a job without running it: grid, cost model, NCCL comparison."),
     ("report", "torus_train.commands.report:report", "Read a finished run's folder: curves, summary, comparison."),

@@ -1,4 +1,5 @@
 """Errors a user can cause, and how the CLI reports them (one line, no traceback)."""
+
 from __future__ import annotations
 
 import math
@@ -70,8 +71,9 @@ def check_output_folder(path: object, flag: str) -> None:
         raise UserError(f"{flag} {shown_path(text)}: {e.strerror or e}") from None
 
 
-def check_number(value: float | None, flag: str, low: float = 0.0, low_ok: bool = False,
-                 high: float | None = None) -> None:
+def check_number(
+    value: float | None, flag: str, low: float = 0.0, low_ok: bool = False, high: float | None = None
+) -> None:
     """A float flag finite and in range (low exclusive unless low_ok); None (not given) passes."""
     if value is None:
         return
@@ -90,19 +92,37 @@ def check_number(value: float | None, flag: str, low: float = 0.0, low_ok: bool 
 COMM_FAILURES = (
     (("Timed out waiting",), "gloo", "a collective waited comm.timeout_s for a peer (a lost, hung or cut-off rank)"),
     (("Connection closed by peer",), "gloo", "a peer's connection closed in a collective (the peer died?)"),
-    (("Watchdog caught collective operation timeout", "Process group watchdog thread terminated"), "nccl",
-     "an NCCL collective ran past comm.timeout_s and NCCL's watchdog aborted it (a lost, hung or cut-off rank)"),
-    (("Some NCCL operations have failed or timed out",), "nccl",
-     "NCCL took the rank down after a failed or timed-out collective (TORCH_NCCL_ASYNC_ERROR_HANDLING)"),
+    (
+        ("Watchdog caught collective operation timeout", "Process group watchdog thread terminated"),
+        "nccl",
+        "an NCCL collective ran past comm.timeout_s and NCCL's watchdog aborted it (a lost, hung or cut-off rank)",
+    ),
+    (
+        ("Some NCCL operations have failed or timed out",),
+        "nccl",
+        "NCCL took the rank down after a failed or timed-out collective (TORCH_NCCL_ASYNC_ERROR_HANDLING)",
+    ),
     (("NCCL communicator was aborted",), "nccl", "the NCCL communicator was aborted (another rank failed first?)"),
-    (("Duplicate GPU detected",), "nccl",
-     "two ranks on one GPU: NCCL runs one rank per GPU (start fewer ranks, or CPU ranks with --backend gloo)"),
-    (("ncclRemoteError", "remote process exited or there was a network error"), "nccl",
-     "NCCL remote error: a peer exited or the network between them failed"),
-    (("ncclSystemError", "unhandled system error"), "nccl",
-     "NCCL system error: a system call, the network or a device failed (NCCL_DEBUG=INFO names which)"),
-    (("ncclUnhandledCudaError", "unhandled cuda error"), "nccl",
-     "a CUDA call inside NCCL failed (a GPU error; NCCL_DEBUG=INFO and the rank's log say which)"),
+    (
+        ("Duplicate GPU detected",),
+        "nccl",
+        "two ranks on one GPU: NCCL runs one rank per GPU (start fewer ranks, or CPU ranks with --backend gloo)",
+    ),
+    (
+        ("ncclRemoteError", "remote process exited or there was a network error"),
+        "nccl",
+        "NCCL remote error: a peer exited or the network between them failed",
+    ),
+    (
+        ("ncclSystemError", "unhandled system error"),
+        "nccl",
+        "NCCL system error: a system call, the network or a device failed (NCCL_DEBUG=INFO names which)",
+    ),
+    (
+        ("ncclUnhandledCudaError", "unhandled cuda error"),
+        "nccl",
+        "a CUDA call inside NCCL failed (a GPU error; NCCL_DEBUG=INFO and the rank's log say which)",
+    ),
     (("ncclInternalError", "internal check failed"), "nccl", "NCCL internal error (NCCL_DEBUG=INFO for details)"),
 )
 COMM_FAILURES_GENERAL = (

@@ -8,6 +8,7 @@ Anything else at the target (a file, the user's notes, a data folder, an older o
 to) is refused in one line before any work, and again just before the rename, and is left untouched. A writer
 interrupted half-way leaves only its temporary, whose name never looks like a finished folder. No torch import.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,9 +64,11 @@ class FolderKind:
         try:
             own = {self.marker, *self.files(self.read_marker(folder) or {})}
         except (KeyError, TypeError, AttributeError, ValueError):
-            raise UserError(f"{shown_path(folder)}: an older {self.name} whose {self.marker} is damaged (it does "
-                            f"not list its files); it is left untouched: remove it yourself, or give a new folder "
-                            f"name") from None
+            raise UserError(
+                f"{shown_path(folder)}: an older {self.name} whose {self.marker} is damaged (it does "
+                f"not list its files); it is left untouched: remove it yourself, or give a new folder "
+                f"name"
+            ) from None
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: e.name)
         return next((e.name for e in entries if e.name not in own or not e.is_file(follow_symlinks=False)), None)
@@ -93,21 +96,27 @@ def check_target(target: Path, kind: FolderKind, flag: str) -> None:
     """Refuse, before any work, a target that holds something this writer must not replace."""
     try:
         if target.is_symlink() or (target.exists() and not target.is_dir()):
-            raise UserError(f"{flag} {shown_path(target)}: a file is there, not a {kind.name}; it is left "
-                            f"untouched: give a new folder name")
+            raise UserError(
+                f"{flag} {shown_path(target)}: a file is there, not a {kind.name}; it is left "
+                f"untouched: give a new folder name"
+            )
         if target.is_dir() and any(target.iterdir()):
             if not kind.holds(target):
-                raise UserError(f"{flag} {shown_path(target)}: the folder exists and is not a {kind.name} of "
-                                f"torus-train ({kind.marker} missing or foreign); it is left untouched: give a new "
-                                f"folder name")
+                raise UserError(
+                    f"{flag} {shown_path(target)}: the folder exists and is not a {kind.name} of "
+                    f"torus-train ({kind.marker} missing or foreign); it is left untouched: give a new "
+                    f"folder name"
+                )
             try:
                 extra = kind.foreign(target)
             except UserError as e:
                 raise UserError(f"{flag} {e}") from None
             if extra:
-                raise UserError(f"{flag} {shown_path(target)}: an older {kind.name} that also holds "
-                                f"{shown_path(extra, 40)}, which torus-train did not write there; the folder is "
-                                f"left untouched: move that out first, or give a new folder name")
+                raise UserError(
+                    f"{flag} {shown_path(target)}: an older {kind.name} that also holds "
+                    f"{shown_path(extra, 40)}, which torus-train did not write there; the folder is "
+                    f"left untouched: move that out first, or give a new folder name"
+                )
         for q in target.parents:
             if q.exists():
                 if not q.is_dir():

@@ -15,6 +15,7 @@ a folder) is refused in one line and left as it was. The file is written under a
 target and renamed over it (atomic on one file system), after checking the target once more. No torch import;
 matplotlib only when a figure is saved.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,12 +33,31 @@ MARKER_FIELD = "written_by"
 """The field of a JSON output that names its writer."""
 MAX_RECOGNISED_BYTES = 64 << 20
 """An existing file larger than this is not read to recognise it (no output of ours is that large)."""
-PLOT_FORMATS = ("eps", "gif", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif",
-                "tiff", "webp")
+PLOT_FORMATS = (
+    "eps",
+    "gif",
+    "jpeg",
+    "jpg",
+    "pdf",
+    "pgf",
+    "png",
+    "ps",
+    "raw",
+    "rgba",
+    "svg",
+    "svgz",
+    "tif",
+    "tiff",
+    "webp",
+)
 """Suffixes matplotlib's Agg canvas writes, used when matplotlib is not installed (it is asked otherwise)."""
-PLOT_METADATA = {"png": ("Software", b"tEXtSoftware\x00{m}"), "pdf": ("Creator", b"/Creator ({m})"),
-                 "svg": ("Creator", b"<dc:title>{m}</dc:title>"), "ps": ("Creator", b"%%Creator: {m}\n"),
-                 "eps": ("Creator", b"%%Creator: {m}\n")}
+PLOT_METADATA = {
+    "png": ("Software", b"tEXtSoftware\x00{m}"),
+    "pdf": ("Creator", b"/Creator ({m})"),
+    "svg": ("Creator", b"<dc:title>{m}</dc:title>"),
+    "ps": ("Creator", b"%%Creator: {m}\n"),
+    "eps": ("Creator", b"%%Creator: {m}\n"),
+}
 """format -> (matplotlib metadata key, the bytes that key leaves in the file): the formats whose files carry
 the writer's marker and may therefore be replaced by the next run of the same command."""
 
@@ -70,6 +90,7 @@ def plot_formats() -> tuple[str, ...]:
     """The suffixes a plot may have: what matplotlib's canvas writes (the static list without matplotlib)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
+
         return tuple(sorted(FigureCanvasAgg.get_supported_filetypes()))
     except ImportError:
         return PLOT_FORMATS
@@ -96,8 +117,13 @@ def check_json_output(path: str | os.PathLike, writer: Writer, flag: str = "--js
     except (ValueError, RecursionError):
         doc, parsed = None, False
     if not writer.owns_json(doc):
-        why = "it is not JSON" if not parsed else f"its JSON has no {MARKER_FIELD} {writer.marker!r}" \
-            if writer.recognise is None else "its JSON is not of that command's form"
+        why = (
+            "it is not JSON"
+            if not parsed
+            else f"its JSON has no {MARKER_FIELD} {writer.marker!r}"
+            if writer.recognise is None
+            else "its JSON is not of that command's form"
+        )
         _refuse(path, writer, flag, why)
 
 
@@ -112,8 +138,11 @@ def check_plot_output(path: str | os.PathLike, writer: Writer, flag: str) -> str
     check_output_file(path, flag)
     data = _existing(path, writer, flag)
     if data is not None and not writer.owns_plot(data, fmt):
-        why = f"its metadata does not name {writer.marker!r}" if fmt in PLOT_METADATA else \
-            f".{fmt} files carry no metadata, so such a plot is only written to a new name"
+        why = (
+            f"its metadata does not name {writer.marker!r}"
+            if fmt in PLOT_METADATA
+            else f".{fmt} files carry no metadata, so such a plot is only written to a new name"
+        )
         _refuse(path, writer, flag, why)
     return fmt
 
@@ -135,8 +164,12 @@ def write_json(path: str | os.PathLike, doc: Any, writer: Writer, flag: str = "-
     if isinstance(doc, dict):
         doc = {MARKER_FIELD: writer.marker, **doc}
     text = json.dumps(doc, indent=1) + "\n"
-    _replace(path, writer, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
-             lambda: check_json_output(path, writer, flag))
+    _replace(
+        path,
+        writer,
+        lambda tmp: Path(tmp).write_text(text, encoding="utf-8"),
+        lambda: check_json_output(path, writer, flag),
+    )
 
 
 def save_figure(fig, path: str | os.PathLike, writer: Writer, flag: str, **savefig: Any) -> None:
@@ -144,8 +177,9 @@ def save_figure(fig, path: str | os.PathLike, writer: Writer, flag: str, **savef
     fmt = plot_format(path, flag)
     if fmt in PLOT_METADATA:
         savefig["metadata"] = {PLOT_METADATA[fmt][0]: writer.marker}
-    _replace(path, writer, lambda tmp: fig.savefig(tmp, format=fmt, **savefig),
-             lambda: check_plot_output(path, writer, flag))
+    _replace(
+        path, writer, lambda tmp: fig.savefig(tmp, format=fmt, **savefig), lambda: check_plot_output(path, writer, flag)
+    )
 
 
 def _replace(path, writer: Writer, fill: Callable[[str], None], recheck: Callable[[], None]) -> None:
@@ -184,5 +218,7 @@ def _existing(path, writer: Writer, flag: str) -> bytes | None:
 
 
 def _refuse(path, writer: Writer, flag: str, why: str) -> None:
-    raise UserError(f"{flag} {shown_path(path)}: a file is there that `{writer.marker}` did not write ({why}); "
-                    f"it is left untouched: give a new file name")
+    raise UserError(
+        f"{flag} {shown_path(path)}: a file is there that `{writer.marker}` did not write ({why}); "
+        f"it is left untouched: give a new file name"
+    )

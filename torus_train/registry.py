@@ -4,6 +4,7 @@ A table lives in the lowest package that reads it, so the spec, the CLI's choice
 derived from it without importing torch: an entry that needs torch names its implementation as
 ``"package.module:attribute"`` and `load` imports it only when a rank uses it.
 """
+
 from __future__ import annotations
 
 import importlib

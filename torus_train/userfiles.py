@@ -5,6 +5,7 @@ file and the field. No torch import.
 A reader describes its format as a tuple of ``Field``s and calls ``check``; values come back converted
 (``int`` for counts, ``float`` for times), so no caller meets a string where a number belongs.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,9 +50,14 @@ KINDS = {
 
 def file_type(mode: int) -> str:
     """What a file that is not a regular file is, for messages ("a FIFO", "a symbolic link", ...)."""
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISDIR, "a folder")):
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+    ):
         if test(mode):
             return name
     return "not a regular file"

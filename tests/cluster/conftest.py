@@ -3,6 +3,7 @@
 Every test here starts ranks on node1 and node2 (network + UTS namespaces on a bridge the script makes; nothing
 leaves the machine). Skipped, with the reason, only where the cluster cannot be had: not root, no network
 namespaces, or no Slurm/munge packages (`apt-get install slurm-wlm munge`)."""
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,14 @@ class Cluster:
 
     def on(self, node: str, *argv: str, timeout: float = 120, env: dict | None = None, cwd=None):
         """Run argv inside `node` (cluster.sh exec: the node's namespaces, SLURM_CONF, the mpirun agent)."""
-        return subprocess.run([str(CLUSTER), "exec", node, *argv], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd or ROOT)
+        return subprocess.run(
+            [str(CLUSTER), "exec", node, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+            cwd=cwd or ROOT,
+        )
 
     def hostfile(self, path: Path, slots: int = 2) -> Path:
         path.write_text("".join(f"{n} slots={slots}\n" for n in self.nodes))

@@ -5,6 +5,7 @@ inside one node and each column crosses the bridge between the nodes. Every run 
 agreeing (summary.json param_digests_agree), and since all runs train the same job on the same grid, with
 the same summation order, they must end with the same parameters whichever way the ranks were started.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,12 @@ def rank_logs(out: Path) -> dict[int, str]:
 # launch.python = a wrapper that writes each rank's environment to a file before starting the worker; the
 # spec passes a value with commas, which srun's --export would cut at the first comma
 HCA = "mlx5_0,mlx5_1"
-ENV_PROBE = ["--set", f"launch.python={ROOT / 'tests' / 'cluster' / 'rank_env.sh'}",
-             "--set", f'launch.env=["NCCL_IB_HCA={HCA}", "OMP_NUM_THREADS=1"]']
+ENV_PROBE = [
+    "--set",
+    f"launch.python={ROOT / 'tests' / 'cluster' / 'rank_env.sh'}",
+    "--set",
+    f'launch.env=["NCCL_IB_HCA={HCA}", "OMP_NUM_THREADS=1"]',
+]
 # one thread per rank everywhere: the thread count changes the order of float sums inside the kernels, and
 # the last test compares the parameters of every launch path bit for bit
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -68,8 +73,19 @@ def test_rows_use_shared_memory_and_columns_the_network(cluster, tmp_path):
     nothing crosses loopback; each column pairs ranks on node1 and node2, so eth0 carries the column share:
     2 ranks x 2(Y-1)/Y x 16 MiB / X = 16 MiB per node."""
     hf = cluster.hostfile(tmp_path / "hosts")
-    r = cluster.on("node1", "mpirun", "-np", "4", "--map-by", "ppr:2:node", "--hostfile", str(hf),
-                   sys.executable, PROBE, timeout=50)
+    r = cluster.on(
+        "node1",
+        "mpirun",
+        "-np",
+        "4",
+        "--map-by",
+        "ppr:2:node",
+        "--hostfile",
+        str(hf),
+        sys.executable,
+        PROBE,
+        timeout=50,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     ranks = sorted((json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")), key=lambda d: d["rank"])
     assert [d["host"] for d in ranks] == ["node1", "node1", "node2", "node2"]
@@ -87,8 +103,22 @@ def test_run_with_mpirun_and_a_hostfile(cluster, tmp_path):
     """`torus-train run --launcher mpirun --hostfile` on node1 starts ranks 2 and 3 on node2 through the agent."""
     out = tmp_path / "run"
     hf = cluster.hostfile(tmp_path / "hosts")
-    r = cluster.on("node1", "torus-train", "run", "--spec", TINY, "--launcher", "mpirun", "--hostfile", str(hf),
-                   "--out", str(out), *ENV_PROBE, timeout=110, env=env_probe(tmp_path))
+    r = cluster.on(
+        "node1",
+        "torus-train",
+        "run",
+        "--spec",
+        TINY,
+        "--launcher",
+        "mpirun",
+        "--hostfile",
+        str(hf),
+        "--out",
+        str(out),
+        *ENV_PROBE,
+        timeout=110,
+        env=env_probe(tmp_path),
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "mpirun --allow-run-as-root -np 4 --map-by ppr:2:node" in r.stdout
     assert "-x PATH" in r.stdout
@@ -101,9 +131,23 @@ def test_sbatch_script(cluster, tmp_path):
     """scripts/slurm/torus_train.sbatch as a user submits it: one srun step over the allocation's 2 nodes."""
     out = tmp_path / "run"
     log = tmp_path / "slurm-%j.out"
-    r = cluster.on("node1", "sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=0",
-                   "--cpus-per-task=1", f"--output={log}", "scripts/slurm/torus_train.sbatch", TINY,
-                   "--out", str(out), *ENV_PROBE, timeout=140, env=env_probe(tmp_path))
+    r = cluster.on(
+        "node1",
+        "sbatch",
+        "--wait",
+        "--nodes=2",
+        "--ntasks-per-node=2",
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        f"--output={log}",
+        "scripts/slurm/torus_train.sbatch",
+        TINY,
+        "--out",
+        str(out),
+        *ENV_PROBE,
+        timeout=140,
+        env=env_probe(tmp_path),
+    )
     text = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert r.returncode == 0, r.stdout + r.stderr + text[-4000:]
     assert "srun --nodes=2 --ntasks=4 --ntasks-per-node=2 --cpus-per-task=1 --cpu-bind=cores" in text, text[-4000:]
@@ -126,8 +170,18 @@ def test_ranks_started_by_hand(cluster, tmp_path, launcher):
     out = tmp_path / "run"
     prefix, source = BY_HAND[launcher]
     hf = str(cluster.hostfile(tmp_path / "hosts"))
-    r = cluster.on("node1", *[hf if w == "HOSTS" else w for w in prefix], "torus-train", "run", "--spec", TINY,
-                   "--out", str(out), timeout=110, env=ONE_THREAD)
+    r = cluster.on(
+        "node1",
+        *[hf if w == "HOSTS" else w for w in prefix],
+        "torus-train",
+        "run",
+        "--spec",
+        TINY,
+        "--out",
+        str(out),
+        timeout=110,
+        env=ONE_THREAD,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     finished(out, f"{launcher} by hand", r)
     logs = rank_logs(out)
@@ -141,10 +195,15 @@ def test_pbs_script_with_a_pbs_pro_node_file(cluster, tmp_path):
     out = tmp_path / "run"
     nodefile = tmp_path / "1234.pbs01"
     nodefile.write_text("node1\nnode1\nnode2\nnode2\n")
-    env = {"PBS_NODEFILE": str(nodefile), "PBS_JOBID": "1234.pbs01", "PBS_O_WORKDIR": str(ROOT),
-           "PBS_JOBNAME": "torus", "NCPUS": "2", "TORUS_TRAIN_MODULES": ""}
-    r = cluster.on("node1", "bash", "scripts/pbs/abci_torus_train.sh", TINY, "--out", str(out), env=env,
-                   timeout=110)
+    env = {
+        "PBS_NODEFILE": str(nodefile),
+        "PBS_JOBID": "1234.pbs01",
+        "PBS_O_WORKDIR": str(ROOT),
+        "PBS_JOBNAME": "torus",
+        "NCPUS": "2",
+        "TORUS_TRAIN_MODULES": "",
+    }
+    r = cluster.on("node1", "bash", "scripts/pbs/abci_torus_train.sh", TINY, "--out", str(out), env=env, timeout=110)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"--hostfile {nodefile}" in r.stdout and "--map-by ppr:2:node" in r.stdout, r.stdout[-2000:]
     finished(out, "PBS script + mpirun", r)

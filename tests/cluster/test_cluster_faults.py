@@ -6,6 +6,7 @@ failed, no process of the job left on either node, and the checkpoints written b
 
 Times are printed (`-s` shows them); docs/faults.md carries the table.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,17 @@ import pytest
 from tests.cluster.conftest import CLUSTER, ROOT
 
 TINY = str(ROOT / "tests" / "cluster" / "tiny.toml")
-TIMEOUT_S = 20          # comm.timeout_s of these runs: how long a rank waits on a peer that never answers
-LONG = ["--set", "schedule.steps=400", "--set", f"comm.timeout_s={TIMEOUT_S}", "--set", "checkpoint.every_steps=4",
-        "--set", "launch.env=[\"OMP_NUM_THREADS=1\"]"]
+TIMEOUT_S = 20  # comm.timeout_s of these runs: how long a rank waits on a peer that never answers
+LONG = [
+    "--set",
+    "schedule.steps=400",
+    "--set",
+    f"comm.timeout_s={TIMEOUT_S}",
+    "--set",
+    "checkpoint.every_steps=4",
+    "--set",
+    "launch.env=[\"OMP_NUM_THREADS=1\"]",
+]
 
 
 def start(cluster, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
@@ -31,9 +40,28 @@ def start(cluster, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     # output to a file, not a pipe: OpenMPI's daemon on a cut-off node inherits it and would hold a pipe open
     # long after the job has ended
     with open(tmp_path / "output.txt", "w") as log:
-        p = subprocess.Popen([str(CLUSTER), "exec", "node1", "torus-train", "run", "--spec", TINY, "--launcher",
-                              "mpirun", "--hostfile", str(hf), "--out", str(out), *LONG],
-                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        p = subprocess.Popen(
+            [
+                str(CLUSTER),
+                "exec",
+                "node1",
+                "torus-train",
+                "run",
+                "--spec",
+                TINY,
+                "--launcher",
+                "mpirun",
+                "--hostfile",
+                str(hf),
+                "--out",
+                str(out),
+                *LONG,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+        )
     return p, out
 
 
@@ -100,6 +128,7 @@ def describe(left: dict) -> dict:
             return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
         except OSError:
             return "(gone)"
+
     return {n: {pid: cmd(pid) for pid in pids} for n, pids in left.items()}
 
 
@@ -125,8 +154,9 @@ def fault_mid_run(cluster, tmp_path: Path, name: str, inject, limit: float, undo
     assert code != 0
     assert "Traceback" not in last_line(text)
     gone = nothing_left_and_checkpoints_intact(out, t)
-    print(f"\n{name}: the job ended in {took:.1f} s with exit {code}, its last process in {gone:.1f} s: "
-          f"{last_line(text)}")
+    print(
+        f"\n{name}: the job ended in {took:.1f} s with exit {code}, its last process in {gone:.1f} s: {last_line(text)}"
+    )
     return text
 
 
@@ -164,6 +194,7 @@ def test_the_link_between_the_nodes_is_cut(cluster, tmp_path):
     """node2's link to the bridge goes down mid-run (a partition): the ranks block on the column exchange
     until comm.timeout_s and fail; mpirun, waiting for node2's daemon, is stopped by the launcher once every
     rank has ended; the link comes back afterwards for the other tests."""
+
     def link(state: str):
         return lambda: subprocess.run(["ip", "link", "set", "ttc-v2", state], check=True)
 
@@ -191,6 +222,11 @@ def slurm_nodes_back(cluster, limit: float = 90) -> None:
 @pytest.mark.timeout(200)
 def test_one_rank_on_the_far_node_is_killed(cluster, tmp_path):
     """SIGKILL to one rank on node2: mpirun ends the job, and the launcher says which rank and host failed."""
-    text = fault_mid_run(cluster, tmp_path, "rank killed",
-                         lambda: kill([pid for pid in job_pids("node2") if is_rank(pid)][-1:]), TIMEOUT_S + 90)
+    text = fault_mid_run(
+        cluster,
+        tmp_path,
+        "rank killed",
+        lambda: kill([pid for pid in job_pids("node2") if is_rank(pid)][-1:]),
+        TIMEOUT_S + 90,
+    )
     assert "node2" in text

@@ -1,4 +1,5 @@
 """scripts/bench_hook.py --cluster: the hook comparison with its jobs and its timeline ranks on two nodes."""
+
 import json
 import subprocess
 import sys
@@ -12,10 +13,30 @@ from tests.cluster.conftest import ROOT
 def test_hook_bench_runs_its_jobs_and_timeline_on_the_nodes(cluster, tmp_path):
     hosts = cluster.hostfile(tmp_path / "hosts", slots=2)
     out = tmp_path / "hook.json"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_hook.py"), "--grid", "2x2", "--rounds", "1",
-                        "--steps", "10", "--hooks", "torus-sync,torus-async", "--timeline-step", "1",
-                        "--cluster", str(hosts), "--json", str(out)],
-                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_hook.py"),
+            "--grid",
+            "2x2",
+            "--rounds",
+            "1",
+            "--steps",
+            "10",
+            "--hooks",
+            "torus-sync,torus-async",
+            "--timeline-step",
+            "1",
+            "--cluster",
+            str(hosts),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     result = json.loads(out.read_text())
     assert [row["hook"] for row in result["results"]] == ["torus-sync", "torus-async"]

@@ -4,6 +4,7 @@ section 7).
 
 The session's 2-node cluster (conftest) and this 4-node one cannot exist at once: if the 2-node cluster is up,
 the test takes it down, runs, and brings it back (same node names and addresses) for the tests after it."""
+
 import json
 import subprocess
 import sys
@@ -32,10 +33,29 @@ def no_cluster_up():
 @pytest.mark.timeout(420)
 def test_four_nodes_bench_against_the_plan_calibrated_on_two(no_cluster_up, tmp_path):
     out = tmp_path / "cvp.json"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster_vs_plan.py"), "--nodes", "4", "--no-lock",
-                        "--backends", "gloo", "--algos", "flat,torus", "--sizes-mib", "16", "--iters", "3",
-                        "--json", str(out)],
-                       capture_output=True, text=True, timeout=400, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "cluster_vs_plan.py"),
+            "--nodes",
+            "4",
+            "--no-lock",
+            "--backends",
+            "gloo",
+            "--algos",
+            "flat,torus",
+            "--sizes-mib",
+            "16",
+            "--iters",
+            "3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert not (STATE / "nodes").exists(), "the 4-node cluster was not torn down"
     rows = json.loads(out.read_text())

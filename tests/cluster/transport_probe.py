@@ -4,6 +4,7 @@ Builds the grid groups as training does (torus_train.ranks.distributed.init_dist
 all-reduce of SIZE bytes while counting the bytes this node sent on eth0 (the link to the other node) and on
 lo (loopback TCP), from /proc/net/dev, which belongs to the node's network namespace. Prints one JSON line.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,15 +46,24 @@ def main() -> None:
     dist.barrier()
     after = tx_bytes()
     expected = float(sum(range(1, grid.size + 1)))
-    print(json.dumps({
-        "rank": rank, "host": socket.gethostname(), "row": g.row, "col": g.col,
-        "row_hosts": sorted({names[r] for r in grid.row_ranks(g.row)}),
-        "col_hosts": sorted({names[r] for r in grid.col_ranks(g.col)}),
-        "shm_row": g.rows.kind == "shm", "notes": g.notes,
-        "sent_eth0": after.get("eth0", 0) - before.get("eth0", 0),
-        "sent_lo": after.get("lo", 0) - before.get("lo", 0),
-        "correct": bool(torch.all(out == expected)),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "rank": rank,
+                "host": socket.gethostname(),
+                "row": g.row,
+                "col": g.col,
+                "row_hosts": sorted({names[r] for r in grid.row_ranks(g.row)}),
+                "col_hosts": sorted({names[r] for r in grid.col_ranks(g.col)}),
+                "shm_row": g.rows.kind == "shm",
+                "notes": g.notes,
+                "sent_eth0": after.get("eth0", 0) - before.get("eth0", 0),
+                "sent_lo": after.get("lo", 0) - before.get("lo", 0),
+                "correct": bool(torch.all(out == expected)),
+            }
+        ),
+        flush=True,
+    )
     g.close()
     dist.destroy_process_group()
 

@@ -10,6 +10,7 @@ iterations of the algorithms at one size run in alternating rounds, so they are 
 #wrong counts elements farther than a tolerance from a float64 sum computed from a formula, never from the
 algorithm's own output.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,12 +22,20 @@ from torus_train.outfiles import Writer
 from torus_train.job.algorithms import BASELINE, runnable
 from torus_train.job.topology import Grid, check_grid_size, choose_grid
 
-DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",
-          "bfloat16": "bfloat16", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPES = {
+    "float": "float32",
+    "float32": "float32",
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+}
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 SHORT_TYPE = {"float32": "float", "float16": "half", "bfloat16": "bfloat16"}
 # relative precision of each type (unit roundoff), for the #wrong tolerance
-EPS = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+EPS = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 ROUNDS = 4  # timed iterations of a point are split into this many rounds, alternating the algorithms
 
@@ -43,8 +52,10 @@ def parse_size(text: str, flag: str) -> int:
     if not value >= 1:
         raise UserError(f"{flag} {text!r} must be at least 1 byte")
     if value > MAX_BYTES:
-        raise UserError(f"{flag} {_short(text)} is more than {MAX_BYTES >> 30} GiB, the most one rank's buffers are "
-                        f"sized for; give a smaller size, e.g. 64M")
+        raise UserError(
+            f"{flag} {_short(text)} is more than {MAX_BYTES >> 30} GiB, the most one rank's buffers are "
+            f"sized for; give a smaller size, e.g. 64M"
+        )
     return int(value)
 
 
@@ -124,11 +135,22 @@ class Row:
     wrong: int
 
 
-def make_row(algo: str, backend: str, grid: str, world: int, size_bytes: int, dtype: str, seconds: float,
-             wrong: int) -> Row:
+def make_row(
+    algo: str, backend: str, grid: str, world: int, size_bytes: int, dtype: str, seconds: float, wrong: int
+) -> Row:
     algbw = size_bytes / seconds / 1e9 if seconds > 0 else 0.0
-    return Row(algo, backend, grid, size_bytes, size_bytes // ITEMSIZE[dtype], dtype, seconds * 1e6, algbw,
-               algbw * busbw_factor(world), wrong)
+    return Row(
+        algo,
+        backend,
+        grid,
+        size_bytes,
+        size_bytes // ITEMSIZE[dtype],
+        dtype,
+        seconds * 1e6,
+        algbw,
+        algbw * busbw_factor(world),
+        wrong,
+    )
 
 
 # --- where the ranks run --------------------------------------------------------------------------
@@ -150,8 +172,9 @@ class BenchRanks:
     """Said in the header ('' when --backend named it)."""
 
 
-def bench_ranks(nprocs: int | None, grid: Grid | None, backend: str | None, gpus: int,
-                launched_world: int | None = None) -> BenchRanks:
+def bench_ranks(
+    nprocs: int | None, grid: Grid | None, backend: str | None, gpus: int, launched_world: int | None = None
+) -> BenchRanks:
     """The ranks of a sweep (pure; refuses what cannot run with one line). NCCL runs one rank per GPU, so two
     ranks never share a device: with no --backend, G >= 2 GPUs here give G ranks on NCCL (grid chosen for G)
     and fewer give 4 CPU ranks on gloo; an explicit --backend nccl with more ranks than GPUs is refused.
@@ -168,8 +191,9 @@ def bench_ranks(nprocs: int | None, grid: Grid | None, backend: str | None, gpus
     if world < 1:
         raise UserError(f"--nprocs {nprocs} must be at least 1")
     if not launched and world > MAX_LOCAL_RANKS:
-        raise UserError(f"{world} local ranks: at most {MAX_LOCAL_RANKS} are spawned here; start more with "
-                        "mpirun or srun")
+        raise UserError(
+            f"{world} local ranks: at most {MAX_LOCAL_RANKS} are spawned here; start more with mpirun or srun"
+        )
     if grid is not None:
         check_grid_size(grid, world, "the rank count" if launched else "--nprocs")
         why = "given by --grid"
@@ -186,9 +210,11 @@ def _backend(backend: str | None, world: int, gpus: int, launched: bool) -> tupl
         if not gpus:
             raise UserError("--backend nccl needs CUDA GPUs; none found here (use gloo or mpi)")
         if world > gpus:
-            raise UserError(f"--backend nccl: {world} ranks but {gpus} GPU(s) here, and NCCL runs one rank per GPU; "
-                            f"run CPU ranks with --backend gloo, at most {gpus} rank(s) on NCCL (--nprocs), or on "
-                            "more GPUs (mpirun, srun)")
+            raise UserError(
+                f"--backend nccl: {world} ranks but {gpus} GPU(s) here, and NCCL runs one rank per GPU; "
+                f"run CPU ranks with --backend gloo, at most {gpus} rank(s) on NCCL (--nprocs), or on "
+                "more GPUs (mpirun, srun)"
+            )
     if backend is not None:
         return backend, ""
     if launched:
@@ -199,8 +225,10 @@ def _backend(backend: str | None, world: int, gpus: int, launched: bool) -> tupl
         return "gloo", "CPU ranks: no GPU here"
     if gpus == 1:
         return "gloo", "CPU ranks: one GPU here, and NCCL runs one rank per GPU (an all-reduce needs 2 or more)"
-    return "gloo", (f"CPU ranks: {world} ranks but {gpus} GPUs here, and NCCL runs one rank per GPU "
-                    f"(--nprocs {gpus} to measure NCCL)")
+    return "gloo", (
+        f"CPU ranks: {world} ranks but {gpus} GPUs here, and NCCL runs one rank per GPU "
+        f"(--nprocs {gpus} to measure NCCL)"
+    )
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -213,13 +241,17 @@ def header(backend: str, grid: str, world: int, notes: list[str]) -> str:
 def table(rows: list[Row], algo: str) -> str:
     """One algorithm's table in all_reduce_perf's layout (in-place columns only), with its footer."""
     mine = [r for r in rows if r.algo == algo]
-    out = [f"# algo: {algo}",
-           "#                                                      in-place",
-           "#       size         count      type   redop    root     time   algbw   busbw  #wrong",
-           "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)"]
+    out = [
+        f"# algo: {algo}",
+        "#                                                      in-place",
+        "#       size         count      type   redop    root     time   algbw   busbw  #wrong",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)",
+    ]
     for r in mine:
-        out.append(f"{r.size_bytes:12d}  {r.count:12d}  {SHORT_TYPE[r.dtype]:>8s}     sum      -1  "
-                   f"{_fmt_time(r.time_us):>7s}  {r.algbw_gbps:6.2f}  {r.busbw_gbps:6.2f}  {r.wrong:6d}")
+        out.append(
+            f"{r.size_bytes:12d}  {r.count:12d}  {SHORT_TYPE[r.dtype]:>8s}     sum      -1  "
+            f"{_fmt_time(r.time_us):>7s}  {r.algbw_gbps:6.2f}  {r.busbw_gbps:6.2f}  {r.wrong:6d}"
+        )
     bad = sum(r.wrong for r in mine)
     avg = sum(r.busbw_gbps for r in mine) / len(mine) if mine else 0.0
     out.append(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
@@ -234,8 +266,10 @@ def ratio_table(rows: list[Row], base: str = BASELINE) -> str:
     sizes = sorted({r.size_bytes for r in rows})
     if base not in {r.algo for r in rows} or not others:
         return ""
-    out = ["# busbw ratio to " + base + " (same run, interleaved)",
-           "#       size  " + "  ".join(f"{a:>12s}" for a in others)]
+    out = [
+        "# busbw ratio to " + base + " (same run, interleaved)",
+        "#       size  " + "  ".join(f"{a:>12s}" for a in others),
+    ]
     for s in sizes:
         b = by[(base, s)].busbw_gbps
         cells = [f"{by[(a, s)].busbw_gbps / b:12.2f}" if b > 0 else f"{'-':>12s}" for a in others]
@@ -267,6 +301,7 @@ def write_json(rows: list[Row], path: str) -> None:
 
 def plot(rows: list[Row], path: str, title: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,6 +1,7 @@
 """The all-reduce sweep inside a rank (imports torch): the expected values, the timed rounds, the rows every
 rank agrees on, and the rank's whole side of `bench allreduce` (its transport up, the sweep, down). The pure
 part (sizes, rows, tables, nccl-tests' conventions) is torus_train.bench.allreduce."""
+
 from __future__ import annotations
 
 import os
@@ -109,8 +110,16 @@ def _agreed_row(cfg, comm, algo: str, size: int, seconds: float, wrong: int, lik
     comm.world_max(comm.buffer(timing))
     stats = like.new_tensor([float(wrong)])
     comm.world_allreduce(comm.buffer(stats))
-    return make_row(algo, comm.backend, f"{comm.grid.x}x{comm.grid.y}", comm.grid.size, size, cfg.dtype,
-                    float(timing[0]), int(stats[0]))
+    return make_row(
+        algo,
+        comm.backend,
+        f"{comm.grid.x}x{comm.grid.y}",
+        comm.grid.size,
+        size,
+        cfg.dtype,
+        float(timing[0]),
+        int(stats[0]),
+    )
 
 
 def _iterations(cfg, buf, algo, comm, flag) -> int:

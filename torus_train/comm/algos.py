@@ -16,6 +16,7 @@ Both run their phases piece by piece over comm.pieces(buf): one piece except whe
 bounded amount (a shared-memory row, torus_train.comm.shm), where each piece's column phase starts as soon as
 its row phase ends (docs/comm.md).
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -37,8 +38,9 @@ def algorithm(name: str):
     """The function of a runnable algorithm of the table (ValueError naming the runnable ones otherwise)."""
     entry = ALGORITHMS.get(name) if name in ALGORITHMS else None
     if entry is None or entry.run is None:
-        raise ValueError(f"{name!r} is not an all-reduce algorithm that ranks run; choose one of "
-                         f"{', '.join(runnable())}")
+        raise ValueError(
+            f"{name!r} is not an all-reduce algorithm that ranks run; choose one of {', '.join(runnable())}"
+        )
     return _function(entry.run)
 
 
@@ -52,6 +54,7 @@ def _function(ref):
 # comm.run(algorithm, buf) calls the algorithm; MPI records the calls it makes once per buffer and replays
 # them, because with ranks outnumbering cores every Python-side step between two MPI calls costs many times
 # its own duration (figures in docs/comm.md).
+
 
 def _nothing_to_do(buf, comm) -> bool:
     return len(buf) == 0 or comm.grid.size == 1
@@ -74,10 +77,10 @@ def torus_allreduce(buf, comm) -> None:
     for piece in comm.pieces(buf):
         bounds = chunk_bounds(len(piece), x)
         a, b = bounds[comm.col]
-        comm.row_reduce_scatter(piece, bounds)        # 1. my chunk of the row's sum lands in piece[a:b]
+        comm.row_reduce_scatter(piece, bounds)  # 1. my chunk of the row's sum lands in piece[a:b]
         if y > 1 and b > a:
-            comm.col_allreduce(piece[a:b])            # 2. column, on my 1/X chunk
-        comm.row_all_gather(piece, bounds)            # 3. row again
+            comm.col_allreduce(piece[a:b])  # 2. column, on my 1/X chunk
+        comm.row_all_gather(piece, bounds)  # 3. row again
 
 
 def hierarchical_allreduce(buf, comm) -> None:
@@ -89,7 +92,7 @@ def hierarchical_allreduce(buf, comm) -> None:
         return
     leader = comm.col == 0
     for piece in comm.pieces(buf):
-        comm.row_reduce_to_leader(piece)              # 1. to the row leader
+        comm.row_reduce_to_leader(piece)  # 1. to the row leader
         if leader and y > 1:
-            comm.col_allreduce(piece)                 # 2. leaders, whole piece
-        comm.row_broadcast_from_leader(piece)         # 3. back along the row
+            comm.col_allreduce(piece)  # 2. leaders, whole piece
+        comm.row_broadcast_from_leader(piece)  # 3. back along the row

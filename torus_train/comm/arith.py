@@ -3,14 +3,14 @@
 numpy is used rather than torch because its slicing and in-place add cost a fraction of torch's per call,
 which matters for small messages; half types are summed in float32 and rounded once.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 # numpy storage of each supported dtype (bfloat16 has none in numpy: its 16-bit words are moved as uint16)
-STORAGE = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16,
-           torch.float64: np.float64}
+STORAGE = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16, torch.float64: np.float64}
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:

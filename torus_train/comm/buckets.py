@@ -21,6 +21,7 @@ so that the whole step can be captured in one CUDA graph (DDP's reducer cannot b
    in finish(), no host wait: capturable), CPU buckets on the hook state's one background thread.
 ``no_sync()`` skips the exchange (micro-batches before the last of a step accumulate locally, as in DDP).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,14 +72,16 @@ class BucketedModel:
 
     Called like the model; ``module`` is the model itself (its state_dict has no prefix)."""
 
-    def __init__(self, module: nn.Module, state: TorusHookState | None, bucket_mb: float,
-                 first_bytes: int = FIRST_BUCKET_BYTES):
+    def __init__(
+        self, module: nn.Module, state: TorusHookState | None, bucket_mb: float, first_bytes: int = FIRST_BUCKET_BYTES
+    ):
         self.module = module
         self.torus_hook_state = state
         """The exchange's settings (algorithm, groups, wire dtype, where it runs); None: a world of one."""
         params = [p for p in module.parameters() if p.requires_grad]
-        self.buckets = [self._bucket(i, ps) for i, ps in
-                        enumerate(plan_buckets(params, int(bucket_mb * 2**20), first_bytes))]
+        self.buckets = [
+            self._bucket(i, ps) for i, ps in enumerate(plan_buckets(params, int(bucket_mb * 2**20), first_bytes))
+        ]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         self._syncing = True
@@ -164,7 +167,7 @@ class BucketedModel:
         order), every gradient averaged; the current stream waits for the side stream, the host waits for CPU
         exchanges only. Then the counts are reset for the next backward."""
         if self._syncing:
-            for b in self.buckets[self._launched:]:
+            for b in self.buckets[self._launched :]:
                 self._launch(b)
             for b in self.buckets:
                 for f in b.futures:
@@ -172,7 +175,8 @@ class BucketedModel:
             state = self.torus_hook_state
             if self._nccl and state is not None and state.asynchronous:
                 torch.cuda.current_stream(self.buckets[0].flat.device).wait_stream(
-                    state.stream(self.buckets[0].flat.device))
+                    state.stream(self.buckets[0].flat.device)
+                )
         self._reset()
 
     def close(self) -> None:

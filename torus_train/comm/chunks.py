@@ -4,6 +4,7 @@ A tensor of n elements is split over p ranks into p contiguous chunks whose size
 element: the first n % p chunks get one element more. Works for any n >= 0, including n < p (some chunks
 are then empty) and primes.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

@@ -16,6 +16,7 @@ How the groups are made (``method``):
 ``auto`` takes the first that the backend allows; every rank decides alike (same torch, backend and device
 binding), which matters because the group calls are collective.
 """
+
 from __future__ import annotations
 
 import os
@@ -106,7 +107,7 @@ class GroupRow:
 
     def __init__(self, group, index: int, leader: int, backend: str):
         self.group = group
-        self.index = index    # my column: my place in the group (rows are made in column order)
+        self.index = index  # my column: my place in the group (rows are made in column order)
         self.leader = leader  # global rank of the row's column 0
         self.kind = backend
 
@@ -120,22 +121,22 @@ class GroupRow:
         m = -(-flat.numel() // x)
         buf = flat.new_zeros(m * x)
         for i, (a, b) in enumerate(bounds):
-            buf[i * m:i * m + (b - a)].copy_(flat[a:b])
+            buf[i * m : i * m + (b - a)].copy_(flat[a:b])
         chunk = flat.new_empty(m)
         dist.reduce_scatter_tensor(chunk, buf, group=self.group)
         a, b = bounds[self.index]
-        flat[a:b].copy_(chunk[:b - a])
+        flat[a:b].copy_(chunk[: b - a])
 
     def all_gather(self, flat, bounds) -> None:
         x = len(bounds)
         m = -(-flat.numel() // x)
         a, b = bounds[self.index]
         chunk = flat.new_zeros(m)
-        chunk[:b - a].copy_(flat[a:b])
+        chunk[: b - a].copy_(flat[a:b])
         buf = flat.new_empty(m * x)
         dist.all_gather_into_tensor(buf, chunk, group=self.group)
         for i, (a, b) in enumerate(bounds):
-            flat[a:b].copy_(buf[i * m:i * m + (b - a)])
+            flat[a:b].copy_(buf[i * m : i * m + (b - a)])
 
     def reduce_to_leader(self, t) -> None:
         dist.reduce(t, dst=self.leader, group=self.group)
@@ -204,8 +205,13 @@ def _my_group(method: str, members: list[list[int]], mine: int, tmo: timedelta):
     return found
 
 
-def build_grid_groups(grid: Grid, use_shm: bool | None = None, timeout: float = 300.0,
-                      method: str = "auto", singletons: bool | None = None) -> GridGroups:
+def build_grid_groups(
+    grid: Grid,
+    use_shm: bool | None = None,
+    timeout: float = 300.0,
+    method: str = "auto",
+    singletons: bool | None = None,
+) -> GridGroups:
     """Create the row and column groups of `grid` (collective over the whole world) and return this rank's view.
 
     use_shm: None = shared-memory rows wherever a gloo row lies inside one host; False = never.
@@ -234,8 +240,9 @@ def _my_view(grid: Grid) -> GridGroups:
         raise UserError(f"grid {grid.x}x{grid.y} = {grid.size} ranks but the world size is {world}")
     rank = dist.get_rank()
     row, col = grid.position(rank)
-    return GridGroups(grid=grid, rank=rank, row=row, col=col, backend=str(dist.get_backend()),
-                      row_leader=grid.rank_at(row, 0))
+    return GridGroups(
+        grid=grid, rank=rank, row=row, col=col, backend=str(dist.get_backend()), row_leader=grid.rank_at(row, 0)
+    )
 
 
 def _make_groups(g: GridGroups, how: str, singletons: bool, timeout: float) -> None:

@@ -23,6 +23,7 @@ Where the exchange runs:
 `asynchronous=False` runs the exchange inside the hook and returns a completed Future (the synchronous hook the
 benchmark compares against). Every rank submits the same buckets in the same order, so the collectives match.
 """
+
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,8 +41,14 @@ _COMPRESS = {None: None, "none": None, "fp16": torch.float16, "bf16": torch.bflo
 class TorusHookState:
     """What the hook needs: the grid communicator, the algorithm, the wire precision and where to run."""
 
-    def __init__(self, groups, algo: str = DEFAULT, compression: str | None = None, asynchronous: bool = True,
-                 timeline: bool = False):
+    def __init__(
+        self,
+        groups,
+        algo: str = DEFAULT,
+        compression: str | None = None,
+        asynchronous: bool = True,
+        timeline: bool = False,
+    ):
         algorithm(algo)  # ValueError unless a rank can run it
         if compression not in _COMPRESS:
             raise ValueError(f"comm.compression {compression!r} is not one of none, fp16, bf16")
@@ -85,16 +92,16 @@ class TorusHookState:
 
 def reduce_bucket(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
     """Average `buffer` over all ranks in place (the steps of the module docstring); returns it."""
-    buffer.div_(state.world_size)                       # 1. divide first: no overflow in a half-precision sum
+    buffer.div_(state.world_size)  # 1. divide first: no overflow in a half-precision sum
     return sum_divided(state, buffer)
 
 
 def sum_divided(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
     """Steps 2-4 for a buffer already divided by the world size."""
     if state.wire_dtype is not None and buffer.dtype != state.wire_dtype:
-        wire = buffer.to(state.wire_dtype)              # 2. compress
-        allreduce(wire, state.algo, state.groups)       # 3. sum
-        buffer.copy_(wire)                              # 4. decompress
+        wire = buffer.to(state.wire_dtype)  # 2. compress
+        allreduce(wire, state.algo, state.groups)  # 3. sum
+        buffer.copy_(wire)  # 4. decompress
     else:
         allreduce(buffer, state.algo, state.groups)
     state.buckets_reduced += 1
@@ -106,7 +113,7 @@ def exchange_cuda(state: TorusHookState, buffer: torch.Tensor) -> torch.Tensor:
 
     With the algorithm's own NCCL exchange (its table entry's `nccl`) where the row has a group; else its
     function over the transport, as on any backend."""
-    buffer.div_(state.world_size)                       # divide first, in the bucket's precision
+    buffer.div_(state.world_size)  # divide first, in the bucket's precision
     if state.nccl_exchange is None or state.groups.row_group is None:  # a row of one without its group (gloo)
         return sum_divided(state, buffer)
     state.nccl_exchange(state, buffer)
@@ -136,12 +143,12 @@ def exchange_torus_nccl(state: TorusHookState, buffer: torch.Tensor) -> None:
     else:
         padded = flat
     chunk = torch.empty(m, dtype=dtype, device=buffer.device)
-    dist.reduce_scatter_tensor(chunk, padded, group=g.row_group)     # 1.
+    dist.reduce_scatter_tensor(chunk, padded, group=g.row_group)  # 1.
     if g.col_group is not None:
-        dist.all_reduce(chunk, group=g.col_group)                    # 2.
-    dist.all_gather_into_tensor(padded, chunk, group=g.row_group)    # 3.
+        dist.all_reduce(chunk, group=g.col_group)  # 2.
+    dist.all_gather_into_tensor(padded, chunk, group=g.row_group)  # 3.
     if padded is not flat:
-        flat.copy_(padded[:n])                                       # the one copy back
+        flat.copy_(padded[:n])  # the one copy back
 
 
 def _reduce_through_host(state: TorusHookState, buffer: torch.Tensor, ready) -> torch.Tensor:
@@ -158,8 +165,15 @@ def _reduce_through_host(state: TorusHookState, buffer: torch.Tensor, ready) -> 
 
 def _record(state: TorusHookState, bucket, ready: float, start: float) -> None:
     if state.timeline is not None:
-        state.timeline.append({"bucket": bucket.index(), "numel": bucket.buffer().numel(), "ready": ready,
-                               "start": start, "end": time.perf_counter()})
+        state.timeline.append(
+            {
+                "bucket": bucket.index(),
+                "numel": bucket.buffer().numel(),
+                "ready": ready,
+                "start": start,
+                "end": time.perf_counter(),
+            }
+        )
 
 
 def allreduce_hook(state: TorusHookState, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -189,6 +203,7 @@ def allreduce_hook(state: TorusHookState, bucket) -> torch.futures.Future[torch.
         def exchange():
             return _reduce_through_host(state, buffer, event)
     else:
+
         def exchange():
             return reduce_bucket(state, buffer)
 

@@ -20,6 +20,7 @@ checks the counters a few times, then sleeps in select() on its own FIFO, so wai
 the ones still working (ranks may outnumber cores) and wake as soon as the last peer arrives. A waiting rank
 notices a peer process that died, and gives up after `timeout` seconds naming the ranks that did not arrive.
 """
+
 from __future__ import annotations
 
 import errno
@@ -47,8 +48,15 @@ def shm_dir() -> str:
 class ShmRow:
     """The members of one row on one node, sharing a segment. All members construct it with the same name."""
 
-    def __init__(self, name: str, index: int, ranks: list[int], capacity: int = DEFAULT_CAPACITY,
-                 timeout: float = 300.0, create: bool | None = None):
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        ranks: list[int],
+        capacity: int = DEFAULT_CAPACITY,
+        timeout: float = 300.0,
+        create: bool | None = None,
+    ):
         self.index = index  # my position in the row
         self.ranks = list(ranks)  # global ranks of the row, for error messages
         self.size = len(ranks)
@@ -69,8 +77,9 @@ class ShmRow:
             fd = self._open_existing()
             if os.fstat(fd).st_size < total:
                 os.close(fd)
-                raise RunFailed(f"shared-memory segment {self.path} is smaller than expected; "
-                                "another job may use the same name")
+                raise RunFailed(
+                    f"shared-memory segment {self.path} is smaller than expected; another job may use the same name"
+                )
         self._mm = mmap.mmap(fd, total)
         os.close(fd)
         self._hdr = np.frombuffer(self._mm, dtype=np.int64, count=header // 8).reshape(self.size, _LINE // 8)
@@ -101,8 +110,10 @@ class ShmRow:
                 return os.open(self.path, os.O_RDWR)
             except FileNotFoundError:
                 if time.monotonic() > deadline:
-                    raise RunFailed(f"rank {self.ranks[self.index]}: shared-memory segment {self.path} of row "
-                                    f"{self.ranks} never appeared") from None
+                    raise RunFailed(
+                        f"rank {self.ranks[self.index]}: shared-memory segment {self.path} of row "
+                        f"{self.ranks} never appeared"
+                    ) from None
                 time.sleep(0.001)
 
     def unlink(self) -> None:
@@ -183,8 +194,9 @@ class ShmRow:
             raise PeerLost(f"rank {me}: {names} exited during the {what} of row {self.ranks}")
         if waited > self.timeout:
             names = ", ".join(f"rank {self.ranks[i]}" for i in missing)
-            raise PeerLost(f"rank {me}: {what} of row {self.ranks} timed out after {self.timeout:g} s "
-                            f"waiting for {names}")
+            raise PeerLost(
+                f"rank {me}: {what} of row {self.ranks} timed out after {self.timeout:g} s waiting for {names}"
+            )
 
     # --- buffers ------------------------------------------------------------------------------
     def _slots(self, dtype: torch.dtype) -> np.ndarray:
@@ -201,8 +213,9 @@ class ShmRow:
             npt = _STORAGE[dtype]
             per = self.capacity // npt().itemsize
             span = self.size * self.capacity
-            view = np.frombuffer(self._mm, dtype=npt, count=self.size * per,
-                                 offset=self._data_offset + parity * span).reshape(self.size, per)
+            view = np.frombuffer(
+                self._mm, dtype=npt, count=self.size * per, offset=self._data_offset + parity * span
+            ).reshape(self.size, per)
             self._typed[key] = view
         return view
 
@@ -218,7 +231,7 @@ class ShmRow:
         n = len(buf)
         if n <= step:
             return (buf,)
-        return (buf[s:s + step] for s in range(0, n, step))
+        return (buf[s : s + step] for s in range(0, n, step))
 
     def reduce_scatter(self, piece: torch.Tensor, bounds) -> None:
         """Sum the row's pieces; my chunk `bounds[me]` of the sum lands in my own piece.

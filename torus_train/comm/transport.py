@@ -20,6 +20,7 @@ that uses the row runs its phases piece by piece over ``transport.pieces(buf)`` 
 transports without such a limit). A row operation that starts on a piece (reduce-scatter, reduce to leader)
 must be followed by its closing one on the same piece (all-gather, broadcast) before the next piece starts.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable

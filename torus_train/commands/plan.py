@@ -4,6 +4,7 @@ fit this machine: `plan calibrate` (a bench file) and `plan compare-run` (a fini
 Each command parses its options, builds its request, calls one function of torus_train.plan and writes --json.
 No torch here: only `plan --check-groups` imports it, inside torus_train.plan.checks.
 """
+
 from __future__ import annotations
 
 import click
@@ -17,11 +18,16 @@ from torus_train.plan.plots import WRITER
 from torus_train.plan.predict import PlanRequest, predict
 from torus_train.plan.run_report import CompareRunRequest, compare_run as compare
 
-MOVED = {"--calibrate": "calibrate BENCH.json", "--calibrate-algo": "calibrate BENCH.json --algo NAME",
-         "--compare": "calibrate BENCH.json --compare OTHER.json", "--cores": "calibrate BENCH.json --cores N",
-         "--background": "calibrate BENCH.json --background B", "--llc-mib": "calibrate BENCH.json --llc-mib M",
-         "--compare-run": "compare-run OUT --calibrate BENCH.json --layer-profile PROF.json",
-         "--run-background": "compare-run OUT ... --run-background B"}
+MOVED = {
+    "--calibrate": "calibrate BENCH.json",
+    "--calibrate-algo": "calibrate BENCH.json --algo NAME",
+    "--compare": "calibrate BENCH.json --compare OTHER.json",
+    "--cores": "calibrate BENCH.json --cores N",
+    "--background": "calibrate BENCH.json --background B",
+    "--llc-mib": "calibrate BENCH.json --llc-mib M",
+    "--compare-run": "compare-run OUT --calibrate BENCH.json --layer-profile PROF.json",
+    "--run-background": "compare-run OUT ... --run-background B",
+}
 """Options of the main plan that became subcommands' options: a usage error names the new spelling."""
 
 
@@ -36,13 +42,18 @@ class PlanGroup(click.Group):
             moved = "--compare-run" if "--compare-run" in args else e.option_name
             if moved not in MOVED:
                 raise
-            raise click.UsageError(f"{moved} belongs to a subcommand: torus-train plan {MOVED[moved]}",
-                                   ctx) from None
+            raise click.UsageError(f"{moved} belongs to a subcommand: torus-train plan {MOVED[moved]}", ctx) from None
 
 
 def _json_option(f):
-    return click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-                        help="Write the result as JSON.")(f)
+    return click.option(
+        "--json",
+        "json_path",
+        type=click.Path(dir_okay=False),
+        default=None,
+        metavar="FILE",
+        help="Write the result as JSON.",
+    )(f)
 
 
 CALIBRATE_WRITER = Writer("plan calibrate")
@@ -64,40 +75,96 @@ def _write_json(path: str | None, doc: dict, writer: Writer) -> None:
 
 @click.group("plan", cls=PlanGroup, invoke_without_command=True)
 @click.option("--gpus", type=click.IntRange(min=1), default=None, help="World size N to plan for.")
-@click.option("--grid", default=None, metavar="XxY",
-              help="Grid to evaluate (X ranks per row); default: the fastest predicted grid for N.")
-@click.option("--network", default="abci-v100", show_default=True, metavar="NAME|FILE",
-              help="Network preset (abci-v100, dgx-h100, goyal-p100-50gbe, jia-p40-100gbe) or a TOML file.")
+@click.option(
+    "--grid",
+    default=None,
+    metavar="XxY",
+    help="Grid to evaluate (X ranks per row); default: the fastest predicted grid for N.",
+)
+@click.option(
+    "--network",
+    default="abci-v100",
+    show_default=True,
+    metavar="NAME|FILE",
+    help="Network preset (abci-v100, dgx-h100, goyal-p100-50gbe, jia-p40-100gbe) or a TOML file.",
+)
 @click.option("--model", default="resnet50", show_default=True, help="Model whose gradients are exchanged.")
 @click.option("--per-gpu-batch", type=int, default=32, show_default=True, help="Images per GPU per step.")
-@click.option("--grad-dtype", type=click.Choice(["fp16", "bf16", "fp32"]), default="fp16", show_default=True,
-              help="Dtype the gradients are exchanged in.")
-@click.option("--images-per-second", type=float, default=None,
-              help="Single-GPU training throughput; default: the network preset's figure for the model.")
-@click.option("--overlap", type=float, default=None,
-              help="OVERRIDE: fraction of the backward pass that hides communication, 0..1 (the gradient as one "
-                   "all-reduce); default: derived from the bucket timeline of DDP's buckets.")
-@click.option("--step-overhead", type=float, default=None,
-              help="Fraction of the single-GPU compute every step also pays unhidden (stragglers, waits, data "
-                   "loading); default: the model's one fitted constant (printed with the plan; docs/plan.md); 0 "
-                   "removes it.")
-@click.option("--placement", type=click.Choice(["rows", "columns"]), default="rows", show_default=True,
-              help="How ranks fill nodes: rows (a node's GPUs sit in one row, as in the paper) or columns.")
-@click.option("--bucket-cap-mb", type=float, default=None,
-              help="DDP's bucket_cap_mb for the bucket timeline (MiB of fp32 parameters; the first bucket 1 MiB) "
-                   "[default: 25 with --grid; without --grid, chosen with the grid by the predicted step].")
-@click.option("--layer-profile", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
-              help="Backward seconds per module ({module: seconds}, from `python -m torus_train.plan.timeline "
-                   "MODEL OUT.json`) to share the backward pass by, instead of layer FLOPs.")
-@click.option("--simulate", is_flag=True,
-              help="Run the torus's exact data movement on N virtual ranks with ragged integer tensors.")
-@click.option("--check-groups", is_flag=True,
-              help="Build every row and column process group of the grid on torch's one-process fake backend.")
+@click.option(
+    "--grad-dtype",
+    type=click.Choice(["fp16", "bf16", "fp32"]),
+    default="fp16",
+    show_default=True,
+    help="Dtype the gradients are exchanged in.",
+)
+@click.option(
+    "--images-per-second",
+    type=float,
+    default=None,
+    help="Single-GPU training throughput; default: the network preset's figure for the model.",
+)
+@click.option(
+    "--overlap",
+    type=float,
+    default=None,
+    help="OVERRIDE: fraction of the backward pass that hides communication, 0..1 (the gradient as one "
+    "all-reduce); default: derived from the bucket timeline of DDP's buckets.",
+)
+@click.option(
+    "--step-overhead",
+    type=float,
+    default=None,
+    help="Fraction of the single-GPU compute every step also pays unhidden (stragglers, waits, data "
+    "loading); default: the model's one fitted constant (printed with the plan; docs/plan.md); 0 "
+    "removes it.",
+)
+@click.option(
+    "--placement",
+    type=click.Choice(["rows", "columns"]),
+    default="rows",
+    show_default=True,
+    help="How ranks fill nodes: rows (a node's GPUs sit in one row, as in the paper) or columns.",
+)
+@click.option(
+    "--bucket-cap-mb",
+    type=float,
+    default=None,
+    help="DDP's bucket_cap_mb for the bucket timeline (MiB of fp32 parameters; the first bucket 1 MiB) "
+    "[default: 25 with --grid; without --grid, chosen with the grid by the predicted step].",
+)
+@click.option(
+    "--layer-profile",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE.json",
+    help="Backward seconds per module ({module: seconds}, from `python -m torus_train.plan.timeline "
+    "MODEL OUT.json`) to share the backward pass by, instead of layer FLOPs.",
+)
+@click.option(
+    "--simulate",
+    is_flag=True,
+    help="Run the torus's exact data movement on N virtual ranks with ragged integer tensors.",
+)
+@click.option(
+    "--check-groups",
+    is_flag=True,
+    help="Build every row and column process group of the grid on torch's one-process fake backend.",
+)
 @_json_option
-@click.option("--plot", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
-              help="PNG of predicted all-reduce time against GPU count (64..4096) per algorithm.")
-@click.option("--png", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
-              help="PNG of one step's bucket timeline: backward per bucket, each bucket's exchange per algorithm.")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE.png",
+    help="PNG of predicted all-reduce time against GPU count (64..4096) per algorithm.",
+)
+@click.option(
+    "--png",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE.png",
+    help="PNG of one step's bucket timeline: backward per bucket, each bucket's exchange per algorithm.",
+)
 @click.pass_context
 def plan(ctx: click.Context, json_path, **options) -> None:
     """Predict all-reduce time, step time and scaling efficiency per algorithm (NCCL's beside the torus) and
@@ -123,26 +190,47 @@ def _no_plan_options(ctx: click.Context) -> None:
     """A subcommand takes its own options after its name; the main plan's given before it would be ignored."""
     given = [p.opts[0] for p in ctx.command.params if ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
     if given:
-        raise UserError(f"{', '.join(given)}: an option of the main plan, not of `plan {ctx.invoked_subcommand}`; "
-                        f"give the subcommand's options after its name (see 'torus-train plan "
-                        f"{ctx.invoked_subcommand} --help')")
+        raise UserError(
+            f"{', '.join(given)}: an option of the main plan, not of `plan {ctx.invoked_subcommand}`; "
+            f"give the subcommand's options after its name (see 'torus-train plan "
+            f"{ctx.invoked_subcommand} --help')"
+        )
 
 
 @plan.command("calibrate", short_help="Fit this machine from bench files; predict a grid or compare another.")
 @click.argument("bench", metavar="BENCH.json")
-@click.option("--grid", default=None, metavar="XxY",
-              help="Grid to predict, all ranks on this host [default: 2x4 unless --compare is given].")
+@click.option(
+    "--grid",
+    default=None,
+    metavar="XxY",
+    help="Grid to predict, all ranks on this host [default: 2x4 unless --compare is given].",
+)
 @click.option("--algo", default=None, help="Which algorithm's rows to fit [default: torus if present].")
-@click.option("--compare", default=None, metavar="OTHER.json",
-              help="A bench file (or comma-separated files) of another grid: its measured busbw beside the "
-                   "predicted one.")
-@click.option("--cores", type=click.IntRange(1, MAX_CORES), default=None,
-              help="CPU cores for the oversubscription term [default: this machine's].")
-@click.option("--background", type=float, default=0.0, show_default=True,
-              help="Other runnable processes that shared the cores during the bench (e.g. its load average "
-                   "without the bench).")
-@click.option("--llc-mib", type=float, default=None,
-              help="Last-level cache size in MiB that the ranks' buffers share [default: this machine's, from /sys].")
+@click.option(
+    "--compare",
+    default=None,
+    metavar="OTHER.json",
+    help="A bench file (or comma-separated files) of another grid: its measured busbw beside the predicted one.",
+)
+@click.option(
+    "--cores",
+    type=click.IntRange(1, MAX_CORES),
+    default=None,
+    help="CPU cores for the oversubscription term [default: this machine's].",
+)
+@click.option(
+    "--background",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Other runnable processes that shared the cores during the bench (e.g. its load average without the bench).",
+)
+@click.option(
+    "--llc-mib",
+    type=float,
+    default=None,
+    help="Last-level cache size in MiB that the ranks' buffers share [default: this machine's, from /sys].",
+)
 @_json_option
 def calibrate(json_path, **options) -> None:
     """Fit this machine's alpha and beta from `bench allreduce --json` rows (several comma-separated files: the
@@ -159,19 +247,44 @@ def calibrate(json_path, **options) -> None:
 
 @plan.command("compare-run", short_help="A finished CPU run's measured step against the calibrated prediction.")
 @click.argument("run_out", metavar="OUT", type=click.Path(file_okay=False))
-@click.option("--calibrate", default=None, metavar="BENCH.json",
-              help="This machine's calibration: `bench allreduce --json` file(s) of the run's algorithm (required).")
-@click.option("--layer-profile", type=click.Path(dir_okay=False), default=None, metavar="PROF.json",
-              help="A step profile of the run's model, from `python -m torus_train.plan.host MODEL PROF.json` "
-                   "(required).")
-@click.option("--cores", type=click.IntRange(1, MAX_CORES), default=None,
-              help="CPU cores for the oversubscription term [default: this machine's].")
-@click.option("--background", type=float, default=0.0, show_default=True,
-              help="Other runnable processes that shared the cores during the bench.")
-@click.option("--run-background", type=float, default=None,
-              help="Other runnable threads while the run ran [default: --background].")
-@click.option("--llc-mib", type=float, default=None,
-              help="Last-level cache size in MiB that the ranks' buffers share [default: this machine's, from /sys].")
+@click.option(
+    "--calibrate",
+    default=None,
+    metavar="BENCH.json",
+    help="This machine's calibration: `bench allreduce --json` file(s) of the run's algorithm (required).",
+)
+@click.option(
+    "--layer-profile",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="PROF.json",
+    help="A step profile of the run's model, from `python -m torus_train.plan.host MODEL PROF.json` (required).",
+)
+@click.option(
+    "--cores",
+    type=click.IntRange(1, MAX_CORES),
+    default=None,
+    help="CPU cores for the oversubscription term [default: this machine's].",
+)
+@click.option(
+    "--background",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Other runnable processes that shared the cores during the bench.",
+)
+@click.option(
+    "--run-background",
+    type=float,
+    default=None,
+    help="Other runnable threads while the run ran [default: --background].",
+)
+@click.option(
+    "--llc-mib",
+    type=float,
+    default=None,
+    help="Last-level cache size in MiB that the ranks' buffers share [default: this machine's, from /sys].",
+)
 @_json_option
 def compare_run(json_path, **options) -> None:
     """A finished CPU `torus-train run --out OUT`: its measured step time per stage (OUT/metrics.jsonl) against

@@ -1,4 +1,5 @@
 """`torus-train report OUT [OUT2 ...]`: a run's curves, stages, speed and per-rank work as a PNG and JSON."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,12 @@ from torus_train.train import results
 
 @click.command("report")
 @click.argument("outs", nargs=-1, required=True, metavar="OUT [OUT2 ...]")
-@click.option("--png", default=None, metavar="FILE",
-              help="Write the plot here. Default: OUT/report.png for one run, report.png here for several.")
+@click.option(
+    "--png",
+    default=None,
+    metavar="FILE",
+    help="Write the plot here. Default: OUT/report.png for one run, report.png here for several.",
+)
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Also write the plotted figures as JSON.")
 @click.option("--no-png", is_flag=True, help="Write no PNG (with --json: the figures only; no matplotlib needed).")
 def report(outs, png, json_path, no_png) -> None:
@@ -55,5 +60,6 @@ def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UserError("report: the PNG needs matplotlib: pip install 'torus-train[plot]' (or pass --no-png "
-                        "--json FILE)") from None
+        raise UserError(
+            "report: the PNG needs matplotlib: pip install 'torus-train[plot]' (or pass --no-png --json FILE)"
+        ) from None

@@ -14,6 +14,7 @@ training sharded by GLOBAL rank and reshuffled per epoch, validation padded with
 
 This module imports torch lazily, inside the functions that build loaders.
 """
+
 from __future__ import annotations
 
 from torus_train.data.base import IMAGE_DTYPES, ON_CORRUPT, LoaderConfig, LoaderRequest
@@ -24,11 +25,31 @@ from torus_train.errors import UserError
 from torus_train.job.sources import SOURCES, path_source
 
 
-def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batch_size: int, image_size: int,
-                num_classes: int | None, seed: int, channels_last: bool, device, num_threads: int = 2,
-                verify: bool = True, synthetic_samples: int | None = None, index: str | None = None,
-                dtype: str = "float32", on_corrupt: str = "fail", corrupt=None, io_workers: int = 2,
-                prefetch: int = 2, shuffle_buffer: int = 8192, decoder: str = "auto"):
+def make_loader(
+    kind: str,
+    root,
+    split: str,
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    image_size: int,
+    num_classes: int | None,
+    seed: int,
+    channels_last: bool,
+    device,
+    num_threads: int = 2,
+    verify: bool = True,
+    synthetic_samples: int | None = None,
+    index: str | None = None,
+    dtype: str = "float32",
+    on_corrupt: str = "fail",
+    corrupt=None,
+    io_workers: int = 2,
+    prefetch: int = 2,
+    shuffle_buffer: int = 8192,
+    decoder: str = "auto",
+):
     """A loader for ``split`` of ``root`` (tools and tests; ranks go through train/build.py): ``root`` is a
     folder or a packed set, told apart by the data sources' table; or ``kind`` names a data source that takes
     no path (synthetic, demo) and ``root`` is None.
@@ -48,12 +69,35 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
     """
     import torch
 
-    cfg = loader_config(split, rank, world_size, batch_size, image_size, seed, channels_last, num_threads, dtype,
-                        on_corrupt, io_workers, prefetch, shuffle_buffer)
+    cfg = loader_config(
+        split,
+        rank,
+        world_size,
+        batch_size,
+        image_size,
+        seed,
+        channels_last,
+        num_threads,
+        dtype,
+        on_corrupt,
+        io_workers,
+        prefetch,
+        shuffle_buffer,
+    )
     named = kind in SOURCES and not SOURCES.get(kind).takes_path
-    request = LoaderRequest(cfg, torch.device(device), None if named else root, "auto" if named else kind,
-                            num_classes, index, build_index=True, verify=verify, samples=synthetic_samples or 0,
-                            corrupt=corrupt, decoder=decoder)
+    request = LoaderRequest(
+        cfg,
+        torch.device(device),
+        None if named else root,
+        "auto" if named else kind,
+        num_classes,
+        index,
+        build_index=True,
+        verify=verify,
+        samples=synthetic_samples or 0,
+        corrupt=corrupt,
+        decoder=decoder,
+    )
     if named:
         return SOURCES.get(kind).open_loader(request)
     if kind not in KINDS:  # named before the folder is read
@@ -63,15 +107,32 @@ def make_loader(kind: str, root, split: str, *, rank: int, world_size: int, batc
     return path_source(root).open_loader(request)
 
 
-def loader_config(split: str, rank: int, world_size: int, batch_size: int, image_size: int, seed: int,
-                  channels_last: bool, num_threads: int, dtype: str, on_corrupt: str, io_workers: int,
-                  prefetch: int, shuffle_buffer: int):
+def loader_config(
+    split: str,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    image_size: int,
+    seed: int,
+    channels_last: bool,
+    num_threads: int,
+    dtype: str,
+    on_corrupt: str,
+    io_workers: int,
+    prefetch: int,
+    shuffle_buffer: int,
+):
     """make_loader's arguments checked (UserError naming the field) and gathered into a base.LoaderConfig."""
     if split not in ("train", "val"):
         raise UserError(f"split: {split!r} must be train or val")
-    for name, v in (("batch_size", batch_size), ("image_size", image_size), ("world_size", world_size),
-                    ("data.io_workers", io_workers), ("data.prefetch", prefetch),
-                    ("data.shuffle_buffer", shuffle_buffer)):
+    for name, v in (
+        ("batch_size", batch_size),
+        ("image_size", image_size),
+        ("world_size", world_size),
+        ("data.io_workers", io_workers),
+        ("data.prefetch", prefetch),
+        ("data.shuffle_buffer", shuffle_buffer),
+    ):
         if not isinstance(v, int) or v < 1:
             raise UserError(f"{name}: {v!r} must be a positive integer")
     if not 0 <= rank < world_size:
@@ -82,5 +143,18 @@ def loader_config(split: str, rank: int, world_size: int, batch_size: int, image
         raise UserError(f"dtype: {dtype!r} must be one of {', '.join(IMAGE_DTYPES)}")
     if on_corrupt not in ON_CORRUPT:
         raise UserError(f"data.on_corrupt: {on_corrupt!r} must be one of {', '.join(ON_CORRUPT)}")
-    return LoaderConfig(split, rank, world_size, batch_size, image_size, seed, channels_last, num_threads, dtype,
-                        on_corrupt, io_workers, prefetch, shuffle_buffer)
+    return LoaderConfig(
+        split,
+        rank,
+        world_size,
+        batch_size,
+        image_size,
+        seed,
+        channels_last,
+        num_threads,
+        dtype,
+        on_corrupt,
+        io_workers,
+        prefetch,
+        shuffle_buffer,
+    )

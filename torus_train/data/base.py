@@ -6,6 +6,7 @@ like any other sample). Validation shards are padded the same way, but the padde
 count a prediction only where ``labels >= 0``, and sum correct and counted over the ranks. Then every
 validation image is counted exactly once.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,9 +22,9 @@ from torus_train.data.sharding import Shard, shard
 # ImageNet channel statistics, in 0..255 and 0..1.
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-TRAIN_AREA = (0.35, 1.0)       # random-resized-crop area range (0.08 in He et al.; 0.35 as in fast.ai's DAWNBench)
-TRAIN_RATIO = (3 / 4, 4 / 3)   # random-resized-crop aspect ratio range
-VAL_CROP = 0.875               # validation: resize the shorter side to size / 0.875, then centre-crop size
+TRAIN_AREA = (0.35, 1.0)  # random-resized-crop area range (0.08 in He et al.; 0.35 as in fast.ai's DAWNBench)
+TRAIN_RATIO = (3 / 4, 4 / 3)  # random-resized-crop aspect ratio range
+VAL_CROP = 0.875  # validation: resize the shorter side to size / 0.875, then centre-crop size
 PAD_LABEL = -1
 log = logging.getLogger("torus_train.data")
 
@@ -177,8 +178,12 @@ class CorruptLog:
             first = path not in self.files
             self.files[path] = self.files.get(path, 0) + 1
         if first:
-            log.warning("corrupt image skipped (data.on_corrupt = skip): %s (%s); replaced by %s",
-                        path, reason[:200], replacement)
+            log.warning(
+                "corrupt image skipped (data.on_corrupt = skip): %s (%s); replaced by %s",
+                path,
+                reason[:200],
+                replacement,
+            )
 
     @property
     def samples(self) -> int:
@@ -194,9 +199,11 @@ def replacement_after(split: Split, i: int, readable) -> int:
         j = (i + k) % n
         if readable(j):
             return j
-    raise DataError(f"{split.files[i]}: cannot decode it, and none of the {min(n - 1, REPLACEMENT_TRIES)} files "
-                    "after it could replace it (data.on_corrupt = skip); check the data folder with: "
-                    "torus-train data check")
+    raise DataError(
+        f"{split.files[i]}: cannot decode it, and none of the {min(n - 1, REPLACEMENT_TRIES)} files "
+        "after it could replace it (data.on_corrupt = skip); check the data folder with: "
+        "torus-train data check"
+    )
 
 
 def epoch_shard(split: Split, cfg: LoaderConfig, epoch: int) -> Shard:
@@ -205,8 +212,16 @@ def epoch_shard(split: Split, cfg: LoaderConfig, epoch: int) -> Shard:
     order = None
     if cfg.split == "train" and isinstance(split, PackedSplit):
         order = packed_order(split.starts, epoch, cfg.seed, cfg.shuffle_buffer)
-    return shard(len(split), cfg.rank, cfg.world_size, cfg.batch_size, epoch=epoch, seed=cfg.seed,
-                 shuffle=cfg.split == "train", order=order)
+    return shard(
+        len(split),
+        cfg.rank,
+        cfg.world_size,
+        cfg.batch_size,
+        epoch=epoch,
+        seed=cfg.seed,
+        shuffle=cfg.split == "train",
+        order=order,
+    )
 
 
 class ShardedLoader:
@@ -250,7 +265,7 @@ class ShardedLoader:
         first_pad = len(self.shard.indices) - self.shard.pad
         lo = step * self.batch_size
         if lo + self.batch_size > first_pad:
-            labels[max(0, first_pad - lo):] = PAD_LABEL
+            labels[max(0, first_pad - lo) :] = PAD_LABEL
         return labels
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ probability 1/2; validation: the shorter side resized to val_resize(size), then 
 draws come from ``generator`` (a CPU torch.Generator the loader seeds per epoch and rank), so a batch is a
 function of (seed, rank, epoch, step): a resumed run draws what a straight one drew.
 """
+
 from __future__ import annotations
 
 import functools
@@ -90,8 +91,14 @@ def val_box(height: int, width: int, size: int) -> tuple[tuple[int, int], tuple[
     return (rh, rw), (int(round((rh - size) / 2.0)), int(round((rw - size) / 2.0)))
 
 
-def augment(images: list[torch.Tensor], split: str, size: int, generator: torch.Generator,
-            dtype: torch.dtype = torch.float32, channels_last: bool = False) -> torch.Tensor:
+def augment(
+    images: list[torch.Tensor],
+    split: str,
+    size: int,
+    generator: torch.Generator,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
+) -> torch.Tensor:
     """[B, 3, size, size] in ``dtype``, normalised with MEAN/STD, on the images' device: training's random-resized
     crop and flip, or validation's resize and centre crop, per image (their sizes differ), then one batch."""
     out = []
@@ -99,13 +106,12 @@ def augment(images: list[torch.Tensor], split: str, size: int, generator: torch.
         _, height, width = img.shape
         if split == "train":
             top, left, h, w = crop_box(height, width, generator)
-            crop = img[None, :, top:top + h, left:left + w].float()
+            crop = img[None, :, top : top + h, left : left + w].float()
             out.append(F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False))
         else:
             (rh, rw), (top, left) = val_box(height, width, size)
-            full = F.interpolate(img[None].float(), size=(rh, rw), mode="bilinear", antialias=True,
-                                 align_corners=False)
-            out.append(full[:, :, top:top + size, left:left + size])
+            full = F.interpolate(img[None].float(), size=(rh, rw), mode="bilinear", antialias=True, align_corners=False)
+            out.append(full[:, :, top : top + size, left : left + size])
     x = torch.cat(out)
     if split == "train":  # one draw per image, as RandomHorizontalFlip's
         flip = to_device(torch.rand(len(images), generator=generator) < 0.5, x.device)

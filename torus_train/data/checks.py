@@ -1,6 +1,7 @@
 """Checking a data folder file by file (``torus-train data check``, ``bench input``): every file listed as
 the index lists it, and every JPEG's first and last bytes are the JPEG markers (truncated or not a JPEG at
 all is a DataError naming the file). Ranks never do this: they read the index (data/index.py)."""
+
 from __future__ import annotations
 
 import os
@@ -59,7 +60,9 @@ def verify_files(split: Split) -> None:
     """Every file of ``split`` exists and every JPEG has its markers; DataError naming the first that fails."""
     for p in split.files:
         if not os.path.isfile(p):
-            raise DataError(f"{p}: missing (listed in the index); rebuild it with: torus-train data index "
-                            f"--data {split.root.parent}")
+            raise DataError(
+                f"{p}: missing (listed in the index); rebuild it with: torus-train data index "
+                f"--data {split.root.parent}"
+            )
         if os.path.splitext(p)[1].lower() in JPEG_EXTENSIONS:
             check_jpeg(p)

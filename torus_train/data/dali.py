@@ -23,6 +23,7 @@ reader-found one at once, in the batch being read; a decode failure by rebuildin
 step with the sample marked, so the step is redone with a whole batch. The shard, the batch size and the step
 count do not change.
 """
+
 from __future__ import annotations
 
 import io
@@ -30,8 +31,19 @@ import io
 import numpy as np
 import torch
 
-from torus_train.data.base import (MEAN, PAD_LABEL, STD, TRAIN_AREA, TRAIN_RATIO, CorruptLog, LoaderConfig,
-                                   ShardedLoader, epoch_shard, replacement_after, val_resize)
+from torus_train.data.base import (
+    MEAN,
+    PAD_LABEL,
+    STD,
+    TRAIN_AREA,
+    TRAIN_RATIO,
+    CorruptLog,
+    LoaderConfig,
+    ShardedLoader,
+    epoch_shard,
+    replacement_after,
+    val_resize,
+)
 from torus_train.data.index import DataError, Split
 from torus_train.data.readers import ReadAhead, sample_reader
 
@@ -66,25 +78,44 @@ def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
         # ``source`` yields batches that reader threads read ahead: the training thread only takes them
         jpegs, lab = fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32])
         if cfg.split == "train":
-            img = fn.decoders.image_random_crop(jpegs, device=decoder_device, output_type=types.RGB,
-                                                random_area=list(TRAIN_AREA), random_aspect_ratio=list(TRAIN_RATIO),
-                                                num_attempts=10)
+            img = fn.decoders.image_random_crop(
+                jpegs,
+                device=decoder_device,
+                output_type=types.RGB,
+                random_area=list(TRAIN_AREA),
+                random_aspect_ratio=list(TRAIN_RATIO),
+                num_attempts=10,
+            )
             # Linear, no antialiasing, as in NVIDIA's DALI ResNet-50 examples: a training crop is shrunk by
             # less than 2x per side, where the aliasing is slight, and this resize is the costliest CPU stage
             # (about 1.3x the pipeline's speed on 500x375 photographs, 2 cores).
-            img = fn.resize(img, device=op_device, resize_x=size, resize_y=size, interp_type=types.INTERP_LINEAR,
-                            antialias=False)
-            img = fn.crop_mirror_normalize(img, device=op_device, dtype=out_type, output_layout=layout,
-                                           mean=mean, std=std, mirror=fn.random.coin_flip(probability=0.5))
+            img = fn.resize(
+                img, device=op_device, resize_x=size, resize_y=size, interp_type=types.INTERP_LINEAR, antialias=False
+            )
+            img = fn.crop_mirror_normalize(
+                img,
+                device=op_device,
+                dtype=out_type,
+                output_layout=layout,
+                mean=mean,
+                std=std,
+                mirror=fn.random.coin_flip(probability=0.5),
+            )
         else:
             img = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB)
             img = fn.resize(img, device=op_device, resize_shorter=val_resize(size), antialias=True)
-            img = fn.crop_mirror_normalize(img, device=op_device, dtype=out_type, output_layout=layout,
-                                           crop=(size, size), mean=mean, std=std)
+            img = fn.crop_mirror_normalize(
+                img, device=op_device, dtype=out_type, output_layout=layout, crop=(size, size), mean=mean, std=std
+            )
         return img, lab
 
-    p = pipe(batch_size=cfg.batch_size, num_threads=max(1, cfg.num_threads), device_id=device_id, seed=seed,
-             prefetch_queue_depth=cfg.prefetch)
+    p = pipe(
+        batch_size=cfg.batch_size,
+        num_threads=max(1, cfg.num_threads),
+        device_id=device_id,
+        seed=seed,
+        prefetch_queue_depth=cfg.prefetch,
+    )
     p.build()
     return p
 
@@ -125,8 +156,10 @@ def _named_error(e: Exception, split: Split, window) -> DataError:
     """
     msg = str(e)
     lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
-    reason = next((lines[i + 1] for i, ln in enumerate(lines) if ln == "encountered:" and i + 1 < len(lines)),
-                  lines[0] if lines else type(e).__name__)
+    reason = next(
+        (lines[i + 1] for i, ln in enumerate(lines) if ln == "encountered:" and i + 1 < len(lines)),
+        lines[0] if lines else type(e).__name__,
+    )
     bad = _find_bad_sample(split, window)
     if bad is not None:
         return DataError(f"{bad[0]}: corrupt image, DALI cannot decode it ({reason}; PIL: {bad[1][:120]})")
@@ -179,7 +212,7 @@ def batch_indices(split: Split, cfg: LoaderConfig, epoch: int, first_step: int =
     while True:
         sh = epoch_shard(split, cfg, epoch)
         for step in range(first_step, sh.steps):
-            yield sh.indices[step * cfg.batch_size:(step + 1) * cfg.batch_size]
+            yield sh.indices[step * cfg.batch_size : (step + 1) * cfg.batch_size]
         first_step = 0
         if cfg.split == "train":
             epoch += 1
@@ -200,8 +233,9 @@ class DaliLoader(ShardedLoader):
         super().__init__(split, cfg, device, corrupt)
         self._gpu = device.type == "cuda"
         self.decoder = "mixed" if self._gpu else "cpu"  # DALI's JPEG decoder, for the run's summary
-        self._device_id = (device.index if device.index is not None else torch.cuda.current_device()) \
-            if self._gpu else None
+        self._device_id = (
+            (device.index if device.index is not None else torch.cuda.current_device()) if self._gpu else None
+        )
         self._feed = Feed(split, cfg, self.corrupt)
         self._pipe = None
         self._ahead = None
@@ -210,7 +244,7 @@ class DaliLoader(ShardedLoader):
     def _pipeline(self, first_step: int = 0):
         if self._pipe is None or self._next_epoch != self.epoch or first_step:
             self.close()
-            seed = (self.cfg.seed * 7919 + self.cfg.rank * 104729 + self.epoch) % (2 ** 31)
+            seed = (self.cfg.seed * 7919 + self.cfg.rank * 104729 + self.epoch) % (2**31)
             # in flight: prefetch batches, and at least one per reader thread so that all of them read
             self._ahead = ReadAhead(self.cfg.io_workers, max(self.cfg.prefetch, self.cfg.io_workers))
             stream = shard_stream(self._feed, self.cfg, self.epoch, first_step, self._ahead)
@@ -240,8 +274,11 @@ class DaliLoader(ShardedLoader):
         cause = e.__cause__ or e.__context__
         if isinstance(cause, DataError):
             raise cause from None
-        window = [i for i in self.shard.indices[step * self.batch_size:(step + 3) * self.batch_size]
-                  if self.split.files[int(i)] not in self._feed.bad]
+        window = [
+            i
+            for i in self.shard.indices[step * self.batch_size : (step + 3) * self.batch_size]
+            if self.split.files[int(i)] not in self._feed.bad
+        ]
         bad = _find_bad_sample(self.split, window)
         if not self._feed.skip or bad is None:
             raise _named_error(e, self.split, window) from None
@@ -252,8 +289,10 @@ class DaliLoader(ShardedLoader):
         t = images.as_tensor()
         if self._gpu:
             from nvidia.dali.plugin.pytorch import feed_ndarray
-            out = torch.empty(t.shape(), dtype=torch.float32 if self.cfg.dtype == "float32" else torch.float16,
-                              device=self.device)
+
+            out = torch.empty(
+                t.shape(), dtype=torch.float32 if self.cfg.dtype == "float32" else torch.float16, device=self.device
+            )
             feed_ndarray(t, out, cuda_stream=torch.cuda.current_stream(self.device))
         else:
             out = torch.from_numpy(np.array(t, copy=True))

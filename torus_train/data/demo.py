@@ -8,6 +8,7 @@ and the JPEG quality. A linear classifier on raw pixels does poorly on it; a sma
 Layout: ``OUT/train/NN_name/NNNNN.JPEG``, ``OUT/val/NN_name/NNNNN.JPEG`` and ``OUT/demo.json`` (written last:
 a folder without it is an interrupted generation and is regenerated).
 """
+
 from __future__ import annotations
 
 import json
@@ -75,8 +76,20 @@ def _draw_shape(d: ImageDraw.ImageDraw, cls: int, cx: float, cy: float, r: float
         d.polygon(_polygon(5, r, rot, cx, cy, inner=0.42), fill=fill)
     elif name == "cross":
         a, b = r, r * 0.3
-        pts = [(-b, -a), (b, -a), (b, -b), (a, -b), (a, b), (b, b), (b, a), (-b, a), (-b, b), (-a, b),
-               (-a, -b), (-b, -b)]
+        pts = [
+            (-b, -a),
+            (b, -a),
+            (b, -b),
+            (a, -b),
+            (a, b),
+            (b, b),
+            (b, a),
+            (-b, a),
+            (-b, b),
+            (-a, b),
+            (-a, -b),
+            (-b, -b),
+        ]
         d.polygon(_rotated(pts, rot, cx, cy), fill=fill)
     elif name == "crescent":
         d.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
@@ -110,8 +123,9 @@ def render(seed: int, split: str, index: int, size: int = 64) -> tuple[Image.Ima
     # Background: two random colours blended by a linear gradient in a random direction.
     h0 = rng.random()
     bg0 = np.array(_hsv_rgb(h0, rng.uniform(0.1, 0.7), rng.uniform(0.2, 0.95)), np.float32)
-    bg1 = np.array(_hsv_rgb((h0 + rng.uniform(-0.2, 0.2)) % 1, rng.uniform(0.1, 0.7), rng.uniform(0.2, 0.95)),
-                   np.float32)
+    bg1 = np.array(
+        _hsv_rgb((h0 + rng.uniform(-0.2, 0.2)) % 1, rng.uniform(0.1, 0.7), rng.uniform(0.2, 0.95)), np.float32
+    )
     ang = rng.uniform(0, 2 * math.pi)
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / (size - 1)
     t = np.clip(((xx - 0.5) * math.cos(ang) + (yy - 0.5) * math.sin(ang)) + 0.5, 0, 1)[..., None]
@@ -159,8 +173,15 @@ def _write_range(args: tuple) -> int:
     return stop - start
 
 
-def generate(out: str | os.PathLike, seed: int = 0, train_per_class: int = 1000, val_per_class: int = 100,
-             size: int = 64, workers: int = 2, progress: Callable[[int, int], None] | None = None) -> dict:
+def generate(
+    out: str | os.PathLike,
+    seed: int = 0,
+    train_per_class: int = 1000,
+    val_per_class: int = 100,
+    size: int = 64,
+    workers: int = 2,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
     """Write the demo set into ``out`` (which must not hold a finished set); return its manifest."""
     out = Path(out)
     for name, v in (("--train-per-class", train_per_class), ("--val-per-class", val_per_class)):
@@ -177,8 +198,9 @@ def generate(out: str | os.PathLike, seed: int = 0, train_per_class: int = 1000,
         raise UserError(f"{out}: cannot create the data set folder ({e.strerror})") from None
     t0 = time.time()
     chunk = 250
-    jobs = [(str(out), seed, split, s, min(s + chunk, n[split]), size)
-            for split in n for s in range(0, n[split], chunk)]
+    jobs = [
+        (str(out), seed, split, s, min(s + chunk, n[split]), size) for split in n for s in range(0, n[split], chunk)
+    ]
     total, done = sum(n.values()), 0
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
@@ -191,8 +213,15 @@ def generate(out: str | os.PathLike, seed: int = 0, train_per_class: int = 1000,
             done += _write_range(j)
             if progress:
                 progress(done, total)
-    manifest = {"version": VERSION, "seed": seed, "size": size, "classes": [class_dir(c) for c in range(10)],
-                "train": n["train"], "val": n["val"], "seconds": round(time.time() - t0, 2)}
+    manifest = {
+        "version": VERSION,
+        "seed": seed,
+        "size": size,
+        "classes": [class_dir(c) for c in range(10)],
+        "train": n["train"],
+        "val": n["val"],
+        "seconds": round(time.time() - t0, 2),
+    }
     (out / "demo.json").write_text(json.dumps(manifest, indent=1) + "\n")  # the completion marker, last
     return manifest
 
@@ -205,9 +234,16 @@ def read_manifest(path: str | os.PathLike) -> dict | None:
         return None
 
 
-def ensure_demo_dataset(path: str | os.PathLike | None = None, seed: int = 0, *, train_per_class: int = 1000,
-                        val_per_class: int = 100, size: int = 64, workers: int = 2,
-                        log: Callable[[str], None] | None = print) -> Path:
+def ensure_demo_dataset(
+    path: str | os.PathLike | None = None,
+    seed: int = 0,
+    *,
+    train_per_class: int = 1000,
+    val_per_class: int = 100,
+    size: int = 64,
+    workers: int = 2,
+    log: Callable[[str], None] | None = print,
+) -> Path:
     """Return ``path`` (default: the cache folder) holding the demo set, generating it first if missing.
 
     Generation goes to a temporary sibling folder that is renamed into place when complete, so concurrent
@@ -215,13 +251,20 @@ def ensure_demo_dataset(path: str | os.PathLike | None = None, seed: int = 0, *,
     """
     path = Path(path) if path is not None else default_cache_dir()
     m = read_manifest(path)
-    want = {"version": VERSION, "seed": seed, "size": size, "train": train_per_class * len(CLASSES),
-            "val": val_per_class * len(CLASSES)}
+    want = {
+        "version": VERSION,
+        "seed": seed,
+        "size": size,
+        "train": train_per_class * len(CLASSES),
+        "val": val_per_class * len(CLASSES),
+    }
     if m is not None and all(m.get(k) == v for k, v in want.items()):
         return path
     if m is not None:
-        raise UserError(f"{path}: holds a demo set made with other settings "
-                        f"({', '.join(f'{k}={m.get(k)}' for k in want)}); remove it or choose another folder")
+        raise UserError(
+            f"{path}: holds a demo set made with other settings "
+            f"({', '.join(f'{k}={m.get(k)}' for k in want)}); remove it or choose another folder"
+        )
     if path.exists() and any(path.iterdir()):
         raise UserError(f"{path}: exists, is not empty and holds no finished demo set (no demo.json)")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

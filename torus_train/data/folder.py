@@ -1,6 +1,7 @@
 """The folder data source: an ImageNet-layout folder (train/CLASS/*.JPEG, val/CLASS/*.JPEG) read through its
 file index (data/index.py) by DALI or torchvision. Its entry is ``folder`` in job/sources.py.
 """
+
 from __future__ import annotations
 
 import sys
@@ -9,8 +10,16 @@ from pathlib import Path
 from torus_train.data.pipelines import check_class_count, file_loader
 from torus_train.data.base import LoaderRequest
 from torus_train.data.checks import scan, verify_files
-from torus_train.data.index import (SPLITS, DataError, compare_with_folder, default_location, ensure_index,
-                                    list_classes, load_index, same_classes)
+from torus_train.data.index import (
+    SPLITS,
+    DataError,
+    compare_with_folder,
+    default_location,
+    ensure_index,
+    list_classes,
+    load_index,
+    same_classes,
+)
 from torus_train.errors import UserError
 
 
@@ -33,8 +42,10 @@ def layout_problem(root: Path, need_both: bool) -> str | None:
     found = [(root / s).is_dir() for s in SPLITS]
     if all(found) if need_both else any(found):
         return None
-    return (f"data.source: {root}: neither an ImageNet-layout folder (train/CLASS/*, val/CLASS/*) nor a packed "
-            f"set (packed.json; torus-train data pack)")
+    return (
+        f"data.source: {root}: neither an ImageNet-layout folder (train/CLASS/*, val/CLASS/*) nor a packed "
+        f"set (packed.json; torus-train data pack)"
+    )
 
 
 def classes(spec) -> tuple[str, dict]:
@@ -88,6 +99,8 @@ def check_files(root, splits, location, echo) -> None:
     idx.verify_checksum()
     problems = compare_with_folder(idx)
     if problems:
-        raise DataError(f"{dest}: index does not match the folder ({'; '.join(problems)}); rebuild it with: "
-                        f"torus-train data index --data {root}")
+        raise DataError(
+            f"{dest}: index does not match the folder ({'; '.join(problems)}); rebuild it with: "
+            f"torus-train data index --data {root}"
+        )
     echo(f"{dest}: index matches the folder")

@@ -14,6 +14,7 @@ Ranks open the arrays memory-mapped, so a rank reads only the pages of the entri
 A stale index (a class folder changed after it was built), a foreign one (built for another folder), an
 unknown version or a damaged one (checksum) is a DataError that says how to rebuild it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,17 +45,28 @@ class DataError(UserError):
 
 
 META_FIELDS = (
-    Field("root", "str"), Field("checksum", "str"),
-    *(f for s in SPLITS for f in (Field(f"splits.{s}.classes", "list"), Field(f"splits.{s}.count", "int", 0),
-                                  Field(f"splits.{s}.class_mtimes", "list"))),
+    Field("root", "str"),
+    Field("checksum", "str"),
+    *(
+        f
+        for s in SPLITS
+        for f in (
+            Field(f"splits.{s}.classes", "list"),
+            Field(f"splits.{s}.count", "int", 0),
+            Field(f"splits.{s}.class_mtimes", "list"),
+        )
+    ),
 )
 """What a rank reads from an index's meta.json."""
 
 # An index folder is recognised by its meta.json (version, root, splits): only such a folder, holding nothing
 # but the arrays beside it, is replaced.
-INDEX_KIND = FolderKind("data index", "meta.json",
-                        lambda m: {"version", "root", "splits"} <= m.keys() and isinstance(m["splits"], dict),
-                        lambda m: [f"{s}.{k}.npy" for s in SPLITS for k in ARRAYS])
+INDEX_KIND = FolderKind(
+    "data index",
+    "meta.json",
+    lambda m: {"version", "root", "splits"} <= m.keys() and isinstance(m["splits"], dict),
+    lambda m: [f"{s}.{k}.npy" for s in SPLITS for k in ARRAYS],
+)
 
 
 class Names(Sequence):
@@ -72,7 +84,7 @@ class Names(Sequence):
         i = int(i)
         if i < 0:
             i += len(self)
-        return self.prefix + self.blob[self.offsets[i]:self.offsets[i + 1]].tobytes().decode()
+        return self.prefix + self.blob[self.offsets[i] : self.offsets[i + 1]].tobytes().decode()
 
 
 @dataclass(frozen=True)
@@ -200,8 +212,11 @@ def _arrays(names: list[str], labels: list[int]) -> dict[str, np.ndarray]:
     encoded = [n.encode() for n in names]
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    return {"names": np.frombuffer(b"".join(encoded), dtype=np.uint8), "offsets": offsets,
-            "labels": np.asarray(labels, dtype=np.int32)}
+    return {
+        "names": np.frombuffer(b"".join(encoded), dtype=np.uint8),
+        "offsets": offsets,
+        "labels": np.asarray(labels, dtype=np.int32),
+    }
 
 
 def arrays_checksum(arrays: dict[str, np.ndarray]) -> str:
@@ -213,8 +228,9 @@ def arrays_checksum(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def build_index(data_root: str | os.PathLike, location: str | os.PathLike | None = None, log=None,
-                flag: str = "--index") -> Path:
+def build_index(
+    data_root: str | os.PathLike, location: str | os.PathLike | None = None, log=None, flag: str = "--index"
+) -> Path:
     """Scan ``data_root`` once and write its index (a finished index or none; see torus_train.outdir); its
     folder. A target that is not an index of this project, or one inside the data's split folders, is refused
     before the scan."""
@@ -229,8 +245,11 @@ def build_index(data_root: str | os.PathLike, location: str | os.PathLike | None
         classes, names, labels = list_split(data, split)
         for key, a in _arrays(names, labels).items():
             arrays[f"{split}.{key}"] = a
-        meta["splits"][split] = {"classes": list(classes), "count": len(names),
-                                 "class_mtimes": class_mtimes(data, split, classes)}
+        meta["splits"][split] = {
+            "classes": list(classes),
+            "count": len(names),
+            "class_mtimes": class_mtimes(data, split, classes),
+        }
     meta["checksum"] = arrays_checksum(arrays)
     meta["seconds"] = round(time.time() - t0, 3)
     _write(dest, meta, arrays, flag)
@@ -246,8 +265,7 @@ def resolve_data(data_root: str | os.PathLike, flag: str = "--data") -> Path:
     try:
         path = Path(data_root).resolve()
     except RuntimeError:  # how Python before 3.13 reports a symlink loop
-        raise DataError(f"{flag} {shown_path(data_root)}: a symlink loop (too many levels of symbolic links)") \
-            from None
+        raise DataError(f"{flag} {shown_path(data_root)}: a symlink loop (too many levels of symbolic links)") from None
     except (OSError, ValueError) as e:
         raise DataError(f"{flag} {shown_path(data_root)}: {getattr(e, 'strerror', None) or e}") from None
     try:
@@ -266,8 +284,10 @@ def check_index_target(data: Path, location: str | os.PathLike | None, flag: str
     for split in SPLITS:
         inside = data / split
         if dest == inside or inside in dest.parents:
-            raise UserError(f"{flag} {dest}: inside the data folder's {split}/ (it would be read as a class); "
-                            f"put the index elsewhere, or leave {flag} out for {data / INDEX_DIR}")
+            raise UserError(
+                f"{flag} {dest}: inside the data folder's {split}/ (it would be read as a class); "
+                f"put the index elsewhere, or leave {flag} out for {data / INDEX_DIR}"
+            )
     if dest == data or dest in data.parents:
         raise UserError(f"{flag} {dest}: holds the data folder {data}; the index needs a folder of its own")
     check_target(dest, INDEX_KIND, flag)
@@ -283,8 +303,9 @@ def _write(dest: Path, meta: dict, arrays: dict[str, np.ndarray], flag: str) -> 
     try:
         write_folder(dest, INDEX_KIND, flag, fill)
     except OSError as e:
-        raise DataError(f"{dest}: cannot write the index ({e.strerror or e}); pass a writable place with "
-                        f"{flag}") from None
+        raise DataError(
+            f"{dest}: cannot write the index ({e.strerror or e}); pass a writable place with {flag}"
+        ) from None
 
 
 def _rebuild_hint(data: str) -> str:
@@ -322,8 +343,10 @@ class Index:
             except OSError:
                 same = False
             if not same:
-                raise DataError(f"{self.path}: index is stale ({self.root / split} changed after it was built); "
-                                f"{_rebuild_hint(str(self.root))}")
+                raise DataError(
+                    f"{self.path}: index is stale ({self.root / split} changed after it was built); "
+                    f"{_rebuild_hint(str(self.root))}"
+                )
 
 
 def _classes(data: Path, split: str) -> tuple[str, ...]:
@@ -337,26 +360,29 @@ def load_index(path: str | os.PathLike, data_root: str | os.PathLike | None = No
     p = Path(path)
     hint = _rebuild_hint(str(data_root or "DIR"))
     if not (p / "meta.json").exists():
-        raise DataError(f"{p}: no index there; build one with: torus-train data index --data "
-                        f"{data_root or 'DIR'}")
+        raise DataError(f"{p}: no index there; build one with: torus-train data index --data {data_root or 'DIR'}")
     try:
         meta = read_json(p / "meta.json", "index")
         if not isinstance(meta, dict) or meta.get("version") != VERSION:
-            raise DataError(f"{p}: index version {meta.get('version') if isinstance(meta, dict) else '?'} is not "
-                            f"{VERSION}")
+            raise DataError(
+                f"{p}: index version {meta.get('version') if isinstance(meta, dict) else '?'} is not {VERSION}"
+            )
         check(meta, META_FIELDS, f"{p / 'meta.json'}")
         for s in SPLITS:
             check_class_names(meta["splits"][s]["classes"], f"{p / 'meta.json'}: splits.{s}.classes")
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in meta["splits"][s]["class_mtimes"]):
                 raise DataError(f"{p / 'meta.json'}: splits.{s}.class_mtimes: must be a list of integers")
         counts = {s: meta["splits"][s]["count"] for s in SPLITS}
-        arrays = load_arrays(p, ARRAYS, {"names": None, "offsets": lambda s: counts[s] + 1,
-                                         "labels": lambda s: counts[s]})
+        arrays = load_arrays(
+            p, ARRAYS, {"names": None, "offsets": lambda s: counts[s] + 1, "labels": lambda s: counts[s]}
+        )
     except UserError as e:
         raise DataError(f"{e}; {hint}") from None
     if data_root is not None and Path(meta["root"]) != Path(data_root).resolve():
-        raise DataError(f"{p}: this index was built for {meta['root']}, not {Path(data_root).resolve()}; "
-                        f"{_rebuild_hint(str(data_root))}")
+        raise DataError(
+            f"{p}: this index was built for {meta['root']}, not {Path(data_root).resolve()}; "
+            f"{_rebuild_hint(str(data_root))}"
+        )
     return Index(p, meta, arrays)
 
 
@@ -384,11 +410,17 @@ def load_arrays(folder: Path, dtypes: dict, lengths: dict) -> dict[str, np.ndarr
             except (OSError, ValueError, EOFError) as e:
                 raise DataError(f"{f}: not a readable array ({getattr(e, 'strerror', None) or e})") from None
             want = lengths[key](s) if lengths.get(key) else None
-            if not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype != dtype or (want is not None and
-                                                                                    len(a) != want):
+            if (
+                not isinstance(a, np.ndarray)
+                or a.ndim != 1
+                or a.dtype != dtype
+                or (want is not None and len(a) != want)
+            ):
                 shape = getattr(a, "shape", "?")
-                raise DataError(f"{f}: {getattr(a, 'dtype', type(a).__name__)} {shape}, expected "
-                                f"{np.dtype(dtype).name} of {want if want is not None else 'any'} entries (damaged)")
+                raise DataError(
+                    f"{f}: {getattr(a, 'dtype', type(a).__name__)} {shape}, expected "
+                    f"{np.dtype(dtype).name} of {want if want is not None else 'any'} entries (damaged)"
+                )
             arrays[f"{s}.{key}"] = a
     return arrays
 
@@ -414,13 +446,15 @@ def compare_with_folder(index: Index) -> list[str]:
         if classes != s.classes:
             problems.append(f"{split}: classes differ ({len(classes)} in the folder, {len(s.classes)} indexed)")
             continue
-        indexed = [s.files[i][len(str(s.root)) + 1:] for i in range(len(s))]
+        indexed = [s.files[i][len(str(s.root)) + 1 :] for i in range(len(s))]
         if indexed != names:
             extra = sorted(set(names) - set(indexed))[:3]
             gone = sorted(set(indexed) - set(names))[:3]
-            problems.append(f"{split}: {len(names)} files in the folder, {len(indexed)} indexed"
-                            + (f"; not indexed: {', '.join(extra)}" if extra else "")
-                            + (f"; gone: {', '.join(gone)}" if gone else ""))
+            problems.append(
+                f"{split}: {len(names)} files in the folder, {len(indexed)} indexed"
+                + (f"; not indexed: {', '.join(extra)}" if extra else "")
+                + (f"; gone: {', '.join(gone)}" if gone else "")
+            )
         elif list(s.labels) != labels:
             problems.append(f"{split}: labels differ")
     return problems

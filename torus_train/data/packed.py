@@ -22,6 +22,7 @@ process), not each image.
 The training split is written in a random order (seeded, ``--seed``), so every shard holds a mix of all
 classes; see ``epoch_order`` for how an epoch reads it. Validation keeps the folder's order.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,17 @@ from pathlib import Path
 import numpy as np
 
 from torus_train.data.checks import jpeg_problem
-from torus_train.data.index import (SPLITS, DataError, Split, arrays_checksum, check_class_names, list_split,
-                                    load_arrays, resolve_data, same_classes)
+from torus_train.data.index import (
+    SPLITS,
+    DataError,
+    Split,
+    arrays_checksum,
+    check_class_names,
+    list_split,
+    load_arrays,
+    resolve_data,
+    same_classes,
+)
 from torus_train.errors import UserError, shown_path
 from torus_train.job.sources import PACKED_FORMAT as FORMAT
 from torus_train.job.sources import PACKED_KIND
@@ -51,22 +61,32 @@ VERSION = 1
 MARKER = PACKED_KIND.marker
 ARRAYS = {"starts": np.int64, "offsets": np.int64, "sizes": np.int64, "labels": np.int32, "crc32": np.uint32}
 """Each split's index arrays and their dtypes (all one-dimensional)."""
-SHARD_MB_RANGE = (0.01, 65536.0)   # 10 KB (tests) to 64 GiB; 256 MB is WebDataset's and DALI's usual size
+SHARD_MB_RANGE = (0.01, 65536.0)  # 10 KB (tests) to 64 GiB; 256 MB is WebDataset's and DALI's usual size
 SEED_MAX = 2**63 - 1
 BLOCK = 512
 SHARD_NAME = re.compile(rf"({'|'.join(SPLITS)})-[0-9]{{6}}\.tar")
 """The name of every shard a pack writes: SPLIT-NNNNNN.tar."""
 
 META_FIELDS = (
-    Field("format", "str", choices=(FORMAT,)), Field("version", "int"), Field("source", "str"),
-    Field("checksum", "str"), Field("bytes", "int", 0), Field("seed", "int", 0, SEED_MAX, optional=True),
+    Field("format", "str", choices=(FORMAT,)),
+    Field("version", "int"),
+    Field("source", "str"),
+    Field("checksum", "str"),
+    Field("bytes", "int", 0),
+    Field("seed", "int", 0, SEED_MAX, optional=True),
     Field("shard_mb", "number", SHARD_MB_RANGE[0], SHARD_MB_RANGE[1], optional=True),
-    *(f for s in SPLITS for f in (Field(f"splits.{s}.classes", "list"), Field(f"splits.{s}.count", "int", 0),
-                                  Field(f"splits.{s}.shards", "list"))),
+    *(
+        f
+        for s in SPLITS
+        for f in (
+            Field(f"splits.{s}.classes", "list"),
+            Field(f"splits.{s}.count", "int", 0),
+            Field(f"splits.{s}.shards", "list"),
+        )
+    ),
 )
 """What packed.json holds (every field a reader uses), checked wherever a packed set is opened."""
-SHARD_FIELDS = (Field("name", "str"), Field("bytes", "int", 0), Field("samples", "int", 0),
-                Field("sha256", "str"))
+SHARD_FIELDS = (Field("name", "str"), Field("bytes", "int", 0), Field("samples", "int", 0), Field("sha256", "str"))
 """One entry of splits.SPLIT.shards."""
 
 
@@ -91,8 +111,9 @@ def check_pack_target(data: Path, out: str | os.PathLike, flag: str = "--out") -
     if dest == data or dest in data.parents:
         raise UserError(f"{flag} {shown_path(dest)}: holds the data folder {shown_path(data)}; give a new folder")
     if data in dest.parents:
-        raise UserError(f"{flag} {shown_path(dest)}: inside the data folder {shown_path(data)}; put the packed "
-                        f"set elsewhere")
+        raise UserError(
+            f"{flag} {shown_path(dest)}: inside the data folder {shown_path(data)}; put the packed set elsewhere"
+        )
     check_target(dest, PACKED_KIND, flag)
     return dest
 
@@ -178,8 +199,10 @@ def _pack_split(data: Path, split: str, tmp: Path, limit: int, seed: int, log) -
     # training samples in a seeded random order: every shard then holds a mix of the classes
     order = np.random.Generator(np.random.PCG64([seed])).permutation(n) if split == "train" else np.arange(n)
     w = _ShardWriter(tmp, split, limit)
-    arrays = {k: np.zeros(n, dtype=t) for k, t in (("offsets", np.int64), ("sizes", np.int64),
-                                                   ("labels", np.int32), ("crc32", np.uint32))}
+    arrays = {
+        k: np.zeros(n, dtype=t)
+        for k, t in (("offsets", np.int64), ("sizes", np.int64), ("labels", np.int32), ("crc32", np.uint32))
+    }
     last = time.time()
     for k, i in enumerate(order):
         path = data / split / names[i]
@@ -196,8 +219,14 @@ def _pack_split(data: Path, split: str, tmp: Path, limit: int, seed: int, log) -
     return {"classes": list(classes), "count": n, "shards": shards}, arrays
 
 
-def pack(data_root: str | os.PathLike, out: str | os.PathLike, shard_mb: float = 256, seed: int = 0, log=None,
-         flag: str = "--out") -> Path:
+def pack(
+    data_root: str | os.PathLike,
+    out: str | os.PathLike,
+    shard_mb: float = 256,
+    seed: int = 0,
+    log=None,
+    flag: str = "--out",
+) -> Path:
     """Pack the ImageNet-layout folder ``data_root`` into ``out`` (written beside it and renamed in: a pack
     interrupted half-way leaves no folder that looks like a packed set); the packed set's folder."""
     check_shard_mb(shard_mb)
@@ -211,8 +240,14 @@ def pack(data_root: str | os.PathLike, out: str | os.PathLike, shard_mb: float =
     dest = check_pack_target(data, out, flag)
     t0 = time.time()
     limit = max(4 * BLOCK, int(shard_mb * 1e6))
-    meta: dict = {"format": FORMAT, "version": VERSION, "source": str(data), "seed": seed, "shard_mb": shard_mb,
-                  "splits": {}}
+    meta: dict = {
+        "format": FORMAT,
+        "version": VERSION,
+        "source": str(data),
+        "seed": seed,
+        "shard_mb": shard_mb,
+        "splits": {},
+    }
 
     def fill(tmp: Path) -> None:
         arrays = {}
@@ -231,8 +266,9 @@ def pack(data_root: str | os.PathLike, out: str | os.PathLike, shard_mb: float =
     except OSError as e:
         raise DataError(f"{dest}: cannot write the packed set ({e.strerror or e})") from None
     if log:
-        counts = ", ".join(f"{s} {m['count']:,} samples in {len(m['shards'])} shards"
-                           for s, m in meta["splits"].items())
+        counts = ", ".join(
+            f"{s} {m['count']:,} samples in {len(m['shards'])} shards" for s, m in meta["splits"].items()
+        )
         log(f"packed {data}: {counts}, {meta['bytes'] / 1e6:,.1f} MB in {meta['seconds']:.1f} s -> {dest}")
     return dest
 
@@ -285,10 +321,18 @@ class Packed:
     def split(self, name: str) -> PackedSplit:
         s = self.meta["splits"][name]
         a = {k: self.arrays[f"{name}.{k}"] for k in ARRAYS}
-        sp = PackedSplit(self.path / name, tuple(s["classes"]), (), a["labels"],
-                         tuple(str(self.path / sh["name"]) for sh in s["shards"]),
-                         tuple(int(sh["bytes"]) for sh in s["shards"]), a["starts"], a["offsets"], a["sizes"],
-                         a["crc32"])
+        sp = PackedSplit(
+            self.path / name,
+            tuple(s["classes"]),
+            (),
+            a["labels"],
+            tuple(str(self.path / sh["name"]) for sh in s["shards"]),
+            tuple(int(sh["bytes"]) for sh in s["shards"]),
+            a["starts"],
+            a["offsets"],
+            a["sizes"],
+            a["crc32"],
+        )
         object.__setattr__(sp, "files", SampleNames(sp))
         return sp
 
@@ -302,8 +346,9 @@ class Packed:
 
     def shard_files(self) -> list[tuple[str, int, str]]:
         """(name, bytes, sha256) of every shard."""
-        return [(sh["name"], int(sh["bytes"]), sh["sha256"]) for m in self.meta["splits"].values()
-                for sh in m["shards"]]
+        return [
+            (sh["name"], int(sh["bytes"]), sh["sha256"]) for m in self.meta["splits"].values() for sh in m["shards"]
+        ]
 
     def verify(self) -> None:
         """The arrays match their checksum, say what packed.json says (labels within the classes, shards
@@ -314,22 +359,28 @@ class Packed:
         for s in SPLITS:
             m, labels, starts = self.meta["splits"][s], self.arrays[f"{s}.labels"], self.arrays[f"{s}.starts"]
             if len(labels) and (labels.min() < 0 or labels.max() >= len(m["classes"])):
-                raise DataError(f"{self.path}: {s}.labels.npy holds labels outside the {len(m['classes'])} "
-                                f"classes of {MARKER}; pack the set again")
+                raise DataError(
+                    f"{self.path}: {s}.labels.npy holds labels outside the {len(m['classes'])} "
+                    f"classes of {MARKER}; pack the set again"
+                )
             if starts.tolist() != np.concatenate(([0], np.cumsum([sh["samples"] for sh in m["shards"]]))).tolist():
-                raise DataError(f"{self.path}: {s}.starts.npy does not match the shards' samples in {MARKER}; "
-                                f"pack the set again")
+                raise DataError(
+                    f"{self.path}: {s}.starts.npy does not match the shards' samples in {MARKER}; pack the set again"
+                )
         for name, size, _ in self.shard_files():
             try:
                 st = (self.path / name).stat()
             except OSError as e:
                 raise DataError(f"{self.path / name}: {e.strerror or e} (a shard of the packed set)") from None
             if not stat.S_ISREG(st.st_mode):
-                raise DataError(f"{self.path / name}: not a regular file (a shard of the packed set); pack the "
-                                f"set again")
+                raise DataError(
+                    f"{self.path / name}: not a regular file (a shard of the packed set); pack the set again"
+                )
             if st.st_size != size:
-                raise DataError(f"{self.path / name}: {st.st_size:,} bytes, packed as {size:,} (truncated or "
-                                f"replaced); pack the set again")
+                raise DataError(
+                    f"{self.path / name}: {st.st_size:,} bytes, packed as {size:,} (truncated or "
+                    f"replaced); pack the set again"
+                )
 
 
 def check_shards(packed: Packed) -> None:
@@ -349,8 +400,9 @@ def load_packed(path: str | os.PathLike) -> Packed:
     not one, of another version, or its packed.json or an array is not as a pack writes it."""
     p = Path(path)
     if not (p / MARKER).exists():
-        raise DataError(f"{p}: not a packed set ({MARKER} missing); pack one with: torus-train data pack "
-                        f"--data DIR --out {p}")
+        raise DataError(
+            f"{p}: not a packed set ({MARKER} missing); pack one with: torus-train data pack --data DIR --out {p}"
+        )
     try:
         meta = read_json(p / MARKER, "packed set")
         if not isinstance(meta, dict) or not PACKED_KIND.recognise(meta):
@@ -391,8 +443,9 @@ def own_files(meta: dict) -> list[str]:
     """The files a pack writes beside packed.json: the index arrays and the shards its packed.json lists (only
     names a pack gives: a listed name that is not a shard's never makes a user's file the writer's own)."""
     shards = [sh["name"] for m in meta["splits"].values() for sh in m["shards"]]
-    return [f"{s}.{k}.npy" for s in SPLITS for k in ARRAYS] + \
-        [n for n in shards if isinstance(n, str) and SHARD_NAME.fullmatch(n)]
+    return [f"{s}.{k}.npy" for s in SPLITS for k in ARRAYS] + [
+        n for n in shards if isinstance(n, str) and SHARD_NAME.fullmatch(n)
+    ]
 
 
 def split_classes(path: str | os.PathLike) -> dict[str, tuple[str, ...]]:
@@ -458,8 +511,10 @@ class ShardReader:
         finally:
             self._release(k)
         if got < size:
-            return None, (f"truncated shard: {got} of {size} bytes at offset {off:,} (the shard was packed "
-                          f"with {sp.shard_bytes[k]:,} bytes); pack the set again")
+            return None, (
+                f"truncated shard: {got} of {size} bytes at offset {off:,} (the shard was packed "
+                f"with {sp.shard_bytes[k]:,} bytes); pack the set again"
+            )
         if zlib.crc32(data) != int(sp.crc32[i]):
             return None, "altered shard: the sample's bytes differ from the packed ones (CRC-32); pack the set again"
         return data, None

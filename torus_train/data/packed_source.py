@@ -1,5 +1,6 @@
 """The packed data source (its entry is ``packed`` in job/sources.py): what the launcher, the preflight, `data
 check` and every rank ask of a packed set (data/packed.py is the format itself)."""
+
 from __future__ import annotations
 
 from torus_train.data.packed import check_shards, load_packed, split_classes

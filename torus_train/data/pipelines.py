@@ -1,5 +1,6 @@
 """The file pipelines (data.loader): DALI, or the torchvision fallback, over a folder's or a packed set's split.
 Torch, DALI and torchvision are imported when a loader is built."""
+
 from __future__ import annotations
 
 import sys
@@ -25,8 +26,11 @@ def resolve_kind(kind: str, rank: int = 0, say=None) -> str:
 
     chosen = "dali" if available() else "torchvision"
     if not _said_auto and rank == 0:
-        msg = "input pipeline: DALI" if chosen == "dali" else \
-            "input pipeline: torchvision (nvidia.dali is not importable; install nvidia-dali-cuda120 for DALI)"
+        msg = (
+            "input pipeline: DALI"
+            if chosen == "dali"
+            else "input pipeline: torchvision (nvidia.dali is not importable; install nvidia-dali-cuda120 for DALI)"
+        )
         (say or (lambda m: print(m, file=sys.stderr, flush=True)))(msg)
         _said_auto = True
     return chosen

@@ -6,6 +6,7 @@ open (packed.ShardReader). The loaders call it only in their readers (ReadAhead'
 torchvision's DataLoader workers), never on the training thread, except to name the file after a decode
 failure. Also here: how many decode threads a rank gets (``decode_threads``).
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,9 @@ from torus_train.data.packed import PackedSplit, ShardReader
 from torus_train.job.launch import usable_cpus
 
 
-def decode_threads(local_world_size: int, affinity: int | None = None, machine: int | None = None,
-                   usable: int | None = None) -> int:
+def decode_threads(
+    local_world_size: int, affinity: int | None = None, machine: int | None = None, usable: int | None = None
+) -> int:
     """Decode threads of a rank: all the cores it may use when the launcher bound it to its own (mpirun
     --bind-to core, srun --cpu-bind=cores: its affinity mask is already its share, dividing again by the
     node's ranks would leave a 4-GPU node with 8 cores per rank 2 threads each); the node's usable cores

@@ -16,6 +16,7 @@ Where: ``data.stage_dir``, else the first of $SLURM_TMPDIR, $PBS_JOBFS, $SGE_LOC
   is a DataError naming it, and nothing is renamed in);
 - a folder without room (free space < the set's bytes) fails before copying, in one line with both sizes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -64,9 +65,11 @@ def check_room(base: Path, needed: int) -> None:
     except OSError as e:
         raise UserError(f"data.stage_dir {shown_path(base)}: {e.strerror or e}") from None
     if free < needed:
-        raise UserError(f"data.stage = node: {shown_path(base)} has {_gb(free)} free, the packed set needs "
-                        f"{_gb(needed)}; free space there, set data.stage_dir to a larger node-local folder, or "
-                        f"use data.stage = none")
+        raise UserError(
+            f"data.stage = node: {shown_path(base)} has {_gb(free)} free, the packed set needs "
+            f"{_gb(needed)}; free space there, set data.stage_dir to a larger node-local folder, or "
+            f"use data.stage = none"
+        )
 
 
 def _copy_checked(src: Path, dst: Path, sha256: str) -> None:
@@ -79,17 +82,20 @@ def _copy_checked(src: Path, dst: Path, sha256: str) -> None:
             h.update(b)
             fo.write(b)
     if h.hexdigest() != sha256:
-        raise DataError(f"{src}: its bytes differ from those packed (SHA-256); the shard is damaged: pack the set "
-                        f"again")
+        raise DataError(
+            f"{src}: its bytes differ from those packed (SHA-256); the shard is damaged: pack the set again"
+        )
 
 
 def stage(source: str | os.PathLike, base: Path, log=None) -> Path:
     """The node-local copy of the packed set ``source`` under ``base`` (reused when valid, else made)."""
     src = Path(source)
     if not is_packed(src):
-        raise UserError(f"data.stage = node needs a packed set (torus-train data pack --data {shown_path(src)} "
-                        f"--out SHARDS), not the folder {shown_path(src)}: copying a folder's files would cost "
-                        f"one metadata operation per image per node")
+        raise UserError(
+            f"data.stage = node needs a packed set (torus-train data pack --data {shown_path(src)} "
+            f"--out SHARDS), not the folder {shown_path(src)}: copying a folder's files would cost "
+            f"one metadata operation per image per node"
+        )
     packed = load_packed(src)
     target = stage_target(src, base)
     if valid_copy(target, packed):
@@ -111,15 +117,17 @@ def stage(source: str | os.PathLike, base: Path, log=None) -> Path:
     try:
         write_folder(target, PACKED_KIND, "data.stage_dir", fill)
     except OSError as e:
-        raise UserError(f"data.stage: cannot copy {shown_path(src)} to {shown_path(target)} "
-                        f"({e.strerror or e})") from None
+        raise UserError(
+            f"data.stage: cannot copy {shown_path(src)} to {shown_path(target)} ({e.strerror or e})"
+        ) from None
     if log:
         log(f"data.stage: copied {src} ({_gb(packed.bytes)}) to {target}")
     return target
 
 
-def stage_on_node(source: str | os.PathLike, stage_dir: str, local_rank: int, barrier: Callable[[], None],
-                  log=None) -> Path:
+def stage_on_node(
+    source: str | os.PathLike, stage_dir: str, local_rank: int, barrier: Callable[[], None], log=None
+) -> Path:
     """Local rank 0 stages; every rank waits (``barrier``) and then reads the node's copy."""
     base = stage_base(stage_dir)
     if local_rank == 0:

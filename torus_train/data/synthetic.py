@@ -2,6 +2,7 @@
 
 No decoding, no host-to-device copies: what is measured is the model and the gradient exchange.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,9 @@ from torus_train.job.sources import SYNTHETIC_SAMPLES
 def open_loader(request: LoaderRequest) -> "SyntheticLoader":
     """The synthetic data source's loader (its entry is ``synthetic`` in job/sources.py): labels in the
     model's range (1000 when none is given), request.samples images per epoch (0 = SYNTHETIC_SAMPLES)."""
-    return SyntheticLoader(request.cfg, request.num_classes or 1000, request.device,
-                           request.samples or SYNTHETIC_SAMPLES)
+    return SyntheticLoader(
+        request.cfg, request.num_classes or 1000, request.device, request.samples or SYNTHETIC_SAMPLES
+    )
 
 
 class SyntheticLoader:
@@ -25,8 +27,7 @@ class SyntheticLoader:
     decoder = None  # nothing to decode
     pad = 0
 
-    def __init__(self, cfg: LoaderConfig, num_classes: int, device: torch.device,
-                 num_samples: int = SYNTHETIC_SAMPLES):
+    def __init__(self, cfg: LoaderConfig, num_classes: int, device: torch.device, num_samples: int = SYNTHETIC_SAMPLES):
         self.cfg = cfg
         self.device = device
         self.num_classes = num_classes

@@ -12,6 +12,7 @@ A file PIL cannot decode is a DataError naming it (``on_corrupt = fail``) or, wi
 worker by the next readable file (base.CorruptLog); the worker returns the skipped name with the sample and this
 process logs it, so the count holds across workers.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,8 +27,18 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from torus_train.data.base import (MEAN, PAD_LABEL, STD, TRAIN_AREA, TRAIN_RATIO, CorruptLog, LoaderConfig,
-                                   ShardedLoader, replacement_after, val_resize)
+from torus_train.data.base import (
+    MEAN,
+    PAD_LABEL,
+    STD,
+    TRAIN_AREA,
+    TRAIN_RATIO,
+    CorruptLog,
+    LoaderConfig,
+    ShardedLoader,
+    replacement_after,
+    val_resize,
+)
 from torus_train.data.batch_decode import augment, decode_batch, decode_one
 from torus_train.data.index import DataError, Split
 from torus_train.data.readers import sample_reader
@@ -70,8 +81,12 @@ def _collate_encoded(samples):
     data = [s[0] for s in samples]
     flat = torch.from_numpy(np.concatenate(data)) if data else torch.empty(0, dtype=torch.uint8)
     rest = (list(s[2] for s in samples),) if len(samples[0]) > 2 else ()
-    return (flat, torch.tensor([d.size for d in data], dtype=torch.int64),
-            torch.tensor([s[1] for s in samples], dtype=torch.int64), *rest)
+    return (
+        flat,
+        torch.tensor([d.size for d in data], dtype=torch.int64),
+        torch.tensor([s[1] for s in samples], dtype=torch.int64),
+        *rest,
+    )
 
 
 class _Files(torch.utils.data.Dataset):
@@ -150,23 +165,39 @@ class TorchvisionLoader(ShardedLoader):
 
     kind = "torchvision"
 
-    def __init__(self, split: Split, cfg: LoaderConfig, device: torch.device, corrupt: CorruptLog | None = None,
-                 decoder: str = "cpu"):
+    def __init__(
+        self,
+        split: Split,
+        cfg: LoaderConfig,
+        device: torch.device,
+        corrupt: CorruptLog | None = None,
+        decoder: str = "cpu",
+    ):
         super().__init__(split, cfg, device, corrupt)
         self.decoder = decoder  # where the JPEGs are decoded, for the run's summary
         self._skip = cfg.on_corrupt == "skip"
         self._producer: _Prefetch | None = None
         encoded = decoder == "gpu"
-        files = _Files(split, None if encoded else transform(cfg.split, cfg.image_size), self._skip,
-                       cfg.split == "val", load=_read if encoded else _decode)
+        files = _Files(
+            split,
+            None if encoded else transform(cfg.split, cfg.image_size),
+            self._skip,
+            cfg.split == "val",
+            load=_read if encoded else _decode,
+        )
         self._loader = torch.utils.data.DataLoader(
-            files, batch_size=cfg.batch_size,
-            sampler=_ShardSampler(self), num_workers=cfg.num_threads, drop_last=False,
+            files,
+            batch_size=cfg.batch_size,
+            sampler=_ShardSampler(self),
+            num_workers=cfg.num_threads,
+            drop_last=False,
             collate_fn=_collate_encoded if encoded else None,
-            pin_memory=device.type == "cuda" and not encoded, persistent_workers=cfg.num_threads > 0,
+            pin_memory=device.type == "cuda" and not encoded,
+            persistent_workers=cfg.num_threads > 0,
             prefetch_factor=max(1, cfg.prefetch) if cfg.num_threads > 0 else None,
             worker_init_fn=_worker_seed(cfg.seed, cfg.rank) if cfg.num_threads > 0 else None,
-            multiprocessing_context=_worker_context() if cfg.num_threads > 0 else None)
+            multiprocessing_context=_worker_context() if cfg.num_threads > 0 else None,
+        )
 
     def __iter__(self):
         if self.decoder == "gpu":

@@ -20,6 +20,7 @@ Three kinds of entry, told apart by their fields (not by a second table, so a na
   hook exchanging inside the hook (no overlap), for comparisons. Bench and calibration measure a mode as the
   algorithm it is ``same_as``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,8 +30,15 @@ from torus_train.errors import UserError
 from torus_train.registry import Registry
 
 # The operations of the transport contract (torus_train.comm.transport.Transport) an algorithm may call.
-OPERATIONS = ("pieces", "world_allreduce", "col_allreduce", "row_reduce_scatter", "row_all_gather",
-              "row_reduce_to_leader", "row_broadcast_from_leader")
+OPERATIONS = (
+    "pieces",
+    "world_allreduce",
+    "col_allreduce",
+    "row_reduce_scatter",
+    "row_all_gather",
+    "row_reduce_to_leader",
+    "row_broadcast_from_leader",
+)
 
 
 @dataclass(frozen=True)
@@ -78,8 +86,10 @@ def register(algo: Algorithm) -> Algorithm:
         raise ValueError(f"all-reduce algorithm {algo.name!r}: same_as {algo.same_as!r} is not registered")
     bad = [op for op in algo.uses if op not in OPERATIONS]
     if bad:
-        raise ValueError(f"all-reduce algorithm {algo.name!r} uses unknown transport operations {bad}; "
-                         f"the contract has {', '.join(OPERATIONS)}")
+        raise ValueError(
+            f"all-reduce algorithm {algo.name!r} uses unknown transport operations {bad}; "
+            f"the contract has {', '.join(OPERATIONS)}"
+        )
     return ALGORITHMS.add(algo.name, algo)
 
 
@@ -88,31 +98,61 @@ _COST = "torus_train.plan.cost"
 _SIM = "torus_train.plan.simulate"
 
 # Registered in the order tables print them: the baselines first, this project's torus last, then the modes.
-register(Algorithm(
-    "flat", "the backend's own all-reduce over the whole world (the baseline)",
-    run=f"{_ALGOS}:flat_allreduce", uses=("world_allreduce",),
-    phases=f"{_COST}:flat_phases", phases_label="textbook ring (one ring, no channels)",
-    simulate=f"{_SIM}:simulate_flat"))
-register(Algorithm(
-    "tree", "binomial reduce to rank 0 and binomial broadcast (cost model only)",
-    phases=f"{_COST}:tree_phases", phases_label="textbook binomial tree (whole buffer per round)", trains=False))
-register(Algorithm(
-    "hierarchical", "reduce to the row leader, all-reduce among the leaders, broadcast along the row",
-    run=f"{_ALGOS}:hierarchical_allreduce",
-    uses=("pieces", "col_allreduce", "row_reduce_to_leader", "row_broadcast_from_leader"),
-    phases=f"{_COST}:hierarchical_phases", phases_label="reduce to node leader, leaders' ring, broadcast",
-    grids="per_node"))
-register(Algorithm(
-    "torus", "2D torus: reduce-scatter along rows, all-reduce along columns, all-gather along rows",
-    run=f"{_ALGOS}:torus_allreduce", uses=("pieces", "col_allreduce", "row_reduce_scatter", "row_all_gather"),
-    phases=f"{_COST}:torus_phases", phases_label="2D torus (this project)",
-    simulate=f"{_SIM}:simulate_torus", nccl="torus_train.comm.hooks:exchange_torus_nccl", grids="any"))
-register(Algorithm(
-    "ddp", "DDP's own all-reduce, no hook (the backend's all-reduce per bucket)",
-    hook=False, same_as="flat"))
-register(Algorithm(
-    "torus-sync", "the torus hook exchanging inside the hook (no overlap), for comparisons",
-    asynchronous=False, same_as="torus"))
+register(
+    Algorithm(
+        "flat",
+        "the backend's own all-reduce over the whole world (the baseline)",
+        run=f"{_ALGOS}:flat_allreduce",
+        uses=("world_allreduce",),
+        phases=f"{_COST}:flat_phases",
+        phases_label="textbook ring (one ring, no channels)",
+        simulate=f"{_SIM}:simulate_flat",
+    )
+)
+register(
+    Algorithm(
+        "tree",
+        "binomial reduce to rank 0 and binomial broadcast (cost model only)",
+        phases=f"{_COST}:tree_phases",
+        phases_label="textbook binomial tree (whole buffer per round)",
+        trains=False,
+    )
+)
+register(
+    Algorithm(
+        "hierarchical",
+        "reduce to the row leader, all-reduce among the leaders, broadcast along the row",
+        run=f"{_ALGOS}:hierarchical_allreduce",
+        uses=("pieces", "col_allreduce", "row_reduce_to_leader", "row_broadcast_from_leader"),
+        phases=f"{_COST}:hierarchical_phases",
+        phases_label="reduce to node leader, leaders' ring, broadcast",
+        grids="per_node",
+    )
+)
+register(
+    Algorithm(
+        "torus",
+        "2D torus: reduce-scatter along rows, all-reduce along columns, all-gather along rows",
+        run=f"{_ALGOS}:torus_allreduce",
+        uses=("pieces", "col_allreduce", "row_reduce_scatter", "row_all_gather"),
+        phases=f"{_COST}:torus_phases",
+        phases_label="2D torus (this project)",
+        simulate=f"{_SIM}:simulate_torus",
+        nccl="torus_train.comm.hooks:exchange_torus_nccl",
+        grids="any",
+    )
+)
+register(
+    Algorithm("ddp", "DDP's own all-reduce, no hook (the backend's all-reduce per bucket)", hook=False, same_as="flat")
+)
+register(
+    Algorithm(
+        "torus-sync",
+        "the torus hook exchanging inside the hook (no overlap), for comparisons",
+        asynchronous=False,
+        same_as="torus",
+    )
+)
 
 DEFAULT = "torus"
 """comm.algo when the spec names none, and the algorithm `plan` picks grids for and weighs against NCCL."""

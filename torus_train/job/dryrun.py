@@ -1,5 +1,6 @@
 """`run --dry-run`'s report: the resolved spec, the grid (which nodes form each row and column), the launch
 command, the batch table and the work, then what the preflight checked (pure; no torch import)."""
+
 from __future__ import annotations
 
 from torus_train.errors import UserError
@@ -9,8 +10,9 @@ from torus_train.job.spec import JobSpec
 from torus_train.job.work import work_text
 
 
-def dry_run_report(spec: JobSpec, plan, legs, checked: list[str] | None = None,
-                   problem: UserError | None = None) -> str:
+def dry_run_report(
+    spec: JobSpec, plan, legs, checked: list[str] | None = None, problem: UserError | None = None
+) -> str:
     """The whole plan, even when the preflight fails (for example the batch schedule does not fit the world
     size); the caller then ends the output with the error (exit 2), as it would stop a real run before any
     rank starts. With grid stages: the first leg's plan, then the legs. Without a problem: what the preflight
@@ -48,18 +50,21 @@ def _names(plan, nodes: list[int]) -> str:
 
 def grid_text(plan) -> str:
     g = plan.grid
-    lines = [f"grid {g}: {g.size} ranks = X {g.x} per row (horizontal ring) x Y {g.y} per column (vertical ring); "
-             f"{g.gpus_per_node} per node, {g.nodes} node(s)",
-             f"sequential steps: torus 2({g.x}-1) + 2({g.y}-1) = {g.torus_steps}, flat ring 2({g.size}-1) = "
-             f"{g.ring_steps}"]
+    lines = [
+        f"grid {g}: {g.size} ranks = X {g.x} per row (horizontal ring) x Y {g.y} per column (vertical ring); "
+        f"{g.gpus_per_node} per node, {g.nodes} node(s)",
+        f"sequential steps: torus 2({g.x}-1) + 2({g.y}-1) = {g.torus_steps}, flat ring 2({g.size}-1) = {g.ring_steps}",
+    ]
     show = lambda n: list(range(n)) if n <= 4 else [0, 1, n - 1]  # noqa: E731
     lines.append(f"rows ({g.y}), each spans {len(g.row_nodes(0))} node(s):")
     for i, r in enumerate(show(g.y)):
         if i and r != show(g.y)[i - 1] + 1:
             lines.append("  ...")
         nodes = g.row_nodes(r)
-        lines.append(f"  row {r}: ranks {g.row_ranks(r)[0]}-{g.row_ranks(r)[-1]} on node(s) {_span(nodes)} "
-                     f"({_names(plan, nodes)})")
+        lines.append(
+            f"  row {r}: ranks {g.row_ranks(r)[0]}-{g.row_ranks(r)[-1]} on node(s) {_span(nodes)} "
+            f"({_names(plan, nodes)})"
+        )
     lines.append(f"columns ({g.x}), each spans {len(g.col_nodes(0))} node(s):")
     for i, c in enumerate(show(g.x)):
         if i and c != show(g.x)[i - 1] + 1:
@@ -75,19 +80,30 @@ def grid_text(plan) -> str:
 def dry_run_text(spec: JobSpec, plan, schedule, problem: Exception | None = None) -> str:
     launch = [f"launcher: {plan.launcher} ({plan.why})"]
     if plan.hostfile:
-        launch.append(f"hosts: {plan.hostfile}: {len(plan.hosts)} used of the listed hosts, "
-                      f"{total_slots(plan.hosts)} slots used for {plan.world_size} ranks")
+        launch.append(
+            f"hosts: {plan.hostfile}: {len(plan.hosts)} used of the listed hosts, "
+            f"{total_slots(plan.hosts)} slots used for {plan.world_size} ranks"
+        )
     launch += plan.notes
     launch.append("command:")
     launch.append("  " + plan.command_text())
-    return "\n".join([
-        "# resolved spec", spec.to_toml().rstrip(), "",
-        "# grid", grid_text(plan), "",
-        "# launch", *launch, "",
-        "# batch schedule",
-        schedule.table() if schedule is not None else
-        f"cannot be built for {plan.world_size} ranks: {problem}\n(set the stages with --spec or --set "
-        f"schedule.stages=[...])",
-        work_text(spec, schedule),
-        f"(dry run: nothing started; output would go to {spec.out_dir.resolve()})",
-    ])
+    return "\n".join(
+        [
+            "# resolved spec",
+            spec.to_toml().rstrip(),
+            "",
+            "# grid",
+            grid_text(plan),
+            "",
+            "# launch",
+            *launch,
+            "",
+            "# batch schedule",
+            schedule.table()
+            if schedule is not None
+            else f"cannot be built for {plan.world_size} ranks: {problem}\n(set the stages with --spec or --set "
+            f"schedule.stages=[...])",
+            work_text(spec, schedule),
+            f"(dry run: nothing started; output would go to {spec.out_dir.resolve()})",
+        ]
+    )

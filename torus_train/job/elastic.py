@@ -5,6 +5,7 @@ every stage's global batch (a per-rank batch becomes the global batch it had on 
 learning-rate schedule; each rank's forward pass keeps at most the micro-batch it ran before
 (``schedule.max_per_rank_batch``), so the larger per-rank share is run as gradient accumulation.
 """
+
 from __future__ import annotations
 
 import copy
@@ -46,8 +47,10 @@ def shrink(spec: JobSpec, grid: Grid, lost_node: int, host: str = "") -> tuple[J
         raise ElasticError(f"--elastic: cannot continue on {n} ranks: {e}") from None
     now = after.stages[-1]
     where = f", host {host}" if host else ""
-    text = (f"node {lost_node} (ranks {lost[0]}-{lost[-1]}{where}) failed in two attempts in a row: continuing "
-            f"without it "
-            f"on {n} ranks, grid {new}; the global batch stays {now.global_batch} ({n} ranks x {now.micro_batch}"
-            f" x {now.accumulation} accumulated) and so does the learning-rate schedule")
+    text = (
+        f"node {lost_node} (ranks {lost[0]}-{lost[-1]}{where}) failed in two attempts in a row: continuing "
+        f"without it "
+        f"on {n} ranks, grid {new}; the global batch stays {now.global_batch} ({n} ranks x {now.micro_batch}"
+        f" x {now.accumulation} accumulated) and so does the learning-rate schedule"
+    )
     return s, text

@@ -8,6 +8,7 @@ driver list CUDA_VISIBLE_DEVICES is taken at its word.
 Commands ask ``local_gpu_count()`` through this module (``gpus.local_gpu_count()``), so a test replaces the
 probe in one place and sees the plans of a machine with 0, 1 or 4 GPUs without starting a rank.
 """
+
 from __future__ import annotations
 
 import os

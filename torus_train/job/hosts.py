@@ -5,6 +5,7 @@
 - Slurm compressed node lists (``$SLURM_JOB_NODELIST``): ``node[001-004,010],gpu[1-2]-ib,login1``, with zero
   padding kept; and ``$SLURM_TASKS_PER_NODE`` in its ``4(x2),3`` form.
 """
+
 from __future__ import annotations
 
 import re
@@ -96,7 +97,7 @@ def _expand_one(item: str, whole: str) -> list[str]:
     if start < 0:
         return [item]
     end = item.index("]", start)
-    prefix, body, rest = item[:start], item[start + 1:end], item[end + 1:]
+    prefix, body, rest = item[:start], item[start + 1 : end], item[end + 1 :]
     names: list[str] = []
     for rng in body.split(","):
         lo, sep, hi = rng.strip().partition("-")
@@ -138,8 +139,10 @@ def slurm_hosts(environ: Mapping[str, str]) -> list[Host]:
     """Hosts of the current Slurm allocation (node list + tasks per node, else GPUs/tasks per node, else 1)."""
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if not nodelist:
-        raise HostsError("SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not; run inside an allocation "
-                         "(sbatch/salloc) or pass --launcher and --hostfile")
+        raise HostsError(
+            "SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not; run inside an allocation "
+            "(sbatch/salloc) or pass --launcher and --hostfile"
+        )
     names = expand_nodelist(nodelist)
     if environ.get("SLURM_TASKS_PER_NODE"):
         counts = expand_tasks_per_node(environ["SLURM_TASKS_PER_NODE"])

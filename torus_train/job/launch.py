@@ -17,6 +17,7 @@ and Apptainer pass the host environment into ``exec`` by default, so containers 
 local otherwise (each entry's ``auto``). Reading a hostfile is the only I/O here (``resolve_hosts``);
 ``build_plan`` is a pure function that the tests check argv for argv.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,17 @@ from typing import Mapping
 
 from torus_train.job.gpus import rank_gpus
 from torus_train.job.hosts import Host
-from torus_train.job.launchers import (LAUNCHERS, Launcher, LaunchError, LaunchPlan, PlanRequest, choose, entry,
-                                       launched_by, threads_per_rank)
+from torus_train.job.launchers import (
+    LAUNCHERS,
+    Launcher,
+    LaunchError,
+    LaunchPlan,
+    PlanRequest,
+    choose,
+    entry,
+    launched_by,
+    threads_per_rank,
+)
 from torus_train.job.launchers.rendezvous import DEFAULT_EPHEMERAL, ephemeral_range, job_key, port_band, rendezvous_port
 from torus_train.job.spec import JobSpec
 from torus_train.job.sources import source_of
@@ -34,11 +44,32 @@ from torus_train.job.topology import Grid, check_grid_size, choose_grid, parse_g
 
 WORKER = ["-m", "torus_train.ranks.worker"]
 
-__all__ = ["DEFAULT_EPHEMERAL", "LAUNCHERS", "LaunchError", "LaunchPlan", "build_plan", "check_capacity",
-           "choose_launcher", "container_binds", "container_runtime", "cpus_per_rank", "ephemeral_range",
-           "fit_to_local_gpus", "fixed_grid", "inside_launched_rank", "job_key", "launcher_here", "plan_here",
-           "plan_launch", "port_band", "rendezvous_port", "resolve_grid", "resolve_hosts", "threads_per_rank",
-           "usable_cpus"]
+__all__ = [
+    "DEFAULT_EPHEMERAL",
+    "LAUNCHERS",
+    "LaunchError",
+    "LaunchPlan",
+    "build_plan",
+    "check_capacity",
+    "choose_launcher",
+    "container_binds",
+    "container_runtime",
+    "cpus_per_rank",
+    "ephemeral_range",
+    "fit_to_local_gpus",
+    "fixed_grid",
+    "inside_launched_rank",
+    "job_key",
+    "launcher_here",
+    "plan_here",
+    "plan_launch",
+    "port_band",
+    "rendezvous_port",
+    "resolve_grid",
+    "resolve_hosts",
+    "threads_per_rank",
+    "usable_cpus",
+]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -96,8 +127,9 @@ def _grid(spec: JobSpec, n: int, k: int) -> Grid:
     return choose_grid(n, k)[0]
 
 
-def check_capacity(launcher: str | Launcher, grid: Grid, hosts: list[Host], hostfile: str, local_gpus: int,
-                   cpu_count: int) -> None:
+def check_capacity(
+    launcher: str | Launcher, grid: Grid, hosts: list[Host], hostfile: str, local_gpus: int, cpu_count: int
+) -> None:
     """Refuse a plan whose ranks cannot all get a slot; say how to launch it instead."""
     entry(launcher).check_capacity(grid, hosts, hostfile, local_gpus, cpu_count)
 
@@ -109,8 +141,11 @@ def usable_cpus(cpu_count: int | None = None, cgroup_root: str = "/sys/fs/cgroup
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         n = cpu_count or os.cpu_count() or 1
-    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us"),
-                                    ("cpu,cpuacct/cpu.cfs_quota_us", "cpu,cpuacct/cpu.cfs_period_us")):
+    for quota_file, period_file in (
+        ("cpu.max", None),
+        ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us"),
+        ("cpu,cpuacct/cpu.cfs_quota_us", "cpu,cpuacct/cpu.cfs_period_us"),
+    ):
         try:
             with open(os.path.join(cgroup_root, quota_file)) as f:
                 fields = f.read().split()
@@ -126,8 +161,9 @@ def usable_cpus(cpu_count: int | None = None, cgroup_root: str = "/sys/fs/cgroup
     return max(1, n)
 
 
-def cpus_per_rank(launcher: str | Launcher, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int,
-                  all_local: bool) -> tuple[int, str]:
+def cpus_per_rank(
+    launcher: str | Launcher, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int, all_local: bool
+) -> tuple[int, str]:
     """(threads per rank, where that number came from); see the module docstring for the order."""
     return entry(launcher).threads(environ, ranks_on_node, cpu_count, all_local)
 
@@ -179,10 +215,24 @@ def _container(spec: JobSpec, job_file: str, runtime: str) -> list[str]:
     return argv + [spec.launch.container]
 
 
-def build_plan(spec: JobSpec, grid: Grid, launcher: str | Launcher, why: str, hosts: list[Host], *,
-               hostfile: str, job_file: str, python: str, environ: Mapping[str, str], as_root: bool = False,
-               master_port: int = 29500, cpu_count: int = 1, local_gpus: int = 0,
-               ephemeral: tuple[int, int] = DEFAULT_EPHEMERAL, runtime: str = "") -> LaunchPlan:
+def build_plan(
+    spec: JobSpec,
+    grid: Grid,
+    launcher: str | Launcher,
+    why: str,
+    hosts: list[Host],
+    *,
+    hostfile: str,
+    job_file: str,
+    python: str,
+    environ: Mapping[str, str],
+    as_root: bool = False,
+    master_port: int = 29500,
+    cpu_count: int = 1,
+    local_gpus: int = 0,
+    ephemeral: tuple[int, int] = DEFAULT_EPHEMERAL,
+    runtime: str = "",
+) -> LaunchPlan:
     """The exact command(s) and environment for the chosen launcher (pure).
 
     master_port: the port of a launcher whose ranks run here (a free one on this machine); the others use
@@ -190,11 +240,24 @@ def build_plan(spec: JobSpec, grid: Grid, launcher: str | Launcher, why: str, ho
     runtime: the container command (container_runtime()); empty = launch.container_runtime as written."""
     chosen = entry(launcher)
     python = spec.launch.python or ("python3" if spec.launch.container else python)
-    worker = [*_container(spec, job_file, runtime or spec.launch.container_runtime), python, *WORKER, "--job",
-              job_file]
+    worker = [*_container(spec, job_file, runtime or spec.launch.container_runtime), python, *WORKER, "--job", job_file]
     port = master_port if chosen.runs_here else rendezvous_port(job_key(environ, job_file), ephemeral)
-    return chosen.build(PlanRequest(grid, why, hosts, hostfile, worker, _passed_env(spec, environ),
-                                    list(spec.launch.launcher_args), environ, port, as_root, cpu_count, local_gpus))
+    return chosen.build(
+        PlanRequest(
+            grid,
+            why,
+            hosts,
+            hostfile,
+            worker,
+            _passed_env(spec, environ),
+            list(spec.launch.launcher_args),
+            environ,
+            port,
+            as_root,
+            cpu_count,
+            local_gpus,
+        )
+    )
 
 
 def launcher_here(mpi_world: bool = False) -> Launcher:
@@ -203,17 +266,51 @@ def launcher_here(mpi_world: bool = False) -> Launcher:
     return next(e for e in LAUNCHERS if (e.mpi_world if mpi_world else e.runs_here))
 
 
-def plan_here(launcher: str | Launcher, grid: Grid, command: list[str], *, environ: Mapping[str, str],
-              port: int, as_root: bool, cpu_count: int, local_gpus: int = 0, why: str = "") -> LaunchPlan:
+def plan_here(
+    launcher: str | Launcher,
+    grid: Grid,
+    command: list[str],
+    *,
+    environ: Mapping[str, str],
+    port: int,
+    as_root: bool,
+    cpu_count: int,
+    local_gpus: int = 0,
+    why: str = "",
+) -> LaunchPlan:
     """`command` started as the ranks of `grid`, all on this machine, by the launcher (bench: its own command
     line as N ranks). The launcher's capacity rules are the caller's to apply."""
     here = Grid(grid.x, grid.y, grid.size)  # one node holds every rank
-    return entry(launcher).build(PlanRequest(here, why, [Host("localhost", grid.size)], "", command, {}, [],
-                                             environ, port, as_root, cpu_count, local_gpus))
+    return entry(launcher).build(
+        PlanRequest(
+            here,
+            why,
+            [Host("localhost", grid.size)],
+            "",
+            command,
+            {},
+            [],
+            environ,
+            port,
+            as_root,
+            cpu_count,
+            local_gpus,
+        )
+    )
 
 
-def plan_launch(spec: JobSpec, environ: Mapping[str, str], *, job_file: str, python: str, as_root: bool,
-                master_port: int, cpu_count: int, local_gpus: int, strict: bool = True) -> LaunchPlan:
+def plan_launch(
+    spec: JobSpec,
+    environ: Mapping[str, str],
+    *,
+    job_file: str,
+    python: str,
+    as_root: bool,
+    master_port: int,
+    cpu_count: int,
+    local_gpus: int,
+    strict: bool = True,
+) -> LaunchPlan:
     """Choose the launcher, read the hosts, fix the grid, check capacity and build the plan.
 
     strict=False (--dry-run) builds a plan that cannot start here anyway and says why in its notes."""
@@ -222,18 +319,33 @@ def plan_launch(spec: JobSpec, environ: Mapping[str, str], *, job_file: str, pyt
     grid = resolve_grid(spec, chosen, hosts, local_gpus)
     try:
         if chosen.runs_here and spec.comm.backend == "nccl" and not local_gpus:
-            raise LaunchError("comm.backend = nccl needs one GPU per rank and this machine shows none "
-                              "(CUDA_VISIBLE_DEVICES, NVIDIA driver); pass --backend gloo for CPU ranks")
+            raise LaunchError(
+                "comm.backend = nccl needs one GPU per rank and this machine shows none "
+                "(CUDA_VISIBLE_DEVICES, NVIDIA driver); pass --backend gloo for CPU ranks"
+            )
         chosen.check_capacity(grid, hosts, hostfile, local_gpus, cpu_count)
         problem = ""
     except LaunchError as e:
         if strict:
             raise
         problem = f"cannot start here: {e}"
-    plan = build_plan(spec, grid, chosen, why, hosts, hostfile=hostfile, job_file=job_file, python=python,
-                      environ=environ, as_root=as_root, master_port=master_port,
-                      cpu_count=min(cpu_count, usable_cpus(cpu_count)), local_gpus=local_gpus,
-                      ephemeral=ephemeral_range(), runtime=container_runtime(spec.launch.container_runtime))
+    plan = build_plan(
+        spec,
+        grid,
+        chosen,
+        why,
+        hosts,
+        hostfile=hostfile,
+        job_file=job_file,
+        python=python,
+        environ=environ,
+        as_root=as_root,
+        master_port=master_port,
+        cpu_count=min(cpu_count, usable_cpus(cpu_count)),
+        local_gpus=local_gpus,
+        ephemeral=ephemeral_range(),
+        runtime=container_runtime(spec.launch.container_runtime),
+    )
     if problem:
         plan.notes.append(problem.replace(", or add --dry-run to only print the plan", ""))
     return plan

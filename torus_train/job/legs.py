@@ -9,6 +9,7 @@ stopped. The global batch of each stage is kept; its split over the ranks follow
 A leg's spec (``leg_spec``) is the job's spec with the leg's grid and, except for the last leg, a stop at the
 leg's end with a checkpoint there.
 """
+
 from __future__ import annotations
 
 import copy
@@ -63,5 +64,6 @@ def leg_at(legs: list[Leg], epoch: int) -> int:
 
 def legs_text(legs: list[Leg]) -> str:
     """'epochs 0-1 on grid 2x1, then epochs 1-3 on grid 2x2'."""
-    return ", then ".join(f"epochs {leg.start_epoch}-{leg.until_epoch} on grid {leg.grid or 'of the job'}"
-                          for leg in legs)
+    return ", then ".join(
+        f"epochs {leg.start_epoch}-{leg.until_epoch} on grid {leg.grid or 'of the job'}" for leg in legs
+    )

@@ -10,6 +10,7 @@ multiply-adds once). BatchNorm, ReLU, pooling and additions are left out (under 
 computed from the layer shapes for the ResNet family (torchvision's ResNets, wide ResNets, ResNeXts and the
 house models) and is None for other architectures. tests/test_job_models.py compares it with torch's counter.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -69,8 +70,11 @@ def _block_macs(lay: ResNetLayout, side: int, c_in: int, planes: int, stride: in
     else:
         inner = planes * lay.width_per_group // 64 * lay.groups
         c_out = planes * 4
-        macs = (_conv_macs(side, c_in, inner, 1) + _conv_macs(out, inner, inner, 3, lay.groups)
-                + _conv_macs(out, inner, c_out, 1))
+        macs = (
+            _conv_macs(side, c_in, inner, 1)
+            + _conv_macs(out, inner, inner, 3, lay.groups)
+            + _conv_macs(out, inner, c_out, 1)
+        )
     if stride != 1 or c_in != c_out:
         macs += _conv_macs(out, c_in, c_out, 1)
     return macs, out, c_out
@@ -82,7 +86,7 @@ def resnet_macs(lay: ResNetLayout, image_size: int, num_classes: int) -> int:
     macs = _conv_macs(side, 3, lay.width, 7)
     side, channels = _conv_out(side, 3, 2, 1), lay.width  # max-pool
     for stage, blocks in enumerate(lay.layers):
-        planes = lay.width * 2 ** stage
+        planes = lay.width * 2**stage
         for b in range(blocks):
             m, side, channels = _block_macs(lay, side, channels, planes, 2 if stage and not b else 1)
             macs += m

@@ -1,5 +1,6 @@
 """What a rank knows of itself after start-up, as plain values (no torch import): read by the training code,
 filled in by torus_train.ranks.bootstrap."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

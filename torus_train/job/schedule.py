@@ -28,6 +28,7 @@ Over the whole run: a linear warm-up over ``warmup_epochs`` from 10% to 100% of 
 (``poly``: power 2 to zero as in MLPerf; ``cosine`` to zero; ``step``: x0.1 at half and three quarters of the
 run; ``none``).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -130,8 +131,9 @@ class Schedule:
         if not (math.isfinite(self.base_lr) and self.base_lr > 0):
             raise ScheduleError(f"{p}.base_lr: {self.base_lr!r} must be a positive number")
         if not (math.isfinite(self.warmup_epochs) and 0 <= self.warmup_epochs < self.epochs):
-            raise ScheduleError(f"{p}.warmup_epochs: {self.warmup_epochs!r} must be >= 0 and below "
-                                f"{p}.epochs ({self.epochs})")
+            raise ScheduleError(
+                f"{p}.warmup_epochs: {self.warmup_epochs!r} must be >= 0 and below {p}.epochs ({self.epochs})"
+            )
         if self.lr_policy not in LR_POLICIES:
             raise ScheduleError(f"{p}.lr_policy: {self.lr_policy!r} is not one of {', '.join(LR_POLICIES)}")
         if self.decay not in DECAYS:
@@ -151,11 +153,15 @@ class Schedule:
         prev_end = 0
         for i, s in enumerate(self.stages):
             if (s.per_rank_batch > 0) == (s.global_batch > 0) or min(s.per_rank_batch, s.global_batch) < 0:
-                raise ScheduleError(f"{p}[{i}]: give exactly one of per_rank_batch and global_batch, a positive "
-                                    f"integer (got per_rank_batch {s.per_rank_batch}, global_batch {s.global_batch})")
+                raise ScheduleError(
+                    f"{p}[{i}]: give exactly one of per_rank_batch and global_batch, a positive "
+                    f"integer (got per_rank_batch {s.per_rank_batch}, global_batch {s.global_batch})"
+                )
             if s.until_epoch <= prev_end:
-                raise ScheduleError(f"{p}[{i}].until_epoch: {s.until_epoch!r} must be greater than the previous "
-                                    f"stage's {prev_end} (stages run in order)")
+                raise ScheduleError(
+                    f"{p}[{i}].until_epoch: {s.until_epoch!r} must be greater than the previous "
+                    f"stage's {prev_end} (stages run in order)"
+                )
             prev_end = s.until_epoch
             if s.grid:
                 try:
@@ -165,8 +171,10 @@ class Schedule:
             kind = "per_rank_batch" if s.per_rank_batch else "global_batch"
             before = getattr(self.stages[i - 1], kind) if i else 0
             if getattr(s, kind) < before:  # stages of mixed kinds are compared at a world size, in at()
-                raise ScheduleError(f"{p}[{i}].{kind}: {getattr(s, kind)} is smaller than the previous stage's "
-                                    f"{before}; batch-size control only grows the batch")
+                raise ScheduleError(
+                    f"{p}[{i}].{kind}: {getattr(s, kind)} is smaller than the previous stage's "
+                    f"{before}; batch-size control only grows the batch"
+                )
 
     def spans(self) -> list[tuple[int, Stage, int, int]]:
         """(index, stage, first epoch, end epoch) of the stages that run: stages past `epochs` are cut and the
@@ -219,11 +227,14 @@ class BatchSchedule:
             world = parse_grid(st.grid).size if st.grid else self.world_size  # a stage's batch is its grid's
             global_batch = st.global_batch or st.per_rank_batch * world
             if global_batch % world:
-                raise ScheduleError(f"schedule.stages[{i}].global_batch: {global_batch} does not divide by world "
-                                    f"size {world}")
+                raise ScheduleError(
+                    f"schedule.stages[{i}].global_batch: {global_batch} does not divide by world size {world}"
+                )
             if out and global_batch < out[-1].global_batch:
-                raise ScheduleError(f"schedule.stages[{i}]: global batch {global_batch} is smaller than the "
-                                    f"previous stage's {out[-1].global_batch}; batch-size control only grows it")
+                raise ScheduleError(
+                    f"schedule.stages[{i}]: global batch {global_batch} is smaller than the "
+                    f"previous stage's {out[-1].global_batch}; batch-size control only grows it"
+                )
             per_rank = global_batch // world
             acc = _accumulation(per_rank, self.schedule.max_per_rank_batch)
             if acc is None:
@@ -244,8 +255,11 @@ class BatchSchedule:
         """Optimizer steps of the whole run, or up to stop_epoch (schedule.steps caps it); one term per stage,
         so a run of 2**31 epochs answers as fast as one of 7."""
         end = self.schedule.end_epoch
-        total = sum(steps_per_epoch(num_samples, st.global_batch) * (min(st.until_epoch, end) - st.start_epoch)
-                    for st in self.stages if st.start_epoch < end)
+        total = sum(
+            steps_per_epoch(num_samples, st.global_batch) * (min(st.until_epoch, end) - st.start_epoch)
+            for st in self.stages
+            if st.start_epoch < end
+        )
         return min(total, self.schedule.steps) if self.schedule.steps else total
 
     def peak_lr(self, index: int) -> float:
@@ -276,28 +290,47 @@ class BatchSchedule:
     def table(self) -> str:
         """A printable stage table: epochs, global and per-rank batch, accumulation, LR at the stage start."""
         head = ("stage", "epochs", "global batch", "per rank", "micro x accum", "peak LR", "LR at start")
-        rows = [(str(st.index), f"{st.start_epoch}-{st.until_epoch}", str(st.global_batch), str(st.per_rank_batch),
-                 f"{st.micro_batch} x {st.accumulation}", f"{self.peak_lr(k):.4g}", f"{self.lr_at(st.start_epoch):.4g}")
-                for k, st in enumerate(self.stages)]
+        rows = [
+            (
+                str(st.index),
+                f"{st.start_epoch}-{st.until_epoch}",
+                str(st.global_batch),
+                str(st.per_rank_batch),
+                f"{st.micro_batch} x {st.accumulation}",
+                f"{self.peak_lr(k):.4g}",
+                f"{self.lr_at(st.start_epoch):.4g}",
+            )
+            for k, st in enumerate(self.stages)
+        ]
         if any(st.grid for st in self.stages):
             head += ("grid",)
             rows = [r + (st.grid or "job's",) for r, st in zip(rows, self.stages)]
         widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(head)]
         fmt = "  ".join(f"{{:>{w}}}" for w in widths)
         s = self.schedule
-        decay = s.decay if s.decay != "step" else \
-            f"step x{STEP_GAMMA:g} at epochs {', '.join(f'{f * s.epochs:g}' for f in STEP_AT)}"
-        return "\n".join([fmt.format(*head)] + [fmt.format(*r) for r in rows] + [
-            f"world size {self.world_size}; LR {s.base_lr:g} per {s.lr_reference_batch} samples, policy "
-            f"{s.lr_policy}; warm-up {s.warmup_epochs:g} epoch(s); decay {decay}; {s.epochs} epochs"])
+        decay = (
+            s.decay
+            if s.decay != "step"
+            else f"step x{STEP_GAMMA:g} at epochs {', '.join(f'{f * s.epochs:g}' for f in STEP_AT)}"
+        )
+        return "\n".join(
+            [fmt.format(*head)]
+            + [fmt.format(*r) for r in rows]
+            + [
+                f"world size {self.world_size}; LR {s.base_lr:g} per {s.lr_reference_batch} samples, policy "
+                f"{s.lr_policy}; warm-up {s.warmup_epochs:g} epoch(s); decay {decay}; {s.epochs} epochs"
+            ]
+        )
 
 
 def _split_problem(index: int, per_rank: int, limit: int) -> str:
     low = -(-per_rank // limit)
     need = f" (it would take {low:,})" if low > MAX_ACCUMULATION else ""
-    return (f"schedule.stages[{index}]: a per-rank batch of {per_rank:,} does not split into at most "
-            f"{MAX_ACCUMULATION:,} equal micro-batches of at most {limit:,} samples (schedule.max_per_rank_batch)"
-            f"{need}; raise schedule.max_per_rank_batch or choose a per-rank batch that such micro-batches divide")
+    return (
+        f"schedule.stages[{index}]: a per-rank batch of {per_rank:,} does not split into at most "
+        f"{MAX_ACCUMULATION:,} equal micro-batches of at most {limit:,} samples (schedule.max_per_rank_batch)"
+        f"{need}; raise schedule.max_per_rank_batch or choose a per-rank batch that such micro-batches divide"
+    )
 
 
 def _at_least(path: str, value: int, low: int) -> None:

@@ -15,6 +15,7 @@ folder. `source_of` answers which entry a value is, and everything that depends 
 
 docs/extending.md ("Adding a data source") walks through adding an entry.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,12 @@ DEMO_TRAIN_IMAGES = 10_000
 """The demo set's training images (data/demo.py: 10 classes x 1,000), the default job's data."""
 
 PACKED_FORMAT = "torus-train packed"
-PACKED_KIND = FolderKind("packed data set", "packed.json",
-                         lambda m: m.get("format") == PACKED_FORMAT,
-                         lambda m: load("torus_train.data.packed:own_files")(m))
+PACKED_KIND = FolderKind(
+    "packed data set",
+    "packed.json",
+    lambda m: m.get("format") == PACKED_FORMAT,
+    lambda m: load("torus_train.data.packed:own_files")(m),
+)
 """How a packed set (data/packed.py) is recognised: its packed.json says our format (the rest is checked when it is
 opened, so a damaged one is named, not taken for a folder), and lists its shards."""
 INDEX_DIR = ".torus-train-index"
@@ -109,14 +113,21 @@ class DataSource:
         if self.takes_path and not Path(spec.data.source).is_dir():
             source = spec.data.source
             if os.path.lexists(source) and not Path(source).exists():
-                raise UserError(f"data.source: {source}: a symbolic link that leads nowhere (broken, or a loop); "
-                                "give the data folder itself")
-            raise UserError(f"data.source: {source}: no such folder (expected train/ and val/ inside, or a packed "
-                            "set)" if not Path(source).exists() else f"data.source: {source}: not a folder")
+                raise UserError(
+                    f"data.source: {source}: a symbolic link that leads nowhere (broken, or a loop); "
+                    "give the data folder itself"
+                )
+            raise UserError(
+                f"data.source: {source}: no such folder (expected train/ and val/ inside, or a packed set)"
+                if not Path(source).exists()
+                else f"data.source: {source}: not a folder"
+            )
         if spec.data.stage != "none" and self.reads_files and not self.stageable:
             can = " or ".join(s.label for s in SOURCES if s.stageable)
-            raise UserError(f"data.stage = {spec.data.stage} needs {can} (torus-train data pack --data DIR --out "
-                            f"SHARDS, then --data SHARDS); data.source is {spec.data.source}")
+            raise UserError(
+                f"data.stage = {spec.data.stage} needs {can} (torus-train data pack --data DIR --out "
+                f"SHARDS, then --data SHARDS); data.source is {spec.data.source}"
+            )
 
 
 SOURCES: Registry[DataSource] = Registry("data source")
@@ -173,8 +184,14 @@ def class_difference(classes: dict) -> str | None:
         return None
     names = {split: {str(c) for c in classes[split]} for split in ("train", "val")}
     extra, missing = sorted(names["val"] - names["train"]), sorted(names["train"] - names["val"])
-    what = "; ".join(x for x in (f"not in train/: {', '.join(extra[:3])}" if extra else "",
-                                 f"missing in val/: {', '.join(missing[:3])}" if missing else "") if x)
+    what = "; ".join(
+        x
+        for x in (
+            f"not in train/: {', '.join(extra[:3])}" if extra else "",
+            f"missing in val/: {', '.join(missing[:3])}" if missing else "",
+        )
+        if x
+    )
     return f"val/ has other classes than train/ ({what or 'another order'}); the labels would not match"
 
 
@@ -189,8 +206,12 @@ def _folder_images(spec) -> tuple[int | None, str]:
 
 def _packed_images(spec) -> tuple[int | None, str]:
     count = _meta_count(Path(spec.data.source) / PACKED_KIND.marker)
-    return count, f"the packed set {spec.data.source}" if count is not None else \
-        f"{spec.data.source}: its {PACKED_KIND.marker} does not read"
+    return (
+        count,
+        f"the packed set {spec.data.source}"
+        if count is not None
+        else f"{spec.data.source}: its {PACKED_KIND.marker} does not read",
+    )
 
 
 def register(source: DataSource) -> DataSource:
@@ -203,23 +224,51 @@ DEFAULT_SOURCE = "synthetic"
 
 # In the order --help and the docs list them. A path goes to the path source that claims it, else to the
 # folder (which claims none: it takes every other path).
-register(DataSource(
-    "synthetic", "synthetic: one random batch per rank, made on the device (speed runs; no input pipeline)",
-    "torus_train.data.synthetic:open_loader", _synthetic_images, reads_files=False))
-register(DataSource(
-    "demo", "demo: ten shape classes as JPEG files, generated on first use into the cache",
-    "torus_train.data.demo:open_loader", _demo_images, classes="torus_train.data.demo:classes",
-    prepare="torus_train.data.demo:prepare"))
-register(DataSource(
-    "folder", "an ImageNet-layout folder: train/CLASS/*.JPEG and val/CLASS/*.JPEG, read by DALI or torchvision",
-    "torus_train.data.folder:open_loader", _folder_images, takes_path=True,
-    classes="torus_train.data.folder:classes", prepare="torus_train.data.folder:prepare",
-    verify="torus_train.data.folder:check_files"))
-register(DataSource(
-    "packed", "a packed set: tar shards with an index (torus-train data pack), read by DALI or torchvision",
-    "torus_train.data.packed_source:open_loader", _packed_images, takes_path=True, claims=PACKED_KIND.claims,
-    classes="torus_train.data.packed_source:classes", prepare="torus_train.data.packed_source:prepare",
-    verify="torus_train.data.packed_source:check_files", stageable=True))
+register(
+    DataSource(
+        "synthetic",
+        "synthetic: one random batch per rank, made on the device (speed runs; no input pipeline)",
+        "torus_train.data.synthetic:open_loader",
+        _synthetic_images,
+        reads_files=False,
+    )
+)
+register(
+    DataSource(
+        "demo",
+        "demo: ten shape classes as JPEG files, generated on first use into the cache",
+        "torus_train.data.demo:open_loader",
+        _demo_images,
+        classes="torus_train.data.demo:classes",
+        prepare="torus_train.data.demo:prepare",
+    )
+)
+register(
+    DataSource(
+        "folder",
+        "an ImageNet-layout folder: train/CLASS/*.JPEG and val/CLASS/*.JPEG, read by DALI or torchvision",
+        "torus_train.data.folder:open_loader",
+        _folder_images,
+        takes_path=True,
+        classes="torus_train.data.folder:classes",
+        prepare="torus_train.data.folder:prepare",
+        verify="torus_train.data.folder:check_files",
+    )
+)
+register(
+    DataSource(
+        "packed",
+        "a packed set: tar shards with an index (torus-train data pack), read by DALI or torchvision",
+        "torus_train.data.packed_source:open_loader",
+        _packed_images,
+        takes_path=True,
+        claims=PACKED_KIND.claims,
+        classes="torus_train.data.packed_source:classes",
+        prepare="torus_train.data.packed_source:prepare",
+        verify="torus_train.data.packed_source:check_files",
+        stageable=True,
+    )
+)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -239,16 +288,29 @@ class Decoder:
 
 def _gpu_only(device_type: str) -> str:
     if device_type != "cuda":
-        raise UserError(f"data.decoder = gpu needs ranks on CUDA GPUs, not {device_type}; use data.decoder = auto "
-                        "or cpu")
+        raise UserError(
+            f"data.decoder = gpu needs ranks on CUDA GPUs, not {device_type}; use data.decoder = auto or cpu"
+        )
     return "gpu"
 
 
 DECODERS: Registry[Decoder] = Registry("decoder")
-for _d in (Decoder("auto", "auto: gpu when the ranks are on CUDA, else cpu",
-                   lambda device_type: "gpu" if device_type == "cuda" else "cpu"),
-           Decoder("cpu", "cpu: PIL in the DataLoader's worker processes (crop, flip and normalise there too)",
-                   lambda device_type: "cpu"),
-           Decoder("gpu", "gpu: the workers read the files, nvJPEG decodes a batch at once on the rank's GPU, and "
-                          "the crop, flip and normalise run there", _gpu_only)):
+for _d in (
+    Decoder(
+        "auto",
+        "auto: gpu when the ranks are on CUDA, else cpu",
+        lambda device_type: "gpu" if device_type == "cuda" else "cpu",
+    ),
+    Decoder(
+        "cpu",
+        "cpu: PIL in the DataLoader's worker processes (crop, flip and normalise there too)",
+        lambda device_type: "cpu",
+    ),
+    Decoder(
+        "gpu",
+        "gpu: the workers read the files, nvJPEG decodes a batch at once on the rank's GPU, and "
+        "the crop, flip and normalise run there",
+        _gpu_only,
+    ),
+):
     DECODERS.add(_d.name, _d)

@@ -6,6 +6,7 @@ values the same way. CLI flags become dotted overrides (``--gpus 8`` is ``grid.g
 comm.algo=flat`` sets any field) applied to the raw TOML table before it is built, so they go through the
 same checks.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,10 +52,34 @@ MAX_CLASSES = 1_000_000
 """model.num_classes: a classifier of 1M classes over 2,048 features already holds 8 GB of fp32 weights."""
 FIXED_INPUT = {**{a: 224 for a in ("vit_b_16", "vit_b_32", "vit_h_14", "vit_l_16", "vit_l_32")}, "maxvit_t": 224}
 """Models built for exactly one input size (torchvision's default; their position embeddings or window grid fix it)."""
-MIN_INPUT = {"inception_v3": 75, "alexnet": 64, **{a: 32 for a in (
-    "convnext_base", "convnext_large", "convnext_small", "convnext_tiny", "densenet121", "densenet161",
-    "densenet169", "densenet201", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19",
-    "vgg19_bn")}, "squeezenet1_0": 24, "squeezenet1_1": 24, "googlenet": 16}
+MIN_INPUT = {
+    "inception_v3": 75,
+    "alexnet": 64,
+    **{
+        a: 32
+        for a in (
+            "convnext_base",
+            "convnext_large",
+            "convnext_small",
+            "convnext_tiny",
+            "densenet121",
+            "densenet161",
+            "densenet169",
+            "densenet201",
+            "vgg11",
+            "vgg11_bn",
+            "vgg13",
+            "vgg13_bn",
+            "vgg16",
+            "vgg16_bn",
+            "vgg19",
+            "vgg19_bn",
+        )
+    },
+    "squeezenet1_0": 24,
+    "squeezenet1_1": 24,
+    "googlenet": 16,
+}
 """The smallest input side, of 8, 16, 24, 32, 48, 64, 75, that each model's forward pass takes (the others take
 8 px); tests/test_preflight.py checks the table against torchvision."""
 
@@ -67,6 +92,8 @@ def input_size_problem(arch: str, size: int) -> str:
     if size < low:
         return f"data.image_size: {arch} needs images of at least {low} px, not {size}"
     return ""
+
+
 """Every integer field fits a signed 64-bit integer (what torch and the native code take)."""
 MAX_BUCKET_MB = 1_048_576.0
 MAX_TIMEOUT_S = 31_536_000.0
@@ -75,18 +102,86 @@ MAX_TIMEOUT_S = 31_536_000.0
 # torchvision.models.list_models(module=torchvision.models) of torchvision 0.29, kept here so that validating a
 # spec never imports torch; tests/test_input_errors.py compares it with the installed torchvision.
 CLASSIFICATION_ARCHS = (
-    "alexnet", "convnext_base", "convnext_large", "convnext_small", "convnext_tiny", "densenet121", "densenet161",
-    "densenet169", "densenet201", "efficientnet_b0", "efficientnet_b1", "efficientnet_b2", "efficientnet_b3",
-    "efficientnet_b4", "efficientnet_b5", "efficientnet_b6", "efficientnet_b7", "efficientnet_v2_l",
-    "efficientnet_v2_m", "efficientnet_v2_s", "googlenet", "inception_v3", "maxvit_t", "mnasnet0_5", "mnasnet0_75",
-    "mnasnet1_0", "mnasnet1_3", "mobilenet_v2", "mobilenet_v3_large", "mobilenet_v3_small", "regnet_x_16gf",
-    "regnet_x_1_6gf", "regnet_x_32gf", "regnet_x_3_2gf", "regnet_x_400mf", "regnet_x_800mf", "regnet_x_8gf",
-    "regnet_y_128gf", "regnet_y_16gf", "regnet_y_1_6gf", "regnet_y_32gf", "regnet_y_3_2gf", "regnet_y_400mf",
-    "regnet_y_800mf", "regnet_y_8gf", "resnet101", "resnet152", "resnet18", "resnet34", "resnet50",
-    "resnext101_32x8d", "resnext101_64x4d", "resnext50_32x4d", "shufflenet_v2_x0_5", "shufflenet_v2_x1_0",
-    "shufflenet_v2_x1_5", "shufflenet_v2_x2_0", "squeezenet1_0", "squeezenet1_1", "swin_b", "swin_s", "swin_t",
-    "swin_v2_b", "swin_v2_s", "swin_v2_t", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19",
-    "vgg19_bn", "vit_b_16", "vit_b_32", "vit_h_14", "vit_l_16", "vit_l_32", "wide_resnet101_2", "wide_resnet50_2",
+    "alexnet",
+    "convnext_base",
+    "convnext_large",
+    "convnext_small",
+    "convnext_tiny",
+    "densenet121",
+    "densenet161",
+    "densenet169",
+    "densenet201",
+    "efficientnet_b0",
+    "efficientnet_b1",
+    "efficientnet_b2",
+    "efficientnet_b3",
+    "efficientnet_b4",
+    "efficientnet_b5",
+    "efficientnet_b6",
+    "efficientnet_b7",
+    "efficientnet_v2_l",
+    "efficientnet_v2_m",
+    "efficientnet_v2_s",
+    "googlenet",
+    "inception_v3",
+    "maxvit_t",
+    "mnasnet0_5",
+    "mnasnet0_75",
+    "mnasnet1_0",
+    "mnasnet1_3",
+    "mobilenet_v2",
+    "mobilenet_v3_large",
+    "mobilenet_v3_small",
+    "regnet_x_16gf",
+    "regnet_x_1_6gf",
+    "regnet_x_32gf",
+    "regnet_x_3_2gf",
+    "regnet_x_400mf",
+    "regnet_x_800mf",
+    "regnet_x_8gf",
+    "regnet_y_128gf",
+    "regnet_y_16gf",
+    "regnet_y_1_6gf",
+    "regnet_y_32gf",
+    "regnet_y_3_2gf",
+    "regnet_y_400mf",
+    "regnet_y_800mf",
+    "regnet_y_8gf",
+    "resnet101",
+    "resnet152",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnext101_32x8d",
+    "resnext101_64x4d",
+    "resnext50_32x4d",
+    "shufflenet_v2_x0_5",
+    "shufflenet_v2_x1_0",
+    "shufflenet_v2_x1_5",
+    "shufflenet_v2_x2_0",
+    "squeezenet1_0",
+    "squeezenet1_1",
+    "swin_b",
+    "swin_s",
+    "swin_t",
+    "swin_v2_b",
+    "swin_v2_s",
+    "swin_v2_t",
+    "vgg11",
+    "vgg11_bn",
+    "vgg13",
+    "vgg13_bn",
+    "vgg16",
+    "vgg16_bn",
+    "vgg19",
+    "vgg19_bn",
+    "vit_b_16",
+    "vit_b_32",
+    "vit_h_14",
+    "vit_l_16",
+    "vit_l_32",
+    "wide_resnet101_2",
+    "wide_resnet50_2",
 )
 
 
@@ -295,13 +390,16 @@ class JobSpec:
         if self.comm.compression == "fp16" and self.model.precision != "fp16":
             # divided by the world size before rounding to fp16, small gradients flush to zero without the
             # GradScaler that only model.precision = fp16 brings
-            raise SpecError(f"comm.compression = fp16 needs model.precision = fp16 (its loss scaler), not "
-                            f"{self.model.precision!r}; use comm.compression = bf16 or none")
+            raise SpecError(
+                f"comm.compression = fp16 needs model.precision = fp16 (its loss scaler), not "
+                f"{self.model.precision!r}; use comm.compression = bf16 or none"
+            )
 
     def _check_ranges(self) -> None:
         _finite_and_bounded(self, "")
         for path, value, low, high in (
-            ("job.log_every", self.job.log_every, 1, MAX_INT32), ("grid.gpus", self.grid.gpus, 0, MAX_WORLD),
+            ("job.log_every", self.job.log_every, 1, MAX_INT32),
+            ("grid.gpus", self.grid.gpus, 0, MAX_WORLD),
             ("job.seed", self.job.seed, 0, MAX_INT32),
             ("job.check_every_steps", self.job.check_every_steps, 0, MAX_INT32),
             ("job.max_nonfinite_steps", self.job.max_nonfinite_steps, 1, MAX_INT32),
@@ -310,7 +408,8 @@ class JobSpec:
             ("data.image_size", self.data.image_size, 8, MAX_IMAGE_SIZE),
             ("data.num_threads", self.data.num_threads, 0, 4096),
             ("data.synthetic_samples", self.data.synthetic_samples, 0, MAX_INT32),
-            ("data.io_workers", self.data.io_workers, 1, 256), ("data.prefetch", self.data.prefetch, 1, 64),
+            ("data.io_workers", self.data.io_workers, 1, 256),
+            ("data.prefetch", self.data.prefetch, 1, 64),
             ("data.shuffle_buffer", self.data.shuffle_buffer, 1, MAX_INT32),
             ("checkpoint.every_steps", self.checkpoint.every_steps, 0, MAX_INT32),
             ("checkpoint.every_epochs", self.checkpoint.every_epochs, 0, MAX_INT32),
@@ -322,8 +421,10 @@ class JobSpec:
                 raise SpecError(f"{path}: {value!r} must be >= {low}")
             if high is not None and value > high:
                 raise SpecError(f"{path}: {value!r} must be <= {high:,}")
-        for path, value, high in (("comm.bucket_mb", self.comm.bucket_mb, MAX_BUCKET_MB),
-                                  ("comm.timeout_s", self.comm.timeout_s, MAX_TIMEOUT_S)):
+        for path, value, high in (
+            ("comm.bucket_mb", self.comm.bucket_mb, MAX_BUCKET_MB),
+            ("comm.timeout_s", self.comm.timeout_s, MAX_TIMEOUT_S),
+        ):
             if not value > 0:
                 raise SpecError(f"{path}: {value!r} must be > 0")
             if value > high:
@@ -334,12 +435,17 @@ class JobSpec:
     def _schedule_counts(self) -> list[tuple]:
         """The schedule's counts that reach torch (epochs, steps, batches) as (path, value, low, high)."""
         sc = self.schedule
-        rows = [("schedule.epochs", sc.epochs, 0, MAX_EPOCHS), ("schedule.steps", sc.steps, 0, MAX_INT32),
-                ("schedule.max_per_rank_batch", sc.max_per_rank_batch, 0, MAX_INT32)]
+        rows = [
+            ("schedule.epochs", sc.epochs, 0, MAX_EPOCHS),
+            ("schedule.steps", sc.steps, 0, MAX_INT32),
+            ("schedule.max_per_rank_batch", sc.max_per_rank_batch, 0, MAX_INT32),
+        ]
         for i, st in enumerate(sc.stages):
-            rows += [(f"schedule.stages[{i}].per_rank_batch", st.per_rank_batch, 0, MAX_INT32),
-                     (f"schedule.stages[{i}].global_batch", st.global_batch, 0, MAX_INT32 * MAX_WORLD),
-                     (f"schedule.stages[{i}].until_epoch", st.until_epoch, 0, MAX_INT32)]
+            rows += [
+                (f"schedule.stages[{i}].per_rank_batch", st.per_rank_batch, 0, MAX_INT32),
+                (f"schedule.stages[{i}].global_batch", st.global_batch, 0, MAX_INT32 * MAX_WORLD),
+                (f"schedule.stages[{i}].until_epoch", st.until_epoch, 0, MAX_INT32),
+            ]
         return rows
 
     def _check_optimizer(self) -> None:
@@ -506,8 +612,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise SpecError(f"--set {_short(text)}: no field name before '='; expected FIELD=VALUE, e.g. comm.algo=flat")
     if not all(_KEY_PART.match(part) for part in key.split(".")):
-        raise SpecError(f"--set {_short(text)}: {_short(key)} is not a dotted field name like comm.algo or "
-                        "schedule.epochs")
+        raise SpecError(
+            f"--set {_short(text)}: {_short(key)} is not a dotted field name like comm.algo or schedule.epochs"
+        )
     value = _parse_toml_value(raw, f"--set {_short(text)}")
     return key, value
 

@@ -1,5 +1,6 @@
 """Where data.stage = node copies a packed set on each node: data.stage_dir, or the scheduler's node-local folder,
 checked by the launcher before any rank starts (torus_train.data.stage does the copying). No torch, no numpy."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,10 @@ def stage_base(stage_dir: str, environ: Mapping[str, str] | None = None) -> Path
     for name in ENV_DIRS:
         if environ.get(name):
             return Path(environ[name])
-    raise UserError("data.stage = node: no node-local folder; set data.stage_dir, or run where one of "
-                    f"${', $'.join(ENV_DIRS)} is set")
+    raise UserError(
+        "data.stage = node: no node-local folder; set data.stage_dir, or run where one of "
+        f"${', $'.join(ENV_DIRS)} is set"
+    )
 
 
 def check_stage_base(stage_dir: str, environ: Mapping[str, str] | None = None) -> Path:
@@ -40,6 +43,8 @@ def check_stage_base(stage_dir: str, environ: Mapping[str, str] | None = None) -
         what = "is a file" if existing == base else f"lies under the file {shown_path(existing)}"
         raise UserError(f"{where} {what}, not a folder; set data.stage_dir to a node-local folder")
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{where}: {shown_path(existing)} is not writable here; set data.stage_dir to a "
-                        f"node-local folder you can write")
+        raise UserError(
+            f"{where}: {shown_path(existing)} is not writable here; set data.stage_dir to a "
+            f"node-local folder you can write"
+        )
     return base

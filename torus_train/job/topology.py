@@ -5,6 +5,7 @@ N = X * Y. Rank r sits at row r // X and column r % X. With K GPUs per node the 
 consecutive, so they fall into one row: the horizontal rings run inside nodes first, and only the
 vertical rings cross the network (Mikami et al. 2018, section 3.2).
 """
+
 from __future__ import annotations
 
 import math
@@ -145,8 +146,10 @@ def check_world_size(n: int, what: str = "--gpus") -> None:
 def check_grid_size(grid: Grid, n: int, what: str = "--gpus") -> None:
     """Raise GridError printing every factor when X * Y is not the requested world size."""
     if grid.size != n:
-        raise GridError(f"grid {grid.x}x{grid.y} = {grid.size} ranks but {what} is {n}; "
-                        f"choose X and Y with X*Y = {n} or leave --grid out to have one chosen")
+        raise GridError(
+            f"grid {grid.x}x{grid.y} = {grid.size} ranks but {what} is {n}; "
+            f"choose X and Y with X*Y = {n} or leave --grid out to have one chosen"
+        )
 
 
 def factor_pairs(n: int) -> list[tuple[int, int]]:
@@ -175,8 +178,9 @@ def choose_grid(n: int, gpus_per_node: int = 1) -> tuple[Grid, str]:
     grid = Grid(x, y, k)
     if n == 1:
         return grid, "one rank: a 1x1 grid"
-    why = (f"{x}x{y}: {grid.torus_steps} sequential steps (2({x}-1) + 2({y}-1)) against {grid.ring_steps} "
-           f"for a flat ring")
+    why = (
+        f"{x}x{y}: {grid.torus_steps} sequential steps (2({x}-1) + 2({y}-1)) against {grid.ring_steps} for a flat ring"
+    )
     if aligned and k > 1:
         why += f"; rows of {x} fill whole nodes of {k} GPUs, so horizontal rings stay inside nodes"
     elif k > 1:

@@ -5,6 +5,7 @@ loaders pad them; schedule.steps caps it). The count of training images per epoc
 without reading the data, as the data source's entry tells it (job/sources.py): the demo set's size, a data
 folder's index (its meta.json) when it has been built, a packed set's packed.json, or data.synthetic_samples.
 """
+
 from __future__ import annotations
 
 from torus_train.job.models import forward_flops
@@ -45,11 +46,16 @@ def work_text(spec, schedule) -> str:
     """'training work: N images x F per image = W' (or what is missing for it), for --dry-run."""
     flops = forward_flops(spec.model.arch, spec.data.image_size, spec.model.num_classes)
     per_epoch, where = train_images(spec)
-    f_text = (f"{_si(flops, 'FLOP')} per image ({spec.model.arch} at {spec.data.image_size} px, forward)"
-              if flops else f"FLOPs per image not known for {spec.model.arch} (counted for ResNets)")
+    f_text = (
+        f"{_si(flops, 'FLOP')} per image ({spec.model.arch} at {spec.data.image_size} px, forward)"
+        if flops
+        else f"FLOPs per image not known for {spec.model.arch} (counted for ResNets)"
+    )
     if per_epoch is None or schedule is None:
         return f"training work: images not known ({where}); {f_text}"
     images = images_processed(schedule, per_epoch)
     total = f" = {_si(images * flops, 'FLOP')} (forward; about 3x that with backward)" if flops else ""
-    return (f"training work: {images:,} images processed ({per_epoch:,} per epoch from {where}, padded to whole "
-            f"steps) x {f_text}{total}")
+    return (
+        f"training work: {images:,} images processed ({per_epoch:,} per epoch from {where}, padded to whole "
+        f"steps) x {f_text}{total}"
+    )

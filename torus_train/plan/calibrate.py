@@ -12,6 +12,7 @@ all of them is shared by the cores: o. The ranks' buffers (ranks * n bytes) shar
 they fit, a byte costs beta_cache (copy and sum in cache), the share that does not fit costs beta_extra more
 (DRAM). llc is the machine's cache size, read from the OS, not fitted. The fit minimises the relative error.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,7 +58,7 @@ def local_coefficients(algo: str, grid: Grid) -> tuple[int, float]:
     net = Network("unit", grid.size, Link(1.0, 1.0), Link(1.0, 1.0), 1, reduce_gbytes_per_s=1e30)
     # Evaluate the general model at two sizes on a unit network: steps*alpha and bytes*beta fall out exactly.
     c0 = allreduce_cost(algo, Grid(grid.x, grid.y, grid.size), net, 0)
-    c1 = allreduce_cost(algo, Grid(grid.x, grid.y, grid.size), net, 10**9)   # 1e9 bytes at 1 GB/s
+    c1 = allreduce_cost(algo, Grid(grid.x, grid.y, grid.size), net, 10**9)  # 1e9 bytes at 1 GB/s
     return c0.steps, (c1.seconds - c0.seconds)
 
 
@@ -116,7 +117,7 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """argmin |a x - b| over x >= 0, for a few columns: the best least-squares solution over every support
     set whose solution is non-negative (the optimum lies on one of them)."""
     cols = a.shape[1]
-    best, best_res = np.zeros(cols), float(np.sum(b ** 2))
+    best, best_res = np.zeros(cols), float(np.sum(b**2))
     for mask in range(1, 1 << cols):
         keep = [j for j in range(cols) if mask >> j & 1]
         x, *_ = np.linalg.lstsq(a[:, keep], b, rcond=None)
@@ -172,31 +173,41 @@ class Calibration:
         runnable processes, so per-step and per-byte work stretch alike. background defaults to the fit's."""
         return oversubscription(ranks, self.cores, self.background if background is None else background)
 
-    def predict_seconds(self, grid: Grid, nbytes: int, algo: str | None = None,
-                        background: float | None = None) -> float:
+    def predict_seconds(
+        self, grid: Grid, nbytes: int, algo: str | None = None, background: float | None = None
+    ) -> float:
         """Predicted time of one all-reduce of nbytes on `grid` on this host (with `background` other runnable
         processes; default: as during the fit)."""
         bg = self.background if background is None else background
         return float(fit_terms(algo or self.algo, grid, nbytes, self.cores, bg, self.llc_bytes) @ self.coefficients)
 
-    def predict_busbw(self, grid: Grid, nbytes: int, algo: str | None = None,
-                      background: float | None = None) -> float:
+    def predict_busbw(self, grid: Grid, nbytes: int, algo: str | None = None, background: float | None = None) -> float:
         """Predicted nccl-tests busbw in GB/s."""
         return busbw_gbytes_per_s(grid.size, nbytes, self.predict_seconds(grid, nbytes, algo, background))
 
     def describe(self) -> list[str]:
         """Printable lines: the model, the fitted figures with units, and the fit's error."""
-        memory = (f"1/(beta_cache + beta_extra) = {self.memory_gbytes_per_s:.4f} GB/s per rank beyond the cache "
-                  f"({self.rows_beyond_cache} rows beyond it)" if self.rows_beyond_cache else
-                  "no row's buffers exceeded the cache: the memory figure is taken equal to the cache figure")
-        model = (f"model: time = o * (steps * alpha + coeff * n * (beta_cache + miss * beta_extra)), "
-                 f"o = max(1, (ranks + {self.background:g} background) / {self.cores} cores), "
-                 f"miss = 1 - min(1, {self.llc_bytes / 2**20:g} MiB cache / (ranks * n))")
-        fit = (f"fit on {self.algo} {self.grid} ({self.backend}), minimising the relative error: "
-               f"alpha = {self.alpha_us:.2f} us per step, 1/beta_cache = {self.cache_gbytes_per_s:.4f} GB/s per "
-               f"rank in cache, {memory}")
-        return [model, fit,
-                f"fit error on the calibration rows: rms {self.rms_relative_error * 100:.1f}% of the measured time"]
+        memory = (
+            f"1/(beta_cache + beta_extra) = {self.memory_gbytes_per_s:.4f} GB/s per rank beyond the cache "
+            f"({self.rows_beyond_cache} rows beyond it)"
+            if self.rows_beyond_cache
+            else "no row's buffers exceeded the cache: the memory figure is taken equal to the cache figure"
+        )
+        model = (
+            f"model: time = o * (steps * alpha + coeff * n * (beta_cache + miss * beta_extra)), "
+            f"o = max(1, (ranks + {self.background:g} background) / {self.cores} cores), "
+            f"miss = 1 - min(1, {self.llc_bytes / 2**20:g} MiB cache / (ranks * n))"
+        )
+        fit = (
+            f"fit on {self.algo} {self.grid} ({self.backend}), minimising the relative error: "
+            f"alpha = {self.alpha_us:.2f} us per step, 1/beta_cache = {self.cache_gbytes_per_s:.4f} GB/s per "
+            f"rank in cache, {memory}"
+        )
+        return [
+            model,
+            fit,
+            f"fit error on the calibration rows: rms {self.rms_relative_error * 100:.1f}% of the measured time",
+        ]
 
 
 def busbw_gbytes_per_s(ranks: int, nbytes: float, seconds: float) -> float:
@@ -205,8 +216,11 @@ def busbw_gbytes_per_s(ranks: int, nbytes: float, seconds: float) -> float:
 
 
 BENCH_ROW_FIELDS = (
-    Field("algo", "str"), Field("grid", "str"), Field("size_bytes", "int", 0, 1 << 50),
-    Field("time_us", "number", 1e-3, 1e12), Field("wrong", "int", 0, 1 << 62, optional=True),
+    Field("algo", "str"),
+    Field("grid", "str"),
+    Field("size_bytes", "int", 0, 1 << 50),
+    Field("time_us", "number", 1e-3, 1e12),
+    Field("wrong", "int", 0, 1 << 62, optional=True),
     Field("backend", "str", optional=True),
 )
 """What the fit reads from each row of a `bench allreduce --json` file (a time from 1 ns to 11 days: the fit
@@ -270,9 +284,15 @@ def _llc(llc_bytes: int | None) -> int:
     return int(llc_bytes)
 
 
-def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = None,
-              cores: int | None = None, background: float = 0.0, llc_bytes: int | None = None,
-              flag: str = "--calibrate") -> Calibration:
+def calibrate(
+    rows: Sequence[dict],
+    algo: str | None = None,
+    grid: str | None = None,
+    cores: int | None = None,
+    background: float = 0.0,
+    llc_bytes: int | None = None,
+    flag: str = "--calibrate",
+) -> Calibration:
     """Fit alpha, beta_cache and beta_extra (all >= 0) of the model above to the rows of one algorithm on one
     grid (the first present unless named) with wrong == 0, minimising the relative error of the time.
 
@@ -292,16 +312,29 @@ def calibrate(rows: Sequence[dict], algo: str | None = None, grid: str | None = 
     a = np.stack([fit_terms(algo, g, s, cores, background, llc) for s in n])
     alpha, beta_c, extra = _fit(a, t, f"{flag}: {algo} on {grid}")
     if beta_c <= 0 or not np.isfinite(1.0 / beta_c):
-        raise UserError(f"{flag}: times of {algo} on {grid} do not grow with size "
-                        f"({', '.join(f'{int(s)} B: {x * 1e6:.0f} us' for s, x in zip(n, t))}); "
-                        f"cannot fit a bandwidth: rerun the bench with more iterations (-n) on a quieter machine")
+        raise UserError(
+            f"{flag}: times of {algo} on {grid} do not grow with size "
+            f"({', '.join(f'{int(s)} B: {x * 1e6:.0f} us' for s, x in zip(n, t))}); "
+            f"cannot fit a bandwidth: rerun the bench with more iterations (-n) on a quieter machine"
+        )
     beyond = int((a[:, 2] > 0).sum())
     fit = a @ np.array([alpha, beta_c, extra])
     rms = float(np.sqrt(np.mean(((fit - t) / t) ** 2)))
-    return Calibration(algo, grid, ",".join(backends), float(alpha * 1e6), float(1.0 / beta_c / 1e9),
-                       float(1.0 / (beta_c + extra) / 1e9), llc, cores, background,
-                       [(int(r["size_bytes"]), float(r["time_us"])) for r in used], len(rows) - len(used), beyond,
-                       rms)
+    return Calibration(
+        algo,
+        grid,
+        ",".join(backends),
+        float(alpha * 1e6),
+        float(1.0 / beta_c / 1e9),
+        float(1.0 / (beta_c + extra) / 1e9),
+        llc,
+        cores,
+        background,
+        [(int(r["size_bytes"]), float(r["time_us"])) for r in used],
+        len(rows) - len(used),
+        beyond,
+        rms,
+    )
 
 
 def _fit(a: np.ndarray, t: np.ndarray, where: str) -> np.ndarray:
@@ -317,8 +350,9 @@ def _fit(a: np.ndarray, t: np.ndarray, where: str) -> np.ndarray:
     return x
 
 
-def _rows_to_fit(rows: Sequence[dict], algo: str | None, grid: str | None,
-                 flag: str = "--calibrate") -> tuple[str, str, list[dict]]:
+def _rows_to_fit(
+    rows: Sequence[dict], algo: str | None, grid: str | None, flag: str = "--calibrate"
+) -> tuple[str, str, list[dict]]:
     """(algo, grid, rows) that calibrate fits: torus (else the first algorithm) unless named, its first grid
     unless named, the rows with wrong == 0; raise UserError unless they hold two sizes or more."""
     algos = [r["algo"] for r in rows]
@@ -329,8 +363,9 @@ def _rows_to_fit(rows: Sequence[dict], algo: str | None, grid: str | None,
     grid = grid or grids[0]
     used = [r for r in rows if r["algo"] == algo and r["grid"] == grid and int(r.get("wrong", 0)) == 0]
     if len({r["size_bytes"] for r in used}) < 2:
-        raise UserError(f"{flag}: need rows at two or more sizes for {algo} on {grid} with wrong == 0, "
-                        f"found {len(used)}")
+        raise UserError(
+            f"{flag}: need rows at two or more sizes for {algo} on {grid} with wrong == 0, found {len(used)}"
+        )
     return algo, grid, used
 
 
@@ -361,8 +396,9 @@ class Comparison:
         return self.predicted_busbw / self.measured_busbw
 
 
-def compare(cal: Calibration, rows: Sequence[dict], min_bytes: int = 0,
-            background: float | None = None) -> list[Comparison]:
+def compare(
+    cal: Calibration, rows: Sequence[dict], min_bytes: int = 0, background: float | None = None
+) -> list[Comparison]:
     """The rows of cal's algorithm with wrong == 0 and size >= min_bytes, measured against predicted busbw,
     sorted by grid and size. background: of the compared bench (default: the fit's)."""
     out = []
@@ -371,6 +407,13 @@ def compare(cal: Calibration, rows: Sequence[dict], min_bytes: int = 0,
             continue
         g = host_grid(r["grid"])
         measured = busbw_gbytes_per_s(g.size, r["size_bytes"], r["time_us"] * 1e-6)
-        out.append(Comparison(cal.algo, str(g), int(r["size_bytes"]), measured,
-                              cal.predict_busbw(g, r["size_bytes"], background=background)))
+        out.append(
+            Comparison(
+                cal.algo,
+                str(g),
+                int(r["size_bytes"]),
+                measured,
+                cal.predict_busbw(g, r["size_bytes"], background=background),
+            )
+        )
     return sorted(out, key=lambda c: (c.grid, c.size_bytes))

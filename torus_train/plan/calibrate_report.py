@@ -1,6 +1,7 @@
 """`torus-train plan calibrate`: fit this machine from `bench allreduce --json` rows (torus_train.plan.calibrate),
 print the fit, then predict other grids or hold another bench file against the fit (pure, no torch).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,8 +9,7 @@ from typing import Callable
 
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid
-from torus_train.plan.calibrate import (Calibration, calibrate, check_host_options, compare, host_grid,
-                                        read_benches)
+from torus_train.plan.calibrate import Calibration, calibrate, check_host_options, compare, host_grid, read_benches
 
 BENCH_ARG = "BENCH.json"
 """What errors about the fitted bench file name: the command's argument."""
@@ -50,8 +50,9 @@ def calibrate_report(req: CalibrateRequest, echo: Callable[[str], None] = print)
     --compare) and the comparison (--compare). Returns {calibration, predictions?, comparison?} for JSON."""
     rows = read_benches(req.bench, BENCH_ARG)
     other = read_benches(req.compare, "--compare") if req.compare else None
-    cal = calibrate(rows, algo=req.algo, cores=req.cores, background=req.background, llc_bytes=req.llc_bytes,
-                    flag=BENCH_ARG)
+    cal = calibrate(
+        rows, algo=req.algo, cores=req.cores, background=req.background, llc_bytes=req.llc_bytes, flag=BENCH_ARG
+    )
     for line in fit_lines(cal, req.bench):
         echo(line)
     out: dict = {"calibration": cal.__dict__}
@@ -66,9 +67,11 @@ def calibrate_report(req: CalibrateRequest, echo: Callable[[str], None] = print)
 def fit_lines(cal: Calibration, bench: str) -> list[str]:
     """The rows used, the model and its fitted figures, and every row measured against fitted."""
     sizes = [s for s, _ in cal.rows_used]
-    lines = [f"# calibration from {bench}: {cal.algo} on {cal.grid} ({cal.backend}), "
-             f"{len(cal.rows_used)} rows used ({min(sizes)}..{max(sizes)} bytes, wrong == 0), "
-             f"{cal.rows_skipped} rows left out (other algo/grid or wrong != 0)"]
+    lines = [
+        f"# calibration from {bench}: {cal.algo} on {cal.grid} ({cal.backend}), "
+        f"{len(cal.rows_used)} rows used ({min(sizes)}..{max(sizes)} bytes, wrong == 0), "
+        f"{cal.rows_skipped} rows left out (other algo/grid or wrong != 0)"
+    ]
     lines += [f"# {line}" for line in cal.describe()]
     g0 = host_grid(cal.grid)
     lines.append(f"{'grid':>6} {'size (B)':>10} {'measured us':>12} {'fitted us':>12} {'fit/meas':>9}")
@@ -102,7 +105,11 @@ def comparison(cal: Calibration, rows: list[dict], path: str, echo: Callable[[st
     for c in comp:
         echo(f"{c.grid:>6} {c.size_bytes:>10} {c.measured_busbw:>14.4f} {c.predicted_busbw:>15.4f} {c.ratio:>10.2f}")
     big = [c.ratio for c in comp if c.size_bytes >= 1 << 20]
-    tail = (f"; at >= 1 MiB pred/meas {min(big):.2f} to {max(big):.2f}, {sum(abs(r - 1) <= 0.3 for r in big)} of "
-            f"{len(big)} within 30%" if big else "")
+    tail = (
+        f"; at >= 1 MiB pred/meas {min(big):.2f} to {max(big):.2f}, {sum(abs(r - 1) <= 0.3 for r in big)} of "
+        f"{len(big)} within 30%"
+        if big
+        else ""
+    )
     echo(f"# summary: {cal.algo} fitted on {cal.grid}, compared with {len(comp)} rows of {path}{tail}")
     return [c.__dict__ | {"ratio": c.ratio} for c in comp]

@@ -5,6 +5,7 @@ at ragged sizes; check_groups builds every row and column process group with the
 torus_train.comm.groups.build_grid_groups on torch's one-process fake backend. Only check_groups imports torch,
 inside the function, so the rest of plan stays free of it.
 """
+
 from __future__ import annotations
 
 import time
@@ -26,9 +27,11 @@ def simulate_grid(grid: Grid, echo: Callable[[str], None]) -> dict:
     for n in (1, 7, 97, next_prime(grid.size + 1)):
         r = check(grid.x, grid.y, n, seed=n)
         results.append(r.__dict__ | {"ok": r.ok})
-        echo(f"# simulate {grid}: {r.ranks} virtual ranks, {n} int64 elements each: {r.steps} steps "
-             f"(expected {r.expected_steps}), {r.wrong_ranks} ranks wrong, {r.seconds:.2f} s "
-             f"-> {'exact sum on every rank' if r.ok else 'FAILED'}")
+        echo(
+            f"# simulate {grid}: {r.ranks} virtual ranks, {n} int64 elements each: {r.steps} steps "
+            f"(expected {r.expected_steps}), {r.wrong_ranks} ranks wrong, {r.seconds:.2f} s "
+            f"-> {'exact sum on every rank' if r.ok else 'FAILED'}"
+        )
     if not all(r["ok"] for r in results):
         raise RunFailed(f"virtual-rank torus on {grid} did not give every rank the exact sum")
     return {"grid": str(grid), "results": results}
@@ -36,8 +39,10 @@ def simulate_grid(grid: Grid, echo: Callable[[str], None]) -> dict:
 
 def next_prime(n: int) -> int:
     """The smallest prime >= n."""
+
     def is_prime(k: int) -> bool:
-        return k > 1 and all(k % d for d in range(2, int(k ** 0.5) + 1))
+        return k > 1 and all(k % d for d in range(2, int(k**0.5) + 1))
+
     while not is_prime(n):
         n += 1
     return n
@@ -63,9 +68,11 @@ def check_groups(grid: Grid, echo: Callable[[str], None]) -> dict:
         cols_seen.add(col)
     seconds = time.perf_counter() - t1
     built = (grid.y if grid.x > 1 else 0) + (grid.x if grid.y > 1 else 0)
-    echo(f"# check-groups {grid}: built {built} process groups ({grid.y} rows of {grid.x}, {grid.x} columns "
-         f"of {grid.y}) on the fake backend as each of {len(as_ranks)} ranks; every row and column group "
-         f"has the right members ({seconds:.2f} s, torch import {t_import:.1f} s)")
+    echo(
+        f"# check-groups {grid}: built {built} process groups ({grid.y} rows of {grid.x}, {grid.x} columns "
+        f"of {grid.y}) on the fake backend as each of {len(as_ranks)} ranks; every row and column group "
+        f"has the right members ({seconds:.2f} s, torch import {t_import:.1f} s)"
+    )
     ok = len(rows_seen) == grid.y and len(cols_seen) == grid.x
     if not ok:
         raise RunFailed(f"--check-groups: only {len(rows_seen)} rows and {len(cols_seen)} columns were checked")

@@ -28,6 +28,7 @@ single-GPU throughput), the definition used in the paper's table). By default ``
 from DDP's buckets instead (torus_train.plan.timeline). Not modelled: stragglers, data loading, BatchNorm
 statistics, optimizer time.
 """
+
 from __future__ import annotations
 
 import math
@@ -113,8 +114,9 @@ def _flow_bandwidth(net: Network, flows: int) -> float:
     return net.nics_per_node * net.inter.bandwidth_gbytes_per_s * 1e9 / flows
 
 
-def _edge_time(net: Network, src: np.ndarray, dst: np.ndarray, chunk_bytes: float,
-               node: np.ndarray) -> tuple[float, np.ndarray]:
+def _edge_time(
+    net: Network, src: np.ndarray, dst: np.ndarray, chunk_bytes: float, node: np.ndarray
+) -> tuple[float, np.ndarray]:
     """Seconds for one step in which every src[i] sends chunk_bytes to dst[i] at once.
 
     Returns (seconds, inter) where inter[i] says whether edge i leaves its node. The step lasts as long as its
@@ -184,8 +186,9 @@ class _Phases:
         self.phases: list[Phase] = []
         self.inter_bytes = np.zeros(grid.size)
 
-    def ring(self, name: str, rings: np.ndarray, nbytes: float, net: Network, steps: int,
-             reduce_bytes: float = 0.0) -> None:
+    def ring(
+        self, name: str, rings: np.ndarray, nbytes: float, net: Network, steps: int, reduce_bytes: float = 0.0
+    ) -> None:
         """`steps` ring steps on each ring (rows of `rings`, ranks in ring order), chunk = nbytes / ring length."""
         p = rings.shape[1]
         if p <= 1 or steps == 0:
@@ -205,9 +208,9 @@ class _Phases:
         rounds = math.ceil(math.log2(p))
         total = 0.0
         dists = [1 << i for i in range(rounds)]
-        for d in (dists if reduce else dists[::-1]):
+        for d in dists if reduce else dists[::-1]:
             idx = np.arange(p)
-            sender = idx[(idx % (2 * d)) == d]            # reduce: sender -> sender - d
+            sender = idx[(idx % (2 * d)) == d]  # reduce: sender -> sender - d
             far, near = groups[:, sender].reshape(-1), groups[:, sender - d].reshape(-1)
             src, dst = (far, near) if reduce else (near, far)
             t, inter = _edge_time(net, src, dst, nbytes, self.node)
@@ -218,8 +221,15 @@ class _Phases:
     def result(self, algo: str, nbytes: int) -> AllreduceCost:
         """The all-reduce these phases make: their steps and seconds summed, the busiest rank's bytes."""
         steps = sum(p.steps for p in self.phases)
-        return AllreduceCost(algo, str(self.grid), nbytes, steps, float(self.inter_bytes.max()),
-                             sum(p.seconds for p in self.phases), self.phases)
+        return AllreduceCost(
+            algo,
+            str(self.grid),
+            nbytes,
+            steps,
+            float(self.inter_bytes.max()),
+            sum(p.seconds for p in self.phases),
+            self.phases,
+        )
 
 
 # Each algorithm as phases on ranks[row, col] (Y rows of X ranks) for n bytes; the formulas are in allreduce_cost.
@@ -239,7 +249,7 @@ def tree_phases(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
 def hierarchical_phases(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
     y = ranks.shape[0]
     ph.tree("row reduce to leader", ranks, n, net, reduce=True)
-    leaders = ranks[:, :1].T                          # one ring: column 0
+    leaders = ranks[:, :1].T  # one ring: column 0
     ph.ring("leader ring reduce-scatter", leaders, n, net, y - 1, reduce_bytes=(y - 1) / y * n)
     ph.ring("leader ring all-gather", leaders, n, net, y - 1)
     ph.tree("row broadcast", ranks, n, net, reduce=False)
@@ -248,7 +258,7 @@ def hierarchical_phases(ph: _Phases, ranks: np.ndarray, n: float, net: Network) 
 def torus_phases(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None:
     y, x = ranks.shape
     ph.ring("row reduce-scatter", ranks, n, net, x - 1, reduce_bytes=(x - 1) / x * n)
-    cols = ranks.T                                    # each column is a vertical ring
+    cols = ranks.T  # each column is a vertical ring
     ph.ring("column reduce-scatter", cols, n / x, net, y - 1, reduce_bytes=(y - 1) / y * n / x)
     ph.ring("column all-gather", cols, n / x, net, y - 1)
     ph.ring("row all-gather", ranks, n, net, x - 1)
@@ -277,8 +287,10 @@ def check_algorithm(algo: str, net: Network | None = None) -> None:
     if algo not in known:
         raise UserError(f"algo: unknown all-reduce algorithm {algo!r}; known: {', '.join(known)}")
     if net is not None and algo not in algorithms_for(net):
-        raise UserError(f"algo: {algo} needs hardware network {net.name} does not have "
-                        f"(nccl-nvls: Hopper + NVSwitch; nccl-collnet: SHARP + NVSwitch)")
+        raise UserError(
+            f"algo: {algo} needs hardware network {net.name} does not have "
+            f"(nccl-nvls: Hopper + NVSwitch; nccl-collnet: SHARP + NVSwitch)"
+        )
 
 
 def _nccl_estimate(algo: str, model: NcclModel, nbytes: float):
@@ -296,10 +308,15 @@ def _nccl_cost(algo: str, grid: Grid, net: Network, nbytes: int) -> AllreduceCos
     if e is None or nbytes == 0:
         return AllreduceCost(algo, str(grid), int(nbytes), 0, 0.0, 0.0, [])
     chosen = f"{e.algo}/{e.protocol}"
-    phase = Phase(f"NCCL {chosen}: latency {e.latency_us:.1f} us + bytes / {e.algbw_gbps:.1f} GB/s", e.steps,
-                  float(nbytes), e.seconds)
-    return AllreduceCost(algo, str(grid), int(nbytes), e.steps, model.bytes_across_nodes(e.algo, nbytes),
-                         e.seconds, [phase], chosen)
+    phase = Phase(
+        f"NCCL {chosen}: latency {e.latency_us:.1f} us + bytes / {e.algbw_gbps:.1f} GB/s",
+        e.steps,
+        float(nbytes),
+        e.seconds,
+    )
+    return AllreduceCost(
+        algo, str(grid), int(nbytes), e.steps, model.bytes_across_nodes(e.algo, nbytes), e.seconds, [phase], chosen
+    )
 
 
 def allreduce_cost(algo: str, grid: Grid, net: Network, nbytes: int, placement: str = "rows") -> AllreduceCost:
@@ -317,10 +334,10 @@ def allreduce_cost(algo: str, grid: Grid, net: Network, nbytes: int, placement: 
         grid = Grid(grid.x, grid.y, net.gpus_per_node)
     check_algorithm(algo, net)
     if algo in NCCL_ALGORITHMS:
-        node_map(grid, net.gpus_per_node, placement)              # checks the placement
+        node_map(grid, net.gpus_per_node, placement)  # checks the placement
         return _nccl_cost(algo, grid, net, nbytes)
     phases = _Phases(grid, node_map(grid, net.gpus_per_node, placement))
-    ranks = np.arange(grid.size).reshape(grid.y, grid.x)          # ranks[row, col]
+    ranks = np.arange(grid.size).reshape(grid.y, grid.x)  # ranks[row, col]
     _phases_of(algo)(phases, ranks, float(nbytes), net)
     return phases.result(algo, int(nbytes))
 
@@ -376,6 +393,7 @@ def allreduce_seconds_fn(algo: str, grid: Grid, net: Network, placement: str = "
         def nccl_seconds(nbytes: float) -> float:
             e = _nccl_estimate(algo, model, nbytes)
             return 0.0 if e is None or nbytes == 0 else e.seconds
+
         return nccl_seconds
     rec = _Recorder(grid, node_map(grid, net.gpus_per_node, placement))
     _phases_of(algo)(rec, np.arange(grid.size).reshape(grid.y, grid.x), 1.0, net)
@@ -384,6 +402,7 @@ def allreduce_seconds_fn(algo: str, grid: Grid, net: Network, placement: str = "
     def seconds(nbytes: float) -> float:
         n = float(nbytes)
         return sum(k * max(a + f * n * b for a, b in links) + r * n * gamma for k, f, links, r in terms)
+
     return seconds
 
 
@@ -419,8 +438,12 @@ class StepCost:
     """compute / step, a fraction: throughput(N) / (N x single-GPU throughput)."""
 
 
-def step_cost(compute_seconds: float, allreduce_seconds: float, overlap: float = DEFAULT_OVERLAP,
-              backward_fraction: float = BACKWARD_FRACTION) -> StepCost:
+def step_cost(
+    compute_seconds: float,
+    allreduce_seconds: float,
+    overlap: float = DEFAULT_OVERLAP,
+    backward_fraction: float = BACKWARD_FRACTION,
+) -> StepCost:
     """Step time with a stated overlap of communication and the backward pass."""
     if not 0.0 <= overlap <= 1.0:
         raise UserError(f"--overlap: {overlap!r} must be between 0 and 1")
@@ -428,4 +451,3 @@ def step_cost(compute_seconds: float, allreduce_seconds: float, overlap: float =
     exposed = max(0.0, allreduce_seconds - hidden)
     step = compute_seconds + exposed
     return StepCost(compute_seconds, allreduce_seconds, exposed, step, compute_seconds / step if step else 1.0)
-

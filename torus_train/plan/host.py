@@ -25,6 +25,7 @@ What it predicts, for R ranks of one thread each on C cores with B other runnabl
   optimizer step, stretched by o like the rest. Data loading is not modelled (synthetic data is one batch
   made once).
 """
+
 from __future__ import annotations
 
 import json
@@ -100,12 +101,17 @@ class StepProfile:
 MAX_PROFILE_SECONDS = 1e6
 """A profile's times (a step's parts, a module's backward): at most 1e6 s, so that sums and shares stay finite."""
 PROFILE_FIELDS = (
-    Field("model", "str"), Field("image_size", "int", 1, 1 << 20), Field("batch", "int", 1, 1 << 30),
-    Field("num_classes", "int", 1, 1 << 31), Field("threads", "int", 1, 1 << 16),
+    Field("model", "str"),
+    Field("image_size", "int", 1, 1 << 20),
+    Field("batch", "int", 1, 1 << 30),
+    Field("num_classes", "int", 1, 1 << 31),
+    Field("threads", "int", 1, 1 << 16),
     Field("forward_seconds", "number", 0, MAX_PROFILE_SECONDS),
     Field("backward_seconds", "number", 0, MAX_PROFILE_SECONDS),
-    Field("optimizer_seconds", "number", 0, MAX_PROFILE_SECONDS), Field("modules", "dict"),
-    Field("cores", "int", 1, 1 << 20, optional=True), Field("background", "number", 0, 1 << 20, optional=True),
+    Field("optimizer_seconds", "number", 0, MAX_PROFILE_SECONDS),
+    Field("modules", "dict"),
+    Field("cores", "int", 1, 1 << 20, optional=True),
+    Field("background", "number", 0, 1 << 20, optional=True),
     Field("colocated", "int", 1, 1 << 20, optional=True),
     Field("loop_seconds", "number", 0, MAX_PROFILE_SECONDS, optional=True),
     Field("clock", "str", optional=True, choices=("cpu", "wall")),
@@ -118,8 +124,10 @@ def read_step_profile(path: str, flag: str = "--layer-profile") -> StepProfile:
     where = f"{flag}: {path}"
     d = read_json(path, where)
     if isinstance(d, dict) and "forward_seconds" not in d:
-        raise UserError(f"{where}: not a step profile (no 'forward_seconds'); measure one with "
-                        f"`python -m torus_train.plan.host MODEL OUT.json --image-size N --batch B`")
+        raise UserError(
+            f"{where}: not a step profile (no 'forward_seconds'); measure one with "
+            f"`python -m torus_train.plan.host MODEL OUT.json --image-size N --batch B`"
+        )
     values = {k: v for k, v in check(d, PROFILE_FIELDS, where).items() if v is not None}
     values["modules"] = check_module_seconds(values["modules"], f"{where}: modules")
     if not values["forward_seconds"] + values["backward_seconds"] > 0:
@@ -178,28 +186,58 @@ class HostPrediction:
     """The bucket timeline (torus_train.plan.timeline.Timeline.to_json)."""
 
 
-def predict_host_step(cal, profile: StepProfile, grid, per_rank_batch: int, bucket_cap_bytes: int,
-                      exchange_bytes: int, layers, background: float) -> HostPrediction:
+def predict_host_step(
+    cal,
+    profile: StepProfile,
+    grid,
+    per_rank_batch: int,
+    bucket_cap_bytes: int,
+    exchange_bytes: int,
+    layers,
+    background: float,
+) -> HostPrediction:
     """The step of R = grid.size ranks on this host (cal.cores cores, `background` other runnable threads).
 
     cal: a torus_train.plan.calibrate.Calibration of the torus; layers: the model's parameter tensors
     (timeline.model_layers) for DDP's buckets; exchange_bytes: bytes per gradient value on the wire (4 for fp32)."""
     r, c = grid.size, cal.cores
     o = max(1.0, (r + background) / c)
-    scale = per_rank_batch / profile.batch            # stated: compute linear in the batch around the profile's
+    scale = per_rank_batch / profile.batch  # stated: compute linear in the batch around the profile's
     fwd, bwd, opt = (x * o * s for x, s in zip(profile.alone(), (scale, scale, 1.0)))
     opt += o * profile.loop_overhead()
     shared = layers_with_profile(layers, profile.modules)
-    t = timeline(shared, fwd + bwd + opt, bwd / (fwd + bwd + opt),
-                 lambda n: cal.predict_seconds(grid, n, background=background), exchange_bytes, DEFAULT,
-                 bucket_cap_bytes)
+    t = timeline(
+        shared,
+        fwd + bwd + opt,
+        bwd / (fwd + bwd + opt),
+        lambda n: cal.predict_seconds(grid, n, background=background),
+        exchange_bytes,
+        DEFAULT,
+        bucket_cap_bytes,
+    )
     comm = t.communication_seconds
     critical = t.step_seconds
     cores = fwd + bwd + opt + comm
     step, bound = (critical, "timeline") if critical >= cores else (cores, "cores")
-    return HostPrediction(str(grid), r, c, background, o, per_rank_batch, fwd, bwd, opt,
-                          [b.nbytes for b in t.buckets], [b.allreduce_seconds for b in t.buckets], comm,
-                          critical, cores, step, bound, t.to_json())
+    return HostPrediction(
+        str(grid),
+        r,
+        c,
+        background,
+        o,
+        per_rank_batch,
+        fwd,
+        bwd,
+        opt,
+        [b.nbytes for b in t.buckets],
+        [b.allreduce_seconds for b in t.buckets],
+        comm,
+        critical,
+        cores,
+        step,
+        bound,
+        t.to_json(),
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -228,10 +266,14 @@ WARMUP_RECORDS = 1
 
 
 JOB_FIELDS = (
-    Field("spec.model.arch", "str"), Field("spec.model.num_classes", "int", 1, 1 << 31),
-    Field("spec.data.image_size", "int", 8, 1 << 16), Field("spec.comm.algo", "str"),
-    Field("spec.comm.compression", "str"), Field("spec.comm.bucket_mb", "number", 0, 1 << 20, low_open=True),
-    Field("grid.x", "int", 1, 1 << 20), Field("grid.y", "int", 1, 1 << 20),
+    Field("spec.model.arch", "str"),
+    Field("spec.model.num_classes", "int", 1, 1 << 31),
+    Field("spec.data.image_size", "int", 8, 1 << 16),
+    Field("spec.comm.algo", "str"),
+    Field("spec.comm.compression", "str"),
+    Field("spec.comm.bucket_mb", "number", 0, 1 << 20, low_open=True),
+    Field("grid.x", "int", 1, 1 << 20),
+    Field("grid.y", "int", 1, 1 << 20),
 )
 """What `plan compare-run` reads from OUT/job.json."""
 SUMMARY_FIELDS = (Field("device", "str"), Field("steps", "int", 0))
@@ -260,16 +302,33 @@ def read_run(out: str, flag: str = "plan compare-run") -> RunRecord:
     stages = []
     for batch, times in by_batch.items():
         used = times[WARMUP_RECORDS:] or times
-        stages.append({"per_rank_batch": batch, "records": len(times), "records_used": len(used),
-                       "step_seconds": statistics.median(used)})
+        stages.append(
+            {
+                "per_rank_batch": batch,
+                "records": len(times),
+                "records_used": len(used),
+                "step_seconds": statistics.median(used),
+            }
+        )
     if not stages:
-        raise UserError(f"{flag}: {d / 'metrics.jsonl'} has no step records (a run of a few steps with "
-                        f"job.log_every above them logs none: rerun with --set job.log_every=N)")
-    return RunRecord(str(d), job_json["spec"], f"{job['grid.x']}x{job['grid.y']}", summary["device"], summary["steps"], stages)
+        raise UserError(
+            f"{flag}: {d / 'metrics.jsonl'} has no step records (a run of a few steps with "
+            f"job.log_every above them logs none: rerun with --set job.log_every=N)"
+        )
+    return RunRecord(
+        str(d), job_json["spec"], f"{job['grid.x']}x{job['grid.y']}", summary["device"], summary["steps"], stages
+    )
 
 
-def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_classes: int = 10,
-                         threads: int = 1, repeats: int = 5, warmup: int = 2) -> StepProfile:
+def measure_step_profile(
+    model: str,
+    image_size: int = 64,
+    batch: int = 16,
+    num_classes: int = 10,
+    threads: int = 1,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> StepProfile:
     """One rank's step measured here with `threads` torch threads: forward + loss, backward, SGD step
     (momentum 0.9, weight decay 5e-5) as medians over `repeats` steps after `warmup`, and the backward per
     module (timeline.measure_backward_profile's hooks, on the same steps). With one thread the clock is the
@@ -291,9 +350,20 @@ def measure_step_profile(model: str, image_size: int = 64, batch: int = 16, num_
     steps = [_timed_step(m, opt, lambda: loss_fn(m(x), y), stamps, clock) for _ in range(warmup + repeats)][warmup:]
     fw, bw, op = ([s[i] for s in steps] for i in range(3))
     modules = {n: statistics.median(s[3].get(n, 0.0) for s in steps) for n in names}
-    return StepProfile(model, image_size, batch, num_classes, threads, statistics.median(fw), statistics.median(bw),
-                       statistics.median(op), modules, cores=len(os.sched_getaffinity(0)), background=0.0,
-                       clock="cpu" if threads == 1 else "wall")
+    return StepProfile(
+        model,
+        image_size,
+        batch,
+        num_classes,
+        threads,
+        statistics.median(fw),
+        statistics.median(bw),
+        statistics.median(op),
+        modules,
+        cores=len(os.sched_getaffinity(0)),
+        background=0.0,
+        clock="cpu" if threads == 1 else "wall",
+    )
 
 
 def _stamp_backward(m, clock) -> tuple[list[str], dict[str, float]]:
@@ -346,20 +416,38 @@ def busy_loop(model: str, image_size: int, batch: int, num_classes: int) -> None
         torch.nn.functional.cross_entropy(m(x), y).backward()
         opt.step()
         if first:
-            print("ready", flush=True)          # measure_colocated waits for this line from every copy
+            print("ready", flush=True)  # measure_colocated waits for this line from every copy
             first = False
 
 
-def measure_colocated(model: str, image_size: int, batch: int, num_classes: int, colocated: int,
-                      repeats: int) -> StepProfile:
+def measure_colocated(
+    model: str, image_size: int, batch: int, num_classes: int, colocated: int, repeats: int
+) -> StepProfile:
     """measure_step_profile while colocated - 1 copies of the same step run in other processes (started here,
     stopped by their own process ids when the measurement ends)."""
-    others = [subprocess.Popen([sys.executable, "-m", "torus_train.plan.host", "--busy", model, "-",
-                                "--image-size", str(image_size), "--batch", str(batch),
-                                "--num-classes", str(num_classes)], stdout=subprocess.PIPE, text=True)
-              for _ in range(colocated - 1)]
+    others = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torus_train.plan.host",
+                "--busy",
+                model,
+                "-",
+                "--image-size",
+                str(image_size),
+                "--batch",
+                str(batch),
+                "--num-classes",
+                str(num_classes),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(colocated - 1)
+    ]
     try:
-        for proc in others:                          # every copy has done one step: all are in their loop
+        for proc in others:  # every copy has done one step: all are in their loop
             if proc.stdout.readline().strip() != "ready":
                 raise UserError("--colocated: a copy of the step did not start")
         prof = measure_step_profile(model, image_size, batch, num_classes, 1, repeats)
@@ -375,8 +463,10 @@ def measure_colocated(model: str, image_size: int, batch: int, num_classes: int,
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(description="Measure one rank's step (forward, backward per module, optimizer) "
-                                             "on CPU, for `torus-train plan compare-run --layer-profile`.")
+    ap = argparse.ArgumentParser(
+        description="Measure one rank's step (forward, backward per module, optimizer) "
+        "on CPU, for `torus-train plan compare-run --layer-profile`."
+    )
     ap.add_argument("model")
     ap.add_argument("out")
     ap.add_argument("--image-size", type=int, default=64)
@@ -384,21 +474,33 @@ if __name__ == "__main__":
     ap.add_argument("--num-classes", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--colocated", type=int, default=1,
-                    help="measure while this many copies of the step run at once (the ranks of a run; 1 = alone)")
+    ap.add_argument(
+        "--colocated",
+        type=int,
+        default=1,
+        help="measure while this many copies of the step run at once (the ranks of a run; 1 = alone)",
+    )
     ap.add_argument("--busy", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--background", type=float, default=0.0,
-                    help="other runnable threads during the measurement (only used for a wall-clock profile)")
+    ap.add_argument(
+        "--background",
+        type=float,
+        default=0.0,
+        help="other runnable threads during the measurement (only used for a wall-clock profile)",
+    )
     a = ap.parse_args()
     if a.busy:
         busy_loop(a.model, a.image_size, a.batch, a.num_classes)
     if a.colocated > 1 and a.threads != 1:
         ap.error("--colocated needs --threads 1")
-    prof = (measure_colocated(a.model, a.image_size, a.batch, a.num_classes, a.colocated, a.repeats)
-            if a.colocated > 1 else measure_step_profile(a.model, a.image_size, a.batch, a.num_classes, a.threads,
-                                                          a.repeats))
+    prof = (
+        measure_colocated(a.model, a.image_size, a.batch, a.num_classes, a.colocated, a.repeats)
+        if a.colocated > 1
+        else measure_step_profile(a.model, a.image_size, a.batch, a.num_classes, a.threads, a.repeats)
+    )
     prof.background = a.background
     Path(a.out).write_text(json.dumps(profile_to_json(prof), indent=1) + "\n")
-    print(f"# {a.model} at {a.image_size} px, batch {a.batch}, {a.threads} thread(s), {prof.clock} time, "
-          f"{prof.colocated} copies at once: forward {prof.forward_seconds * 1e3:.1f} ms, backward "
-          f"{prof.backward_seconds * 1e3:.1f} ms, optimizer {prof.optimizer_seconds * 1e3:.1f} ms; wrote {a.out}")
+    print(
+        f"# {a.model} at {a.image_size} px, batch {a.batch}, {a.threads} thread(s), {prof.clock} time, "
+        f"{prof.colocated} copies at once: forward {prof.forward_seconds * 1e3:.1f} ms, backward "
+        f"{prof.backward_seconds * 1e3:.1f} ms, optimizer {prof.optimizer_seconds * 1e3:.1f} ms; wrote {a.out}"
+    )

@@ -37,6 +37,7 @@ Inputs taken from the Network: GPUs per node, intra-node bandwidth per GPU, NICs
 network latency (its excess over InfiniBand's counts as NCCL's per-network latency, paid twice with Simple:
 data and flush), and ``Network.nccl`` (GPU generation, NVSwitch, SHARP).
 """
+
 from __future__ import annotations
 
 import math
@@ -44,10 +45,12 @@ from dataclasses import dataclass
 
 from torus_train.errors import UserError
 
-NCCL_SOURCE = ("NCCL 2.30.7 (NVIDIA/nccl commit 5067397, June 2026): src/graph/tuning.cc (ncclTopoTuneModel: base "
-               "and per-link latencies, per-channel bandwidth ceilings, protocol factors; ncclTopoGetAlgoTime: tree "
-               "correction, ring plateau) and src/graph/search.cc (channel speeds, channel duplication); our own "
-               "model of it, torus_train/plan/nccl.py")
+NCCL_SOURCE = (
+    "NCCL 2.30.7 (NVIDIA/nccl commit 5067397, June 2026): src/graph/tuning.cc (ncclTopoTuneModel: base "
+    "and per-link latencies, per-channel bandwidth ceilings, protocol factors; ncclTopoGetAlgoTime: tree "
+    "correction, ring plateau) and src/graph/search.cc (channel speeds, channel duplication); our own "
+    "model of it, torus_train/plan/nccl.py"
+)
 """What the model reads, printed with every plan's sources."""
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -62,17 +65,37 @@ GENERATIONS = ("pascal", "volta", "ampere", "hopper")
 # --------------------------------------------------------------------------------------------------
 # NCCL's constants (tuning.cc), arranged by us: {algo: (LL, LL128, Simple)} in microseconds or GB/s.
 # --------------------------------------------------------------------------------------------------
-BASE_LATENCY_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "collnet": (0.0, 0.0, 0.0),
-                   "nvls": (0.0, 0.0, 0.0), "nvls_tree": (0.0, 0.0, 0.0)}
+BASE_LATENCY_US = {
+    "tree": (6.8, 14.0, 8.4),
+    "ring": (6.6, 14.0, 8.4),
+    "collnet": (0.0, 0.0, 0.0),
+    "nvls": (0.0, 0.0, 0.0),
+    "nvls_tree": (0.0, 0.0, 0.0),
+}
 """Fixed cost of one call per algorithm and protocol."""
 
 HOP_LATENCY_US = {
-    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "collnet": (0.0, 0.0, 3.7),
-               "nvls": (0.0, 0.0, 25.0), "nvls_tree": (0.0, 0.0, 25.0)},
-    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "collnet": (0.0, 0.0, 3.7),
-            "nvls": (0.0, 0.0, 0.0), "nvls_tree": (0.0, 0.0, 0.0)},
-    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "collnet": (0.0, 0.0, 31.0),
-            "nvls": (0.0, 0.0, 18.0), "nvls_tree": (0.0, 0.0, 20.9)},
+    "nvlink": {
+        "tree": (0.6, 1.25, 4.0),
+        "ring": (0.6, 1.9, 3.4),
+        "collnet": (0.0, 0.0, 3.7),
+        "nvls": (0.0, 0.0, 25.0),
+        "nvls_tree": (0.0, 0.0, 25.0),
+    },
+    "pci": {
+        "tree": (1.0, 1.9, 4.0),
+        "ring": (1.0, 2.5, 5.7),
+        "collnet": (0.0, 0.0, 3.7),
+        "nvls": (0.0, 0.0, 0.0),
+        "nvls_tree": (0.0, 0.0, 0.0),
+    },
+    "net": {
+        "tree": (5.0, 8.5, 14.0),
+        "ring": (2.7, 4.0, 14.0),
+        "collnet": (0.0, 0.0, 31.0),
+        "nvls": (0.0, 0.0, 18.0),
+        "nvls_tree": (0.0, 0.0, 20.9),
+    },
 }
 """Latency of one hop by the kind of link it crosses (NCCL's hwLatencies)."""
 
@@ -91,19 +114,93 @@ NVLS_EFFICIENCY = {0: 0.0, 1: 0.0, 2: 0.85}
 """Share of the NVSwitch's multicast bandwidth NVLS reaches, by generation index."""
 
 TREE_CORRECTION = {
-    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
-    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
-    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+    "LL": (
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+        0.9,
+        0.8,
+        0.7,
+        0.7,
+        0.7,
+        0.7,
+        0.6,
+        0.5,
+        0.4,
+        0.4,
+        0.5,
+        0.6,
+        0.7,
+        0.8,
+        0.9,
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+    ),
+    "LL128": (
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+        0.9,
+        0.8,
+        0.8,
+        0.8,
+        0.7,
+        0.6,
+        0.6,
+        0.6,
+        0.6,
+        0.6,
+        0.6,
+        0.8,
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        1.0,
+        1.0,
+    ),
+    "Simple": (
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.8,
+        0.7,
+        0.6,
+        0.6,
+        0.5,
+        0.5,
+        0.5,
+        0.5,
+        0.6,
+        0.7,
+        0.8,
+        0.7,
+        0.7,
+        0.8,
+        0.9,
+        0.9,
+    ),
 }
 """Tree bandwidth factor for sizes 64 B x 2^i (i = 0..22); NCCL: trees fall short of the model at medium sizes."""
 
 # Channel speeds the topology search tries (search.cc), GB/s per channel, fastest first.
-INTRA_SPEEDS = {"volta": (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
-                "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)}
-INTER_SPEEDS = {"volta": (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4,
-                          1.2, 0.24, 0.12),
-                "hopper": (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2,
-                           0.24, 0.12)}
+INTRA_SPEEDS = {
+    "volta": (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+    "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+}
+INTER_SPEEDS = {
+    "volta": (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2, 0.24, 0.12),
+    "hopper": (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12),
+}
 IB_LATENCY_US = 2.0
 """Network latency NCCL's constants already contain (InfiniBand); a preset's excess is NCCL's latencyInter."""
 
@@ -271,7 +368,7 @@ class NcclModel:
                 scale = 7.0 / 9.0 if self.nodes == 1 else 120.0 / 128.0
                 bus = min(bus * scale, ch.count * TREE_LL128_PER_CHANNEL[g][b])
         elif algo == "collnet":
-            gpus_per_head = self.ppn / ch.count              # CollNet Direct wants a NIC per GPU
+            gpus_per_head = self.ppn / ch.count  # CollNet Direct wants a NIC per GPU
             bus /= gpus_per_head - (gpus_per_head - 1) / 2
             bus *= 0.85 if g >= 2 else 1.0
         return bus
@@ -279,7 +376,7 @@ class NcclModel:
     def _nvls_bus_bandwidth(self) -> float:
         """NVLS on one node; NVLSTree (NVLS inside, a tree between nodes) across nodes without SHARP."""
         g, b, ch = self.hw.gen_index, self._node_bucket(), self.nvls
-        intra = ch.intra_gbps * NVLS_EFFICIENCY[g] * (ch.count - 1) / ch.count * 2.0   # all-reduce pipelines two ops
+        intra = ch.intra_gbps * NVLS_EFFICIENCY[g] * (ch.count - 1) / ch.count * 2.0  # all-reduce pipelines two ops
         if self.nodes == 1:
             return ch.count * min(intra, ch.inter_gbps)
         inter = ch.inter_gbps * (2.0 if self.nodes <= 2 else 1.0)
@@ -293,7 +390,7 @@ class NcclModel:
         key = "nvls_tree" if algo == "nvls" and self.nodes > 1 else algo
         lat = BASE_LATENCY_US[key][i]
         intra = self._hop_us(self.hw.intra, algo, proto)
-        inter_algo = "tree" if self.ppn == 1 else algo       # one GPU per node: every hop is a network hop
+        inter_algo = "tree" if self.ppn == 1 else algo  # one GPU per node: every hop is a network hop
         inter = self._hop_us("net", inter_algo, proto) + self._latency_inter_us() * (2 if proto == "Simple" else 1)
         n, nodes, ppn = self.ranks, self.nodes, self.ppn
         if algo == "ring":
@@ -305,9 +402,9 @@ class NcclModel:
             return lat + 2 * ((ppn - 1) * intra + _log2i(nodes) * inter)
         if algo == "collnet":
             return lat + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * 0.4) + inter
-        if nodes == 1:                                        # nvls
+        if nodes == 1:  # nvls
             return intra
-        return lat + intra + 2 * _log2i(nodes) * inter       # NVLSTree
+        return lat + intra + 2 * _log2i(nodes) * inter  # NVLSTree
 
     # ---- the size-dependent time and the choice ------------------------------------------------
     def estimate(self, algo: str, proto: str, nbytes: float) -> NcclEstimate | None:
@@ -318,9 +415,8 @@ class NcclModel:
         log_size = _log2i(int(nbytes) >> 6) if nbytes >= 64 else -1
         if algo == "tree" and 0 <= log_size < 23:
             bw *= TREE_CORRECTION[proto][log_size]
-        if (algo == "ring" and proto == "Simple" and self.nodes > 1
-                and nbytes / (self.ring.count * self.ranks) >= 64):
-            lat *= 1.9 if self.hw.gen_index == 0 else 1.4     # the ring's plateau
+        if algo == "ring" and proto == "Simple" and self.nodes > 1 and nbytes / (self.ring.count * self.ranks) >= 64:
+            lat *= 1.9 if self.hw.gen_index == 0 else 1.4  # the ring's plateau
         us = lat + nbytes / (1000.0 * bw)
         return NcclEstimate(algo, proto, lat, bw, us * 1e-6, self.steps(algo))
 
@@ -338,8 +434,12 @@ class NcclModel:
     def steps(self, algo: str) -> int:
         """Sequential hops: ring 2(N-1); tree 2((ppn-1) + lg nodes); NVLS 1 (+ 2 lg nodes); CollNet 2(ppn-1)+1."""
         ppn, lg = int(round(self.ppn)), _log2i(self.nodes)
-        return {"ring": 2 * (self.ranks - 1), "tree": 2 * (ppn - 1 + lg), "nvls": 1 + 2 * lg,
-                "collnet": 2 * (ppn - 1) + 1}[algo]
+        return {
+            "ring": 2 * (self.ranks - 1),
+            "tree": 2 * (ppn - 1 + lg),
+            "nvls": 1 + 2 * lg,
+            "collnet": 2 * (ppn - 1) + 1,
+        }[algo]
 
     def bytes_across_nodes(self, algo: str, nbytes: float) -> float:
         """Bytes the busiest NIC-facing GPU sends across nodes: the node's outgoing bytes (ring 2(N-1)/N n, the

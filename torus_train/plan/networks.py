@@ -4,6 +4,7 @@ A Network is what the cost model needs to know of a cluster: GPUs per node, the 
 NICs of a node, the GPU's reduction rate and single-GPU training throughput. The presets describe the clusters
 of the works the paper compares with; every figure is from a datasheet or a paper, named in ``sources``.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,6 +75,7 @@ class Network:
 
     def check(self, where: str = "network") -> "Network":
         """Raise NetworkError naming the field when a figure is not usable; return self."""
+
         def positive(path: str, value, integer: bool = False) -> None:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             if integer:
@@ -205,8 +207,9 @@ def load_network(name_or_path: str) -> Network:
         return PRESETS[name_or_path]
     path = Path(name_or_path)
     if not (name_or_path.endswith(".toml") or path.exists()):
-        raise NetworkError(f"--network: unknown network {name_or_path!r}; presets: {', '.join(PRESETS)}, "
-                           f"or a path to a .toml file")
+        raise NetworkError(
+            f"--network: unknown network {name_or_path!r}; presets: {', '.join(PRESETS)}, or a path to a .toml file"
+        )
     if not path.is_file():
         raise NetworkError(f"--network: file {name_or_path} does not exist")
     return network_from_dict(_read_toml(path), where=f"{path}", default_name=path.stem)
@@ -227,8 +230,19 @@ def _read_toml(path: Path) -> dict:
         raise NetworkError(f"{path}: not valid TOML: {e}") from None
 
 
-_TOP_KEYS = {"name", "description", "gpu", "gpus_per_node", "nics_per_node", "reduce_gbytes_per_s",
-             "images_per_second", "sources", "intra", "inter", "nccl"}
+_TOP_KEYS = {
+    "name",
+    "description",
+    "gpu",
+    "gpus_per_node",
+    "nics_per_node",
+    "reduce_gbytes_per_s",
+    "images_per_second",
+    "sources",
+    "intra",
+    "inter",
+    "nccl",
+}
 """Keys a network TOML file may hold at the top level."""
 
 

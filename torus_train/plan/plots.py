@@ -2,6 +2,7 @@
 
 matplotlib is optional (`pip install 'torus-train[plot]'`) and imported only when a picture is drawn.
 """
+
 from __future__ import annotations
 
 from torus_train.errors import UserError
@@ -25,8 +26,10 @@ def require_matplotlib(flag: str = "--plot") -> None:
 
 def _pyplot():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -62,8 +65,14 @@ def plot_timeline(p: Plan, path: str) -> None:
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * (len(algos) + 1)))
     prev = 0.0
     for b in first["buckets"]:
-        ax.barh(0, (b["ready_seconds"] - prev) * 1e3, left=prev * 1e3, color=colors(b["index"] % 10),
-                edgecolor="black", height=0.6)
+        ax.barh(
+            0,
+            (b["ready_seconds"] - prev) * 1e3,
+            left=prev * 1e3,
+            color=colors(b["index"] % 10),
+            edgecolor="black",
+            height=0.6,
+        )
         prev = b["ready_seconds"]
     for row, algo in enumerate(algos, start=1):
         _timeline_row(ax, row, p.algorithms[algo].timeline, colors)
@@ -72,8 +81,10 @@ def plot_timeline(p: Plan, path: str) -> None:
     ax.set_yticklabels(["backward (per bucket)"] + [f"{a} all-reduce" for a in algos])
     ax.invert_yaxis()
     ax.set_xlabel("ms from the start of the backward pass (dotted: its end)")
-    ax.set_title(f"{p.network.name}, {p.gpus} GPUs, grid {p.grid}: {p.model} {p.gradient_dtype}, "
-                 f"{p.per_gpu_batch}/GPU, {len(first['buckets'])} DDP buckets")
+    ax.set_title(
+        f"{p.network.name}, {p.gpus} GPUs, grid {p.grid}: {p.model} {p.gradient_dtype}, "
+        f"{p.per_gpu_batch}/GPU, {len(first['buckets'])} DDP buckets"
+    )
     _save(plt, fig, path, "--png")
 
 
@@ -88,8 +99,19 @@ def _save(plt, fig, path: str, flag: str) -> None:
 def _timeline_row(ax, row: int, t: dict, colors) -> None:
     """One algorithm's queued exchanges (a bar per bucket) and its exposed time and efficiency."""
     for b in t["buckets"]:
-        ax.barh(row, b["allreduce_seconds"] * 1e3, left=b["start_seconds"] * 1e3,
-                color=colors(b["index"] % 10), edgecolor="black", height=0.6)
+        ax.barh(
+            row,
+            b["allreduce_seconds"] * 1e3,
+            left=b["start_seconds"] * 1e3,
+            color=colors(b["index"] % 10),
+            edgecolor="black",
+            height=0.6,
+        )
     extra = f" + {t['overhead_seconds'] * 1e3:.2f} ms overhead" if t["overhead_seconds"] else ""
-    ax.text(t["buckets"][-1]["end_seconds"] * 1e3, row, f"  exposed {t['exposed_seconds'] * 1e3:.2f} ms{extra}, "
-            f"eff. {t['scaling_efficiency'] * 100:.1f}%", va="center", fontsize=8)
+    ax.text(
+        t["buckets"][-1]["end_seconds"] * 1e3,
+        row,
+        f"  exposed {t['exposed_seconds'] * 1e3:.2f} ms{extra}, eff. {t['scaling_efficiency'] * 100:.1f}%",
+        va="center",
+        fontsize=8,
+    )

@@ -3,6 +3,7 @@
 bucket cap chosen when none is given, the verdict against NCCL, and on request the virtual-rank checks and the
 pictures. Pure but for check_groups (torus_train.plan.checks imports torch there only).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -75,8 +76,9 @@ class PlanRequest:
 
     def _check_numbers(self) -> None:
         """Every number finite and in range, naming its flag; the step overhead only with the timeline."""
-        check_number(self.images_per_second, "--images-per-second", IMAGES_PER_SECOND[0], low_ok=True,
-                     high=IMAGES_PER_SECOND[1])
+        check_number(
+            self.images_per_second, "--images-per-second", IMAGES_PER_SECOND[0], low_ok=True, high=IMAGES_PER_SECOND[1]
+        )
         check_number(self.overlap, "--overlap", 0.0, low_ok=True, high=1.0)
         check_number(self.step_overhead, "--step-overhead", 0.0, low_ok=True, high=MAX_STEP_OVERHEAD)
         if self.step_overhead is not None and self.overlap is not None:
@@ -86,8 +88,9 @@ class PlanRequest:
                 raise UserError(f"--gpus: {self.gpus} must be at least 1")
             check_world_size(self.gpus, "--gpus")
         if not 1 <= self.per_gpu_batch <= MAX_PER_GPU_BATCH:
-            raise UserError(f"--per-gpu-batch: {self.per_gpu_batch} must be a positive integer, at most "
-                            f"{MAX_PER_GPU_BATCH:,}")
+            raise UserError(
+                f"--per-gpu-batch: {self.per_gpu_batch} must be a positive integer, at most {MAX_PER_GPU_BATCH:,}"
+            )
         check_number(self.bucket_cap_mb, "--bucket-cap-mb", 0.0, high=MAX_BUCKET_MIB)
 
     def _check_outputs(self) -> None:
@@ -105,10 +108,20 @@ def predict(req: PlanRequest, echo: Callable[[str], None] = print) -> dict:
     inputs and algorithms, then bucket_caps, verdict, and simulation and check_groups when asked for)."""
     net = load_network(req.network)
     gpus, grid = _world(req, net)
-    p = make_plan(gpus, net, req.model, req.per_gpu_batch, grid, req.grad_dtype, req.images_per_second,
-                  req.overlap, req.placement, None if req.bucket_cap_mb is None else int(req.bucket_cap_mb * 2**20),
-                  read_layer_profile(req.layer_profile) if req.layer_profile else None,
-                  STEP_OVERHEAD if req.step_overhead is None else req.step_overhead)
+    p = make_plan(
+        gpus,
+        net,
+        req.model,
+        req.per_gpu_batch,
+        grid,
+        req.grad_dtype,
+        req.images_per_second,
+        req.overlap,
+        req.placement,
+        None if req.bucket_cap_mb is None else int(req.bucket_cap_mb * 2**20),
+        read_layer_profile(req.layer_profile) if req.layer_profile else None,
+        STEP_OVERHEAD if req.step_overhead is None else req.step_overhead,
+    )
     for line in plan_lines(p):
         echo(line)
     out = p.to_json()
@@ -130,8 +143,9 @@ def _world(req: PlanRequest, net: Network) -> tuple[int, Grid | None]:
     gpus = req.gpus if req.gpus is not None else grid.size
     size = grid.size if grid else gpus
     if (req.simulate or req.check_groups) and size > MAX_CHECKED_RANKS:
-        raise UserError(f"--simulate and --check-groups run on at most {MAX_CHECKED_RANKS:,} virtual ranks, not "
-                        f"{size:,}")
+        raise UserError(
+            f"--simulate and --check-groups run on at most {MAX_CHECKED_RANKS:,} virtual ranks, not {size:,}"
+        )
     return gpus, grid
 
 
@@ -139,7 +153,7 @@ def read_layer_profile(path: str) -> dict:
     """--layer-profile: {module name: backward seconds} from a JSON file (or a step profile's modules)."""
     where = f"--layer-profile: {path}"
     d = read_json(path, where)
-    if isinstance(d, dict) and isinstance(d.get("modules"), dict):   # a step profile (torus_train.plan.host)
+    if isinstance(d, dict) and isinstance(d.get("modules"), dict):  # a step profile (torus_train.plan.host)
         return check_module_seconds(d["modules"], f"{where}: modules")
     return check_module_seconds(d, where)
 
@@ -157,8 +171,14 @@ def _verdict(p: Plan, echo: Callable[[str], None]) -> dict | None:
 def _draw(req: PlanRequest, p: Plan, echo: Callable[[str], None]) -> None:
     """--plot (all-reduce time over GPU counts) and --png (the bucket timeline), each announced when written."""
     if req.plot is not None:
-        plot_curves(p.network, p.gradient_bytes, req.plot,
-                    f"{p.model} {p.gradient_dtype} gradients ({mb(p.gradient_bytes)} MB)", p.placement, p.gpus)
+        plot_curves(
+            p.network,
+            p.gradient_bytes,
+            req.plot,
+            f"{p.model} {p.gradient_dtype} gradients ({mb(p.gradient_bytes)} MB)",
+            p.placement,
+            p.gpus,
+        )
         echo(f"# wrote plot {req.plot}")
     if req.png is not None:
         plot_timeline(p, req.png)

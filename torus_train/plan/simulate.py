@@ -17,6 +17,7 @@ Work is vectorised over all rings of a phase, and over all senders of a step who
 (chunk lengths differ by at most one element, so there are at most two groups), so a full-scale grid runs in
 one process within a test's time (timings in docs/plan.md).
 """
+
 from __future__ import annotations
 
 import time
@@ -43,8 +44,9 @@ class SimStats:
     """Elements each rank sent, shape [ranks] (global rank order)."""
 
 
-def _ring_step(buf: np.ndarray, bounds: list[tuple[int, int]], send_chunk: np.ndarray, reduce: bool,
-               sent: np.ndarray) -> int:
+def _ring_step(
+    buf: np.ndarray, bounds: list[tuple[int, int]], send_chunk: np.ndarray, reduce: bool, sent: np.ndarray
+) -> int:
     """One step of a batch of rings. buf: [B, P, n] (B independent rings of P ranks, ring order along axis 1).
 
     Ring position p sends chunk send_chunk[p] to position (p+1) % P, which adds (reduce) or copies it into the
@@ -57,11 +59,11 @@ def _ring_step(buf: np.ndarray, bounds: list[tuple[int, int]], send_chunk: np.nd
     msgs = []
     for length in np.unique(lengths[send_chunk]):
         senders = pos[lengths[send_chunk] == length]
-        idx = starts[send_chunk[senders]][:, None] + np.arange(length)[None, :]      # [m, L]
-        data = buf[:, senders[:, None], idx]                                          # copy: [B, m, L]
+        idx = starts[send_chunk[senders]][:, None] + np.arange(length)[None, :]  # [m, L]
+        data = buf[:, senders[:, None], idx]  # copy: [B, m, L]
         msgs.append(((senders + 1) % p, idx, data))
         sent[:, senders] += length
-    for receivers, idx, data in msgs:       # every message was read before any is applied
+    for receivers, idx, data in msgs:  # every message was read before any is applied
         if reduce:
             buf[:, receivers[:, None], idx] += data
         else:
@@ -99,7 +101,7 @@ def torus_allreduce(values: np.ndarray, x: int, y: int) -> tuple[np.ndarray, Sim
     if values.ndim != 2 or values.shape[0] != x * y:
         raise ValueError(f"values must have shape [{x * y}, n] for grid {x}x{y}, got {values.shape}")
     n = values.shape[1]
-    buf = values.reshape(y, x, n).copy()                 # buf[row, col, :] = that rank's buffer
+    buf = values.reshape(y, x, n).copy()  # buf[row, col, :] = that rank's buffer
     sent = np.zeros((y, x), dtype=np.int64)
     stats = SimStats()
 
@@ -115,7 +117,7 @@ def torus_allreduce(values: np.ndarray, x: int, y: int) -> tuple[np.ndarray, Sim
     for cols in groups:
         length = lengths[cols[0]]
         idx = np.array([col_bounds[c][0] for c in cols])[:, None] + np.arange(length)[None, :]
-        rings = buf[:, cols[:, None], idx].transpose(1, 0, 2).copy()           # [m, Y, L]
+        rings = buf[:, cols[:, None], idx].transpose(1, 0, 2).copy()  # [m, Y, L]
         ring_sent = np.zeros((len(cols), y), dtype=np.int64)
         st = SimStats()
         ring_reduce_scatter(rings, st, ring_sent, "column reduce-scatter")
@@ -201,5 +203,6 @@ def check(x: int, y: int, elements: int, seed: int = 0, algo: str = DEFAULT) -> 
     out, st, want_steps, name = load(entry.simulate)(values, x, y)
     seconds = time.perf_counter() - t0
     wrong = int((out != expected[None, :]).any(axis=1).sum())
-    return CheckResult(name, n_ranks, elements, st.steps, want_steps, int(st.sent_elements.max(initial=0)),
-                       wrong, seconds)
+    return CheckResult(
+        name, n_ranks, elements, st.steps, want_steps, int(st.sent_elements.max(initial=0)), wrong, seconds
+    )

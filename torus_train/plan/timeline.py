@@ -22,6 +22,7 @@ What it computes, for one model, one all-reduce algorithm and one network:
   efficiency = compute / step; the derived overlap = (sum of exchanges - exposed) / backward,
   the fraction of the backward pass that hid communication (what the old ``--overlap`` knob set by hand).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -84,8 +85,9 @@ def _meta_model(model: str, num_classes: int):
         with torch.device("meta"):
             return ctor(num_classes=num_classes)
     except NotImplementedError as e:  # a constructor that initialises weights by copying data (regnet)
-        raise UserError(f"the bucket timeline cannot build {model} without memory ({e}); plan's --overlap F "
-                        f"skips the timeline") from None
+        raise UserError(
+            f"the bucket timeline cannot build {model} without memory ({e}); plan's --overlap F skips the timeline"
+        ) from None
 
 
 def _forward_flops(m, model: str, image_size: int) -> dict[str, float]:
@@ -96,21 +98,27 @@ def _forward_flops(m, model: str, image_size: int) -> dict[str, float]:
 
     def hook(name):
         def record(mod, inputs, output):
-            if isinstance(output, (tuple, list)):   # attention returns (output, weights)
+            if isinstance(output, (tuple, list)):  # attention returns (output, weights)
                 output = output[0]
             flops[name] = _module_flops(mod, output.numel())
+
         return record
 
-    handles = [mod.register_forward_hook(hook(name)) for name, mod in m.named_modules()
-               if any(True for _ in mod.parameters(recurse=False))]
+    handles = [
+        mod.register_forward_hook(hook(name))
+        for name, mod in m.named_modules()
+        if any(True for _ in mod.parameters(recurse=False))
+    ]
     m.eval()  # one image: BatchNorm in training mode refuses a 1x1 map of one value per channel
     try:
         with torch.no_grad():
             m(torch.empty(1, 3, image_size, image_size, device="meta"))
     except (RuntimeError, ValueError, AssertionError, NotImplementedError) as e:
         reason = " ".join(str(e).split())[:160]
-        raise UserError(f"the bucket timeline cannot trace {model} at {image_size} px ({reason}); plan's --overlap F "
-                        f"skips the timeline") from None
+        raise UserError(
+            f"the bucket timeline cannot trace {model} at {image_size} px ({reason}); plan's --overlap F "
+            f"skips the timeline"
+        ) from None
     for h in handles:
         h.remove()
     return flops
@@ -125,11 +133,12 @@ def _module_flops(mod, out: int) -> float:
         return 2.0 * k * out
     if isinstance(mod, torch.nn.Linear):
         return 2.0 * mod.in_features * out
-    return 4.0 * out                                # BatchNorm and other parameterised elementwise layers
+    return 4.0 * out  # BatchNorm and other parameterised elementwise layers
 
 
-def ddp_buckets(sizes_bytes: list[int], bucket_cap: int = DDP_BUCKET_CAP,
-                first_bucket_cap: int = DDP_FIRST_BUCKET_CAP) -> list[list[int]]:
+def ddp_buckets(
+    sizes_bytes: list[int], bucket_cap: int = DDP_BUCKET_CAP, first_bucket_cap: int = DDP_FIRST_BUCKET_CAP
+) -> list[list[int]]:
     """DDP's bucket assignment (compute_bucket_assignment_by_size, one dtype and device) of tensors given in
     gradient-ready order: indices into sizes_bytes per bucket. A bucket closes when its bytes reach its cap."""
     buckets, cur, size, cap = [], [], 0, first_bucket_cap
@@ -201,17 +210,29 @@ class Timeline:
         return d
 
 
-def bucket_plan(layers: tuple[Layer, ...] | list[Layer], bucket_cap: int = DDP_BUCKET_CAP,
-                first_bucket_cap: int = DDP_FIRST_BUCKET_CAP) -> list[list[Layer]]:
+def bucket_plan(
+    layers: tuple[Layer, ...] | list[Layer],
+    bucket_cap: int = DDP_BUCKET_CAP,
+    first_bucket_cap: int = DDP_FIRST_BUCKET_CAP,
+) -> list[list[Layer]]:
     """The layers in DDP's buckets: reverse parameter order, bucketed by their fp32 bytes."""
     ready = list(reversed(list(layers)))
-    return [[ready[i] for i in b]
-            for b in ddp_buckets([l.numel * PARAM_BYTES for l in ready], bucket_cap, first_bucket_cap)]
+    return [
+        [ready[i] for i in b] for b in ddp_buckets([l.numel * PARAM_BYTES for l in ready], bucket_cap, first_bucket_cap)
+    ]
 
 
-def timeline(layers, compute_seconds: float, backward_fraction: float, allreduce_seconds_of, exchange_bytes: int,
-             algo: str = "", bucket_cap: int = DDP_BUCKET_CAP, first_bucket_cap: int = DDP_FIRST_BUCKET_CAP,
-             overhead_seconds: float = 0.0) -> Timeline:
+def timeline(
+    layers,
+    compute_seconds: float,
+    backward_fraction: float,
+    allreduce_seconds_of,
+    exchange_bytes: int,
+    algo: str = "",
+    bucket_cap: int = DDP_BUCKET_CAP,
+    first_bucket_cap: int = DDP_FIRST_BUCKET_CAP,
+    overhead_seconds: float = 0.0,
+) -> Timeline:
     """The step's timeline. allreduce_seconds_of(nbytes) gives one bucket's exchange time; exchange_bytes is
     the bytes per gradient value exchanged (2 for fp16). Backward time is shared over layers by their FLOPs;
     overhead_seconds is added to every step unhidden."""
@@ -232,12 +253,23 @@ def timeline(layers, compute_seconds: float, backward_fraction: float, allreduce
     exposed = max(0.0, end - backward)
     step = compute_seconds + overhead_seconds + exposed
     derived = min(1.0, max(0.0, (comm - exposed) / backward)) if backward > 0 else 0.0
-    return Timeline(algo, backward, compute_seconds, comm, exposed, step,
-                    compute_seconds / step if step else 1.0, derived, buckets, overhead_seconds)
+    return Timeline(
+        algo,
+        backward,
+        compute_seconds,
+        comm,
+        exposed,
+        step,
+        compute_seconds / step if step else 1.0,
+        derived,
+        buckets,
+        overhead_seconds,
+    )
 
 
-def measure_backward_profile(model: str, image_size: int = 64, batch: int = 16, repeats: int = 3,
-                             warmup: int = 1) -> dict[str, float]:
+def measure_backward_profile(
+    model: str, image_size: int = 64, batch: int = 16, repeats: int = 3, warmup: int = 1
+) -> dict[str, float]:
     """Seconds of backward per module with parameters, measured here on CPU: the time at which each module's
     last parameter gradient is accumulated (post-accumulate-grad hooks), from the call of backward(); a
     module's seconds = its time minus the previous module's in that order, so the profile's sum is the
@@ -255,6 +287,7 @@ def measure_backward_profile(model: str, image_size: int = 64, batch: int = 16, 
     def acc(name):
         def f(param):
             runs[-1][name] = time.perf_counter()
+
         return f
 
     for n in names:
@@ -297,8 +330,10 @@ if __name__ == "__main__":
     import argparse
     import json
 
-    ap = argparse.ArgumentParser(description="Measure a torchvision model's backward seconds per module on CPU "
-                                             "(JSON for `torus-train plan --layer-profile`).")
+    ap = argparse.ArgumentParser(
+        description="Measure a torchvision model's backward seconds per module on CPU "
+        "(JSON for `torus-train plan --layer-profile`)."
+    )
     ap.add_argument("model")
     ap.add_argument("out")
     ap.add_argument("--image-size", type=int, default=64)
@@ -308,5 +343,7 @@ if __name__ == "__main__":
     prof = measure_backward_profile(a.model, a.image_size, a.batch, a.repeats)
     with open(a.out, "w") as f:
         json.dump(prof, f, indent=1)
-    print(f"# {a.model} at {a.image_size} px, batch {a.batch}: {len(prof)} modules, backward of them "
-          f"{sum(prof.values()) * 1e3:.1f} ms; wrote {a.out}")
+    print(
+        f"# {a.model} at {a.image_size} px, batch {a.batch}: {len(prof)} modules, backward of them "
+        f"{sum(prof.values()) * 1e3:.1f} ms; wrote {a.out}"
+    )

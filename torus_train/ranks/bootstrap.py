@@ -8,6 +8,7 @@ The rendezvous address is MASTER_ADDR/MASTER_PORT, which `torus-train run` hands
 node of the step's node list and a port from the Slurm job and step id (no MPI needed); under `mpirun` rank 0
 picks a free port on its host and broadcasts (host, port) with mpi4py, the only place a rank needs MPI to start.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,8 +51,10 @@ def rendezvous(info: RankInfo, environ: Mapping[str, str] | None = None) -> tupl
     launcher = source_launcher(info.source)
     if launcher is not None and (found := launcher.rendezvous_by_hand(env)) is not None:
         return found
-    raise RunFailed(f"rank {info.rank}: no MASTER_ADDR/MASTER_PORT in the environment and no MPI to broadcast "
-                    "them; set both or start the job with `torus-train run`")
+    raise RunFailed(
+        f"rank {info.rank}: no MASTER_ADDR/MASTER_PORT in the environment and no MPI to broadcast "
+        "them; set both or start the job with `torus-train run`"
+    )
 
 
 def _arch(name: str) -> tuple[str, int, int] | None:
@@ -63,23 +66,28 @@ def _arch(name: str) -> tuple[str, int, int] | None:
     return kind, int(digits[:-1]), int(digits[-1])
 
 
-def gpu_arch_problem(capability: tuple[int, int], arch_list: list[str], gpu: str, torch_version: str,
-                     cuda_version: str | None) -> str | None:
+def gpu_arch_problem(
+    capability: tuple[int, int], arch_list: list[str], gpu: str, torch_version: str, cuda_version: str | None
+) -> str | None:
     """None when this torch build has kernels the GPU can run, else one line naming the GPU's capability and
     what to install. A GPU runs cubins (sm_XY) of its own major version and a minor not above its own, and PTX
     (compute_XY) of any version not above its own (JIT-compiled at start-up)."""
     major, minor = capability
     archs = [a for a in map(_arch, arch_list) if a is not None]
-    if any((k == "sm" and M == major and m <= minor) or (k == "compute" and (M, m) <= (major, minor))
-           for k, M, m in archs):
+    if any(
+        (k == "sm" and M == major and m <= minor) or (k == "compute" and (M, m) <= (major, minor)) for k, M, m in archs
+    ):
         return None
     have = ", ".join(arch_list) or "none"
     built = f"torch {torch_version} (CUDA {cuda_version})"
     sms = [(M, m) for k, M, m in archs if k == "sm"]
     if sms and (major, minor) < min(sms):  # an older GPU than the build supports: CUDA 13 dropped Volta (sm_70)
-        hint = ("install a torch built with CUDA 12 (e.g. pip install torch torchvision --index-url "
-                "https://download.pytorch.org/whl/cu126), or run in the container of Singularity.def")
+        hint = (
+            "install a torch built with CUDA 12 (e.g. pip install torch torchvision --index-url "
+            "https://download.pytorch.org/whl/cu126), or run in the container of Singularity.def"
+        )
     else:
         hint = "install a torch built with a newer CUDA (see https://pytorch.org/get-started/locally/)"
-    return (f"GPU {gpu} has compute capability sm_{major}{minor}, which {built} has no kernels for "
-            f"(it has {have}); {hint}")
+    return (
+        f"GPU {gpu} has compute capability sm_{major}{minor}, which {built} has no kernels for (it has {have}); {hint}"
+    )

@@ -7,6 +7,7 @@ mpirun or srun command, a failure becomes one ``RanksFailed``: the rank that mos
 it had finished, whether a restart from the latest checkpoint could help (``restartable``) and whether any
 rank finished a step (``progressed``). No torch import.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,15 @@ class RanksFailed(RunFailed):
     `restartable` whether starting again from the latest checkpoint could help, `progressed` whether any rank
     finished a step in this attempt."""
 
-    def __init__(self, text: str, rank: int = -1, step: int = -1, restartable: bool = False,
-                 progressed: bool = False, how: str = ""):
+    def __init__(
+        self,
+        text: str,
+        rank: int = -1,
+        step: int = -1,
+        restartable: bool = False,
+        progressed: bool = False,
+        how: str = "",
+    ):
         super().__init__(text)
         self.rank, self.step, self.restartable, self.progressed = rank, step, restartable, progressed
         self.how = how or text
@@ -101,8 +109,9 @@ def mark_comm_failure(out: Path, rank: int, lines: int = 60) -> str:
     if said is None:
         return ""
     try:
-        failed_path(out, rank).write_text(json.dumps({"rank": rank, "kind": "crash", "message": said,
-                                                       "written_by": "launcher, from the log"}))
+        failed_path(out, rank).write_text(
+            json.dumps({"rank": rank, "kind": "crash", "message": said, "written_by": "launcher, from the log"})
+        )
     except OSError:
         pass
     return said
@@ -148,19 +157,31 @@ def restartable(code: int, kind: str) -> bool:
 
 
 # Log lines of a rank that failed only because a peer went away: not the root cause.
-PEER_LOST = ("connection closed", "connection reset", "connection refused", "broken pipe", "timed out",
-             "timeout", "peer", "exited during", "died", "lost")
+PEER_LOST = (
+    "connection closed",
+    "connection reset",
+    "connection refused",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "peer",
+    "exited during",
+    "died",
+    "lost",
+)
 
 
 def root_cause(failed: dict[int, int], out: Path) -> int:
     """Among ranks that ended badly at about the same time, the one that most likely started it:
     killed by a signal first, then one whose log shows no lost-peer error, then the lowest rank."""
+
     def score(rank: int) -> tuple[int, int]:
         code = failed[rank]
         if code < 0:
             return 0, rank
         text = " ".join(tail(log_path(out, rank), 30)).lower()
         return (2 if any(k in text for k in PEER_LOST) else 1), rank
+
     return min(failed, key=score)
 
 
@@ -176,8 +197,14 @@ def process_state(pid: int) -> str:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "still alive"
-    return {"T": "stopped", "t": "stopped", "R": "running", "S": "sleeping", "D": "in uninterruptible wait",
-            "Z": "exited"}.get(state, f"state {state}")
+    return {
+        "T": "stopped",
+        "t": "stopped",
+        "R": "running",
+        "S": "sleeping",
+        "D": "in uninterruptible wait",
+        "Z": "exited",
+    }.get(state, f"state {state}")
 
 
 def describe(rank: int, code: int) -> str:
@@ -205,14 +232,22 @@ def diagnose(procs: list[subprocess.Popen], out: Path, failed: dict[int, int]) -
         hung = likely_hung(procs, out, alive)
         state = process_state(procs[hung].pid)
         how = f"rank {hung} stopped responding (process {state})"
-        return Failure(hung, f"{how}; rank(s) {', '.join(map(str, sorted(failed)))} timed out or lost the "
-                             f"connection waiting for it (log: {log_path(out, hung)}); stopped the other ranks", how,
-                       True)
+        return Failure(
+            hung,
+            f"{how}; rank(s) {', '.join(map(str, sorted(failed)))} timed out or lost the "
+            f"connection waiting for it (log: {log_path(out, hung)}); stopped the other ranks",
+            how,
+            True,
+        )
     others = sorted(set(failed) - {rank})
     also = f"; then rank(s) {', '.join(map(str, others))} failed too" if others else ""
     how = describe(rank, failed[rank])
-    return Failure(rank, f"{how} (log: {log_path(out, rank)}){also}; stopped the other ranks", how,
-                   restartable(failed[rank], failure_kind(out, rank)))
+    return Failure(
+        rank,
+        f"{how} (log: {log_path(out, rank)}){also}; stopped the other ranks",
+        how,
+        restartable(failed[rank], failure_kind(out, rank)),
+    )
 
 
 def likely_hung(procs: list[subprocess.Popen], out: Path, alive: list[int]) -> int:
@@ -268,8 +303,9 @@ def command_failed(e: RunFailed, out: Path, ranks: int, launcher) -> RanksFailed
         rank, host, how = named
         said = mark_comm_failure(out, rank) or failure_message(out, rank)
         how += f": {said}" if said else ""
-        return RanksFailed(text, rank, beats[rank].step if rank in beats else -1, ok, progressed,
-                           f"rank {rank} on {host} {how}")
+        return RanksFailed(
+            text, rank, beats[rank].step if rank in beats else -1, ok, progressed, f"rank {rank} on {host} {how}"
+        )
     rank = min((r for r in reported if failure_kind(out, r) in RESTARTABLE), default=min(reported, default=0))
     step = beats[rank].step if rank in beats and reported else -1  # no rank said anything: no rank to name
     return RanksFailed(text, rank, step, ok, progressed, f"the {ranks}-rank step failed ({text.split(';')[0]})")

@@ -1,5 +1,6 @@
 """A rank's torch.distributed start-up and shutdown: device, process group, grid groups (imports torch; the
 pure half, whose rank am I and where is rank 0, is torus_train.ranks.bootstrap)."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -18,21 +19,28 @@ from torus_train.ranks.bootstrap import gpu_arch_problem, rank_info, rendezvous
 def check_gpu_arch(device) -> None:
     """RunFailed with one line before the first kernel when this torch cannot run on the rank's GPU (instead of
     CUDA's "no kernel image is available" at the first step)."""
-    problem = gpu_arch_problem(torch.cuda.get_device_capability(device), torch.cuda.get_arch_list(),
-                               torch.cuda.get_device_name(device), torch.__version__, torch.version.cuda)
+    problem = gpu_arch_problem(
+        torch.cuda.get_device_capability(device),
+        torch.cuda.get_arch_list(),
+        torch.cuda.get_device_name(device),
+        torch.__version__,
+        torch.version.cuda,
+    )
     if problem:
         raise RunFailed(problem)
 
 
-def init_distributed(grid: Grid, timeout_s: float, environ: Mapping[str, str] | None = None,
-                     backend: str | None = None) -> Bootstrap:
+def init_distributed(
+    grid: Grid, timeout_s: float, environ: Mapping[str, str] | None = None, backend: str | None = None
+) -> Bootstrap:
     """Rank info -> device (its architecture checked against this torch build) -> process group with the
     timeout -> row/column groups. backend: None = NCCL with CUDA, else gloo; 'gloo' keeps the ranks on the
     CPU even where there are GPUs (bench --backend gloo)."""
     info = rank_info(environ)
     if info.world_size != grid.size:
-        raise RunFailed(f"rank {info.rank}: the launcher started {info.world_size} ranks but grid {grid} needs "
-                        f"{grid.size}")
+        raise RunFailed(
+            f"rank {info.rank}: the launcher started {info.world_size} ranks but grid {grid} needs {grid.size}"
+        )
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
@@ -42,9 +50,14 @@ def init_distributed(grid: Grid, timeout_s: float, environ: Mapping[str, str] | 
     else:
         device = torch.device("cpu")
     addr, port = rendezvous(info, environ)
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
-                            world_size=info.world_size, timeout=timedelta(seconds=timeout_s),
-                            **({"device_id": device} if backend == "nccl" else {}))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{addr}:{port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timedelta(seconds=timeout_s),
+        **({"device_id": device} if backend == "nccl" else {}),
+    )
     groups = build_grid_groups(grid, timeout=timeout_s)
     return Bootstrap(info, grid, device, backend, groups)
 

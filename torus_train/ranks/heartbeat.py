@@ -15,6 +15,7 @@ SIGTERM when the launcher's process ends (prctl PR_SET_PDEATHSIG), which stops t
 checkpoint, and a watch thread kills the rank's whole process group (its data-loader workers too) if it is
 still there ``grace`` seconds after the launcher went away.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -4,6 +4,7 @@ The first rank to fail is the root cause: it is named with its exit code or sign
 (SIGTERM, then SIGKILL after a grace period), and nothing is left behind. SIGINT and SIGTERM sent to the
 supervisor are forwarded to every rank. The pieces are torus_train.ranks.runner's.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,11 @@ def run_local_ranks(argvs: list[list[str]], envs: list[dict], what: str = "job",
     with Signals() as sig:
         try:
             for argv, extra in zip(argvs, envs):
-                procs.append(subprocess.Popen(argv, env={**os.environ, **extra}, stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        argv, env={**os.environ, **extra}, stdin=subprocess.DEVNULL, start_new_session=True
+                    )
+                )
             while True:
                 if sig.got is not None:
                     for p in procs:

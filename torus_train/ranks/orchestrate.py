@@ -8,6 +8,7 @@ from the latest checkpoint while ``--max-restarts`` lasts, and with ``--elastic`
 row is dropped (job/elastic.py). Lines of the run's story go to stdout, restarts and failures to stderr
 (docs/run.md, docs/faults.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,17 @@ from torus_train.job.spec import JobSpec
 from torus_train.ranks.bootstrap import free_port, rank_info
 from torus_train.ranks.diagnosis import RanksFailed, command_failed, reset_rank_files
 from torus_train.ranks.preflight import preflight
-from torus_train.ranks.rundir import (check_out, check_user_paths, choose_out, latest_checkpoint_text, prepare_out,
-                                      read_summary, resume_epoch, write_hosts, write_job)
+from torus_train.ranks.rundir import (
+    check_out,
+    check_user_paths,
+    choose_out,
+    latest_checkpoint_text,
+    prepare_out,
+    read_summary,
+    resume_epoch,
+    write_hosts,
+    write_job,
+)
 from torus_train.ranks.runner import echo_err, run_command, run_local
 from torus_train.ranks.watchdog import new_watch, watchdog_limits
 from torus_train.ranks.worker import execute
@@ -78,8 +88,10 @@ def run_job(spec: JobSpec, options: RunOptions) -> JobResult:
         return JobResult(Path(spec.job.out))
     out = choose_out(spec, resume, overwrite)
     if out != spec.out_dir.resolve() and not dry_run:
-        say(f"{spec.out_dir.resolve()} holds an earlier run; writing this one to {out} (--out to choose, "
-            "--resume to continue)")
+        say(
+            f"{spec.out_dir.resolve()} holds an earlier run; writing this one to {out} (--out to choose, "
+            "--resume to continue)"
+        )
     spec.job.out = str(out)
     legs = plan_legs(spec)
     first = leg_at(legs, resume_epoch(out)) if resume else 0
@@ -111,9 +123,11 @@ class Restarts:
     """The node of the previous failure's root-cause rank (--elastic drops a node that fails twice in a row)."""
 
 
-def run_preflight(spec: JobSpec, legs, first: int, plan, out: Path, elastic: bool, max_restarts: int,
-                  dry_run: bool) -> list[str]:
+def run_preflight(
+    spec: JobSpec, legs, first: int, plan, out: Path, elastic: bool, max_restarts: int, dry_run: bool
+) -> list[str]:
     """torus_train.ranks.preflight over the job, reusing the first leg's plan; the report lines."""
+
     def plan_of(lspec: JobSpec, strict: bool):
         return make_plan(lspec, out / "job.json", strict)
 
@@ -121,10 +135,17 @@ def run_preflight(spec: JobSpec, legs, first: int, plan, out: Path, elastic: boo
 
 
 def make_plan(spec: JobSpec, job_file: Path, strict: bool):
-    return plan_launch(spec, dict(os.environ), job_file=str(job_file), python=sys.executable,
-                       as_root=hasattr(os, "geteuid") and os.geteuid() == 0, master_port=free_port(),
-                       cpu_count=usable_cpus(), local_gpus=gpus.rank_gpus(spec.comm.backend, gpus.local_gpu_count()),
-                       strict=strict)
+    return plan_launch(
+        spec,
+        dict(os.environ),
+        job_file=str(job_file),
+        python=sys.executable,
+        as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+        master_port=free_port(),
+        cpu_count=usable_cpus(),
+        local_gpus=gpus.rank_gpus(spec.comm.backend, gpus.local_gpu_count()),
+        strict=strict,
+    )
 
 
 def prepare_data(spec: JobSpec, log=None) -> None:
@@ -141,8 +162,10 @@ def run_legs(spec: JobSpec, legs, first: int, plan, out: Path, resume: bool, res
         lspec = leg_spec(spec, legs[i])
         if i > first:
             plan = make_plan(lspec, out / "job.json", strict=True)
-            say(f"grid stage: epochs {legs[i].start_epoch}-{legs[i].until_epoch} on {plan.world_size} ranks, "
-                f"grid {plan.grid}, from {latest_checkpoint_text(out)}")
+            say(
+                f"grid stage: epochs {legs[i].start_epoch}-{legs[i].until_epoch} on {plan.world_size} ranks, "
+                f"grid {plan.grid}, from {latest_checkpoint_text(out)}"
+            )
         schedule = lspec.schedule.at(plan.world_size)
         write_job(out / "job.json", lspec, plan.grid, resume or i > first, regrid=len(legs) > 1)
         if i == first:
@@ -162,8 +185,10 @@ def leg_finished_run(spec: JobSpec, out: Path) -> bool:
 
 def announce(spec: JobSpec, plan, schedule, out: Path) -> None:
     g = plan.grid
-    say(f"torus-train run: {g.size} rank{'s' if g.size > 1 else ''} on grid {g} ({g.x} per row, {g.y} per column), "
-        f"{plan.launcher} launcher ({plan.why}); comm {spec.comm.algo}; output {out}")
+    say(
+        f"torus-train run: {g.size} rank{'s' if g.size > 1 else ''} on grid {g} ({g.x} per row, {g.y} per column), "
+        f"{plan.launcher} launcher ({plan.why}); comm {spec.comm.algo}; output {out}"
+    )
     for note in plan.notes:
         say(note)
     say(schedule.table())
@@ -199,8 +224,7 @@ def launch_with_restarts(spec: JobSpec, plan, out: Path, restarts: Restarts) -> 
                 raise RanksFailed(f"{e}; {why_not}", e.rank, e.step) from None
             restarts.used += 1
             beat = f" (last heartbeat at step {e.step})" if e.step >= 0 else ""
-            echo_err(f"{e.how}{beat}; restart {restarts.used} of {restarts.allowed} from "
-                     f"{latest_checkpoint_text(out)}")
+            echo_err(f"{e.how}{beat}; restart {restarts.used} of {restarts.allowed} from {latest_checkpoint_text(out)}")
             spec = maybe_drop_node(spec, plan, out, restarts, e.rank)
             plan = make_plan(spec, out / "job.json", strict=True)  # locally: a fresh rendezvous port
             write_job(out / "job.json", spec, plan.grid, resume=True, regrid=True)
@@ -239,8 +263,10 @@ def no_restart(e, attempt: int, max_restarts: int) -> str:
 def run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
     """`mpirun -n 4 torus-train run ...`: this process is one rank; rank 0 prepares the output folder."""
     if len(plan_legs(spec)) > 1:
-        raise UserError("schedule.stages name more than one grid: start the job with `torus-train run` (it moves "
-                        "the job between grids), not as ranks of mpirun/srun")
+        raise UserError(
+            "schedule.stages name more than one grid: start the job with `torus-train run` (it moves "
+            "the job between grids), not as ranks of mpirun/srun"
+        )
     info = rank_info()
     spec.grid.gpus = spec.grid.gpus or info.world_size
     if spec.grid.gpus != info.world_size:

@@ -13,6 +13,7 @@ adds one short line to the report that `--dry-run` prints. What it covers:
   one exists, else two directory reads: no per-file work).
 * ``data.stage = node``: a node-local folder named and writable (else the ranks fail after the launch).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -25,8 +26,16 @@ from torus_train.job.spec import JobSpec, input_size_problem
 from torus_train.job.stagedir import check_stage_base
 
 
-def preflight(spec: JobSpec, legs: list[Leg], first: int, first_plan, make_plan: Callable, elastic: bool,
-              max_restarts: int, strict: bool) -> list[str]:
+def preflight(
+    spec: JobSpec,
+    legs: list[Leg],
+    first: int,
+    first_plan,
+    make_plan: Callable,
+    elastic: bool,
+    max_restarts: int,
+    strict: bool,
+) -> list[str]:
     """Run every check; the report lines (a later leg's plan is built again when it starts: a fresh port).
 
     first_plan: the launch plan of leg ``first``; make_plan(leg_spec, strict) builds a later leg's plan;
@@ -40,22 +49,24 @@ def preflight(spec: JobSpec, legs: list[Leg], first: int, first_plan, make_plan:
     return [line for line in lines if line]
 
 
-def check_legs(spec: JobSpec, legs: list[Leg], first: int, first_plan, make_plan: Callable,
-               strict: bool) -> list[str]:
+def check_legs(spec: JobSpec, legs: list[Leg], first: int, first_plan, make_plan: Callable, strict: bool) -> list[str]:
     """Each leg's plan built (its grid placed on the launcher's hosts) and its stages' batches split."""
     lines = []
     for i in range(first, len(legs)):
         lspec = leg_spec(spec, legs[i])
-        where = f"grid stage {i + 1} (epochs {legs[i].start_epoch}-{legs[i].until_epoch}" + \
-            (f" on grid {legs[i].grid})" if legs[i].grid else ")")
+        where = f"grid stage {i + 1} (epochs {legs[i].start_epoch}-{legs[i].until_epoch}" + (
+            f" on grid {legs[i].grid})" if legs[i].grid else ")"
+        )
         try:
             plan = first_plan if i == first else make_plan(lspec, strict)
         except UserError as e:
             raise UserError(f"{where}: {e}") from None
         lspec.schedule.at(plan.world_size)  # its errors name the stage's field
         cannot = next((n for n in plan.notes if n.startswith("cannot start here")), "")
-        lines.append(f"epochs {legs[i].start_epoch}-{legs[i].until_epoch}: grid {plan.grid}, {plan.world_size} "
-                     f"ranks, {plan.launcher} launcher" + (f" ({cannot})" if cannot else ", fits"))
+        lines.append(
+            f"epochs {legs[i].start_epoch}-{legs[i].until_epoch}: grid {plan.grid}, {plan.world_size} "
+            f"ranks, {plan.launcher} launcher" + (f" ({cannot})" if cannot else ", fits")
+        )
     return lines
 
 
@@ -88,8 +99,10 @@ def check_data_classes(spec: JobSpec, strict: bool = True) -> str:
     root, classes = found
     train = classes["train"]
     if len(train) != spec.model.num_classes:
-        raise UserError(f"model.num_classes: {spec.model.num_classes} but {root}: train/ has {len(train)} class "
-                        f"folders; set --set model.num_classes={len(train)} (or give the data set it was meant for)")
+        raise UserError(
+            f"model.num_classes: {spec.model.num_classes} but {root}: train/ has {len(train)} class "
+            f"folders; set --set model.num_classes={len(train)} (or give the data set it was meant for)"
+        )
     differ = class_difference(classes)
     if differ:
         raise UserError(f"data.source: {root}: {differ}: make both hold the same class folders")

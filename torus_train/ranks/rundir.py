@@ -3,6 +3,7 @@
 A run writes job.json, logs/ and its results (summary.json, metrics.jsonl, checkpoints/, tensorboard/) into
 OUT; a folder that holds anything else is someone's folder, not a run's, and is refused. No torch import.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,9 +48,11 @@ def check_not_foreign(out: Path, flag: str) -> None:
         raise UserError(f"{flag} {shown_path(out)}: {e.strerror or e}") from None
     foreign = [e for e in entries if e not in RUN_ENTRIES]
     if foreign:
-        raise UserError(f"{flag} {shown_path(out)}: the folder holds files that are not a torus-train run's "
-                        f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); they are left untouched: "
-                        f"give a new or empty folder")
+        raise UserError(
+            f"{flag} {shown_path(out)}: the folder holds files that are not a torus-train run's "
+            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); they are left untouched: "
+            f"give a new or empty folder"
+        )
 
 
 def holds_results(out: Path) -> list[str]:
@@ -70,8 +73,10 @@ def check_out(out: Path, resume: bool, overwrite: bool) -> list[str]:
     results --overwrite will replace. Touches nothing, so it runs before the data is prepared."""
     present = holds_results(out)
     if present and not resume and not overwrite:
-        raise UserError(f"{out} already holds results ({', '.join(present)}); pass --resume to continue, "
-                        "--overwrite to replace them, or --out for another folder")
+        raise UserError(
+            f"{out} already holds results ({', '.join(present)}); pass --resume to continue, "
+            "--overwrite to replace them, or --out for another folder"
+        )
     if resume and not (out / "checkpoints").is_dir():
         raise UserError(f"--resume: {out / 'checkpoints'} does not exist; nothing to resume")
     return [] if resume else present
@@ -91,8 +96,12 @@ def prepare_out(out: Path, resume: bool, overwrite: bool) -> None:
 
 def write_job(path: Path, spec: JobSpec, grid, resume: bool, regrid: bool = False) -> None:
     """job.json for the ranks; regrid: a checkpoint of another grid is resumed on purpose (the job moved)."""
-    job = {"spec": spec.to_dict(), "grid": {"x": grid.x, "y": grid.y, "gpus_per_node": grid.gpus_per_node},
-           "resume": resume, "regrid": regrid}
+    job = {
+        "spec": spec.to_dict(),
+        "grid": {"x": grid.x, "y": grid.y, "gpus_per_node": grid.gpus_per_node},
+        "resume": resume,
+        "regrid": regrid,
+    }
     job["spec"]["job"]["out"] = str(path.parent)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(job, indent=1))
@@ -140,6 +149,8 @@ def unfinished(out: Path) -> str:
     logs = out / "logs"
     done, started = len(list(logs.glob("rank*.done"))), len(list(logs.glob("rank*.beat")))
     if started and done < started:
-        return (f"the launcher ended without an error, but only {done} of {started} ranks finished and no "
-                f"summary.json was written: a node or rank was lost; see {logs}/ (resume with --resume)")
+        return (
+            f"the launcher ended without an error, but only {done} of {started} ranks finished and no "
+            f"summary.json was written: a node or rank was lost; see {logs}/ (resume with --resume)"
+        )
     return f"the ranks exited but {out / 'summary.json'} was not written or cannot be read"

@@ -10,6 +10,7 @@ Both kinds of launch are watched by the watchdog (ranks/watchdog.py) when it is 
 A failure comes back as ``RanksFailed`` (ranks/diagnosis.py), which also says whether a restart from the
 latest checkpoint could help (``restartable``) and at which step the failed rank was.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -25,8 +26,19 @@ from typing import Callable
 
 from torus_train.errors import RunFailed
 from torus_train.job.launch import LaunchPlan
-from torus_train.ranks.diagnosis import (GRACE_S, Failure, RanksFailed, diagnose, done_path, failed_path,
-                                         failed_ranks, how_it_ended, log_path, ranks_failed, reset_rank_files)
+from torus_train.ranks.diagnosis import (
+    GRACE_S,
+    Failure,
+    RanksFailed,
+    diagnose,
+    done_path,
+    failed_path,
+    failed_ranks,
+    how_it_ended,
+    log_path,
+    ranks_failed,
+    reset_rank_files,
+)
 from torus_train.ranks.heartbeat import PARENT_ENV, PR_SET_PDEATHSIG
 from torus_train.ranks.watchdog import Watch, check_progress, new_watch, stall, stalled
 
@@ -86,8 +98,9 @@ class Signals:
 # --------------------------------------------------------------------------------------------------------
 # The local launcher
 # --------------------------------------------------------------------------------------------------------
-def run_local(plan: LaunchPlan, out: Path, say: Callable[[str], None], watchdog_s: float = 0.0,
-              startup_s: float = 0.0) -> None:
+def run_local(
+    plan: LaunchPlan, out: Path, say: Callable[[str], None], watchdog_s: float = 0.0, startup_s: float = 0.0
+) -> None:
     """Start the plan's ranks on this machine and wait; raise RanksFailed naming the first rank that failed.
 
     watchdog_s: seconds without a finished step on any rank before the job is ended (0: no watchdog);
@@ -103,11 +116,23 @@ def run_local(plan: LaunchPlan, out: Path, say: Callable[[str], None], watchdog_
             for rank, renv in enumerate(plan.rank_env):
                 logf = open(log_path(out, rank), "ab")
                 files.append(logf)
-                env = {**os.environ, **plan.env, **renv, "TORUS_TRAIN_LOG_REDIRECTED": "1",
-                       PARENT_ENV: str(os.getpid())}
-                procs.append(subprocess.Popen(plan.argv, env=env, stdin=subprocess.DEVNULL,
-                                              stdout=None if rank == 0 else logf, stderr=logf,
-                                              start_new_session=True))
+                env = {
+                    **os.environ,
+                    **plan.env,
+                    **renv,
+                    "TORUS_TRAIN_LOG_REDIRECTED": "1",
+                    PARENT_ENV: str(os.getpid()),
+                }
+                procs.append(
+                    subprocess.Popen(
+                        plan.argv,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=None if rank == 0 else logf,
+                        stderr=logf,
+                        start_new_session=True,
+                    )
+                )
             failure = watch_ranks(procs, out, sig, new_watch(watchdog_s, startup_s))
         finally:
             stop_all(procs, grace=failure.grace if failure else GRACE_S)
@@ -139,8 +164,9 @@ def watch_ranks(procs: list[subprocess.Popen], out: Path, sig: Signals, watch: W
 # --------------------------------------------------------------------------------------------------------
 # One mpirun or srun command
 # --------------------------------------------------------------------------------------------------------
-def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | None = None, ranks: int = 0,
-                watch: Watch | None = None) -> None:
+def run_command(
+    argv: list[str], env: dict[str, str], what: str, out: Path | None = None, ranks: int = 0, watch: Watch | None = None
+) -> None:
     """Run one launcher command (mpirun/srun) in its own session, forwarding SIGINT/SIGTERM; fail on non-zero.
 
     Its stderr passes through to ours, and its last lines are kept: mpirun and srun name the rank (and host)
@@ -149,8 +175,14 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
     and srun pass it on to every rank: stacks into the logs), then the command is stopped and RanksFailed
     names the ranks that stopped first."""
     with Signals() as sig:
-        p = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             start_new_session=True, preexec_fn=term_with_parent)
+        p = subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=term_with_parent,
+        )
         said, reader = pass_through(p.stderr)
         try:
             while p.poll() is None:
@@ -162,12 +194,14 @@ def run_command(argv: list[str], env: dict[str, str], what: str, out: Path | Non
                 p.wait()
     reader.join(timeout=5)  # the command's last lines
     if p.returncode != 0:
-        raise CommandFailed(f"{what} {how_it_ended(p.returncode)}; see the ranks' lines above and OUT/logs/",
-                            list(said))
+        raise CommandFailed(
+            f"{what} {how_it_ended(p.returncode)}; see the ranks' lines above and OUT/logs/", list(said)
+        )
 
 
-def check_command(p: subprocess.Popen, what: str, sig: Signals, out: Path | None, ranks: int,
-                  watch: Watch | None) -> None:
+def check_command(
+    p: subprocess.Popen, what: str, sig: Signals, out: Path | None, ranks: int, watch: Watch | None
+) -> None:
     """One poll of a running launcher command: RunFailed when this launcher got SIGINT/SIGTERM (forwarded to
     the command) or when every rank has ended but the command does not exit; RanksFailed when the watchdog
     fires. The command is stopped first in each case."""
@@ -182,10 +216,15 @@ def check_command(p: subprocess.Popen, what: str, sig: Signals, out: Path | None
         # every rank has left its last word, yet mpirun/srun waits: typically for the daemon of a node it can
         # no longer reach (a partition); it would wait until the link comes back
         stop_all([p], grace=GRACE_S)
-        raise RunFailed(f"all {ranks} ranks ended {late:.0f} s ago (see OUT/logs/) but {what} did not exit (a "
-                        f"node it cannot reach?); stopped it")
-    if watch is not None and out is not None and (found := stall(out, ranks, watch,
-                                                                  lambda: p.send_signal(signal.SIGUSR1))):
+        raise RunFailed(
+            f"all {ranks} ranks ended {late:.0f} s ago (see OUT/logs/) but {what} did not exit (a "
+            f"node it cannot reach?); stopped it"
+        )
+    if (
+        watch is not None
+        and out is not None
+        and (found := stall(out, ranks, watch, lambda: p.send_signal(signal.SIGUSR1)))
+    ):
         f = stalled(out, ranks, *found, {})
         stop_all([p], grace=f.grace)
         raise RanksFailed(f.text, f.rank, found[0][f.rank].step if f.rank in found[0] else -1, True, True, f.how)
@@ -230,6 +269,7 @@ def pass_through(stream, keep: int = 60):
             sys.stderr.write(raw.decode(errors="replace"))
             sys.stderr.flush()
             last.append(raw.decode(errors="replace").rstrip("\n"))
+
     reader = threading.Thread(target=copy, name="launcher-stderr", daemon=True)
     reader.start()
     return last, reader

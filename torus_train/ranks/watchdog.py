@@ -6,6 +6,7 @@ collective timeout plus a margin), the launcher has each rank dump the Python st
 its log (SIGUSR1, faulthandler), names the ranks that stopped progressing first (the lowest last step) and
 ends the job (docs/faults.md, "The heartbeat and the watchdog").
 """
+
 from __future__ import annotations
 
 import signal
@@ -56,6 +57,7 @@ class Watch:
 def check_progress(procs: list[subprocess.Popen], out: Path, watch: Watch) -> Failure | None:
     """The watchdog over local ranks: None while some rank finishes steps; else dump every rank's stack and
     name who stopped."""
+
     def dump() -> None:
         for p in procs:
             if p.poll() is None:
@@ -94,15 +96,23 @@ def stalled(out: Path, ranks: int, beats: dict[int, Beat], idle: float, states: 
     """The watchdog's verdict: the ranks at the lowest last step (with their process state where known)."""
     first = first_stopped(beats) or list(range(ranks))
     silent = [r for r in range(ranks) if r not in beats]
-    where = ", ".join(f"rank {r} (last step {beats[r].step if r in beats else 'none'}"
-                      + (f", process {states[r]})" if r in states else ")") for r in first[:8])
+    where = ", ".join(
+        f"rank {r} (last step {beats[r].step if r in beats else 'none'}"
+        + (f", process {states[r]})" if r in states else ")")
+        for r in first[:8]
+    )
     where += ", ..." if len(first) > 8 else ""
     top = max((b.step for b in beats.values()), default=-1)
-    rest = f"; the others reached step {top}" if top > min((b.step for b in beats.values()), default=top) else \
-        ("; every rank is at the same step" if len(first) == ranks else "")
+    rest = (
+        f"; the others reached step {top}"
+        if top > min((b.step for b in beats.values()), default=top)
+        else ("; every rank is at the same step" if len(first) == ranks else "")
+    )
     if silent:
         rest += f"; rank(s) {', '.join(map(str, silent[:8]))} never wrote a heartbeat"
     how = f"rank {first[0]} stopped progressing" if len(first) < ranks else "every rank stopped progressing"
-    text = (f"watchdog: no rank finished a step for {idle:.0f} s; stopped first: {where}{rest}; each rank's Python "
-            f"stack is in its log ({log_path(out, 0).parent}/rankNNNNN.log); stopped the job")
+    text = (
+        f"watchdog: no rank finished a step for {idle:.0f} s; stopped first: {where}{rest}; each rank's Python "
+        f"stack is in its log ({log_path(out, 0).parent}/rankNNNNN.log); stopped the job"
+    )
     return Failure(first[0], text, how, True, HUNG_GRACE_S)

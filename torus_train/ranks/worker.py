@@ -11,6 +11,7 @@ For the launcher's watchdog a rank keeps a heartbeat (OUT/logs/rankNNNNN.beat, r
 the Python stack of all its threads into its log on SIGUSR1 (faulthandler). Started by the local launcher, it
 dies with the launcher (heartbeat.die_with_parent).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,18 +84,21 @@ def redirect_output(out: Path, rank: int) -> int:
         if rank != 0:
             os.dup2(fd, 1)
         os.close(fd)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"
+    )
     return original
 
 
 def signal_handler(stop: StopRequest):
     """SIGTERM/SIGINT: the loop stops all ranks together at its next logging interval (and checkpoints);
     outside the loop the rank ends at once, non-zero."""
+
     def on_signal(signum, frame):
         name = signal.Signals(signum).name
         if not stop.request(name):
             raise Terminated(f"received {name}")
+
     return on_signal
 
 
@@ -108,8 +112,9 @@ def rank_threads(environ) -> int | None:
     return None
 
 
-def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regrid: bool = False,
-               fault: faults.Fault | None = None) -> dict:
+def run_worker(
+    spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regrid: bool = False, fault: faults.Fault | None = None
+) -> dict:
     """Start-up, training, shutdown of one rank (torch imported here)."""
     threads = rank_threads(os.environ)
     if spec.job.deterministic:  # before torch touches the GPU: cuBLAS reads it when its handle is made
@@ -124,11 +129,20 @@ def run_worker(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regri
     from torus_train.ranks.distributed import init_distributed, shutdown
     from torus_train.train.loop import run_training
 
-    boot = init_distributed(grid, spec.comm.timeout_s,
-                            backend=None if spec.comm.backend == "auto" else spec.comm.backend)
+    boot = init_distributed(
+        grid, spec.comm.timeout_s, backend=None if spec.comm.backend == "auto" else spec.comm.backend
+    )
     logging.getLogger("torus_train.ranks.worker").info(
-        "rank %d/%d (local %d, from %s) at grid %s position %s on %s/%s", boot.info.rank, boot.info.world_size,
-        boot.info.local_rank, boot.info.source, grid, grid.position(boot.info.rank), boot.device, boot.backend)
+        "rank %d/%d (local %d, from %s) at grid %s position %s on %s/%s",
+        boot.info.rank,
+        boot.info.world_size,
+        boot.info.local_rank,
+        boot.info.source,
+        grid,
+        grid.position(boot.info.rank),
+        boot.device,
+        boot.backend,
+    )
     summary = run_training(spec, boot, spec.out_dir, resume, stop, regrid=regrid, fault=fault)
     shutdown()
     return summary

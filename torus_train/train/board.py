@@ -5,15 +5,22 @@ Every scalar is written at the same step number as its metrics.jsonl line (the g
 resumed run opens the writer with ``purge_step`` just after the checkpoint's step, so TensorBoard drops what the
 interrupted run wrote after it and the curves continue, as metrics.jsonl is cut back to the same step.
 """
+
 from __future__ import annotations
 
 import importlib.util
 import sys
 from pathlib import Path
 
-INTERVAL_TAGS = {"loss": "train/loss", "lr": "train/lr", "global_batch": "train/global_batch",
-                 "images_per_second": "speed/images_per_second", "data_time": "speed/data_wait_s",
-                 "step_time": "speed/step_s", "skipped_steps": "train/skipped_steps"}
+INTERVAL_TAGS = {
+    "loss": "train/loss",
+    "lr": "train/lr",
+    "global_batch": "train/global_batch",
+    "images_per_second": "speed/images_per_second",
+    "data_time": "speed/data_wait_s",
+    "step_time": "speed/step_s",
+    "skipped_steps": "train/skipped_steps",
+}
 """metrics.jsonl interval field -> TensorBoard tag."""
 EVAL_TAGS = {"top1": "val/top1", "top5": "val/top5", "val_loss": "val/loss"}
 FLUSH_S = 10  # a run in progress shows up within this many seconds

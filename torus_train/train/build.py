@@ -1,5 +1,6 @@
 """The parts a rank trains with, each built from the spec: model, owned gradient buckets exchanged with
 comm.algo, loaders, AMP."""
+
 from __future__ import annotations
 
 import os
@@ -64,8 +65,9 @@ def build_model(spec: JobSpec, device: torch.device) -> nn.Module:
     try:
         model = torchvision.models.get_model(spec.model.arch, weights=None, num_classes=spec.model.num_classes)
     except ValueError:
-        raise UserError(f"model.arch: {spec.model.arch!r} is not a torchvision classification model "
-                        "(e.g. resnet18, resnet50)") from None
+        raise UserError(
+            f"model.arch: {spec.model.arch!r} is not a torchvision classification model (e.g. resnet18, resnet50)"
+        ) from None
     return _placed(model, spec, device)
 
 
@@ -78,8 +80,15 @@ def _placed(model: nn.Module, spec: JobSpec, device: torch.device) -> nn.Module:
 
 def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
     o = spec.optimizer
-    return optimizer_for(model, o.name, spec.schedule.base_lr, o.momentum, o.weight_decay, nesterov=o.nesterov,
-                 trust_coefficient=o.trust_coefficient)
+    return optimizer_for(
+        model,
+        o.name,
+        spec.schedule.base_lr,
+        o.momentum,
+        o.weight_decay,
+        nesterov=o.nesterov,
+        trust_coefficient=o.trust_coefficient,
+    )
 
 
 def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> BucketedModel:
@@ -94,8 +103,9 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> BucketedModel:
     """
     compression = None if spec.comm.compression == "none" else spec.comm.compression
     mode = ALGORITHMS.get(spec.comm.algo)
-    state = TorusHookState(boot.groups, algo=mode.same_as or mode.name, compression=compression,
-                           asynchronous=mode.asynchronous)
+    state = TorusHookState(
+        boot.groups, algo=mode.same_as or mode.name, compression=compression, asynchronous=mode.asynchronous
+    )
     return BucketedModel(model, state, spec.comm.bucket_mb)
 
 
@@ -127,12 +137,33 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
     ``corrupt``: the run's data.base.CorruptLog (the files skipped so far)."""
     source = source_of(spec.data.source)
     d = spec.data
-    cfg = loader_config(split, boot.info.rank, boot.info.world_size, per_rank_batch, d.image_size, spec.job.seed,
-                        spec.model.channels_last, d.num_threads or decode_threads(boot.info.local_world_size),
-                        image_dtype(spec, boot.device), d.on_corrupt, d.io_workers, d.prefetch, d.shuffle_buffer)
+    cfg = loader_config(
+        split,
+        boot.info.rank,
+        boot.info.world_size,
+        per_rank_batch,
+        d.image_size,
+        spec.job.seed,
+        spec.model.channels_last,
+        d.num_threads or decode_threads(boot.info.local_world_size),
+        image_dtype(spec, boot.device),
+        d.on_corrupt,
+        d.io_workers,
+        d.prefetch,
+        d.shuffle_buffer,
+    )
     root = staged_root(spec, boot, source.path(spec)) if source.stageable else source.path(spec)
-    request = LoaderRequest(cfg, boot.device, root, d.loader, spec.model.num_classes, d.index or None,
-                            samples=d.synthetic_samples, corrupt=corrupt, decoder=d.decoder)
+    request = LoaderRequest(
+        cfg,
+        boot.device,
+        root,
+        d.loader,
+        spec.model.num_classes,
+        d.index or None,
+        samples=d.synthetic_samples,
+        corrupt=corrupt,
+        decoder=d.decoder,
+    )
     return source.open_loader(request)
 
 

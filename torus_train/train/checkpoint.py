@@ -15,6 +15,7 @@ kept in ``CheckpointRef.data``), shares its choice (``verdict``, a small picklab
 its node's ranks, which read nothing; see train/state.resume. ``BYTES_READ`` counts the checkpoint bytes this
 process read from files (the resume's log line and docs/faults.md's table).
 """
+
 from __future__ import annotations
 
 import errno
@@ -120,8 +121,13 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, info: dict, keep
         written: list[_HashingFile] = []
         # the hash of the bytes as torch.save writes them (no seek: the wrapper has none), not read back
         temps.append(_write_temp(pt, lambda f: torch.save(state, written.append(_HashingFile(f)) or written[0])))
-        manifest = {"step": step, "file": pt.name, "bytes": written[0].bytes,
-                    "sha256": written[0].sha256.hexdigest(), **info}
+        manifest = {
+            "step": step,
+            "file": pt.name,
+            "bytes": written[0].bytes,
+            "sha256": written[0].sha256.hexdigest(),
+            **info,
+        }
         temps.append(_write_temp(man, lambda f: f.write(json.dumps(manifest, indent=1).encode())))
         man.unlink(missing_ok=True)  # a checkpoint of this step from before: uncommitted while its data changes
         os.replace(temps[0], pt)
@@ -178,12 +184,14 @@ def read_manifest(manifest_path: Path) -> dict:
     except (OSError, ValueError) as e:
         raise RunFailed(f"checkpoint manifest {manifest_path} is unreadable ({e})") from None
     if not isinstance(manifest, dict):
-        raise RunFailed(f"checkpoint manifest {manifest_path} is malformed (a JSON {type(manifest).__name__}, "
-                        "not an object)")
+        raise RunFailed(
+            f"checkpoint manifest {manifest_path} is malformed (a JSON {type(manifest).__name__}, not an object)"
+        )
     for key, kind in _MANIFEST_TYPES.items():
         if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
-            raise RunFailed(f"checkpoint manifest {manifest_path} is malformed ({key!r} missing or not "
-                            f"{kind.__name__})")
+            raise RunFailed(
+                f"checkpoint manifest {manifest_path} is malformed ({key!r} missing or not {kind.__name__})"
+            )
     if manifest["file"] != manifest_path.with_suffix(".pt").name:  # no path of its choosing is ever opened
         raise RunFailed(f"checkpoint manifest {manifest_path} is malformed (file {manifest['file']!r})")
     return manifest
@@ -225,8 +233,9 @@ def verify(manifest_path: Path) -> CheckpointRef:
     return CheckpointRef(manifest["step"], pt, manifest)
 
 
-def find_latest(folder: str | Path, warn: Callable[[str], None] = print,
-                keep_data: bool = False) -> CheckpointRef | None:
+def find_latest(
+    folder: str | Path, warn: Callable[[str], None] = print, keep_data: bool = False
+) -> CheckpointRef | None:
     """The newest checkpoint that verifies; None if none was ever committed; RunFailed if all are corrupt.
     keep_data: read each candidate whole once (read_verified) and keep the chosen one's bytes."""
     entries = list_checkpoints(folder)
@@ -291,8 +300,10 @@ def load_checkpoint(ref: CheckpointRef, map_location: Any = "cpu") -> dict:
             state = torch.load(ref.path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise RunFailed(f"checkpoint {ref.path} holds more than tensors and plain values and is not loaded "
-                        f"(loading it could run code): {first}") from None
+        raise RunFailed(
+            f"checkpoint {ref.path} holds more than tensors and plain values and is not loaded "
+            f"(loading it could run code): {first}"
+        ) from None
     except Exception as e:  # a file that passed sha256 but still does not load
         raise RunFailed(f"checkpoint {ref.path} does not load: {e}") from None
     if not isinstance(state, dict) or not all(isinstance(state.get(k), dict) for k in ("model", "position")):
@@ -304,7 +315,7 @@ def prune(folder: str | Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` committed checkpoints, and orphans; return what went."""
     folder = Path(folder)
     gone: list[Path] = []
-    for _, manifest_path in list_checkpoints(folder)[max(1, keep):]:
+    for _, manifest_path in list_checkpoints(folder)[max(1, keep) :]:
         pt = manifest_path.with_suffix(".pt")
         manifest_path.unlink(missing_ok=True)  # uncommit first, then the data
         pt.unlink(missing_ok=True)

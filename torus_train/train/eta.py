@@ -14,6 +14,7 @@ second) jumps at every switch. Here:
   before the first boundary it is not counted (an evaluation is forward passes only, over a validation set
   usually a tenth or less of the training set).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -71,8 +72,9 @@ class Eta:
                 boundaries.append(step)
         return cls([stages[k] for k in sorted(stages)], boundaries)
 
-    def observe(self, global_step: int, steps: int, seconds: float, gap: float = 0.0,
-                crossed_boundary: bool = False) -> None:
+    def observe(
+        self, global_step: int, steps: int, seconds: float, gap: float = 0.0, crossed_boundary: bool = False
+    ) -> None:
         """A logging interval of ``steps`` steps that ended at ``global_step`` and took ``seconds``; ``gap``:
         seconds since the previous interval ended (an epoch boundary's evaluation and checkpoint when
         ``crossed_boundary``)."""

@@ -11,6 +11,7 @@ is installed, so the step's code holds no fault branch. Values:
     slow:R:X   rank R sleeps X seconds in each step, before backward (a straggler)
     start:R    rank R fails during start-up
 """
+
 from __future__ import annotations
 
 import os
@@ -28,9 +29,10 @@ VARIABLE = "TORUS_TRAIN_FAULT"
 @dataclass(frozen=True)
 class FaultKind:
     """One kind of fault: how its value reads and what it wraps."""
+
     name: str
-    takes: str                  # what the third field is: "step", "seconds" or "" (none)
-    install: Callable | None    # install(fault, rs) wraps what the fault acts on; None: acted on at start-up
+    takes: str  # what the third field is: "step", "seconds" or "" (none)
+    install: Callable | None  # install(fault, rs) wraps what the fault acts on; None: acted on at start-up
 
 
 KINDS: Registry[FaultKind] = Registry("fault kind")
@@ -39,9 +41,10 @@ KINDS: Registry[FaultKind] = Registry("fault kind")
 @dataclass(frozen=True)
 class Fault:
     """One parsed TORUS_TRAIN_FAULT."""
+
     kind: FaultKind
     rank: int | None  # None: every rank
-    at: float         # the step (or from-step), or the seconds of a straggler
+    at: float  # the step (or from-step), or the seconds of a straggler
 
     def targets(self, rank: int) -> bool:
         return self.rank is None or self.rank == rank
@@ -92,12 +95,14 @@ def install(fault: Fault, rs) -> None:
 
 # --- what each kind wraps -------------------------------------------------------------------------------
 
+
 def _wrap_loss(rs, change: Callable) -> None:
     """rs.loss_fn(out, y) -> change(loss, step) for the step being taken."""
     inner = rs.loss_fn
 
     def loss_fn(out, y):
         return change(inner(out, y), rs.pos.global_step + 1)
+
     rs.loss_fn = loss_fn
 
 
@@ -105,6 +110,7 @@ def _nan_loss(fault: Fault, rs, from_on: bool) -> None:
     def change(loss, step):
         hit = step >= fault.at if from_on else step == fault.at
         return loss * float("nan") if hit else loss  # a non-finite gradient on this rank only
+
     _wrap_loss(rs, change)
 
 
@@ -116,6 +122,7 @@ def _straggler(fault: Fault, rs) -> None:
             slept[0] = step
             time.sleep(fault.at)
         return loss
+
     _wrap_loss(rs, change)
 
 
@@ -131,14 +138,17 @@ def _after_step(fault: Fault, rs, act: Callable, before_beat: bool = False) -> N
             inner(step)
         if not before_beat and step == fault.at:
             act(rs)
+
     rs.stop.on_step = on_step
 
 
 def _nudge(value: float) -> Callable:
     def act(rs) -> None:
         import torch
+
         with torch.no_grad():
             next(rs.model.parameters()).view(-1)[0] += value
+
     return act
 
 

@@ -18,6 +18,7 @@ with gradient accumulation run eagerly, said once.
 A graph launch holding NCCL calls is a collective: every rank replays the same graph, which holds because every
 rank captures at the same step of the same stage.
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,8 +66,11 @@ class StepGraph:
 
     def step(self, rs, images, labels, accumulation: int) -> torch.Tensor:
         if accumulation > 1:
-            self._once("accumulation", f"CUDA graphs: a stage with gradient accumulation ({accumulation} "
-                                       "micro-batches) runs its steps eagerly")
+            self._once(
+                "accumulation",
+                f"CUDA graphs: a stage with gradient accumulation ({accumulation} "
+                "micro-batches) runs its steps eagerly",
+            )
             return step_body(rs, images, labels, accumulation)
         if self.graph is None and self.eager_steps < self.warmup:
             self.eager_steps += 1
@@ -75,8 +79,10 @@ class StepGraph:
             self._capture(rs, images, labels)
         x, y, loss = self.static
         if images.shape != x.shape or labels.shape != y.shape or images.dtype != x.dtype:
-            self._once(("shape", tuple(images.shape)), f"CUDA graphs: a batch of shape {tuple(images.shape)} "
-                       f"(the graph's is {tuple(x.shape)}) runs eagerly")
+            self._once(
+                ("shape", tuple(images.shape)),
+                f"CUDA graphs: a batch of shape {tuple(images.shape)} (the graph's is {tuple(x.shape)}) runs eagerly",
+            )
             return step_body(rs, images, labels, 1)
         x.copy_(images)
         y.copy_(labels)
@@ -111,13 +117,17 @@ class StepGraph:
             # a failed capture leaves host-side step state (loss scaler, bucket counts) half-stepped: continuing
             # eagerly could train wrong, so the run stops with the way around
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise RunFailed(f"CUDA graph capture failed at step {rs.pos.global_step + 1} (batch {tuple(x.shape)}): "
-                            f"{first}; run with --set model.cuda_graphs=off for the eager step") from None
+            raise RunFailed(
+                f"CUDA graph capture failed at step {rs.pos.global_step + 1} (batch {tuple(x.shape)}): "
+                f"{first}; run with --set model.cuda_graphs=off for the eager step"
+            ) from None
         seconds = time.perf_counter() - t0
         self.graph, self.pool, self.static = graph, pool, (x, y, loss)
         self.capture_seconds.append(seconds)
-        text = (f"CUDA graph: step {rs.pos.global_step + 1} captured in {seconds:.2f} s (batch "
-                f"{tuple(x.shape)}); replayed from here until the next stage")
+        text = (
+            f"CUDA graph: step {rs.pos.global_step + 1} captured in {seconds:.2f} s (batch "
+            f"{tuple(x.shape)}); replayed from here until the next stage"
+        )
         log.info("%s", text)
         self.say(text)
 

@@ -1,17 +1,18 @@
 """The training loop of one rank (run by torus_train.ranks.worker), as a sequence of named calls:
 
-    rs = start(spec, boot, out, stop)       model, owned gradient buckets exchanged with comm.algo,
-                                            optimizer (LR on the device), schedule, AMP, CUDA graphs
-    resume(rs)                              the latest complete checkpoint of this job, when asked
-    for each epoch:
-        switch_stage(rs, epoch)             a new loader when the batch grows
-        run_epoch(rs, epoch)                LR, forward/backward/exchange/update, metrics, replica checks,
-                                            agreed stop
-        maybe_evaluate(rs, epoch)           top-1/top-5 all-reduced
-        maybe_checkpoint(rs, epoch)         (every save checks the replicas first)
-    finish(rs)                              replica check, final checkpoint, per-rank step times (stragglers),
-                                            summary.json
+rs = start(spec, boot, out, stop)       model, owned gradient buckets exchanged with comm.algo,
+                                        optimizer (LR on the device), schedule, AMP, CUDA graphs
+resume(rs)                              the latest complete checkpoint of this job, when asked
+for each epoch:
+    switch_stage(rs, epoch)             a new loader when the batch grows
+    run_epoch(rs, epoch)                LR, forward/backward/exchange/update, metrics, replica checks,
+                                        agreed stop
+    maybe_evaluate(rs, epoch)           top-1/top-5 all-reduced
+    maybe_checkpoint(rs, epoch)         (every save checks the replicas first)
+finish(rs)                              replica check, final checkpoint, per-rank step times (stragglers),
+                                        summary.json
 """
+
 from __future__ import annotations
 
 import json
@@ -25,25 +26,48 @@ from torus_train.job.spec import JobSpec
 from torus_train.job.rank import Bootstrap
 import torch
 
-from torus_train.train.build import (amp_settings, build_loader, build_model, build_optimizer, seed_everything,
-                                     set_determinism, time_step, wrap_ddp)
+from torus_train.train.build import (
+    amp_settings,
+    build_loader,
+    build_model,
+    build_optimizer,
+    seed_everything,
+    set_determinism,
+    time_step,
+    wrap_ddp,
+)
 from torus_train.train.eta import Eta
 from torus_train.train.faults import Fault, install
 from torus_train.train.checkpoint import write_atomic
-from torus_train.train.report import (Progress, log_interval, new_interval, rank_report, record_eval,
-                                      record_resume, record_stage, summary, summary_text)
+from torus_train.train.report import (
+    Progress,
+    log_interval,
+    new_interval,
+    rank_report,
+    record_eval,
+    record_resume,
+    record_stage,
+    summary,
+    summary_text,
+)
 from torus_train.train.state import RunState, resume, save
 from torus_train.train.graphs import StepGraph, wanted as graphs_wanted
-from torus_train.train.step import (check_replicas, evaluate, param_digest, set_lr, set_step, sync_buffers,
-                                    train_step)
+from torus_train.train.step import check_replicas, evaluate, param_digest, set_lr, set_step, sync_buffers, train_step
 from torus_train.train.stop import StopRequest, StopRequested
 from torus_train.train.timing import StepTimes
 from torus_train.train.writer import APPENDER
 from torus_train.data.base import CorruptLog
 
 
-def run_training(spec: JobSpec, boot: Bootstrap, out: Path, resume_run: bool = False,
-                 stop: StopRequest | None = None, regrid: bool = False, fault: Fault | None = None) -> dict:
+def run_training(
+    spec: JobSpec,
+    boot: Bootstrap,
+    out: Path,
+    resume_run: bool = False,
+    stop: StopRequest | None = None,
+    regrid: bool = False,
+    fault: Fault | None = None,
+) -> dict:
     """Train as the spec says; rank 0 writes metrics.jsonl and summary.json. Returns the summary.
 
     regrid: resuming a checkpoint written on another grid is on purpose (the launcher moved the job);
@@ -86,10 +110,23 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
     if progress and boot.device.type != "cuda" and spec.model.precision != "fp32":
         progress.say(f"CPU ranks run fp32 (model.precision = {spec.model.precision} applies on GPUs)")
     graphs = StepGraph(progress.say if progress else None) if graphs_wanted(spec, boot) else None
-    return RunState(spec, boot, out, stop, schedule, ddp, optimizer,
-                    nn.CrossEntropyLoss(label_smoothing=spec.schedule.label_smoothing), amp_dtype, scaler, progress,
-                    times=StepTimes(model, boot.device), corrupt=CorruptLog(),
-                    step_now=torch.zeros((), dtype=torch.int64, device=boot.device), graphs=graphs)
+    return RunState(
+        spec,
+        boot,
+        out,
+        stop,
+        schedule,
+        ddp,
+        optimizer,
+        nn.CrossEntropyLoss(label_smoothing=spec.schedule.label_smoothing),
+        amp_dtype,
+        scaler,
+        progress,
+        times=StepTimes(model, boot.device),
+        corrupt=CorruptLog(),
+        step_now=torch.zeros((), dtype=torch.int64, device=boot.device),
+        graphs=graphs,
+    )
 
 
 def switch_stage(rs: RunState, epoch: int) -> None:
@@ -115,8 +152,10 @@ def announce_eta(rs: RunState) -> None:
     rs.progress.plan(Eta.plan(rs.schedule, n, rs.spec.schedule.end_epoch, rs.spec.schedule.steps))
     if first:
         rs.progress.eta.prior = rs.progress.prior
-        rs.progress.say(f"ETA {rs.progress.eta_text(rs.pos.global_step)} for {rs.progress.total - rs.pos.global_step} "
-                        "steps (from one timed step before training; measured per stage from here on)")
+        rs.progress.say(
+            f"ETA {rs.progress.eta_text(rs.pos.global_step)} for {rs.progress.total - rs.pos.global_step} "
+            "steps (from one timed step before training; measured per stage from here on)"
+        )
 
 
 def run_epoch(rs: RunState, epoch: int) -> bool:
@@ -182,7 +221,12 @@ def maybe_evaluate(rs: RunState, epoch: int, epoch_done: bool) -> None:
 def maybe_checkpoint(rs: RunState, epoch: int, epoch_done: bool) -> None:
     """At the end of every checkpoint.every_epochs epochs, except the last (finish saves that one)."""
     every = rs.spec.checkpoint.every_epochs
-    if epoch_done and every and (epoch + 1) % every == 0 and not (rs.steps_done or epoch + 1 == rs.spec.schedule.end_epoch):
+    if (
+        epoch_done
+        and every
+        and (epoch + 1) % every == 0
+        and not (rs.steps_done or epoch + 1 == rs.spec.schedule.end_epoch)
+    ):
         save(rs, f"end of epoch {epoch}")
 
 
@@ -218,8 +262,9 @@ def finish(rs: RunState) -> dict:
             APPENDER.flush()  # metrics.jsonl complete before summary.json says the run is done
             write_atomic(rs.out / "summary.json", (json.dumps(result, indent=1) + "\n").encode())
         except OSError as e:
-            raise RunFailed(f"{e.filename or rs.out / 'summary.json'}: {e.strerror or e}; the final checkpoint is "
-                            "kept") from None
+            raise RunFailed(
+                f"{e.filename or rs.out / 'summary.json'}: {e.strerror or e}; the final checkpoint is kept"
+            ) from None
         rs.progress.say(summary_text(result))
         if rs.progress.board:
             rs.progress.board.close()

@@ -3,6 +3,7 @@
 torchvision's ResNet class fixes the widths at 64-128-256-512; these are the same network at another width
 (torchvision's stem, blocks, zero-free initialisation and head), so a ResNet fits a few CPU cores.
 """
+
 from __future__ import annotations
 
 import torch.nn as nn
@@ -24,7 +25,8 @@ class NarrowResNet(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         self.layer1, self.layer2, self.layer3, self.layer4 = (
-            self._stage(block, layout.width * 2 ** i, n, 1 if i == 0 else 2) for i, n in enumerate(layout.layers))
+            self._stage(block, layout.width * 2**i, n, 1 if i == 0 else 2) for i, n in enumerate(layout.layers)
+        )
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(self.inplanes, num_classes)
         for m in self.modules():  # torchvision's initialisation
@@ -37,8 +39,9 @@ class NarrowResNet(nn.Module):
     def _stage(self, block, planes: int, blocks: int, stride: int) -> nn.Sequential:
         downsample = None
         if stride != 1 or self.inplanes != planes * block.expansion:
-            downsample = nn.Sequential(conv1x1(self.inplanes, planes * block.expansion, stride),
-                                       nn.BatchNorm2d(planes * block.expansion))
+            downsample = nn.Sequential(
+                conv1x1(self.inplanes, planes * block.expansion, stride), nn.BatchNorm2d(planes * block.expansion)
+            )
         kw = dict(groups=self._groups, base_width=self._base_width)
         layers = [block(self.inplanes, planes, stride, downsample, **kw)]
         self.inplanes = planes * block.expansion

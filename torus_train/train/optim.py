@@ -12,6 +12,7 @@ GradScaler, or train/step.py for bf16/fp32, sets ``optimizer.found_inf`` (a 0-di
 for fp16, ``optimizer.grad_scale``; the step then unscales the gradients and leaves parameters and momentum as
 they were when found_inf is 1, without the host ever reading the flag.
 """
+
 from __future__ import annotations
 
 import torch
@@ -103,12 +104,27 @@ class LARS(DeviceLR, torch.optim.Optimizer):
 
     _step_supports_amp_scaling = True
 
-    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-                 trust_coefficient: float = 0.001, nesterov: bool = False, eps: float = 0.0):
+    def __init__(
+        self,
+        params,
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.001,
+        nesterov: bool = False,
+        eps: float = 0.0,
+    ):
         if lr < 0 or momentum < 0 or weight_decay < 0 or trust_coefficient <= 0:
             raise ValueError("LARS: lr, momentum, weight_decay must be >= 0 and trust_coefficient > 0")
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                        trust_coefficient=trust_coefficient, nesterov=nesterov, eps=eps, lars=True)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient,
+            nesterov=nesterov,
+            eps=eps,
+            lars=True,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -143,9 +159,11 @@ class LARS(DeviceLR, torch.optim.Optimizer):
         if group["lars"]:
             w_norm = torch.stack(torch._foreach_norm(params))
             g_norm = torch.stack(torch._foreach_norm(grads))
-            trust = torch.where((w_norm > 0) & (g_norm > 0),
-                                group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm + group["eps"]),
-                                torch.ones_like(w_norm))
+            trust = torch.where(
+                (w_norm > 0) & (g_norm > 0),
+                group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm + group["eps"]),
+                torch.ones_like(w_norm),
+            )
             if wd:
                 grads = torch._foreach_add(grads, params, alpha=wd)
             scaled = torch._foreach_mul(grads, list((trust * lr).unbind()))
@@ -165,9 +183,15 @@ class LARS(DeviceLR, torch.optim.Optimizer):
         torch._foreach_sub_(params, update)
 
 
-def build_optimizer(model: torch.nn.Module, name: str, lr: float, momentum: float = 0.9,
-                    weight_decay: float = 5e-5, nesterov: bool = False,
-                    trust_coefficient: float = 0.001) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: torch.nn.Module,
+    name: str,
+    lr: float,
+    momentum: float = 0.9,
+    weight_decay: float = 5e-5,
+    nesterov: bool = False,
+    trust_coefficient: float = 0.001,
+) -> torch.optim.Optimizer:
     """The optimizer named ``sgd`` or ``lars`` over ``param_groups(model, weight_decay)``."""
     if name not in OPTIMIZERS:
         raise UserError(f"optimizer.name: {name!r} is not one of {', '.join(OPTIMIZERS)}")

@@ -1,4 +1,5 @@
 """What a run tells: rank 0's progress line, metrics.jsonl records, the summary (and its replica check)."""
+
 from __future__ import annotations
 
 import json
@@ -58,12 +59,15 @@ def record_resume(rs: RunState) -> None:
     if not rs.rank0:
         return
     dropped = truncate_metrics(rs.metrics, rs.pos.global_step)
-    write_jsonl(rs.metrics, {"event": "resume", "step": rs.pos.global_step, "epoch": rs.pos.epoch,
-                             "dropped_lines": dropped})
+    write_jsonl(
+        rs.metrics, {"event": "resume", "step": rs.pos.global_step, "epoch": rs.pos.epoch, "dropped_lines": dropped}
+    )
     if rs.progress.board:
         rs.progress.board.resume(rs.pos.global_step)
-    rs.progress.say(f"resumed at epoch {rs.pos.epoch}, step {rs.pos.global_step}"
-                    + (f" ({dropped} metrics lines after it dropped)" if dropped else ""))
+    rs.progress.say(
+        f"resumed at epoch {rs.pos.epoch}, step {rs.pos.global_step}"
+        + (f" ({dropped} metrics lines after it dropped)" if dropped else "")
+    )
 
 
 def _fmt_time(s: float) -> str:
@@ -103,14 +107,21 @@ class Progress:
         if self.eta is None:
             return
         gap = start - self._last_end if self._last_end is not None else 0.0
-        self.eta.observe(rec["step"], steps, end - start, gap, crossed_boundary=rec["epoch"] != self._last_epoch
-                         and self._last_epoch is not None)
+        self.eta.observe(
+            rec["step"],
+            steps,
+            end - start,
+            gap,
+            crossed_boundary=rec["epoch"] != self._last_epoch and self._last_epoch is not None,
+        )
         self._last_end, self._last_epoch = end, rec["epoch"]
 
     def update(self, rec: dict) -> None:
-        line = (f"epoch {rec['epoch'] + 1}/{self.epochs} step {rec['step']}/{self.total} | "
-                f"{rec['images_per_second']:,.0f} img/s | loss {rec['loss']:.4f} | lr {rec['lr']:.4g} | "
-                f"batch {rec['global_batch']} | ETA {self.eta_text(rec['step'])}")
+        line = (
+            f"epoch {rec['epoch'] + 1}/{self.epochs} step {rec['step']}/{self.total} | "
+            f"{rec['images_per_second']:,.0f} img/s | loss {rec['loss']:.4f} | lr {rec['lr']:.4g} | "
+            f"batch {rec['global_batch']} | ETA {self.eta_text(rec['step'])}"
+        )
         if self.tty:
             print("\r" + line.ljust(110), end="", flush=True)
         else:
@@ -126,16 +137,34 @@ def new_interval() -> dict:
 
 def record_stage(rs: RunState, epoch: int, stage) -> None:
     """A batch-size switch: logged on every rank, a metrics event and a progress line on rank 0."""
-    log.info("stage %d from epoch %d: global batch %d, per rank %d (%d x %d)", stage.index, epoch,
-             stage.global_batch, stage.per_rank_batch, stage.micro_batch, stage.accumulation)
+    log.info(
+        "stage %d from epoch %d: global batch %d, per rank %d (%d x %d)",
+        stage.index,
+        epoch,
+        stage.global_batch,
+        stage.per_rank_batch,
+        stage.micro_batch,
+        stage.accumulation,
+    )
     if not rs.rank0:
         return
-    write_jsonl(rs.metrics, {"event": "stage", "epoch": epoch, "stage": stage.index,
-                             "global_batch": stage.global_batch, "per_rank_batch": stage.per_rank_batch,
-                             "accumulation": stage.accumulation, "step": rs.pos.global_step})
+    write_jsonl(
+        rs.metrics,
+        {
+            "event": "stage",
+            "epoch": epoch,
+            "stage": stage.index,
+            "global_batch": stage.global_batch,
+            "per_rank_batch": stage.per_rank_batch,
+            "accumulation": stage.accumulation,
+            "step": rs.pos.global_step,
+        },
+    )
     split = f" ({stage.accumulation} x {stage.micro_batch})" if stage.accumulation > 1 else ""
-    rs.progress.say(f"stage {stage.index} from epoch {epoch}: global batch {stage.global_batch} = "
-                    f"{rs.boot.info.world_size} ranks x {stage.per_rank_batch}{split}")
+    rs.progress.say(
+        f"stage {stage.index} from epoch {epoch}: global batch {stage.global_batch} = "
+        f"{rs.boot.info.world_size} ranks x {stage.per_rank_batch}{split}"
+    )
 
 
 def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> None:
@@ -152,14 +181,23 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> 
     loss_sum, stops = t.tolist()
     rs.times.flush()  # CUDA step events, read while the host waits here anyway
     rs.stop_agreed = stops > 0
-    rec = {"step": rs.pos.global_step, "epoch": epoch, "global_batch": stage.global_batch,
-           "per_rank_batch": stage.per_rank_batch, "lr": lr, "loss": loss_sum / rs.boot.info.world_size,
-           "images_per_second": interval["images"] / seconds, "data_time": interval["data"] / n,
-           "step_time": seconds / n, "wall_seconds": round(rs.wall(), 3)}
+    rec = {
+        "step": rs.pos.global_step,
+        "epoch": epoch,
+        "global_batch": stage.global_batch,
+        "per_rank_batch": stage.per_rank_batch,
+        "lr": lr,
+        "loss": loss_sum / rs.boot.info.world_size,
+        "images_per_second": interval["images"] / seconds,
+        "data_time": interval["data"] / n,
+        "step_time": seconds / n,
+        "wall_seconds": round(rs.wall(), 3),
+    }
     if not math.isfinite(rec["loss"]):
         log.warning("step %d: loss is %s", rs.pos.global_step, rec["loss"])
-    log.info("step %d epoch %d loss %.4f lr %.4g %.1f img/s", rec["step"], epoch, rec["loss"], lr,
-             rec["images_per_second"])
+    log.info(
+        "step %d epoch %d loss %.4f lr %.4g %.1f img/s", rec["step"], epoch, rec["loss"], lr, rec["images_per_second"]
+    )
     if rs.rank0:
         write_jsonl(rs.metrics, rec)
     check_nonfinite(rs)  # the skipped steps, counted on the device, read here rather than on every step
@@ -187,8 +225,10 @@ def record_eval(rs: RunState, result: dict, epoch: int) -> None:
     hit = ""
     if target and rs.pos.target_epoch == epoch + 1:
         hit = f" | reached target {target:.2%} at {rs.pos.target_seconds:.1f} s"
-    rs.progress.say(f"eval after epoch {epoch + 1}: top-1 {result['top1']:.2%} top-5 {result['top5']:.2%} "
-                    f"({result['samples']} images){hit}")
+    rs.progress.say(
+        f"eval after epoch {epoch + 1}: top-1 {result['top1']:.2%} top-5 {result['top5']:.2%} "
+        f"({result['samples']} images){hit}"
+    )
 
 
 HOST_BYTES = 64
@@ -210,8 +250,13 @@ def gather_ranks(rs: RunState) -> list[dict]:
     for r, t in enumerate(every):
         x = t.tolist()
         k = len(FIELDS) * len(PERCENTILES)
-        row = {"rank": r, "host": bytes(int(b) for b in x[k + 3:] if b).decode(errors="replace"),
-               "steps": int(x[k]), "corrupt_files": int(x[k + 1]), "corrupt_reads": int(x[k + 2])}
+        row = {
+            "rank": r,
+            "host": bytes(int(b) for b in x[k + 3 :] if b).decode(errors="replace"),
+            "steps": int(x[k]),
+            "corrupt_files": int(x[k + 1]),
+            "corrupt_reads": int(x[k + 2]),
+        }
         for i, (f, q) in enumerate((f, q) for f in FIELDS for q in PERCENTILES):
             row[f"{f}_{'max' if q == 100 else f'p{q}'}"] = round(x[i], 6)
         rows.append(row)
@@ -222,44 +267,78 @@ def stragglers(rows: list[dict]) -> dict:
     """The slowest ranks by their own work per step (data + compute, p50) against the median rank."""
     median = statistics.median_low([r["work_p50"] for r in rows])
     slow = sorted(rows, key=lambda r: -r["work_p50"])[:5]
-    return {"median_work_p50": median, "median_compute_p50": statistics.median_low([r["compute_p50"] for r in rows]),
-            "median_data_p50": statistics.median_low([r["data_p50"] for r in rows]),
-            "slowest": [{"rank": r["rank"], "host": r["host"], "work_p50": r["work_p50"],
-                         "compute_p50": r["compute_p50"], "data_p50": r["data_p50"],
-                         "vs_median": round(r["work_p50"] / median, 3) if median > 0 else None} for r in slow]}
+    return {
+        "median_work_p50": median,
+        "median_compute_p50": statistics.median_low([r["compute_p50"] for r in rows]),
+        "median_data_p50": statistics.median_low([r["data_p50"] for r in rows]),
+        "slowest": [
+            {
+                "rank": r["rank"],
+                "host": r["host"],
+                "work_p50": r["work_p50"],
+                "compute_p50": r["compute_p50"],
+                "data_p50": r["data_p50"],
+                "vs_median": round(r["work_p50"] / median, 3) if median > 0 else None,
+            }
+            for r in slow
+        ],
+    }
 
 
 def rank_report(rs: RunState) -> dict:
     """summary.json's "stragglers", "ranks" (up to LISTED_RANKS) and "corrupt_skipped" (every rank calls)."""
     rows = gather_ranks(rs)
-    return {"stragglers": stragglers(rows), "ranks": rows if len(rows) <= LISTED_RANKS else None,
-            "corrupt_skipped": {"policy": rs.spec.data.on_corrupt,
-                                "files": sum(r["corrupt_files"] for r in rows),
-                                "reads": sum(r["corrupt_reads"] for r in rows)}}
+    return {
+        "stragglers": stragglers(rows),
+        "ranks": rows if len(rows) <= LISTED_RANKS else None,
+        "corrupt_skipped": {
+            "policy": rs.spec.data.on_corrupt,
+            "files": sum(r["corrupt_files"] for r in rows),
+            "reads": sum(r["corrupt_reads"] for r in rows),
+        },
+    }
 
 
 def summary(rs: RunState, wall: float, digest: str, agree: bool, ranks: dict | None = None) -> dict:
     spec, boot, pos, ev = rs.spec, rs.boot, rs.pos, rs.last_eval
     return {
-        "world_size": boot.info.world_size, "grid": str(boot.grid), "gpus_per_node": boot.grid.gpus_per_node,
-        "backend": boot.backend, "device": boot.device.type, "comm_algo": spec.comm.algo,
-        "compression": spec.comm.compression, "model": spec.model.arch, "image_size": spec.data.image_size,
-        "loader": getattr(rs.loader, "kind", None), "decoder": getattr(rs.loader, "decoder", None),
-        "steps": pos.global_step, "epochs_done": pos.epoch, "images": pos.images,
-        "wall_seconds": round(wall, 3), "images_per_second": round(pos.images / wall, 2) if wall else None,
-        "skipped_steps": rs.skipped_steps, "deterministic": spec.job.deterministic,
+        "world_size": boot.info.world_size,
+        "grid": str(boot.grid),
+        "gpus_per_node": boot.grid.gpus_per_node,
+        "backend": boot.backend,
+        "device": boot.device.type,
+        "comm_algo": spec.comm.algo,
+        "compression": spec.comm.compression,
+        "model": spec.model.arch,
+        "image_size": spec.data.image_size,
+        "loader": getattr(rs.loader, "kind", None),
+        "decoder": getattr(rs.loader, "decoder", None),
+        "steps": pos.global_step,
+        "epochs_done": pos.epoch,
+        "images": pos.images,
+        "wall_seconds": round(wall, 3),
+        "images_per_second": round(pos.images / wall, 2) if wall else None,
+        "skipped_steps": rs.skipped_steps,
+        "deterministic": spec.job.deterministic,
         "cuda_graph_captures": list(rs.graphs.capture_seconds) if rs.graphs is not None else None,
-        "val_top1": ev["top1"] if ev else None, "val_top5": ev["top5"] if ev else None,
-        "best_top1": pos.best_top1, "target_top1": spec.eval.target_top1 or None,
-        "time_to_target_epoch": pos.target_epoch, "time_to_target_seconds": pos.target_seconds,
-        "param_digest": digest, "param_digests_agree": agree, **(ranks or {}),
+        "val_top1": ev["top1"] if ev else None,
+        "val_top5": ev["top5"] if ev else None,
+        "best_top1": pos.best_top1,
+        "target_top1": spec.eval.target_top1 or None,
+        "time_to_target_epoch": pos.target_epoch,
+        "time_to_target_seconds": pos.target_seconds,
+        "param_digest": digest,
+        "param_digests_agree": agree,
+        **(ranks or {}),
     }
 
 
 def summary_text(s: dict) -> str:
     ranks = f"{s['world_size']} rank" + ("s" if s["world_size"] != 1 else "")
-    parts = [f"done: {s['steps']} steps on {ranks} (grid {s['grid']}, {s['comm_algo']}) in "
-             f"{s['wall_seconds']:.1f} s, {s['images_per_second'] or 0:,.1f} img/s"]
+    parts = [
+        f"done: {s['steps']} steps on {ranks} (grid {s['grid']}, {s['comm_algo']}) in "
+        f"{s['wall_seconds']:.1f} s, {s['images_per_second'] or 0:,.1f} img/s"
+    ]
     if s["val_top1"] is not None:
         parts.append(f"val top-1 {s['val_top1']:.2%}")
     if s["time_to_target_seconds"] is not None:
@@ -274,11 +353,15 @@ def rank_lines(s: dict) -> list[str]:
     st = s.get("stragglers")
     for r in st["slowest"] if st else ():
         if r["vs_median"] is not None and r["vs_median"] >= STRAGGLER_RATIO:
-            lines.append(f"straggler: rank {r['rank']} on {r['host']}, own work p50 {r['work_p50']:.3f} s "
-                         f"(compute {r['compute_p50']:.3f}, data {r['data_p50']:.3f}) against "
-                         f"{st['median_work_p50']:.3f} s median ({r['vs_median']:.1f}x)")
+            lines.append(
+                f"straggler: rank {r['rank']} on {r['host']}, own work p50 {r['work_p50']:.3f} s "
+                f"(compute {r['compute_p50']:.3f}, data {r['data_p50']:.3f}) against "
+                f"{st['median_work_p50']:.3f} s median ({r['vs_median']:.1f}x)"
+            )
     skipped = s.get("corrupt_skipped")
     if skipped and skipped["files"]:
-        lines.append(f"corrupt images skipped: {skipped['files']} file(s), replaced in {skipped['reads']} reads "
-                     "(data.on_corrupt = skip; each named in its rank's log)")
+        lines.append(
+            f"corrupt images skipped: {skipped['files']} file(s), replaced in {skipped['reads']} reads "
+            "(data.on_corrupt = skip; each named in its rank's log)"
+        )
     return lines

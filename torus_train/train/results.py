@@ -5,6 +5,7 @@ Works on a finished run, on one still in progress (no summary.json yet, a torn l
 failed. Every value used is checked (type and finiteness); a line or field that fails is left out and said in
 ``Run.skipped`` naming the file, the line and the field, so the plot shows what is there.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,22 +33,45 @@ def _figure(name: str, low: float | None = 0.0, high: float = MAX_FIGURE, option
     return Field(name, "number", -MAX_FIGURE if low is None else low, high, optional=optional)
 
 
-INTERVAL_FIELDS = (_count("step"), _count("epoch"), _count("global_batch", 1), _figure("lr"), _figure("loss", None),
-                   _figure("images_per_second"), _figure("data_time"), _figure("step_time"),
-                   _figure("wall_seconds"))
+INTERVAL_FIELDS = (
+    _count("step"),
+    _count("epoch"),
+    _count("global_batch", 1),
+    _figure("lr"),
+    _figure("loss", None),
+    _figure("images_per_second"),
+    _figure("data_time"),
+    _figure("step_time"),
+    _figure("wall_seconds"),
+)
 """A logging interval's line in metrics.jsonl and each field's type and range (train/report.py log_interval)."""
-EVAL_FIELDS = (_count("step"), _count("epoch"), _figure("top1", high=1.0), _figure("top5", high=1.0),
-               _figure("wall_seconds"), _figure("val_loss", None, optional=True))
-STAGE_FIELDS = (_count("step"), _count("epoch"), _count("stage"), _count("global_batch", 1),
-                _count("per_rank_batch", 1))
+EVAL_FIELDS = (
+    _count("step"),
+    _count("epoch"),
+    _figure("top1", high=1.0),
+    _figure("top5", high=1.0),
+    _figure("wall_seconds"),
+    _figure("val_loss", None, optional=True),
+)
+STAGE_FIELDS = (
+    _count("step"),
+    _count("epoch"),
+    _count("stage"),
+    _count("global_batch", 1),
+    _count("per_rank_batch", 1),
+)
 RANK_FIELDS = (_count("rank"), _figure("work_p50"), _figure("compute_p50"), _figure("data_p50"))
 """summary.json's per-rank rows (train/report.py gather_ranks): the rank's own work per step and its parts."""
 EVENTS = {None: INTERVAL_FIELDS, "eval": EVAL_FIELDS, "stage": STAGE_FIELDS}
 """metrics.jsonl's "event" field (None: a logging interval) -> the fields read from its lines."""
 EVENT_LISTS = {None: "intervals", "eval": "evals", "stage": "stages"}
-SUMMARY_FIELDS = (_count("steps"), _figure("wall_seconds"), _count("world_size", 1),
-                  Field("grid", "str", optional=True), Field("target_top1", "number", 0, 1, low_open=True,
-                                                             optional=True))
+SUMMARY_FIELDS = (
+    _count("steps"),
+    _figure("wall_seconds"),
+    _count("world_size", 1),
+    Field("grid", "str", optional=True),
+    Field("target_top1", "number", 0, 1, low_open=True, optional=True),
+)
 """What report reads from summary.json (nothing else of it is kept or written back)."""
 SHOWN_SKIPS = 5  # problems named one by one; the rest are counted
 
@@ -79,9 +103,18 @@ class Run:
 
     def figures(self) -> dict:
         """The figures the PNG shows, for --json."""
-        return {"out": str(self.out), "status": self.status, "target_top1": self.target,
-                "intervals": self.intervals, "evals": self.evals, "stages": self.stages, "ranks": self.ranks,
-                "summary": self.summary, "skipped_lines": self.skipped_lines, "skipped": self.skipped}
+        return {
+            "out": str(self.out),
+            "status": self.status,
+            "target_top1": self.target,
+            "intervals": self.intervals,
+            "evals": self.evals,
+            "stages": self.stages,
+            "ranks": self.ranks,
+            "summary": self.summary,
+            "skipped_lines": self.skipped_lines,
+            "skipped": self.skipped,
+        }
 
 
 def _failed(out: Path) -> bool:
@@ -298,12 +331,22 @@ def _xlabel(axis: str) -> str:
 
 
 def _loss(ax, run: Run, pos: dict, c, label, axis: str) -> None:
-    ax.plot(_x(run.intervals, pos, axis), [r["loss"] for r in run.intervals], color=c,
-            label=(f"{label}: " if label else "") + "train loss")
+    ax.plot(
+        _x(run.intervals, pos, axis),
+        [r["loss"] for r in run.intervals],
+        color=c,
+        label=(f"{label}: " if label else "") + "train loss",
+    )
     ev = [r for r in run.evals if "val_loss" in r]
     if ev:
-        ax.plot(_x(ev, pos, axis), [r["val_loss"] for r in ev], "o--", color=c, ms=4,
-                label=(f"{label}: " if label else "") + "val loss")
+        ax.plot(
+            _x(ev, pos, axis),
+            [r["val_loss"] for r in ev],
+            "o--",
+            color=c,
+            ms=4,
+            label=(f"{label}: " if label else "") + "val loss",
+        )
     ax.set_xlabel(_xlabel(axis))
     ax.set_ylabel("loss")
     ax.set_title(f"loss against {'epoch' if axis == 'epoch' else 'wall time'}")
@@ -312,16 +355,28 @@ def _loss(ax, run: Run, pos: dict, c, label, axis: str) -> None:
 
 def _top1(ax, run: Run, pos: dict, c, label, axis: str) -> None:
     if run.evals:
-        ax.plot(_x(run.evals, pos, axis), [100 * r["top1"] for r in run.evals], "o-", color=c,
-                label=(f"{label}: " if label else "") + "top-1")
-        ax.plot(_x(run.evals, pos, axis), [100 * r["top5"] for r in run.evals], ":", color=c, alpha=0.6,
-                label=(f"{label}: " if label else "") + "top-5")
+        ax.plot(
+            _x(run.evals, pos, axis),
+            [100 * r["top1"] for r in run.evals],
+            "o-",
+            color=c,
+            label=(f"{label}: " if label else "") + "top-1",
+        )
+        ax.plot(
+            _x(run.evals, pos, axis),
+            [100 * r["top5"] for r in run.evals],
+            ":",
+            color=c,
+            alpha=0.6,
+            label=(f"{label}: " if label else "") + "top-5",
+        )
     drawn = ax.__dict__.setdefault("_torus_targets", set())  # one line per target, however many runs share it
     if run.target and run.target not in drawn:
         drawn.add(run.target)
         ax.axhline(100 * run.target, color="grey", lw=0.8, ls="--")
-        ax.text(ax.get_xlim()[0], 100 * run.target, f" target {100 * run.target:g}%", va="bottom", fontsize=8,
-                color="grey")
+        ax.text(
+            ax.get_xlim()[0], 100 * run.target, f" target {100 * run.target:g}%", va="bottom", fontsize=8, color="grey"
+        )
     ax.set_xlabel(_xlabel(axis))
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title(f"top-1 against {'epoch' if axis == 'epoch' else 'wall time'}")
@@ -330,15 +385,23 @@ def _top1(ax, run: Run, pos: dict, c, label, axis: str) -> None:
 
 def _batch_lr(ax, lr, run: Run, pos: dict, c) -> None:
     """The global batch as steps from each stage's first step (stage events), the LR of every interval."""
-    points = sorted([(pos.get(st["step"], 0.0) if st["step"] else 0.0, st["global_batch"]) for st in run.stages]
-                    + [(pos[r["step"]], r["global_batch"]) for r in run.intervals])
+    points = sorted(
+        [(pos.get(st["step"], 0.0) if st["step"] else 0.0, st["global_batch"]) for st in run.stages]
+        + [(pos[r["step"]], r["global_batch"]) for r in run.intervals]
+    )
     if points:
         ax.step([p[0] for p in points], [p[1] for p in points], where="post", color=c, lw=2)
     for st in run.stages:
         x = pos.get(st["step"], 0.0) if st["step"] else 0.0
         ax.axvline(x, color=c, lw=0.6, alpha=0.5)
-        ax.annotate(f"stage {st['stage']}: {st['global_batch']}", (x, st["global_batch"]), fontsize=8,
-                    xytext=(3, 4), textcoords="offset points", color=c)
+        ax.annotate(
+            f"stage {st['stage']}: {st['global_batch']}",
+            (x, st["global_batch"]),
+            fontsize=8,
+            xytext=(3, 4),
+            textcoords="offset points",
+            color=c,
+        )
     ax.set_ylabel("global batch (solid)")
     ax.set_xlabel("epoch")
     ax.set_title("batch-size stages and learning rate")
@@ -349,8 +412,9 @@ def _batch_lr(ax, lr, run: Run, pos: dict, c) -> None:
 
 def _speed(ax, wait, run: Run, pos: dict, c, label) -> None:
     xs = [pos[r["step"]] for r in run.intervals]
-    ax.plot(xs, [r["images_per_second"] for r in run.intervals], color=c,
-            label=(f"{label}: " if label else "") + "images/s")
+    ax.plot(
+        xs, [r["images_per_second"] for r in run.intervals], color=c, label=(f"{label}: " if label else "") + "images/s"
+    )
     ax.set_xlabel("epoch")
     ax.set_ylabel("images/s over all ranks (solid)")
     ax.set_title("throughput and rank 0's data wait")
@@ -369,15 +433,33 @@ def _ranks(ax, runs: list[Run], colours, notes: list[str]) -> None:
         data = [1000 * r["data_p50"] for r in run.ranks]
         c = colours[i % len(colours)]
         ax.bar(xs, comp, width, color=c, label=f"{run.name}: compute" if len(runs) > 1 else "compute")
-        ax.bar(xs, data, width, bottom=comp, color=c, alpha=0.4, hatch="//",
-               label=f"{run.name}: data wait" if len(runs) > 1 else "data wait")
+        ax.bar(
+            xs,
+            data,
+            width,
+            bottom=comp,
+            color=c,
+            alpha=0.4,
+            hatch="//",
+            label=f"{run.name}: data wait" if len(runs) > 1 else "data wait",
+        )
     for run in runs:
         if not run.ranks:
-            notes.append(f"{run.name}: per-rank work left out ({run.status})" if run.summary is None
-                         else f"{run.name}: per-rank work left out (no usable rows in summary.json)")
+            notes.append(
+                f"{run.name}: per-rank work left out ({run.status})"
+                if run.summary is None
+                else f"{run.name}: per-rank work left out (no usable rows in summary.json)"
+            )
     if not shown:
-        ax.text(0.5, 0.5, "no per-rank figures: they are in summary.json,\nwritten when a run ends",
-                ha="center", va="center", transform=ax.transAxes, color="grey")
+        ax.text(
+            0.5,
+            0.5,
+            "no per-rank figures: they are in summary.json,\nwritten when a run ends",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            color="grey",
+        )
     ranks = sorted({r["rank"] for run in runs for r in run.ranks})
     if 0 < len(ranks) <= 16:
         ax.set_xticks([r + 0.4 - width / 2 for r in ranks], [str(r) for r in ranks])
@@ -407,8 +489,7 @@ def summary_lines(run: Run) -> list[str]:
     s = run.summary
     if s is not None:
         ranks = f"{s['world_size']} rank" + ("s" if s["world_size"] != 1 else "")
-        lines.append(f"{s['steps']} steps on {ranks} (grid {s.get('grid', '?')}), "
-                     f"{s['wall_seconds']:.1f} s")
+        lines.append(f"{s['steps']} steps on {ranks} (grid {s.get('grid', '?')}), {s['wall_seconds']:.1f} s")
     elif run.intervals:
         last = run.intervals[-1]
         lines.append(f"up to step {last['step']} (epoch {last['epoch'] + 1}), {last['wall_seconds']:.1f} s")
@@ -417,13 +498,17 @@ def summary_lines(run: Run) -> list[str]:
         lines.append(f"images/s: median {sorted(rates)[len(rates) // 2]:,.0f} over {len(rates)} intervals")
     if run.evals:
         best = max(run.evals, key=lambda r: r["top1"])
-        lines.append(f"top-1 last {100 * run.evals[-1]['top1']:.2f}% (epoch {run.evals[-1]['epoch'] + 1}), "
-                     f"best {100 * best['top1']:.2f}%")
+        lines.append(
+            f"top-1 last {100 * run.evals[-1]['top1']:.2f}% (epoch {run.evals[-1]['epoch'] + 1}), "
+            f"best {100 * best['top1']:.2f}%"
+        )
         if run.target:
             hit = next((r for r in run.evals if r["top1"] >= run.target), None)
             missed = "not reached" + (" yet" if run.status.startswith("no summary") else "")
-            lines.append(f"target {100 * run.target:g}%: " + (f"passed after epoch {hit['epoch'] + 1}, "
-                                                              f"{hit['wall_seconds']:.1f} s" if hit else missed))
+            lines.append(
+                f"target {100 * run.target:g}%: "
+                + (f"passed after epoch {hit['epoch'] + 1}, {hit['wall_seconds']:.1f} s" if hit else missed)
+            )
     return lines
 
 
@@ -435,6 +520,9 @@ def report(outs: list[str], png: str | None, json_path: str | None) -> tuple[lis
     if png:
         notes = plot(runs, png)
     if json_path:
-        write_json(json_path, {"runs": [r.figures() for r in runs],
-                               "skipped_lines": sum(r.skipped_lines for r in runs)}, WRITER)
+        write_json(
+            json_path,
+            {"runs": [r.figures() for r in runs], "skipped_lines": sum(r.skipped_lines for r in runs)},
+            WRITER,
+        )
     return runs, notes

@@ -1,5 +1,6 @@
 """Where a rank's training stands (Position, saved in checkpoints), what it trains with (RunState), and saving
 and resuming both."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -107,8 +108,13 @@ class RunState:
 def job_identity(spec: JobSpec) -> dict:
     """What makes a checkpoint this job's (saved in its manifest, compared on resume): the model, the optimizer
     whose state it holds, the data and seed that fix its sample order, and a fingerprint of these."""
-    ident = {"model.arch": spec.model.arch, "model.num_classes": spec.model.num_classes,
-             "optimizer.name": spec.optimizer.name, "data.source": spec.data.source, "job.seed": spec.job.seed}
+    ident = {
+        "model.arch": spec.model.arch,
+        "model.num_classes": spec.model.num_classes,
+        "optimizer.name": spec.optimizer.name,
+        "data.source": spec.data.source,
+        "job.seed": spec.job.seed,
+    }
     ident["fingerprint"] = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return ident
 
@@ -117,16 +123,25 @@ def checkpoint_state(rs: RunState) -> dict | None:
     """Gather every rank's RNG state to rank 0 (a gather, not an all-gather: rank 0 alone needs them); rank 0
     gets the full state to save (tensors and plain types only, so that it loads with weights_only=True), the
     others None."""
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
-           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+    rng = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
     every: list[Any] | None = [None] * dist.get_world_size() if rs.rank0 else None
     dist.gather_object(rng, every, dst=0)
     if not rs.rank0:
         return None
-    return {"model": rs.model.state_dict(), "optimizer": rs.optimizer.state_dict(),
-            "scaler": rs.scaler.state_dict() if rs.scaler else None, "position": vars(rs.pos).copy(),
-            "rng": every, "grid": str(rs.boot.grid), "world_size": rs.boot.info.world_size,
-            "spec": rs.spec.to_dict()}
+    return {
+        "model": rs.model.state_dict(),
+        "optimizer": rs.optimizer.state_dict(),
+        "scaler": rs.scaler.state_dict() if rs.scaler else None,
+        "position": vars(rs.pos).copy(),
+        "rng": every,
+        "grid": str(rs.boot.grid),
+        "world_size": rs.boot.info.world_size,
+        "spec": rs.spec.to_dict(),
+    }
 
 
 def save(rs: RunState, why: str) -> bool:
@@ -144,11 +159,20 @@ def save(rs: RunState, why: str) -> bool:
     failed = ""
     if rs.rank0:
         try:
-            pt = ckpt.save_checkpoint(rs.out / "checkpoints", rs.pos.global_step, state,
-                                      {"epoch": rs.pos.epoch, "step_in_epoch": rs.pos.step_in_epoch,
-                                       "world_size": rs.boot.info.world_size, "grid": str(rs.boot.grid),
-                                       "why": why, "job": job_identity(rs.spec)},
-                                      rs.spec.checkpoint.keep)
+            pt = ckpt.save_checkpoint(
+                rs.out / "checkpoints",
+                rs.pos.global_step,
+                state,
+                {
+                    "epoch": rs.pos.epoch,
+                    "step_in_epoch": rs.pos.step_in_epoch,
+                    "world_size": rs.boot.info.world_size,
+                    "grid": str(rs.boot.grid),
+                    "why": why,
+                    "job": job_identity(rs.spec),
+                },
+                rs.spec.checkpoint.keep,
+            )
             log.info("checkpoint %s (%s)", pt, why)
         except RunFailed as e:
             failed = str(e)
@@ -167,8 +191,10 @@ def save(rs: RunState, why: str) -> bool:
 def skipped_save(rs: RunState, why: str) -> None:
     """No checkpoint from inside a run of non-finite steps: a warning, or a failure at the end."""
     kept = ckpt.list_checkpoints(rs.out / "checkpoints") if rs.rank0 else []
-    text = (f"the last {rs.nonfinite_in_a_row} step(s) had non-finite loss or gradients: no checkpoint at step "
-            f"{rs.pos.global_step} ({why})" + (f"; the checkpoint at step {kept[0][0]} is kept" if kept else ""))
+    text = (
+        f"the last {rs.nonfinite_in_a_row} step(s) had non-finite loss or gradients: no checkpoint at step "
+        f"{rs.pos.global_step} ({why})" + (f"; the checkpoint at step {kept[0][0]} is kept" if kept else "")
+    )
     if why == "end of training":
         raise RunFailed(text)
     log.warning("%s", text)
@@ -176,8 +202,9 @@ def skipped_save(rs: RunState, why: str) -> None:
         rs.progress.say(text)
 
 
-def agree_on_checkpoint(folder: Path, rank: int, local_rank: int, world_size: int,
-                        device: Any = "cpu") -> ckpt.CheckpointRef | None:
+def agree_on_checkpoint(
+    folder: Path, rank: int, local_rank: int, world_size: int, device: Any = "cpu"
+) -> ckpt.CheckpointRef | None:
     """Choose the checkpoint to resume from, verified once per node; every rank gets the same answer.
 
     1. Each node's leader (local rank 0) lists the manifests and verifies the newest intact checkpoint (size and
@@ -205,8 +232,10 @@ def agree_on_checkpoint(folder: Path, rank: int, local_rank: int, world_size: in
     first = torch.tensor([rank if differs else world_size], dtype=torch.int64, device=device)  # NCCL: on the GPU
     dist.all_reduce(first, op=dist.ReduceOp.MIN)
     if int(first.item()) < world_size:
-        raise RunFailed(f"resume: the node of rank {int(first.item())} does not see the checkpoint rank 0 chose "
-                        f"({chosen}); is OUT/checkpoints on a file system every node shares?")
+        raise RunFailed(
+            f"resume: the node of rank {int(first.item())} does not see the checkpoint rank 0 chose "
+            f"({chosen}); is OUT/checkpoints on a file system every node shares?"
+        )
     return ckpt.ref_from_verdict(folder, chosen, data[0] if data else None)
 
 
@@ -221,8 +250,10 @@ def node_members(rank: int, local_rank: int, local_world_size: int, device: Any 
     nodes: dict[int, list[int]] = {}
     for r, (first, _) in enumerate(table):
         nodes.setdefault(first, []).append(r)
-    if any(ranks != list(range(first, first + table[first][1])) if 0 <= first < len(table) else True
-           for first, ranks in nodes.items()):
+    if any(
+        ranks != list(range(first, first + table[first][1])) if 0 <= first < len(table) else True
+        for first, ranks in nodes.items()
+    ):
         return None
     return nodes[rank - local_rank]
 
@@ -237,8 +268,7 @@ def hand_to_node(ref: ckpt.CheckpointRef, info, device: Any = "cpu") -> ckpt.Che
         return ref
     if len(members) == 1:
         return ref
-    group = (None if len(members) == info.world_size
-             else dist.new_group(members, use_local_synchronization=True))
+    group = None if len(members) == info.world_size else dist.new_group(members, use_local_synchronization=True)
     size = int(ref.manifest["bytes"])
     if ref.data is not None:
         buf = torch.frombuffer(bytearray(ref.data), dtype=torch.uint8).to(device)
@@ -273,9 +303,15 @@ def resume(rs: RunState, regrid: bool = False) -> bool:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise RunFailed(f"checkpoint {ref.path} does not fit this job ({first})") from None
     restore_rng(state.get("rng") or [], rs.boot.info.rank, rs.boot.info.world_size)
-    log.info("resumed from %s: epoch %d, step %d; %d bytes read from checkpoint files by this rank, %.3f s in "
-             "the checkpoint path", ref.path, rs.pos.epoch, rs.pos.global_step, ckpt.BYTES_READ[0] - read0,
-             time.perf_counter() - t0)
+    log.info(
+        "resumed from %s: epoch %d, step %d; %d bytes read from checkpoint files by this rank, %.3f s in "
+        "the checkpoint path",
+        ref.path,
+        rs.pos.epoch,
+        rs.pos.global_step,
+        ckpt.BYTES_READ[0] - read0,
+        time.perf_counter() - t0,
+    )
     if moved and rs.rank0:
         rs.progress.say(moved)
     if rs.rank0:
@@ -294,25 +330,35 @@ def check_identity(ref: ckpt.CheckpointRef, rs: RunState, regrid: bool) -> str:
     elif not isinstance(saved, dict):
         raise RunFailed(f"resume: the manifest of {name} is malformed (job is not an object)")
     elif saved.get("fingerprint") != here["fingerprint"]:
-        diff = [f"{k} {here[k]!r} here, {saved.get(k)!r} in the checkpoint" for k in here
-                if k != "fingerprint" and saved.get(k) != here[k]]
-        raise RunFailed(f"resume: {rs.out / 'checkpoints' / name} is from another job "
-                        f"({'; '.join(diff) or 'another fingerprint'}); use another --out, or run without --resume")
+        diff = [
+            f"{k} {here[k]!r} here, {saved.get(k)!r} in the checkpoint"
+            for k in here
+            if k != "fingerprint" and saved.get(k) != here[k]
+        ]
+        raise RunFailed(
+            f"resume: {rs.out / 'checkpoints' / name} is from another job "
+            f"({'; '.join(diff) or 'another fingerprint'}); use another --out, or run without --resume"
+        )
     world, grid = rs.boot.info.world_size, str(rs.boot.grid)
     if (m.get("world_size"), m.get("grid")) in ((world, grid), (None, None)):
         return ""
     was = f"grid {m.get('grid')} ({m.get('world_size')} ranks)"
     if not regrid:
-        raise RunFailed(f"resume: {name} was written on {was}, this job runs on grid {grid} ({world} ranks); "
-                        f"resume it on its own grid (--grid {m.get('grid')})")
-    return (f"resuming step {m['step']} of {was} on grid {grid} ({world} ranks): the global batch stays, "
-            "the per-rank batch and the RNG streams change")
+        raise RunFailed(
+            f"resume: {name} was written on {was}, this job runs on grid {grid} ({world} ranks); "
+            f"resume it on its own grid (--grid {m.get('grid')})"
+        )
+    return (
+        f"resuming step {m['step']} of {was} on grid {grid} ({world} ranks): the global batch stays, "
+        "the per-rank batch and the RNG streams change"
+    )
 
 
 def restore_rng(rng: list, rank: int, world_size: int) -> None:
     if len(rng) != world_size:
-        log.warning("resume: checkpoint was written by %d ranks, this job has %d; RNG states start fresh",
-                    len(rng), world_size)
+        log.warning(
+            "resume: checkpoint was written by %d ranks, this job has %d; RNG states start fresh", len(rng), world_size
+        )
         return
     mine = rng[rank]
     torch.set_rng_state(mine["torch"])

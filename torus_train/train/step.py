@@ -1,4 +1,5 @@
 """One optimizer step, evaluation, and the replica check (collectives every rank calls alike)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -81,8 +82,9 @@ def step_body(rs, images, labels, accumulation: int) -> torch.Tensor:
         # the exchange runs on the last micro-batch only; the others accumulate locally
         with dp.no_sync() if i < accumulation - 1 else contextlib.nullcontext():
             # no autocast cache: a cast weight cached across a capture's boundary would be a stale tensor
-            with torch.autocast(x.device.type, dtype=rs.amp_dtype, enabled=rs.amp_dtype is not None,
-                                cache_enabled=False):
+            with torch.autocast(
+                x.device.type, dtype=rs.amp_dtype, enabled=rs.amp_dtype is not None, cache_enabled=False
+            ):
                 loss = rs.loss_fn(dp(x), y) / accumulation
             (rs.scaler.scale(loss) if rs.scaler else loss).backward()
         total += loss.detach().float()
@@ -127,12 +129,18 @@ def check_nonfinite(rs) -> None:
     rs.skipped_steps, rs.nonfinite_in_a_row = total, now
     limit = rs.spec.job.max_nonfinite_steps
     if reached:
-        raise RunFailed(f"{limit} steps in a row had non-finite loss or gradients (steps {reached - limit + 1}-"
-                        f"{reached}, skipped on every rank; job.max_nonfinite_steps = {limit}); nothing was saved "
-                        "from them; lower the LR")
+        raise RunFailed(
+            f"{limit} steps in a row had non-finite loss or gradients (steps {reached - limit + 1}-"
+            f"{reached}, skipped on every rank; job.max_nonfinite_steps = {limit}); nothing was saved "
+            "from them; lower the LR"
+        )
     if new > 0:
-        log.warning("%d step(s) with non-finite gradients skipped on every rank by step %d (the last at step %d)",
-                    new, rs.pos.global_step, last)
+        log.warning(
+            "%d step(s) with non-finite gradients skipped on every rank by step %d (the last at step %d)",
+            new,
+            rs.pos.global_step,
+            last,
+        )
 
 
 def sync_buffers(model: nn.Module) -> None:
@@ -153,9 +161,15 @@ def evaluate(model: nn.Module, loader, amp_dtype) -> dict:
             logits, labels = logits[keep].float(), labels[keep]
             top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
             hit = top5 == labels[:, None]
-            counts += torch.tensor([hit[:, 0].sum().item(), hit.any(1).sum().item(), labels.numel(),
-                                    nn.functional.cross_entropy(logits, labels, reduction="sum").item()
-                                    if labels.numel() else 0.0], dtype=torch.float64)
+            counts += torch.tensor(
+                [
+                    hit[:, 0].sum().item(),
+                    hit.any(1).sum().item(),
+                    labels.numel(),
+                    nn.functional.cross_entropy(logits, labels, reduction="sum").item() if labels.numel() else 0.0,
+                ],
+                dtype=torch.float64,
+            )
     model.train()
     counts = counts.to(next(model.parameters()).device)
     dist.all_reduce(counts)
@@ -173,8 +187,15 @@ def param_digest(model: nn.Module) -> str:
 
 
 _MASK = (1 << 62) - 1  # digests stay positive and negatable in int64 (one all-reduce of v and -v)
-CHECKED = ("parameters", "parameters", "non-finite parameters", "global step", "epoch", "step in epoch",
-           "images consumed")
+CHECKED = (
+    "parameters",
+    "parameters",
+    "non-finite parameters",
+    "global step",
+    "epoch",
+    "step in epoch",
+    "images consumed",
+)
 
 
 def bit_digest(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -211,8 +232,7 @@ def replica_vector(model: nn.Module, pos, buffers: bool) -> torch.Tensor:
     digest = bit_digest(tensors) & _MASK
     device = digest.device
     bad = (~all_finite(tensors)).to(torch.int64).reshape(1).to(device)
-    where = torch.tensor([pos.global_step, pos.epoch, pos.step_in_epoch, pos.images], dtype=torch.int64,
-                         device=device)
+    where = torch.tensor([pos.global_step, pos.epoch, pos.step_in_epoch, pos.images], dtype=torch.int64, device=device)
     return torch.cat([digest, bad, where])
 
 
@@ -224,7 +244,7 @@ def check_replicas(rs, when: str, buffers: bool = False) -> None:
     v = replica_vector(rs.model, rs.pos, buffers)
     both = torch.cat([v, -v])
     dist.all_reduce(both, op=dist.ReduceOp.MIN)
-    low, high = both[: len(v)], -both[len(v):]
+    low, high = both[: len(v)], -both[len(v) :]
     differ = (low != high).tolist()
     step = rs.pos.global_step
     if any(differ):
@@ -234,14 +254,17 @@ def check_replicas(rs, when: str, buffers: bool = False) -> None:
         usual = Counter(rows).most_common(1)[0][0]
         odd = [r for r, row in enumerate(rows) if row != usual]
         what = sorted({CHECKED[i] for i, d in enumerate(differ) if d}, key=CHECKED.index)
-        raise RunFailed(f"replicas differ at step {step} ({when}): rank(s) {_ranks(odd)} disagree with the "
-                        f"other {len(rows) - len(odd)} in {', '.join(what)}; nothing was saved")
+        raise RunFailed(
+            f"replicas differ at step {step} ({when}): rank(s) {_ranks(odd)} disagree with the "
+            f"other {len(rows) - len(odd)} in {', '.join(what)}; nothing was saved"
+        )
     if int(high[2].item()):
-        raise RunFailed(f"parameters are non-finite at step {step} ({when}) on every rank; nothing was saved; "
-                        "lower the LR or check the optimizer settings")
+        raise RunFailed(
+            f"parameters are non-finite at step {step} ({when}) on every rank; nothing was saved; "
+            "lower the LR or check the optimizer settings"
+        )
 
 
 def _ranks(ranks: list[int], limit: int = 16) -> str:
     text = ", ".join(map(str, ranks[:limit]))
     return text + (f" and {len(ranks) - limit} more" if len(ranks) > limit else "")
-

@@ -1,4 +1,5 @@
 """A stop request from a signal, handed by the worker to the training loop (no torch import)."""
+
 from __future__ import annotations
 
 from torus_train.errors import RunFailed

@@ -13,6 +13,7 @@ the torus hook) with the autocast dtype and loss scaler of a precision forced on
 the step in progress; steps at which the loop reads on purpose (a logging interval, a replica check, a
 checkpoint) are counted apart.
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,8 +29,19 @@ from torus_train.train import loop
 from torus_train.train.stop import StopRequest
 
 # ops that read a device value on the host: a scalar, or an output whose size depends on the values
-HOST_READ_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "equal", "is_nonzero", "allclose", "_unique",
-                 "_unique2", "unique_dim", "unique_consecutive", "repeat_interleave")
+HOST_READ_OPS = (
+    "_local_scalar_dense",
+    "nonzero",
+    "masked_select",
+    "equal",
+    "is_nonzero",
+    "allclose",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "repeat_interleave",
+)
 # indexing with a boolean mask: the output's size is the mask's count (a nonzero below the dispatcher)
 MASK_INDEX_OPS = ("index", "index_put", "index_put_", "_index_put_impl_")
 # Tensor methods that read to the host without reaching the dispatcher for CPU tensors
@@ -49,19 +61,27 @@ def _has_mask(args) -> bool:
 
 def _to_host(name: str, args, kwargs) -> bool:
     """A blocking copy of a device tensor into host memory (``.cpu()``, ``.to("cpu")``, ``cpu_t.copy_(cuda_t)``)."""
+
     def on_device(t) -> bool:
         return isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "meta")
+
     if name == "_to_copy":
         target = kwargs.get("device")
         return bool(args) and on_device(args[0]) and target is not None and torch.device(target).type == "cpu"
-    return (len(args) > 1 and isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu"
-            and on_device(args[1]) and not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)))
+    return (
+        len(args) > 1
+        and isinstance(args[0], torch.Tensor)
+        and args[0].device.type == "cpu"
+        and on_device(args[1])
+        and not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+    )
 
 
 def _caller() -> str:
     """The innermost torus_train frame (or the first outside torch) that caused the read."""
-    frames = [f for f in traceback.extract_stack()[:-3] if "/torch/" not in f.filename
-              and "train/syncs.py" not in f.filename]
+    frames = [
+        f for f in traceback.extract_stack()[:-3] if "/torch/" not in f.filename and "train/syncs.py" not in f.filename
+    ]
     if not frames:
         return "?"
     f = frames[-1]
@@ -91,8 +111,11 @@ class SyncCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = _op_name(func)
-        if (name in HOST_READ_OPS or (name in MASK_INDEX_OPS and _has_mask(args))
-                or (name in ("_to_copy", "copy_") and _to_host(name, args, kwargs or {}))):
+        if (
+            name in HOST_READ_OPS
+            or (name in MASK_INDEX_OPS and _has_mask(args))
+            or (name in ("_to_copy", "copy_") and _to_host(name, args, kwargs or {}))
+        ):
             self._record(f"aten::{name}")
         return func(*args, **(kwargs or {}))
 
@@ -154,17 +177,24 @@ def count_loop_syncs(spec, boot, out, precision: str, warmup: int = 1) -> dict:
         def train_step(rs_, *a, **k):
             step_of["now"] = rs_.pos.global_step + 1
             return original(rs_, *a, **k)
+
         return train_step
 
     def on_purpose(original):
         def reads(rs_, *a, **k):
             interval.add(step_of["now"])
             return original(rs_, *a, **k)
+
         return reads
 
     counter.on_read = on_read
-    with _patched(loop, "train_step", step_starts), _patched(loop, "log_interval", on_purpose), \
-            _patched(loop, "check_replicas", on_purpose), _patched(loop, "save", on_purpose), counter:
+    with (
+        _patched(loop, "train_step", step_starts),
+        _patched(loop, "log_interval", on_purpose),
+        _patched(loop, "check_replicas", on_purpose),
+        _patched(loop, "save", on_purpose),
+        counter,
+    ):
         loop.switch_stage(rs, 0)
         loop.run_epoch(rs, 0)
     rs.loader.close()
@@ -172,5 +202,9 @@ def count_loop_syncs(spec, boot, out, precision: str, warmup: int = 1) -> dict:
         rs.ddp.torus_hook_state.close()
     counted = [s for s in range(warmup + 1, rs.pos.global_step + 1) if s not in interval]
     where = sum((per_step.get(s, Counter()) for s in counted), Counter())
-    return {"steps": len(counted), "syncs": sum(where.values()), "interval_steps": sorted(interval),
-            "where": dict(where)}
+    return {
+        "steps": len(counted),
+        "syncs": sum(where.values()),
+        "interval_steps": sorted(interval),
+        "where": dict(where),
+    }

@@ -10,6 +10,7 @@ for the slowest rank. CPU: time.perf_counter in the hook. CUDA: one event re-rec
 the hooks on the current stream, read with the step's start event at the logging interval (no host sync per
 step). Kept per step on the host (two floats); reduced to percentiles once, at the end.
 """
+
 from __future__ import annotations
 
 import time

@@ -5,6 +5,7 @@ take longer than a step, and every rank waits for rank 0 at the next collective.
 one writer thread (lines keep their order) and returns; ``flush`` waits until everything handed over is written
 and raises the first error of a write (a full disk), so that the loop reports it where it reads files or ends.
 """
+
 from __future__ import annotations
 
 import queue

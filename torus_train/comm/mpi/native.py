@@ -13,6 +13,7 @@ fails (no mpicc, no compiler, another MPI) leaves the Python replay in place and
 (None, reason). TORUS_TRAIN_NATIVE=0 turns it off; TORUS_TRAIN_MPICC names the compiler wrapper (default:
 mpicc on PATH).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -36,10 +37,18 @@ MAX_COMMS, MAX_REQS = 4, 256
 
 
 class Op(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_int32), ("comm", ctypes.c_int32), ("dtype", ctypes.c_int32),
-                ("peer", ctypes.c_int32), ("src", ctypes.c_int32), ("tag", ctypes.c_int32),
-                ("count", ctypes.c_int64), ("count2", ctypes.c_int64),
-                ("a", ctypes.c_void_p), ("b", ctypes.c_void_p)]
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("comm", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("peer", ctypes.c_int32),
+        ("src", ctypes.c_int32),
+        ("tag", ctypes.c_int32),
+        ("count", ctypes.c_int64),
+        ("count2", ctypes.c_int64),
+        ("a", ctypes.c_void_p),
+        ("b", ctypes.c_void_p),
+    ]
 
 
 _loaded: tuple | None = None
@@ -65,8 +74,9 @@ def _load(mpi_version: str) -> tuple[ctypes.CDLL | None, str]:
     if mpicc is None:
         return None, "native replay unavailable: no mpicc on PATH (set TORUS_TRAIN_MPICC)"
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, mpi_version.encode(), os.path.realpath(mpicc).encode(),
-                                      platform.machine().encode()])).hexdigest()[:16]
+    key = hashlib.sha256(
+        b"\0".join([source, mpi_version.encode(), os.path.realpath(mpicc).encode(), platform.machine().encode()])
+    ).hexdigest()[:16]
     try:
         folder, note = trusted_folder()
         lib_path = folder / f"torus_native_{key}.so"
@@ -123,8 +133,13 @@ def _build(mpicc: str, lib_path: Path) -> None:
         if lib_path.exists():
             return
         tmp = lib_path.with_name(f"{lib_path.name}.{os.getpid()}.tmp")
-        proc = subprocess.run([mpicc, "-O3", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)],
-                              check=False, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [mpicc, "-O3", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             raise OSError(f"{mpicc} failed: {(proc.stderr or proc.stdout).strip()}")

@@ -10,6 +10,7 @@ one needs (figures in docs/comm.md). Half types travel as 16-bit words; sums of 
 float32 and round once, in the row (torus_train.comm.arith) and in the column (a user-defined MPI operation:
 MPI has no standard float16/bfloat16 sum).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -32,6 +33,7 @@ _INT_MAX = 2**31 - 1  # MPI counts are C ints
 
 def _MPI():
     from mpi4py import MPI
+
     return MPI  # (a module-level import would make importing this module start MPI)
 
 
@@ -60,7 +62,7 @@ class _Buf:
 
     def __init__(self, values: np.ndarray, wire: np.ndarray, dtype: torch.dtype, op):
         self.values = values  # as torus_train.comm.arith.as_numpy gives it (bfloat16 as uint16 words)
-        self.wire = wire      # what MPI moves: 16-bit types as raw words (mpi4py knows no float16 datatype)
+        self.wire = wire  # what MPI moves: 16-bit types as raw words (mpi4py knows no float16 datatype)
         self.dtype = dtype
         self.op = op
         self.plans: dict = {}  # slices, and each algorithm's recorded steps (see MpiGrid.run)
@@ -91,14 +93,15 @@ def _words(a: np.ndarray) -> np.ndarray:
 
 class _Step(NamedTuple):
     """One recorded operation: an MPI call on communicator `comm` (0 world, 1 row, 2 column) or a local add."""
-    kind: int           # torus_train.comm.mpi.native's op kinds, or _HALF_ADD
+
+    kind: int  # torus_train.comm.mpi.native's op kinds, or _HALF_ADD
     comm: int = 0
     a: np.ndarray | None = None  # what is sent / reduced in place / added to (None: MPI_IN_PLACE at a root)
     b: np.ndarray | None = None  # what is received / the addend
-    peer: int = 0       # destination or root
+    peer: int = 0  # destination or root
     src: int = 0
     tag: int = 0
-    op: object = None   # the MPI op of a reduction
+    op: object = None  # the MPI op of a reduction
     summands: tuple = ()  # _HALF_ADD: the addends, in order
     dtype: torch.dtype | None = None
 
@@ -125,8 +128,10 @@ class MpiGrid:
         MPI = _MPI()
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         if self.comm.Get_size() != grid.size:
-            raise UserError(f"grid {grid.x}x{grid.y} = {grid.size} ranks but mpirun started "
-                            f"{self.comm.Get_size()}; use -np {grid.size} or another --grid")
+            raise UserError(
+                f"grid {grid.x}x{grid.y} = {grid.size} ranks but mpirun started "
+                f"{self.comm.Get_size()}; use -np {grid.size} or another --grid"
+            )
         self.grid = grid
         self.rank = self.comm.Get_rank()
         self.row, self.col = grid.position(self.rank)
@@ -142,9 +147,12 @@ class MpiGrid:
             self.native, why = N.load(MPI.Get_library_version())
             if native and self.native is None:
                 raise ValueError(why)
-        self.notes: list[str] = ["rows: MPI point-to-point (pairwise exchange); columns: MPI_Allreduce",
-                                 f"replay: C for float32/float64 ({why}), Python for half types" if self.native
-                                 else f"replay: Python; {why}"]
+        self.notes: list[str] = [
+            "rows: MPI point-to-point (pairwise exchange); columns: MPI_Allreduce",
+            f"replay: C for float32/float64 ({why}), Python for half types"
+            if self.native
+            else f"replay: Python; {why}",
+        ]
 
     # --- the transport contract (torus_train.comm.transport.Transport) ------------------------------
     def buffer(self, tensor: torch.Tensor) -> _Buf:
@@ -213,6 +221,7 @@ class MpiGrid:
             rc = run(arr, n, fcomms, nc)
             if rc:
                 raise RuntimeError(f"native all-reduce replay failed: {_error_string(rc)}")
+
         return call
 
     def _python_calls(self, steps) -> list:
@@ -265,9 +274,9 @@ class MpiGrid:
         a, b = bounds[me]
         n = b - a
         work = np.empty((x - 1) * n, dtype=buf.values.dtype)  # held by the steps, so by the cached buffer
-        summands = [work[i * n:(i + 1) * n] for i in range(x - 1)]  # [k - 1]: from member (me - k) % x
+        summands = [work[i * n : (i + 1) * n] for i in range(x - 1)]  # [k - 1]: from member (me - k) % x
         recvs = [((me - k) % x, _words(summands[k - 1])) for k in range(1, x)]
-        sends = [((me + k) % x, buf.wire[bounds[(me + k) % x][0]:bounds[(me + k) % x][1]]) for k in range(1, x)]
+        sends = [((me + k) % x, buf.wire[bounds[(me + k) % x][0] : bounds[(me + k) % x][1]]) for k in range(1, x)]
         self._exchange(sends, recvs, _TAG_RS)
         if n:  # add in a fixed order, so the sum does not depend on which message arrived first
             mine = buf.values[a:b]
@@ -281,7 +290,7 @@ class MpiGrid:
         me, x, w = self.col, self.grid.x, buf.wire
         a, b = bounds[me]
         peers = [(me + k) % x for k in range(1, x)]
-        self._exchange([(q, w[a:b]) for q in peers], [(q, w[bounds[q][0]:bounds[q][1]]) for q in peers], _TAG_AG)
+        self._exchange([(q, w[a:b]) for q in peers], [(q, w[bounds[q][0] : bounds[q][1]]) for q in peers], _TAG_AG)
 
     def _exchange(self, sends, recvs, tag) -> None:
         """Send each (peer, words) of `sends` and receive each of `recvs` along the row, all at once."""
@@ -289,9 +298,11 @@ class MpiGrid:
             (dst, out), (src, into) = sends[0], recvs[0]
             self._emit(_Step(N.SENDRECV, 1, out, into, peer=dst, src=src, tag=tag))
             return
-        self._emit(*[_Step(N.IRECV, 1, b=w, src=src, tag=tag) for src, w in recvs],
-                   *[_Step(N.ISEND, 1, a=w, peer=dst, tag=tag) for dst, w in sends],
-                   _Step(N.WAITALL, 1))
+        self._emit(
+            *[_Step(N.IRECV, 1, b=w, src=src, tag=tag) for src, w in recvs],
+            *[_Step(N.ISEND, 1, a=w, peer=dst, tag=tag) for dst, w in sends],
+            _Step(N.WAITALL, 1),
+        )
 
     def row_reduce_to_leader(self, buf: _Buf) -> None:
         if self.col == 0:
@@ -324,11 +335,20 @@ def _native_ops(steps: list[_Step]) -> list | None:
         open_reqs = 0 if s.kind == N.WAITALL else open_reqs + (s.kind in (N.ISEND, N.IRECV))
         if open_reqs > N.MAX_REQS:
             return None
-        ops.append(N.Op(s.kind, s.comm, codes[arrays[0].dtype] if arrays else 0, s.peer, s.src, s.tag,
-                        s.a.shape[0] if s.a is not None else (s.b.shape[0] if s.b is not None else 0),
-                        s.b.shape[0] if s.b is not None else 0,
-                        s.a.ctypes.data if s.a is not None else None,
-                        s.b.ctypes.data if s.b is not None else None))
+        ops.append(
+            N.Op(
+                s.kind,
+                s.comm,
+                codes[arrays[0].dtype] if arrays else 0,
+                s.peer,
+                s.src,
+                s.tag,
+                s.a.shape[0] if s.a is not None else (s.b.shape[0] if s.b is not None else 0),
+                s.b.shape[0] if s.b is not None else 0,
+                s.a.ctypes.data if s.a is not None else None,
+                s.b.ctypes.data if s.b is not None else None,
+            )
+        )
     return ops
 
 

@@ -8,12 +8,12 @@ launch plan and a rank's reading of its own place all come from here.
 
 To add one, see docs/extending.md ("Adding a launcher").
 """
+
 from __future__ import annotations
 
 from typing import Iterator, Mapping
 
-from torus_train.job.launchers.base import (Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars,
-                                            threads_per_rank)
+from torus_train.job.launchers.base import Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars, threads_per_rank
 from torus_train.job.launchers.local import Local
 from torus_train.job.launchers.mpirun import Mpirun
 from torus_train.job.launchers.srun import Srun
@@ -85,5 +85,20 @@ def source_launcher(source: str) -> Launcher | None:
     return next((e for e, v in rank_sources() if v.source == source), None)
 
 
-__all__ = ["AUTO", "LAUNCHERS", "Launcher", "LaunchError", "LaunchPlan", "PlanRequest", "RankVars", "choices",
-           "choose", "entry", "launched_by", "rank_sources", "read_rank", "source_launcher", "threads_per_rank"]
+__all__ = [
+    "AUTO",
+    "LAUNCHERS",
+    "Launcher",
+    "LaunchError",
+    "LaunchPlan",
+    "PlanRequest",
+    "RankVars",
+    "choices",
+    "choose",
+    "entry",
+    "launched_by",
+    "rank_sources",
+    "read_rank",
+    "source_launcher",
+    "threads_per_rank",
+]

@@ -8,6 +8,7 @@ ranks (`build`), how a process recognises that it is one of its ranks and reads 
 blame for a failure (`culprit`). Of the planning methods only `hosts` reads a file (a hostfile or node file);
 the others are functions of their arguments, which the tests check argv for argv. No torch import.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -190,21 +191,25 @@ class Launcher:
         """Ranks per node when grid.gpus_per_node is 0: the slots of the first host."""
         return hosts[0].slots
 
-    def check_capacity(self, grid: Grid, hosts: list[Host], hostfile: str, local_gpus: int,
-                       cpu_count: int) -> None:
+    def check_capacity(self, grid: Grid, hosts: list[Host], hostfile: str, local_gpus: int, cpu_count: int) -> None:
         """Refuse a grid whose ranks cannot all get a slot, saying how to fit it."""
         n, where = grid.size, hostfile or self.allocation
         have = total_slots(hosts)
         if have < n:
-            raise HostsError(f"{where} offers {have} slots on {len(hosts)} hosts but the job needs {n} ranks "
-                             f"(grid {grid}); add hosts or lower --gpus")
+            raise HostsError(
+                f"{where} offers {have} slots on {len(hosts)} hosts but the job needs {n} ranks "
+                f"(grid {grid}); add hosts or lower --gpus"
+            )
         small = [h for h in hosts[: grid.nodes] if h.slots < grid.gpus_per_node]
         if small:
-            raise HostsError(f"{where}: host {small[0].name} offers {small[0].slots} slots but gpus_per_node is "
-                             f"{grid.gpus_per_node}; ranks are placed {grid.gpus_per_node} per node")
+            raise HostsError(
+                f"{where}: host {small[0].name} offers {small[0].slots} slots but gpus_per_node is "
+                f"{grid.gpus_per_node}; ranks are placed {grid.gpus_per_node} per node"
+            )
 
-    def threads(self, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int,
-                all_local: bool) -> tuple[int, str]:
+    def threads(
+        self, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int, all_local: bool
+    ) -> tuple[int, str]:
         """(threads per rank, where that number came from): this machine's usable CPUs shared among its ranks
         when every host is this one, else DEFAULT_THREADS."""
         if all_local:
@@ -220,11 +225,29 @@ class Launcher:
         or None when they do not say."""
         return None
 
-    def plan(self, req: PlanRequest, argv: list[str], env: dict[str, str], *, hosts: list[Host] | None = None,
-             rank_env: list[dict[str, str]] | None = None, notes: list[str] | None = None) -> LaunchPlan:
+    def plan(
+        self,
+        req: PlanRequest,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        hosts: list[Host] | None = None,
+        rank_env: list[dict[str, str]] | None = None,
+        notes: list[str] | None = None,
+    ) -> LaunchPlan:
         """The LaunchPlan of this launcher for `req` (what `build` returns)."""
-        return LaunchPlan(self.name, req.why, req.grid, req.used if hosts is None else hosts, argv, env,
-                          rank_env or [], req.hostfile, notes or [], self)
+        return LaunchPlan(
+            self.name,
+            req.why,
+            req.grid,
+            req.used if hosts is None else hosts,
+            argv,
+            env,
+            rank_env or [],
+            req.hostfile,
+            notes or [],
+            self,
+        )
 
     def command_text(self, plan: LaunchPlan) -> str:
         """The plan's command as a shell line, its environment in front."""

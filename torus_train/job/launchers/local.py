@@ -3,6 +3,7 @@
 Each rank gets RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT, the variables
 torchrun sets, so a rank cannot tell the two apart and needs nothing else to find rank 0.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,27 +41,45 @@ class Local(Launcher):
     def default_per_node(self, world: int, hosts: list[Host]) -> int:
         return world
 
-    def check_capacity(self, grid: Grid, hosts: list[Host], hostfile: str, local_gpus: int,
-                       cpu_count: int) -> None:
+    def check_capacity(self, grid: Grid, hosts: list[Host], hostfile: str, local_gpus: int, cpu_count: int) -> None:
         n = grid.size
         limit = local_gpus if local_gpus else max(MAX_LOCAL_CPU_RANKS, cpu_count)
         if n <= limit:
             return
-        elsewhere = (f"to launch grid {grid} pass --hostfile FILE ('host slots=K' per node, e.g. K=4 for "
-                     f"{math.ceil(n / 4)} nodes; mpirun), submit from inside a Slurm or PBS job (scripts/slurm/, "
-                     "scripts/pbs/), or add --dry-run to only print the plan")
+        elsewhere = (
+            f"to launch grid {grid} pass --hostfile FILE ('host slots=K' per node, e.g. K=4 for "
+            f"{math.ceil(n / 4)} nodes; mpirun), submit from inside a Slurm or PBS job (scripts/slurm/, "
+            "scripts/pbs/), or add --dry-run to only print the plan"
+        )
         if local_gpus:  # NCCL runs one rank per GPU: two ranks on one device fail ("Duplicate GPU detected")
-            raise LaunchError(f"{n} ranks do not fit on this machine ({local_gpus} GPU(s), one rank each); to run "
-                              f"them here as CPU ranks pass --backend gloo, {elsewhere}")
+            raise LaunchError(
+                f"{n} ranks do not fit on this machine ({local_gpus} GPU(s), one rank each); to run "
+                f"them here as CPU ranks pass --backend gloo, {elsewhere}"
+            )
         raise LaunchError(f"{n} ranks do not fit on this machine (no GPU: at most {limit} CPU ranks); {elsewhere}")
 
     def build(self, req: PlanRequest) -> LaunchPlan:
         n = req.grid.size
         threads, _ = self.threads(req.environ, n, req.cpu_count, True)
-        rank_env = [{"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n),
-                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(req.port)} for r in range(n)]
-        return self.plan(req, req.command, {"OMP_NUM_THREADS": str(threads), **req.env},
-                         hosts=[Host("localhost", n)], rank_env=rank_env, notes=self.notes(n, req.local_gpus, threads))
+        rank_env = [
+            {
+                "RANK": str(r),
+                "WORLD_SIZE": str(n),
+                "LOCAL_RANK": str(r),
+                "LOCAL_WORLD_SIZE": str(n),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(req.port),
+            }
+            for r in range(n)
+        ]
+        return self.plan(
+            req,
+            req.command,
+            {"OMP_NUM_THREADS": str(threads), **req.env},
+            hosts=[Host("localhost", n)],
+            rank_env=rank_env,
+            notes=self.notes(n, req.local_gpus, threads),
+        )
 
     @staticmethod
     def notes(n: int, gpus: int, threads: int) -> list[str]:
@@ -68,11 +87,14 @@ class Local(Launcher):
         if not gpus:
             return [f"{n} CPU rank{'s' if n > 1 else ''} on gloo, {threads} thread(s) each"]
         if n == 1:
-            return [f"one rank on one GPU (grid 1x1): its all-reduce has no peer; to see the torus, run "
-                    "CPU ranks (--backend gloo --gpus 4) or on a machine with more GPUs"]
+            return [
+                f"one rank on one GPU (grid 1x1): its all-reduce has no peer; to see the torus, run "
+                "CPU ranks (--backend gloo --gpus 4) or on a machine with more GPUs"
+            ]
         return [f"{n} ranks on NCCL, one per GPU ({gpus} here)"]
 
     def command_text(self, plan: LaunchPlan) -> str:
         first = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**plan.rank_env[0], **plan.env}.items())
-        return (f"{first} {shlex.join(plan.argv)}\n  (x{plan.world_size} ranks, RANK/LOCAL_RANK 0.."
-                f"{plan.world_size - 1})")
+        return (
+            f"{first} {shlex.join(plan.argv)}\n  (x{plan.world_size} ranks, RANK/LOCAL_RANK 0..{plan.world_size - 1})"
+        )

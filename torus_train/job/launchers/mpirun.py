@@ -10,18 +10,31 @@ PBS is not a launcher of its own: a PBS job starts its ranks with this same mpir
 list (``$PBS_NODEFILE``, one line per slot), the job id and the cores per node (``NCPUS``), which this entry
 reads. A PBS entry would build the identical command under a second name.
 """
+
 from __future__ import annotations
 
 import re
 from typing import Mapping
 
 from torus_train.job.hosts import Host, read_hostfile
-from torus_train.job.launchers.base import (Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars, killed_by,
-                                            threads_per_rank)
+from torus_train.job.launchers.base import (
+    Launcher,
+    LaunchError,
+    LaunchPlan,
+    PlanRequest,
+    RankVars,
+    killed_by,
+    threads_per_rank,
+)
 from torus_train.registry import load
 
-OPENMPI = RankVars("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                   "OMPI_COMM_WORLD_LOCAL_SIZE")
+OPENMPI = RankVars(
+    "openmpi",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+)
 PMI = RankVars("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 """MPICH and Intel MPI's mpiexec; srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE too, so Slurm's own variables are
 read before these (they carry the local rank, which PMI under srun does not)."""
@@ -57,12 +70,15 @@ class Mpirun(Launcher):
     def hosts(self, hostfile: str, environ: Mapping[str, str]) -> tuple[list[Host], str]:
         path = hostfile or environ.get("PBS_NODEFILE", "")
         if not path:
-            raise LaunchError("launcher mpirun needs a hostfile: pass --hostfile FILE ('host slots=K' per line) or "
-                              "run inside a PBS job (PBS_NODEFILE)")
+            raise LaunchError(
+                "launcher mpirun needs a hostfile: pass --hostfile FILE ('host slots=K' per line) or "
+                "run inside a PBS job (PBS_NODEFILE)"
+            )
         return read_hostfile(path, "--hostfile" if hostfile else "PBS_NODEFILE"), path
 
-    def threads(self, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int,
-                all_local: bool) -> tuple[int, str]:
+    def threads(
+        self, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int, all_local: bool
+    ) -> tuple[int, str]:
         ncpus = environ.get("NCPUS", "")
         if environ.get("PBS_JOBID") and ncpus.isdigit() and int(ncpus) > 0:  # PBS: the cores of each node
             return threads_per_rank(ranks_on_node, int(ncpus)), "NCPUS"

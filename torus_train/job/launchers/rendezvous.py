@@ -5,6 +5,7 @@ Under a launcher with a command (mpirun, srun) rank 0 runs on another host, so n
 here; the port is a function of the job instead, drawn outside the ephemeral range so that no outgoing
 connection holds it.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -5,6 +5,7 @@
 environment: srun splits ``--export`` on commas, so a value such as ``NCCL_IB_HCA=mlx5_0,mlx5_1`` cannot travel
 inside it. Since Slurm 22.05 a step does not inherit ``--cpus-per-task`` from the batch job, so it is passed on.
 """
+
 from __future__ import annotations
 
 import re
@@ -64,12 +65,14 @@ class Srun(Launcher):
         if hostfile:
             return read_hostfile(hostfile, "--hostfile"), hostfile
         if not environ.get("SLURM_JOB_ID"):
-            raise LaunchError("launcher srun needs a Slurm allocation: submit with sbatch (see scripts/slurm/) or "
-                              "run inside salloc")
+            raise LaunchError(
+                "launcher srun needs a Slurm allocation: submit with sbatch (see scripts/slurm/) or run inside salloc"
+            )
         return slurm_hosts(environ), ""
 
-    def threads(self, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int,
-                all_local: bool) -> tuple[int, str]:
+    def threads(
+        self, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int, all_local: bool
+    ) -> tuple[int, str]:
         per_task = environ.get("SLURM_CPUS_PER_TASK", "")
         if per_task.isdigit() and int(per_task) > 0:
             return int(per_task), "SLURM_CPUS_PER_TASK"
