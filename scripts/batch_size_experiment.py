@@ -18,9 +18,10 @@ import json
 import subprocess
 import sys
 import time
-import tomllib
 from importlib import resources
 from pathlib import Path
+
+import tomllib
 
 
 def default_schedule() -> dict:

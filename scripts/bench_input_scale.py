@@ -284,7 +284,7 @@ def main() -> None:
             }
         )
     ratio = results[1]["images_per_s"] / results[0]["images_per_s"]
-    say(f"rounds (images/s): " + "; ".join(f"{k} {', '.join(f'{x:.1f}' for x in v)}" for k, v in rates.items()))
+    say("rounds (images/s): " + "; ".join(f"{k} {', '.join(f'{x:.1f}' for x in v)}" for k, v in rates.items()))
     pairs = [p / f for f, p in zip(rates["folder"], rates["packed"])]
     say(
         f"packed / folder: {ratio:.2f}x (median rounds; per round {', '.join(f'{x:.2f}' for x in pairs)}); "

@@ -16,11 +16,10 @@ import time
 # it is set before torch loads, for every column alike
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torchvision  # noqa: E402
-
-import shrunk  # noqa: E402
+import shrunk
+import torch
+import torch.distributed as dist
+import torchvision
 
 OUT = pathlib.Path(os.environ["GPU_CHECK_OUT"]) / "graphs"
 QUICK = os.environ.get("GPU_CHECK_QUICK") == "1"

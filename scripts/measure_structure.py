@@ -138,10 +138,8 @@ def import_kind(name: str, inside: str) -> str:
     module reaching torch or a torch-side module: the boundary), or "other" (no reason: it belongs at the top)."""
     if any(name == o or name.startswith(o + ".") for o in OPTIONAL):
         return "optional"
-    torchy = (
-        name.split(".")[0] in ("torch", "torchvision")
-        or name.removeprefix("torus_train.") in TORCH_SIDE
-        and name.startswith("torus_train.")
+    torchy = name.split(".")[0] in ("torch", "torchvision") or (
+        name.removeprefix("torus_train.") in TORCH_SIDE and name.startswith("torus_train.")
     )
     return "torch" if torchy and inside not in TORCH_SIDE else "other"
 

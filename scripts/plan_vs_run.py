@@ -39,7 +39,6 @@ PY = sys.executable
 sys.path.insert(0, str(ROOT))
 from torus_train.plan.host import read_run  # noqa: E402  (numpy only; the runs themselves are subprocesses)
 
-
 TICK = os.sysconf("SC_CLK_TCK")
 
 

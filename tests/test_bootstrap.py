@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
+from torus_train.errors import RunFailed
 from torus_train.job.launch import rendezvous_port
 from torus_train.job.launchers.srun import slurm_rendezvous
 from torus_train.ranks.bootstrap import RankInfo, rank_info, rendezvous
-from torus_train.errors import RunFailed
 
 
 @pytest.mark.parametrize(

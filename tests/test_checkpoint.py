@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from torus_train.errors import RunFailed
 from torus_train.train.checkpoint import (
     find_latest,
     list_checkpoints,
@@ -19,7 +20,6 @@ from torus_train.train.checkpoint import (
     verdict,
     verify,
 )
-from torus_train.errors import RunFailed
 
 
 def state(step):

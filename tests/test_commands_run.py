@@ -64,9 +64,9 @@ def test_resume_and_overwrite_exclude_each_other(capsys):
 def test_default_output_folder_moves_on_but_a_named_one_is_refused(tmp_path, monkeypatch):
     import pytest
 
-    from torus_train.ranks.rundir import choose_out, prepare_out
     from torus_train.errors import UserError
     from torus_train.job.spec import load_spec
+    from torus_train.ranks.rundir import choose_out, prepare_out
 
     monkeypatch.chdir(tmp_path)
     spec = load_spec(None)

@@ -8,8 +8,8 @@ import threading
 import time
 
 import pytest
-
 from datahelp import decode_indices, make_index_set
+
 from torus_train.data import make_loader
 from torus_train.data.base import PAD_LABEL, CorruptLog
 from torus_train.data.checks import DataError

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from datahelp import make_index_set
+
 from torus_train.data.checks import DataError, scan
 
 

@@ -15,16 +15,16 @@ import shutil
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from clihelp import invoke, tree_digest
 from datahelp import make_index_set
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_data_refusals import deadline
 from test_file_inputs_props import mutated
+
+from torus_train.data.index import ARRAYS as INDEX_ARRAYS
 from torus_train.data.packed import ARRAYS as PACKED_ARRAYS
 from torus_train.data.packed import SPLITS, check_shards, load_packed, own_files, pack
-from torus_train.data.index import ARRAYS as INDEX_ARRAYS
 
 SETTINGS = settings(
     max_examples=30,

@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from datahelp import make_index_set
+
 from torus_train.data.checks import scan
 from torus_train.data.index import DataError, build_index, ensure_index, load_index
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from datahelp import decode_indices, make_index_set
+
 from torus_train.data import make_loader
 from torus_train.data.checks import DataError, scan
-from torus_train.data.sharding import shard
 from torus_train.data.demo import generate
+from torus_train.data.sharding import shard
 from torus_train.errors import UserError
 from torus_train.job.sources import DECODERS, Decoder
 

@@ -14,9 +14,9 @@ import signal
 
 import numpy as np
 import pytest
-
 from clihelp import assert_one_line_error, invoke, tree_digest
 from datahelp import make_index_set
+
 from torus_train.data.packed import is_packed, pack
 
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from torus_train.data.base import PAD_LABEL, Loader, MEAN, STD
+from torus_train.data.base import MEAN, PAD_LABEL, STD, Loader
 from torus_train.errors import UserError
 from torus_train.job import sources
 from torus_train.job.sources import SOURCES, SYNTHETIC_SAMPLES, choices_text, source_of

@@ -8,8 +8,8 @@ import pytest
 
 from torus_train.errors import PeerLost, RunFailed, UserError
 from torus_train.job.spec import load_spec
-from torus_train.ranks.heartbeat import Beat, Heartbeat, first_stopped, read_beats
 from torus_train.ranks.diagnosis import RanksFailed, restartable
+from torus_train.ranks.heartbeat import Beat, Heartbeat, first_stopped, read_beats
 from torus_train.ranks.orchestrate import no_restart
 from torus_train.ranks.watchdog import Watch, watchdog_limits
 from torus_train.ranks.worker import Terminated, classify

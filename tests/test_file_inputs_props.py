@@ -17,11 +17,10 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from clihelp import invoke, tree_digest
 from datahelp import make_index_set
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 JSON_VALUES = st.recursive(
     st.one_of(

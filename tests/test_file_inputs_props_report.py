@@ -14,10 +14,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from clihelp import invoke, tree_digest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from clihelp import invoke, tree_digest
 from test_file_inputs_props import JSON_VALUES, mutated
 
 GOOD_INTERVAL = {
@@ -337,7 +336,7 @@ def module_names() -> list[str]:
     base=st.sampled_from([1e-3, 1e6, 1e-320]),
 )
 def test_hostile_layer_profiles(place, module_names, changes, base):
-    doc = {name: base for name in module_names}
+    doc = dict.fromkeys(module_names, base)
     for i, value in changes:
         doc[module_names[i % len(module_names)]] = value
     (place / "layers.json").write_text(json.dumps(doc))

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from clihelp import assert_one_line_error, invoke
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clihelp import assert_one_line_error, invoke
 from torus_train.job.spec import CLASSIFICATION_ARCHS, SpecError, load_spec, parse_override
 from torus_train.job.topology import MAX_WORLD, GridError, choose_grid, factor_pairs, parse_grid
 

@@ -16,13 +16,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from torus_train.comm.buckets import BucketedModel
 from torus_train.errors import RunFailed
 from torus_train.job.spec import JobSpec
 from torus_train.train import checkpoint as ckpt
 from torus_train.train import faults
 from torus_train.train.report import truncate_metrics
 from torus_train.train.state import check_identity, job_identity
-from torus_train.comm.buckets import BucketedModel
 from torus_train.train.step import bit_digest, check_nonfinite, check_replicas, train_step
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,6 +9,7 @@ import os
 import pytest
 from clihelp import assert_one_line_error, invoke, tree_digest
 from datahelp import make_index_set
+
 from torus_train.outdir import FolderKind, write_folder
 
 

@@ -12,8 +12,8 @@ import threading
 
 import numpy as np
 import pytest
-
 from datahelp import decode_indices, make_index_set
+
 from torus_train.data import make_loader
 from torus_train.data.checks import DataError
 from torus_train.data.packed import check_shards, epoch_order, is_packed, load_packed, pack, split_classes

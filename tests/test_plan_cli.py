@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from clihelp import assert_one_line_error, invoke
+
 from torus_train.commands.plan import plan
 from torus_train.job.topology import Grid
 from torus_train.plan.calibrate import fit_terms, local_coefficients
 from torus_train.plan.cost import ALGORITHMS
 from torus_train.plan.networks import PRESETS
 from torus_train.plan.search import BUCKET_CAPS_MB, best_grid, make_plan
-
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 

@@ -92,7 +92,7 @@ def test_the_timeline_bound_decides_when_cores_are_free():
         0.010,
         0.020,
         0.005,
-        {m: 0.020 / 21 for m in {l.name.rsplit(".", 1)[0] for l in model_layers("resnet18", 64, 10)}},
+        dict.fromkeys({l.name.rsplit(".", 1)[0] for l in model_layers("resnet18", 64, 10)}, 0.02 / 21),
         8,
         0.0,
     )
@@ -222,7 +222,7 @@ def test_the_loops_own_work_is_added_when_measured(tmp_path):
     the optimizer step, stretched by o like the rest: 4 ranks on 2 cores, 50 ms against the profile's 35 ms."""
     cal = calibrate(read_benches(str(BENCH)), algo="torus", cores=2)
     layers = model_layers("resnet18", 64, 10)
-    mods = {m: 0.020 / 21 for m in {l.name.rsplit(".", 1)[0] for l in layers}}
+    mods = dict.fromkeys({l.name.rsplit(".", 1)[0] for l in layers}, 0.02 / 21)
     base = StepProfile("resnet18", 64, 16, 10, 1, 0.010, 0.020, 0.005, mods, 2, 0.0)
     with_loop = StepProfile("resnet18", 64, 16, 10, 1, 0.010, 0.020, 0.005, mods, 2, 0.0, loop_seconds=0.050)
     a, b = (predict_host_step(cal, p, host_grid("2x2"), 16, 25 * 2**20, 4, layers, 0.0) for p in (base, with_loop))

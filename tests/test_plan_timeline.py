@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest
@@ -256,7 +255,7 @@ def test_measured_profile_replaces_flops(tmp_path):
     modules = {l.name.rsplit(".", 1)[0] for l in layers}
     assert set(prof) == modules and all(v >= 0 for v in prof.values()) and sum(prof.values()) > 0
     # a profile that puts all the time in fc: the share of every other tensor is 0, fc's two tensors split it
-    fake = {m: 0.0 for m in modules} | {"fc": 1.0}
+    fake = dict.fromkeys(modules, 0.0) | {"fc": 1.0}
     with_p = layers_with_profile(layers, fake)
     assert [l.flops for l in with_p if l.name.startswith("fc.")] == [0.5, 0.5]
     with pytest.raises(Exception, match="layer-profile"):

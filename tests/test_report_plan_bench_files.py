@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from clihelp import assert_one_line_error, invoke
 from test_commands_report import write_run
 

@@ -7,12 +7,12 @@ import shutil
 from collections import namedtuple
 
 import pytest
-
 from datahelp import make_index_set
+
 from torus_train.data.packed import load_packed, pack
 from torus_train.data.stage import stage, stage_on_node, stage_target, valid_copy
-from torus_train.job.stagedir import stage_base
 from torus_train.errors import UserError
+from torus_train.job.stagedir import stage_base
 
 
 @pytest.fixture()

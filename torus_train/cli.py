@@ -15,7 +15,6 @@ from torus_train import __version__
 from torus_train.errors import PeerLost, RunFailed, UserError
 from torus_train.registry import Registry, load
 
-
 # Every command by name: its module is imported only when the command runs (or its own --help is asked for),
 # so `torus-train --help` and `run --dry-run` never pay for the others' imports (torch among them).
 COMMANDS: Registry[tuple[str, str]] = Registry("command")

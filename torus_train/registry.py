@@ -8,7 +8,8 @@ derived from it without importing torch: an entry that needs torch names its imp
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 
 from torus_train import outfiles
 from torus_train.errors import UserError
-from torus_train.outfiles import Writer
 from torus_train.job.algorithms import BASELINE, runnable
 from torus_train.job.topology import Grid, check_grid_size, choose_grid
+from torus_train.outfiles import Writer
 
 DTYPES = {
     "float": "float32",
@@ -288,7 +288,7 @@ ROW_KEYS = frozenset(("algo", "grid", "size_bytes", "time_us", "busbw_gbps", "wr
 def is_bench_rows(doc: object) -> bool:
     """True for a `bench allreduce --json` output: a non-empty list of rows. It stays a plain list (plan
     calibrate and the scripts read it as one), so it carries no marker field and is known by its shape."""
-    return isinstance(doc, list) and bool(doc) and all(isinstance(r, dict) and ROW_KEYS <= r.keys() for r in doc)
+    return isinstance(doc, list) and bool(doc) and all(isinstance(r, dict) and r.keys() >= ROW_KEYS for r in doc)
 
 
 WRITER = Writer("bench allreduce", recognise=is_bench_rows)

@@ -91,7 +91,7 @@ def _timed_rounds(cfg, comm, buf, iters: dict, flag) -> dict:
     """Seconds each algorithm spent on its iterations. They run in rounds that alternate the algorithms, so a
     change in the machine's load during the point falls on all of them alike."""
     rounds = min(ROUNDS, min(iters.values()))
-    spent = {a: 0.0 for a in cfg.algos}
+    spent = dict.fromkeys(cfg.algos, 0.0)
     for r in range(rounds):
         for algo in cfg.algos:
             share = iters[algo] // rounds + (1 if r < iters[algo] % rounds else 0)

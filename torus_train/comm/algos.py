@@ -19,7 +19,7 @@ its row phase ends (docs/comm.md).
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -44,7 +44,7 @@ def algorithm(name: str):
     return _function(entry.run)
 
 
-@lru_cache(maxsize=None)  # once per reference: an all-reduce of a small bucket must not pay for an import lookup
+@cache  # once per reference: an all-reduce of a small bucket must not pay for an import lookup
 def _function(ref):
     return load(ref)
 

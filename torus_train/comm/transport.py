@@ -23,7 +23,8 @@ must be followed by its closing one on the same piece (all-gather, broadcast) be
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, runtime_checkable
 
 from torus_train.job.topology import Grid
 

@@ -16,7 +16,8 @@ from torus_train.plan.calibrate import MAX_CORES
 from torus_train.plan.calibrate_report import CalibrateRequest, calibrate_report
 from torus_train.plan.plots import WRITER
 from torus_train.plan.predict import PlanRequest, predict
-from torus_train.plan.run_report import CompareRunRequest, compare_run as compare
+from torus_train.plan.run_report import CompareRunRequest
+from torus_train.plan.run_report import compare_run as compare
 
 MOVED = {
     "--calibrate": "calibrate BENCH.json",

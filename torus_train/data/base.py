@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from torus_train.data.index import DataError, Split
 from torus_train.data.packed import PackedSplit
@@ -145,7 +146,7 @@ class LoaderRequest:
     """Check every JPEG's markers before the first batch (a full pass over the files: tools only)."""
     samples: int = 0
     """data.synthetic_samples: images per epoch of a source that makes them (0 = its default)."""
-    corrupt: "CorruptLog | None" = None
+    corrupt: CorruptLog | None = None
     """The run's CorruptLog (files skipped under on_corrupt = skip, kept across the loaders of a run)."""
     decoder: str = "auto"
     """data.decoder for the torchvision pipeline: auto, cpu or gpu (job/sources.py: DECODERS)."""

@@ -128,7 +128,7 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def statistics(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(MEAN, STD) x 255 as [1, 3, 1, 1] tensors on ``device``, made once per device."""
     mean, std = (torch.tensor(v).view(1, 3, 1, 1) * 255 for v in (MEAN, STD))

@@ -16,10 +16,10 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -297,7 +297,7 @@ def open_loader(request: LoaderRequest):
 def classes(spec) -> tuple[str, dict]:
     """The preflight's view: the ten class folders, in both splits (known without generating the set)."""
     names = tuple(class_dir(c) for c in range(len(CLASSES)))
-    return "the demo data set", {s: names for s in _SPLIT_ID}
+    return "the demo data set", dict.fromkeys(_SPLIT_ID, names)
 
 
 def prepare(spec, log=None) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from torus_train.data.pipelines import check_class_count, file_loader
 from torus_train.data.base import LoaderRequest
 from torus_train.data.checks import scan, verify_files
 from torus_train.data.index import (
@@ -20,6 +19,7 @@ from torus_train.data.index import (
     load_index,
     same_classes,
 )
+from torus_train.data.pipelines import check_class_count, file_loader
 from torus_train.errors import UserError
 
 

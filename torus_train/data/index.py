@@ -31,7 +31,7 @@ from torus_train.cache import cache_root
 from torus_train.errors import UserError, shown_path
 from torus_train.job.sources import INDEX_DIR, class_difference
 from torus_train.outdir import FolderKind, check_target, resolve_target, write_folder
-from torus_train.userfiles import Field, check, refuse_special, read_json
+from torus_train.userfiles import Field, check, read_json, refuse_special
 
 VERSION = 1
 SPLITS = ("train", "val")

@@ -279,7 +279,7 @@ def pack(
 class SampleNames:
     """``names[i]``: SHARD.tar:KEY, how messages name sample i of a packed split."""
 
-    def __init__(self, split: "PackedSplit"):
+    def __init__(self, split: PackedSplit):
         self.split = split
 
     def __len__(self) -> int:

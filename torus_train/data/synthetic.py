@@ -12,7 +12,7 @@ from torus_train.job.schedule import steps_per_epoch
 from torus_train.job.sources import SYNTHETIC_SAMPLES
 
 
-def open_loader(request: LoaderRequest) -> "SyntheticLoader":
+def open_loader(request: LoaderRequest) -> SyntheticLoader:
     """The synthetic data source's loader (its entry is ``synthetic`` in job/sources.py): labels in the
     model's range (1000 when none is given), request.samples images per epoch (0 = SYNTHETIC_SAMPLES)."""
     return SyntheticLoader(

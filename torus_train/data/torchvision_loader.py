@@ -130,7 +130,7 @@ class _Files(torch.utils.data.Dataset):
 class _ShardSampler(torch.utils.data.Sampler):
     """Yields the loader's current shard (set_epoch swaps it; the DataLoader asks again each pass)."""
 
-    def __init__(self, owner: "TorchvisionLoader"):
+    def __init__(self, owner: TorchvisionLoader):
         self.owner = owner
 
     def __iter__(self):
@@ -311,7 +311,7 @@ class _Prefetch:
                     self._fill()
             else:
                 self._fill()
-        except BaseException as e:  # noqa: BLE001  handed to the consumer, raised there
+        except BaseException as e:
             self._put(("error", e))
 
     def _fill(self) -> None:

@@ -23,8 +23,8 @@ Three kinds of entry, told apart by their fields (not by a second table, so a na
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torus_train.errors import UserError
 from torus_train.registry import Registry

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 BACKENDS = ("auto", "nccl", "gloo")
 """comm.backend's values (run --backend): auto = NCCL where there are GPUs, else gloo."""
@@ -71,4 +71,4 @@ def rank_gpus(backend: str, visible: int) -> int:
     return 0 if backend == "gloo" else visible
 
 
-__all__ = ["BACKENDS", "DRIVER_GPUS", "rank_gpus", "count_gpus", "driver_gpus", "local_gpu_count", "visible_entries"]
+__all__ = ["BACKENDS", "DRIVER_GPUS", "count_gpus", "driver_gpus", "local_gpu_count", "rank_gpus", "visible_entries"]

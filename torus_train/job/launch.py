@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Mapping
+from collections.abc import Mapping
 
 from torus_train.job.gpus import rank_gpus
 from torus_train.job.hosts import Host
@@ -38,8 +38,8 @@ from torus_train.job.launchers import (
     threads_per_rank,
 )
 from torus_train.job.launchers.rendezvous import DEFAULT_EPHEMERAL, ephemeral_range, job_key, port_band, rendezvous_port
-from torus_train.job.spec import JobSpec
 from torus_train.job.sources import source_of
+from torus_train.job.spec import JobSpec
 from torus_train.job.topology import Grid, check_grid_size, choose_grid, parse_grid
 
 WORKER = ["-m", "torus_train.ranks.worker"]

@@ -122,7 +122,7 @@ class Schedule:
     """Stop (with a checkpoint) when this epoch starts; 0 = at epochs. The learning rate still follows all
     epochs, so --resume continues the same schedule. The launcher sets it to end each grid's stages."""
 
-    def check(self, p: str = "schedule") -> "Schedule":
+    def check(self, p: str = "schedule") -> Schedule:
         """Every world-independent rule; raise ScheduleError naming the field path and the bad value."""
         _at_least(f"{p}.epochs", self.epochs, 1)
         _at_least(f"{p}.steps", self.steps, 0)
@@ -203,7 +203,7 @@ class Schedule:
         """Where the ranks stop: stop_epoch, else epochs."""
         return self.stop_epoch or self.epochs
 
-    def at(self, world_size: int) -> "BatchSchedule":
+    def at(self, world_size: int) -> BatchSchedule:
         """This schedule on ``world_size`` ranks; ScheduleError if a stage's batch does not fit."""
         return BatchSchedule(self, world_size)
 

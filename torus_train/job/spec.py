@@ -32,8 +32,7 @@ from torus_train.job.launchers import choices as launcher_choices
 from torus_train.job.models import HOUSE_ARCHS
 from torus_train.job.schedule import Schedule, ScheduleError
 from torus_train.job.sources import DECODERS, DEFAULT_SOURCE, choices_text
-from torus_train.job.topology import MAX_WORLD
-from torus_train.job.topology import parse_grid
+from torus_train.job.topology import MAX_WORLD, parse_grid
 
 
 class SpecError(UserError):
@@ -50,14 +49,13 @@ MAX_EPOCHS = 1_000_000
 million epochs is 10,000 times an ImageNet recipe (schedule.steps stops a run sooner)."""
 MAX_CLASSES = 1_000_000
 """model.num_classes: a classifier of 1M classes over 2,048 features already holds 8 GB of fp32 weights."""
-FIXED_INPUT = {**{a: 224 for a in ("vit_b_16", "vit_b_32", "vit_h_14", "vit_l_16", "vit_l_32")}, "maxvit_t": 224}
+FIXED_INPUT = {**dict.fromkeys(("vit_b_16", "vit_b_32", "vit_h_14", "vit_l_16", "vit_l_32"), 224), "maxvit_t": 224}
 """Models built for exactly one input size (torchvision's default; their position embeddings or window grid fix it)."""
 MIN_INPUT = {
     "inception_v3": 75,
     "alexnet": 64,
-    **{
-        a: 32
-        for a in (
+    **dict.fromkeys(
+        (
             "convnext_base",
             "convnext_large",
             "convnext_small",
@@ -74,8 +72,9 @@ MIN_INPUT = {
             "vgg16_bn",
             "vgg19",
             "vgg19_bn",
-        )
-    },
+        ),
+        32,
+    ),
     "squeezenet1_0": 24,
     "squeezenet1_1": 24,
     "googlenet": 16,
@@ -366,7 +365,7 @@ class JobSpec:
     """Evaluation."""
 
     # ----------------------------------------------------------------------------------------------
-    def validate(self) -> "JobSpec":
+    def validate(self) -> JobSpec:
         """Check value ranges and choices; raise SpecError naming the field path and the bad value."""
         self._check_choices()
         self._check_ranges()

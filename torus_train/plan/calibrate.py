@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -29,7 +29,6 @@ from torus_train.job.topology import Grid, parse_grid
 from torus_train.plan.cost import allreduce_cost
 from torus_train.plan.networks import Link, Network
 from torus_train.userfiles import Field, check, read_json
-
 
 MAX_CORES = 1 << 20
 """--cores: at most a million (beyond any one host)."""

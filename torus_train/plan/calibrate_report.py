@@ -4,8 +4,8 @@ print the fit, then predict other grids or hold another bench file against the f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid

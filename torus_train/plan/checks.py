@@ -9,7 +9,7 @@ inside the function, so the rest of plan stays free of it.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from torus_train.errors import RunFailed
 from torus_train.job.topology import Grid

@@ -218,7 +218,7 @@ class NcclHardware:
     intra: str = "nvlink"
     """nvlink | pci: the intra-node link's kind (LL128 needs NVLink)."""
 
-    def check(self, where: str = "nccl") -> "NcclHardware":
+    def check(self, where: str = "nccl") -> NcclHardware:
         """Raise UserError naming the field when a value is unknown; return self."""
         if self.generation not in GENERATIONS:
             raise UserError(f"{where}.generation: {self.generation!r}; use one of {', '.join(GENERATIONS)}")

@@ -73,7 +73,7 @@ class Network:
         """Seconds per byte reduced."""
         return 1.0 / (self.reduce_gbytes_per_s * 1e9)
 
-    def check(self, where: str = "network") -> "Network":
+    def check(self, where: str = "network") -> Network:
         """Raise NetworkError naming the field when a figure is not usable; return self."""
 
         def positive(path: str, value, integer: bool = False) -> None:

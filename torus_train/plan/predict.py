@@ -6,12 +6,12 @@ pictures. Pure but for check_groups (torus_train.plan.checks imports torch there
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torus_train.errors import UserError, check_number
-from torus_train.outfiles import check_plot_output
 from torus_train.job.topology import Grid, check_world_size, parse_grid
+from torus_train.outfiles import check_plot_output
 from torus_train.plan.checks import MAX_CHECKED_RANKS, check_groups, simulate_grid
 from torus_train.plan.cost import STEP_OVERHEAD
 from torus_train.plan.host import check_module_seconds

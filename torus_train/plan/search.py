@@ -8,8 +8,8 @@ at one (GPUs, grid, network, model, batch) point; sweep gives the curves of all-
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Iterable
 
 from torus_train.errors import UserError
 from torus_train.job.algorithms import ALGORITHMS, DEFAULT
@@ -531,7 +531,7 @@ TIE = 0.005
 """Step times within this fraction of each other are a tie: the model cannot tell them apart."""
 
 
-def torus_vs_nccl_step(gpus: int, net: Network, p: "Plan") -> dict:
+def torus_vs_nccl_step(gpus: int, net: Network, p: Plan) -> dict:
     """At `gpus` GPUs with p's model, batch, dtype, bucket cap and overhead: the torus on its fastest grid
     against what NCCL's tuning chooses, both on the bucket timeline. {gpus, grid, torus_step_seconds,
     nccl_step_seconds, torus_efficiency, nccl_efficiency, outcome: torus | nccl | tie}."""
@@ -581,7 +581,7 @@ def _outcome(row: dict) -> dict:
     return row
 
 
-def verdict(p: "Plan", counts: Iterable[int] = VERDICT_COUNTS) -> dict:
+def verdict(p: Plan, counts: Iterable[int] = VERDICT_COUNTS) -> dict:
     """Whether the torus beats NCCL's own choice on p's network: at p's point (its grid), and over GPU counts,
     from which count on it starts (or stops) to. Returns {here, scan, text}; text is what plan prints."""
     t, n = p.algorithms[DEFAULT], p.algorithms["nccl"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Mapping
+from collections.abc import Mapping
 
 from torus_train.errors import RunFailed
 from torus_train.job.launchers import read_rank, source_launcher
@@ -75,7 +75,7 @@ def gpu_arch_problem(
     major, minor = capability
     archs = [a for a in map(_arch, arch_list) if a is not None]
     if any(
-        (k == "sm" and M == major and m <= minor) or (k == "compute" and (M, m) <= (major, minor)) for k, M, m in archs
+        (k == "sm" and major == M and m <= minor) or (k == "compute" and (M, m) <= (major, minor)) for k, M, m in archs
     ):
         return None
     have = ", ".join(arch_list) or "none"

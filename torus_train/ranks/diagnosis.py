@@ -14,9 +14,9 @@ import json
 import signal
 import subprocess
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from torus_train.errors import RunFailed, comm_failure
 from torus_train.ranks.heartbeat import clear_beats, read_beats

@@ -3,8 +3,8 @@ pure half, whose rank am I and where is rank 0, is torus_train.ranks.bootstrap).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Mapping
 
 import torch
 import torch.distributed as dist

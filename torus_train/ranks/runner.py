@@ -21,8 +21,8 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from torus_train.errors import RunFailed
 from torus_train.job.launch import LaunchPlan

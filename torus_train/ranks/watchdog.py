@@ -12,9 +12,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from torus_train.job.spec import JobSpec
 from torus_train.ranks.diagnosis import Failure, log_path, process_state
@@ -34,7 +34,7 @@ def watchdog_limits(spec: JobSpec) -> tuple[float, float]:
     return spec.launch.watchdog_s or startup, startup
 
 
-def new_watch(watchdog_s: float, startup_s: float) -> "Watch | None":
+def new_watch(watchdog_s: float, startup_s: float) -> Watch | None:
     return Watch(watchdog_s, startup_s, {}, time.time()) if watchdog_s > 0 else None
 
 

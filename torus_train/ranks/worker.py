@@ -167,7 +167,7 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, regrid: bool = False) -> No
             raise RunFailed("injected start-up failure")
         run_worker(spec, grid, resume, stop, regrid, fault)
         done_path(out, rank).write_text("ok\n")
-    except BaseException as e:  # noqa: BLE001  every failure: its traceback in the log, one line for the user
+    except BaseException as e:
         code, kind, message = classify(e)
         traceback.print_exc()  # inside the except block, or it prints "NoneType: None"
     try:  # metrics lines still with the writer thread reach the file (a hung file system gets 10 s)

@@ -25,9 +25,10 @@ import json
 import os
 import pickle
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from torus_train.errors import RunFailed
 

@@ -54,7 +54,7 @@ class Eta:
     """(seconds, global batch) of the timed step before training."""
 
     @classmethod
-    def plan(cls, schedule, num_samples: int, end_epoch: int, cap_steps: int = 0) -> "Eta":
+    def plan(cls, schedule, num_samples: int, end_epoch: int, cap_steps: int = 0) -> Eta:
         """The stages' step spans of a BatchSchedule over ``num_samples`` images per epoch, to ``end_epoch``,
         capped at ``cap_steps`` (schedule.steps) when given."""
         stages: dict[int, StageWork] = {}

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torus_train.errors import UserError
 from torus_train.registry import Registry

@@ -19,13 +19,13 @@ import json
 import time
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 
+from torus_train.data.base import CorruptLog
 from torus_train.errors import RunFailed
-from torus_train.job.spec import JobSpec
 from torus_train.job.rank import Bootstrap
-import torch
-
+from torus_train.job.spec import JobSpec
 from torus_train.train.build import (
     amp_settings,
     build_loader,
@@ -36,9 +36,11 @@ from torus_train.train.build import (
     time_step,
     wrap_ddp,
 )
+from torus_train.train.checkpoint import write_atomic
 from torus_train.train.eta import Eta
 from torus_train.train.faults import Fault, install
-from torus_train.train.checkpoint import write_atomic
+from torus_train.train.graphs import StepGraph
+from torus_train.train.graphs import wanted as graphs_wanted
 from torus_train.train.report import (
     Progress,
     log_interval,
@@ -51,12 +53,10 @@ from torus_train.train.report import (
     summary_text,
 )
 from torus_train.train.state import RunState, resume, save
-from torus_train.train.graphs import StepGraph, wanted as graphs_wanted
 from torus_train.train.step import check_replicas, evaluate, param_digest, set_lr, set_step, sync_buffers, train_step
 from torus_train.train.stop import StopRequest, StopRequested
 from torus_train.train.timing import StepTimes
 from torus_train.train.writer import APPENDER
-from torus_train.data.base import CorruptLog
 
 
 def run_training(

@@ -14,9 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torus_train.train.board import INTERVAL_TAGS
-from torus_train.train.board import EVAL_TAGS
-from torus_train.train.board import Board
+from torus_train.train.board import EVAL_TAGS, INTERVAL_TAGS, Board
 from torus_train.train.checkpoint import write_atomic
 from torus_train.train.state import RunState
 from torus_train.train.step import check_nonfinite

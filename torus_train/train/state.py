@@ -18,10 +18,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from torus_train.errors import RunFailed
-from torus_train.job.spec import JobSpec
 from torus_train.job.rank import Bootstrap
-from torus_train.train import checkpoint as ckpt
 from torus_train.job.schedule import BatchSchedule
+from torus_train.job.spec import JobSpec
+from torus_train.train import checkpoint as ckpt
 from torus_train.train.step import check_replicas, sync_buffers
 from torus_train.train.stop import StopRequest
 
@@ -176,7 +176,7 @@ def save(rs: RunState, why: str) -> bool:
             log.info("checkpoint %s (%s)", pt, why)
         except RunFailed as e:
             failed = str(e)
-        except Exception as e:  # noqa: BLE001  said to every rank, so that none waits for a save that died
+        except Exception as e:
             failed = f"checkpoint at step {rs.pos.global_step} was not written ({type(e).__name__}: {e})"
             log.exception("checkpoint at step %d", rs.pos.global_step)
     # nobody runs ahead of a checkpoint that is still being written, and a failed write fails every rank

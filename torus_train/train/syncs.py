@@ -19,8 +19,8 @@ from __future__ import annotations
 import threading
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -355,5 +355,5 @@ def _native_ops(steps: list[_Step]) -> list | None:
 def _error_string(rc: int) -> str:
     try:
         return _MPI().Get_error_string(rc)
-    except Exception:  # noqa: BLE001 (a code native.c made up: -1)
+    except Exception:
         return f"code {rc} (a malformed program)" if rc == -1 else f"MPI error code {rc}"

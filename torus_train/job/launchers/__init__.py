@@ -11,7 +11,7 @@ To add one, see docs/extending.md ("Adding a launcher").
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from torus_train.job.launchers.base import Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars, threads_per_rank
 from torus_train.job.launchers.local import Local
@@ -88,9 +88,9 @@ def source_launcher(source: str) -> Launcher | None:
 __all__ = [
     "AUTO",
     "LAUNCHERS",
-    "Launcher",
     "LaunchError",
     "LaunchPlan",
+    "Launcher",
     "PlanRequest",
     "RankVars",
     "choices",

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import shlex
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from torus_train.errors import RunFailed, UserError
 from torus_train.job.hosts import Host, HostsError, total_slots
@@ -76,7 +76,7 @@ class LaunchPlan:
     """The hostfile or node file the plan reads, if any."""
     notes: list[str] = field(default_factory=list)
     """Things the user should know (said once)."""
-    entry: "Launcher | None" = field(default=None, repr=False, compare=False)
+    entry: Launcher | None = field(default=None, repr=False, compare=False)
     """The launcher's table entry: ask it (plan.entry.runs_here) instead of comparing plan.launcher to names."""
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from typing import Mapping
+from collections.abc import Mapping
 
 from torus_train.job.hosts import Host
 from torus_train.job.launchers.base import Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars
@@ -88,7 +88,7 @@ class Local(Launcher):
             return [f"{n} CPU rank{'s' if n > 1 else ''} on gloo, {threads} thread(s) each"]
         if n == 1:
             return [
-                f"one rank on one GPU (grid 1x1): its all-reduce has no peer; to see the torus, run "
+                "one rank on one GPU (grid 1x1): its all-reduce has no peer; to see the torus, run "
                 "CPU ranks (--backend gloo --gpus 4) or on a machine with more GPUs"
             ]
         return [f"{n} ranks on NCCL, one per GPU ({gpus} here)"]

@@ -14,7 +14,7 @@ reads. A PBS entry would build the identical command under a second name.
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from torus_train.job.hosts import Host, read_hostfile
 from torus_train.job.launchers.base import (

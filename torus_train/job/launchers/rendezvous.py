@@ -9,7 +9,7 @@ connection holds it.
 from __future__ import annotations
 
 import hashlib
-from typing import Mapping
+from collections.abc import Mapping
 
 PORT_BAND = (20000, 32767)
 """Where rendezvous ports are drawn from: below Linux's default ephemeral range (32768-60999)."""

@@ -9,7 +9,7 @@ inside it. Since Slurm 22.05 a step does not inherit ``--cpus-per-task`` from th
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from torus_train.job.hosts import Host, expand_nodelist, read_hostfile, slurm_hosts
 from torus_train.job.launchers.base import Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars
