@@ -10,6 +10,7 @@ import click
 
 from torus_train.data.demo import generate, read_manifest
 from torus_train.data.index import build_index, load_index, resolve_data
+from torus_train.data.layouts import LAYOUTS
 from torus_train.data.packed import load_packed
 from torus_train.data.packed import pack as pack_set
 from torus_train.errors import UserError, check_output_folder
@@ -106,8 +107,15 @@ def check(root: str, splits: tuple[str, ...], location: str | None) -> None:
     path_source(root).check_files(root, splits, location, click.echo)
 
 
+PACK_DATA_HELP = (
+    "The data set: an ImageNet-layout folder (train/WNID/*, val/WNID/*), a folder holding image-net.org's "
+    "ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar and ILSVRC2012_devkit_t12.tar.gz, or Kaggle's download "
+    "(ILSVRC/Data/CLS-LOC/, LOC_val_solution.csv, LOC_synset_mapping.txt)."
+)
+
+
 @data.command("pack")
-@click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder.")
+@click.option("--data", "root", required=True, type=click.Path(), help=PACK_DATA_HELP)
 @click.option(
     "--out",
     "out",
@@ -120,10 +128,16 @@ def check(root: str, splits: tuple[str, ...], location: str | None) -> None:
     "--seed", default=0, show_default=True, help="Seeds the order of the training samples in the shards (0 to 2**63-1)."
 )
 def pack(root: str, out: str, shard_mb: float, seed: int) -> None:
-    """Pack a data folder into tar shards in WebDataset's layout (KEY.jpg + KEY.cls) with an index that ranks
-    open instead of listing files; `run --data SHARDS` reads it."""
+    """Pack a data set into tar shards in WebDataset's layout (KEY.jpg + KEY.cls) with an index that ranks
+    open instead of listing files; `run --data SHARDS` reads it. image-net.org's archives are read in place
+    (nothing is extracted) and labelled from the devkit; Kaggle's layout from LOC_val_solution.csv."""
     dest = pack_set(root, out, shard_mb, seed, log=lambda m: click.echo(m, err=True))
     meta = load_packed(dest).meta
+    click.echo(f"layout: {LAYOUTS.get(meta.get('layout', 'folder')).help}")
     for split, s in meta["splits"].items():
         click.echo(f"{split}: {len(s['classes'])} classes, {s['count']:,} samples, {len(s['shards'])} shards")
+    names = meta.get("class_names")
+    if names:
+        shown = "; ".join(f"{c} {n}" for c, n in zip(meta["splits"]["train"]["classes"][:3], names, strict=False))
+        click.echo(f"class names: {len(names):,} ({shown}{'; ...' if len(names) > 3 else ''})")
     click.echo(f"packed set: {dest} ({meta['bytes'] / 1e6:,.1f} MB, checksum {meta['checksum'][:12]})")

@@ -2,10 +2,14 @@
 
     torus-train data pack --data DIR --out SHARDS [--shard-mb 256]
 
+DIR is an ImageNet-layout folder, image-net.org's archives or Kaggle's layout (data/layouts.py): the same
+images pack into the same set whatever the layout.
+
 A packed set is a folder:
 
-    packed.json                          format, version, source folder, per split: classes, count, shards
-                                         (name, bytes, samples, sha256); the arrays' checksum
+    packed.json                          format, version, source folder and its layout, per split: classes,
+                                         count, shards (name, bytes, samples, sha256); the arrays' checksum;
+                                         class_names (classes[i]'s words) where the layout gives them
     train-000000.tar, ...                shard k of train: KEY.jpg (the encoded image, as it was in the folder)
     val-000000.tar, ...                  and KEY.cls (its label, decimal ASCII), KEY = the sample's number
     train.starts.npy, val.starts.npy     the first sample of each shard (int64, shards + 1 entries)
@@ -46,11 +50,10 @@ from torus_train.data.index import (
     Split,
     arrays_checksum,
     check_class_names,
-    list_split,
     load_arrays,
     resolve_data,
-    same_classes,
 )
+from torus_train.data.layouts import Listing, Source, find_layout
 from torus_train.errors import UserError, shown_path
 from torus_train.job.sources import PACKED_FORMAT as FORMAT
 from torus_train.job.sources import PACKED_KIND
@@ -64,6 +67,8 @@ ARRAYS = {"starts": np.int64, "offsets": np.int64, "sizes": np.int64, "labels": 
 SHARD_MB_RANGE = (0.01, 65536.0)  # 10 KB (tests) to 64 GiB; 256 MB is WebDataset's and DALI's usual size
 SEED_MAX = 2**63 - 1
 BLOCK = 512
+PROGRESS_SECONDS = 5.0
+"""How often a pack says how far it got."""
 SHARD_NAME = re.compile(rf"({'|'.join(SPLITS)})-[0-9]{{6}}\.tar")
 """The name of every shard a pack writes: SPLIT-NNNNNN.tar."""
 
@@ -74,6 +79,8 @@ META_FIELDS = (
     Field("checksum", "str"),
     Field("bytes", "int", 0),
     Field("seed", "int", 0, SEED_MAX, optional=True),
+    Field("layout", "str", optional=True),
+    Field("class_names", "list", optional=True),
     Field("shard_mb", "number", SHARD_MB_RANGE[0], SHARD_MB_RANGE[1], optional=True),
     *(
         f
@@ -181,20 +188,19 @@ class _ShardWriter:
         return self.shards, np.asarray(self.starts, dtype=np.int64)
 
 
-def _read_source(path: Path) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    if path.suffix.lower() in (".jpg", ".jpeg"):
+def _checked(where: str, name: str, data: bytes) -> bytes:
+    """The image bytes of ``name`` (CLASS/FILE), refused (DataError naming ``where``) when they cannot train."""
+    if os.path.splitext(name)[1].lower() in (".jpg", ".jpeg"):
         problem = jpeg_problem(data[:3], data[-64:], len(data))
         if problem:
-            raise DataError(f"{path}: {problem}; fix or remove it, then pack again")
+            raise DataError(f"{where}: {problem}; fix or remove it, then pack again")
     return data
 
 
-def _pack_split(data: Path, split: str, tmp: Path, limit: int, seed: int, log) -> tuple[dict, dict]:
-    classes, names, labels = list_split(data, split)
+def _pack_split(
+    listing: Listing, classes: tuple[str, ...], split: str, tmp: Path, limit: int, seed: int, log
+) -> tuple[dict, dict]:
+    names, labels = listing.names, listing.labels
     n = len(names)
     # training samples in a seeded random order: every shard then holds a mix of the classes
     order = np.random.Generator(np.random.PCG64([seed])).permutation(n) if split == "train" else np.arange(n)
@@ -203,20 +209,43 @@ def _pack_split(data: Path, split: str, tmp: Path, limit: int, seed: int, log) -
         k: np.zeros(n, dtype=t)
         for k, t in (("offsets", np.int64), ("sizes", np.int64), ("labels", np.int32), ("crc32", np.uint32))
     }
-    last = time.time()
+    progress = _Progress(split, n, log)
     for k, i in enumerate(order):
-        path = data / split / names[i]
-        image = _read_source(path)
-        ext = path.suffix.lower().lstrip(".") or "img"
+        image = _checked(listing.where(i), names[i], listing.read(i))
+        ext = os.path.splitext(names[i])[1].lower().lstrip(".") or "img"
         ext = "jpg" if ext == "jpeg" else ext
         arrays["offsets"][k] = w.add(f"{k:08d}", ext, image, labels[i])
         arrays["sizes"][k], arrays["labels"][k], arrays["crc32"][k] = len(image), labels[i], zlib.crc32(image)
-        if log and time.time() - last > 5:
-            last = time.time()
-            log(f"  {split}: {k + 1:,}/{n:,} samples")
+        progress(k + 1, len(image))
     shards, starts = w.finish()
     arrays["starts"] = starts
     return {"classes": list(classes), "count": n, "shards": shards}, arrays
+
+
+class _Progress:
+    """A line every PROGRESS_SECONDS: samples packed, MB, rate and time left (a pack of ImageNet takes hours)."""
+
+    def __init__(self, split: str, total: int, log):
+        self.split, self.total, self.log = split, total, log
+        self.t0 = self.last = time.time()
+        self.bytes = 0
+
+    def __call__(self, done: int, size: int) -> None:
+        self.bytes += size
+        now = time.time()
+        if self.log and now - self.last > PROGRESS_SECONDS:
+            self.last = now
+            rate = done / max(now - self.t0, 1e-9)
+            left = (self.total - done) / max(rate, 1e-9)
+            self.log(
+                f"  {self.split}: {done:,}/{self.total:,} samples ({100 * done / max(self.total, 1):.1f}%), "
+                f"{self.bytes / 1e6:,.0f} MB, {rate:,.0f} samples/s, {_duration(left)} left"
+            )
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def pack(
@@ -227,50 +256,63 @@ def pack(
     log=None,
     flag: str = "--out",
 ) -> Path:
-    """Pack the ImageNet-layout folder ``data_root`` into ``out`` (written beside it and renamed in: a pack
-    interrupted half-way leaves no folder that looks like a packed set); the packed set's folder."""
+    """Pack the data set at ``data_root`` (in any of the layouts of data/layouts.py) into ``out`` (written beside
+    it and renamed in: a pack interrupted half-way leaves no folder that looks like a packed set); the packed
+    set's folder."""
     check_shard_mb(shard_mb)
     if not (isinstance(seed, int) and 0 <= seed <= SEED_MAX):
         raise UserError(f"--seed: {seed} must be between 0 and 2**63-1 (it seeds the training samples' order)")
     data = resolve_data(data_root)
-    for split in SPLITS:
-        if not (data / split).is_dir():
-            raise DataError(f"{data}: not an ImageNet-layout folder ({split}/CLASS/* missing)")
-    same_classes(data)
+    layout = find_layout(data)  # by file names: a missing part is named before anything is read
     dest = check_pack_target(data, out, flag)
     t0 = time.time()
-    limit = max(4 * BLOCK, int(shard_mb * 1e6))
-    meta: dict = {
-        "format": FORMAT,
-        "version": VERSION,
-        "source": str(data),
-        "seed": seed,
-        "shard_mb": shard_mb,
-        "splits": {},
-    }
-
-    def fill(tmp: Path) -> None:
-        arrays = {}
-        for split in SPLITS:
-            meta["splits"][split], a = _pack_split(data, split, tmp, limit, seed, log)
-            arrays.update({f"{split}.{k}": v for k, v in a.items()})
-        for key, a in arrays.items():
-            np.save(tmp / f"{key}.npy", a)
-        meta["checksum"] = arrays_checksum(arrays)
-        meta["bytes"] = sum(s["bytes"] for sp in meta["splits"].values() for s in sp["shards"])
-        meta["seconds"] = round(time.time() - t0, 3)
-        (tmp / MARKER).write_text(json.dumps(meta, indent=1))  # last: a folder without it is no packed set
-
+    source = layout.open(data, log)
     try:
-        write_folder(dest, PACKED_KIND, flag, fill)
-    except OSError as e:
-        raise DataError(f"{dest}: cannot write the packed set ({e.strerror or e})") from None
+        meta = _write_packed(source, dest, shard_mb, seed, log, flag, t0)
+    finally:
+        source.close()
+    meta["seconds"] = round(time.time() - t0, 3)
     if log:
         counts = ", ".join(
             f"{s} {m['count']:,} samples in {len(m['shards'])} shards" for s, m in meta["splits"].items()
         )
         log(f"packed {data}: {counts}, {meta['bytes'] / 1e6:,.1f} MB in {meta['seconds']:.1f} s -> {dest}")
     return dest
+
+
+def _write_packed(source: Source, dest: Path, shard_mb: float, seed: int, log, flag: str, t0: float) -> dict:
+    """Write the shards, the index arrays and packed.json of ``source`` into ``dest`` (``t0``: when the pack
+    started, listing included); packed.json's content."""
+    limit = max(4 * BLOCK, int(shard_mb * 1e6))
+    meta: dict = {
+        "format": FORMAT,
+        "version": VERSION,
+        "source": str(source.root),
+        "layout": source.layout,
+        "seed": seed,
+        "shard_mb": shard_mb,
+        "splits": {},
+    }
+    if source.class_names is not None:
+        meta["class_names"] = list(source.class_names)
+
+    def fill(tmp: Path) -> None:
+        arrays = {}
+        for split in SPLITS:
+            meta["splits"][split], a = _pack_split(source.splits[split], source.classes, split, tmp, limit, seed, log)
+            arrays.update({f"{split}.{k}": v for k, v in a.items()})
+        for key, a in arrays.items():
+            np.save(tmp / f"{key}.npy", a)
+        meta["checksum"] = arrays_checksum(arrays)
+        meta["bytes"] = sum(s["bytes"] for sp in meta["splits"].values() for s in sp["shards"])
+        meta["seconds"] = round(time.time() - t0, 3)  # packed.json's figure; the summary line's includes the rename
+        (tmp / MARKER).write_text(json.dumps(meta, indent=1))  # last: a folder without it is no packed set
+
+    try:
+        write_folder(dest, PACKED_KIND, flag, fill)
+    except OSError as e:
+        raise DataError(f"{dest}: cannot write the packed set ({e.strerror or e})") from None
+    return meta
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -305,6 +347,8 @@ class PackedSplit(Split):
     offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     crc32: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    class_names: tuple[str, ...] = ()
+    """classes[i]'s words where the packed layout gave them (image-net.org's meta.mat, Kaggle's synset mapping)."""
 
     def shard_of(self, i: int) -> int:
         return int(np.searchsorted(self.starts, i, side="right")) - 1
@@ -332,6 +376,7 @@ class Packed:
             a["offsets"],
             a["sizes"],
             a["crc32"],
+            tuple(self.meta.get("class_names") or ()),
         )
         object.__setattr__(sp, "files", SampleNames(sp))
         return sp
@@ -435,6 +480,11 @@ def check_meta(meta: dict, where: str) -> None:
                 raise DataError(f"{at}.sha256: {sh['sha256'][:70]!r} is not a SHA-256 (64 hex digits)")
         if sum(sh["samples"] for sh in m["shards"]) != m["count"]:
             raise DataError(f"{where}: splits.{s}: its shards' samples do not add up to count {m['count']}")
+    names = meta.get("class_names")
+    if names is not None and (
+        len(names) != len(meta["splits"]["train"]["classes"]) or not all(isinstance(t, str) for t in names)
+    ):
+        raise DataError(f"{where}: class_names: must be one string per class of splits.train.classes")
     if sum(sh["bytes"] for s in SPLITS for sh in meta["splits"][s]["shards"]) != meta["bytes"]:
         raise DataError(f"{where}: bytes: {meta['bytes']} is not the sum of the shards' bytes")
 
