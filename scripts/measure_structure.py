@@ -73,9 +73,9 @@ TORCH_SIDE = (
     "train.syncs",
     "train.timing",
 )
-# Optional dependencies (extras) and version fallbacks: imported where used, so that a missing one costs only
-# the feature that needs it.
-OPTIONAL = ("matplotlib", "torch.utils.tensorboard", "nvidia.dali", "mpi4py", "tomli", "tomllib", "PIL")
+# Optional dependencies (extras), version fallbacks and heavy libraries one feature needs (scipy: the ImageNet
+# devkit's meta.mat): imported where used, so that a missing one costs only the feature that needs it.
+OPTIONAL = ("matplotlib", "torch.utils.tensorboard", "nvidia.dali", "mpi4py", "tomli", "tomllib", "PIL", "scipy")
 
 # The names a registry owns; a module outside that registry that spells one as a whole string literal is a
 # branch the registry should have answered.

@@ -194,7 +194,7 @@ def test_pack_target_rules(folder, packed, tmp_path):
 
 
 def test_interrupted_pack_leaves_no_set(folder, tmp_path, monkeypatch):
-    import torus_train.data.packed as P
+    import torus_train.data.layouts as L
 
     calls = []
 
@@ -204,7 +204,7 @@ def test_interrupted_pack_leaves_no_set(folder, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return path.read_bytes()
 
-    monkeypatch.setattr(P, "_read_source", boom)
+    monkeypatch.setattr(L, "_read_file", boom)  # how the packer reads a file
     with pytest.raises(KeyboardInterrupt):
         pack(folder, tmp_path / "s")
     assert list(tmp_path.iterdir()) == []  # no target, no temporary

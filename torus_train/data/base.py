@@ -239,6 +239,7 @@ class ShardedLoader:
         self.num_samples = len(split)
         self.num_classes = len(split.classes)
         self.classes = split.classes
+        self.class_names = getattr(split, "class_names", ())  # words per class where a packed set holds them
         self.batch_size = cfg.batch_size
         self.epoch = 0
         self.shard: Shard = self._shard(0)

@@ -310,6 +310,7 @@ def summary(rs: RunState, wall: float, digest: str, agree: bool, ranks: dict | N
         "model": spec.model.arch,
         "image_size": spec.data.image_size,
         "loader": getattr(rs.loader, "kind", None),
+        **data_classes(rs.loader),
         "decoder": getattr(rs.loader, "decoder", None),
         "steps": pos.global_step,
         "epochs_done": pos.epoch,
@@ -329,6 +330,16 @@ def summary(rs: RunState, wall: float, digest: str, agree: bool, ranks: dict | N
         "param_digests_agree": agree,
         **(ranks or {}),
     }
+
+
+def data_classes(loader) -> dict:
+    """summary.json's "classes" (label i is classes[i]: the WNIDs of ImageNet) and "class_names" (their words,
+    where the packed set holds them), so that the report can name what was trained; {} for synthetic data."""
+    classes = list(getattr(loader, "classes", None) or ())
+    if not classes:
+        return {}
+    names = list(getattr(loader, "class_names", None) or ())
+    return {"classes": classes, "class_names": names if len(names) == len(classes) else None}
 
 
 def summary_text(s: dict) -> str:

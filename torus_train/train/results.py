@@ -71,6 +71,8 @@ SUMMARY_FIELDS = (
     _count("world_size", 1),
     Field("grid", "str", optional=True),
     Field("target_top1", "number", 0, 1, low_open=True, optional=True),
+    Field("classes", "list", optional=True),
+    Field("class_names", "list", optional=True),
 )
 """What report reads from summary.json (nothing else of it is kept or written back)."""
 SHOWN_SKIPS = 5  # problems named one by one; the rest are counted
@@ -187,6 +189,7 @@ def read_summary(run: Run) -> None:
         run.skipped.append(f"skipped {bad}; summary left out")
         return
     run.target = run.summary.get("target_top1")
+    _check_classes(run, path.name)
     rows = s.get("ranks")
     if rows is None:
         rows = (s.get("stragglers") or {}).get("slowest") if isinstance(s.get("stragglers"), dict) else None
@@ -199,6 +202,31 @@ def read_summary(run: Run) -> None:
             run.skipped.append(f"skipped {bad}")
         else:
             run.ranks.append(kept)
+
+
+def _check_classes(run: Run, where: str) -> None:
+    """The trained classes and their words (train/report.py data_classes): strings, the names one per class;
+    anything else is left out and said."""
+    s = run.summary
+    classes, names = s.get("classes"), s.get("class_names")
+    if classes is not None and not all(isinstance(c, str) for c in classes):
+        run.skipped.append(f"{where}: classes: not a list of strings; the class names left out")
+        s.pop("classes"), s.pop("class_names", None)
+    elif names is not None and (
+        classes is None or len(names) != len(classes) or not all(isinstance(n, str) for n in names)
+    ):
+        run.skipped.append(f"{where}: class_names: not one string per class; left out")
+        s.pop("class_names")
+
+
+def class_line(summary: dict, shown: int = 3) -> str | None:
+    """'classes: 1,000 (n01440764 tench, Tinca tinca; n01443537 goldfish, ...; ...)' or None without classes."""
+    classes = summary.get("classes")
+    if not classes:
+        return None
+    names = summary.get("class_names") or [""] * len(classes)
+    first = "; ".join(f"{c} {n}".strip() for c, n in zip(classes[:shown], names, strict=False))
+    return f"classes: {len(classes):,} ({first}{'; ...' if len(classes) > shown else ''})"
 
 
 def read_target(run: Run) -> None:
@@ -490,6 +518,8 @@ def summary_lines(run: Run) -> list[str]:
     if s is not None:
         ranks = f"{s['world_size']} rank" + ("s" if s["world_size"] != 1 else "")
         lines.append(f"{s['steps']} steps on {ranks} (grid {s.get('grid', '?')}), {s['wall_seconds']:.1f} s")
+        if class_line(s):
+            lines.append(class_line(s))
     elif run.intervals:
         last = run.intervals[-1]
         lines.append(f"up to step {last['step']} (epoch {last['epoch'] + 1}), {last['wall_seconds']:.1f} s")
