@@ -308,3 +308,14 @@ def test_the_bench_script_runs_at_toy_size(tmp_path):
     assert [row[0] for row in rows] == ["folder", "archives", "kaggle"] and all(row[-1] == "yes" for row in rows)
     assert all(float(row[4]) < 1.1 for row in rows)
     assert np.isfinite([float(row[1]) for row in rows]).all()
+
+
+@pytest.mark.parametrize("layout", ["archives", "kaggle"])
+def test_run_on_an_unpacked_layout_says_to_pack_it(layouts, layout, tmp_path):
+    data = layouts[layout]
+    code, _, err = invoke(
+        "run", "--dry-run", "--gpus", "1", "--grid", "1x1", "--data", str(data), "--out", str(tmp_path)
+    )
+    assert_one_line_error(
+        code, err, f"which a run does not read; pack it once with: torus-train data pack --data {data}"
+    )

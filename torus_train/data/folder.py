@@ -19,6 +19,7 @@ from torus_train.data.index import (
     load_index,
     same_classes,
 )
+from torus_train.data.layouts import LAYOUTS
 from torus_train.data.pipelines import check_class_count, file_loader
 from torus_train.errors import UserError
 
@@ -42,6 +43,12 @@ def layout_problem(root: Path, need_both: bool) -> str | None:
     found = [(root / s).is_dir() for s in SPLITS]
     if all(found) if need_both else any(found):
         return None
+    other = next((lay for lay in LAYOUTS if lay.name != "folder" and root.is_dir() and lay.claims(root)), None)
+    if other is not None:  # image-net.org's archives or Kaggle's layout: packed first, then trained on
+        return (
+            f"data.source: {root}: holds {other.help}, which a run does not read; pack it once with: "
+            f"torus-train data pack --data {root} --out SHARDS, then run with --data SHARDS"
+        )
     return (
         f"data.source: {root}: neither an ImageNet-layout folder (train/CLASS/*, val/CLASS/*) nor a packed "
         f"set (packed.json; torus-train data pack)"
