@@ -319,3 +319,19 @@ def test_run_on_an_unpacked_layout_says_to_pack_it(layouts, layout, tmp_path):
     assert_one_line_error(
         code, err, f"which a run does not read; pack it once with: torus-train data pack --data {data}"
     )
+
+
+def test_truncated_train_tar_is_one_line(layouts, tmp_path):
+    data = copy(layouts, "archives", tmp_path)
+    tar = data / "ILSVRC2012_img_train.tar"
+    os.truncate(tar, tar.stat().st_size // 2)
+    refused(data, tmp_path, "ILSVRC2012_img_train.tar: not a readable tar (")
+
+
+def test_a_folder_beside_the_archives_packs_as_before(layouts, packed, tmp_path):
+    """train/ and val/ next to the tars (extracted, tars kept): the folder is packed, as it was before."""
+    data = copy(layouts, "folder", tmp_path)
+    shutil.copy(layouts["archives"] / "ILSVRC2012_img_val.tar", data)  # no devkit: would be refused as archives
+    out = pack(data, tmp_path / "P", shard_mb=0.01, seed=5)
+    assert bench.packed_digest(out) == bench.packed_digest(packed["folder"])
+    assert load_packed(out).meta["layout"] == "folder"

@@ -221,9 +221,9 @@ def _class_tar(outer: tarfile.TarFile, m: tarfile.TarInfo, where: str) -> list[t
     files = []
     with tarfile.open(fileobj=outer.extractfile(m), mode="r:") as inner:
         for i in _members(inner):
-            if i.isdir():
-                continue
             name = posixpath.basename(i.name)
+            if i.isdir() or name.startswith("."):  # hidden files: passed over, as in a folder
+                continue
             if not i.isfile():
                 raise DataError(f"{where}/{i.name}: not a regular file; only images belong in a class's tar")
             _image_name(f"{where}/{i.name}", name)
@@ -265,7 +265,7 @@ def _list_flat_tar(path: Path, log: Log) -> list[tuple[str, int, int]]:
     try:
         with tarfile.open(path, mode="r:") as tf:
             for m in _members(tf):
-                if m.isdir():
+                if m.isdir() or posixpath.basename(m.name).startswith("."):  # hidden files: passed over
                     continue
                 if not m.isfile():
                     raise DataError(f"{path}:{m.name}: not a regular file; only images belong in {path.name}")
@@ -504,8 +504,18 @@ def _kaggle_open(data: Path, log: Log) -> Source:
     return Source("kaggle", data, classes, tuple(words[c] for c in classes), {"train": train, "val": val})
 
 
-# In the order they are tried: the archives and Kaggle's layout are recognised by their file names; a folder
-# holding train/ or val/ and neither of those is the ImageNet layout.
+# In the order they are tried: a folder holding train/ or val/ is the ImageNet layout (also when the archives lie
+# beside it: what it packed before, it packs now); else the archives and Kaggle's layout, told by their file names.
+LAYOUTS.add(
+    "folder",
+    Layout(
+        "folder",
+        "an ImageNet-layout folder (train/WNID/*.JPEG, val/WNID/*.JPEG)",
+        _folder_claims,
+        _folder_check,
+        _folder_open,
+    ),
+)
 LAYOUTS.add(
     "archives",
     Layout(
@@ -524,15 +534,5 @@ LAYOUTS.add(
         _kaggle_claims,
         _kaggle_check,
         _kaggle_open,
-    ),
-)
-LAYOUTS.add(
-    "folder",
-    Layout(
-        "folder",
-        "an ImageNet-layout folder (train/WNID/*.JPEG, val/WNID/*.JPEG)",
-        _folder_claims,
-        _folder_check,
-        _folder_open,
     ),
 )
