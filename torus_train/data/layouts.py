@@ -103,7 +103,7 @@ def find_layout(data: Path) -> Layout:
 
 
 def expected() -> str:
-    """The layouts, for a message: 'train/WNID/*.JPEG and val/WNID/*.JPEG, or ...'."""
+    """The layouts, for a message: 'an ImageNet-layout folder (...), or image-net.org's archives (...), or ...'."""
     return ", or ".join(lay.help for lay in LAYOUTS)
 
 
