@@ -109,7 +109,9 @@ def meta_mat(words: dict, ids: dict) -> bytes:
         ("wordnet_height", "O"),
         ("num_train_images", "O"),
     ]
-    rows = [(ids[w], w, words[w], f"gloss of {w}", 0, np.zeros((1, 0)), 0, 1300) for w in sorted(ids, key=ids.get)]
+    rows: list[tuple] = [
+        (ids[w], w, words[w], f"gloss of {w}", 0, np.zeros((1, 0)), 0, 1300) for w in sorted(ids, key=lambda w: ids[w])
+    ]
     n = len(rows)
     rows += [
         (n + 1, "n00001740", "entity", "that which exists", 1, np.array([[n + 2]]), 19, 0),

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -129,7 +130,7 @@ def _read_file(path: Path) -> bytes:
         raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
-def _ordered(classes: tuple[str, ...], entries: list[tuple[int, str, object]]) -> tuple[list, list[str], list[int]]:
+def _ordered(classes: tuple[str, ...], entries: list[tuple[int, str, Any]]) -> tuple[list, list[str], list[int]]:
     """(payloads, CLASS/FILE names, labels) of (label, file, payload) entries in the folder layout's order."""
     entries.sort(key=lambda e: (e[0], e[1]))
     return [e[2] for e in entries], [f"{classes[e[0]]}/{e[1]}" for e in entries], [e[0] for e in entries]
@@ -166,7 +167,8 @@ def _folder_listing(folder: Path, names: list[str], labels: list[int]) -> Listin
 
 
 def _folder_open(data: Path, log: Log) -> Source:
-    splits, classes = {}, ()
+    splits: dict[str, Listing] = {}
+    classes: tuple[str, ...] = ()
     for split in SPLITS:
         classes, names, labels = list_split(data, split)
         splits[split] = _folder_listing(data / split, names, labels)
@@ -208,7 +210,7 @@ def _members(tf: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     """A tar's members one by one from their headers (each member's data is skipped by a seek), without the list
     tarfile keeps of every member read (1.28 million TarInfo objects would take gigabytes)."""
     while (m := tf.next()) is not None:
-        tf.members.clear()
+        tf.members.clear()  # type: ignore[attr-defined]  # TarFile's own list (getmembers() returns it)
         yield m
 
 
@@ -286,8 +288,9 @@ def _devkit_file(data: Path, member: str) -> tuple[bytes, str]:
     try:
         with tarfile.open(tgz, mode="r:gz") as tf:
             for m in tf:
-                if m.isfile() and (m.name == member or m.name.endswith("/" + member)):
-                    return tf.extractfile(m).read(), f"{tgz}:{m.name}"
+                f = tf.extractfile(m) if m.name == member or m.name.endswith("/" + member) else None
+                if f is not None:  # a regular file of that name (extractfile gives None for anything else)
+                    return f.read(), f"{tgz}:{m.name}"
     except (tarfile.TarError, EOFError, OSError) as e:
         raise DataError(
             f"{tgz}: not a readable tar.gz ({getattr(e, 'strerror', None) or e}); download it again"

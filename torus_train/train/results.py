@@ -185,11 +185,11 @@ def read_summary(run: Run) -> None:
         run.skipped.append(f"skipped {path.name}: {str(e).removeprefix('report: ')}; per-rank figures left out")
         return
     run.summary, bad = _checked(s, SUMMARY_FIELDS, path.name)
-    if bad:
+    if bad or run.summary is None:
         run.skipped.append(f"skipped {bad}; summary left out")
         return
     run.target = run.summary.get("target_top1")
-    _check_classes(run, path.name)
+    _check_classes(run, run.summary, path.name)
     rows = s.get("ranks")
     if rows is None:
         rows = (s.get("stragglers") or {}).get("slowest") if isinstance(s.get("stragglers"), dict) else None
@@ -204,10 +204,9 @@ def read_summary(run: Run) -> None:
             run.ranks.append(kept)
 
 
-def _check_classes(run: Run, where: str) -> None:
-    """The trained classes and their words (train/report.py data_classes): strings, the names one per class;
-    anything else is left out and said."""
-    s = run.summary
+def _check_classes(run: Run, s: dict, where: str) -> None:
+    """The trained classes and their words in summary ``s`` (train/report.py data_classes): strings, the names
+    one per class; anything else is left out and said."""
     classes, names = s.get("classes"), s.get("class_names")
     if classes is not None and not all(isinstance(c, str) for c in classes):
         run.skipped.append(f"{where}: classes: not a list of strings; the class names left out")
@@ -518,8 +517,9 @@ def summary_lines(run: Run) -> list[str]:
     if s is not None:
         ranks = f"{s['world_size']} rank" + ("s" if s["world_size"] != 1 else "")
         lines.append(f"{s['steps']} steps on {ranks} (grid {s.get('grid', '?')}), {s['wall_seconds']:.1f} s")
-        if class_line(s):
-            lines.append(class_line(s))
+        classes = class_line(s)
+        if classes:
+            lines.append(classes)
     elif run.intervals:
         last = run.intervals[-1]
         lines.append(f"up to step {last['step']} (epoch {last['epoch'] + 1}), {last['wall_seconds']:.1f} s")
