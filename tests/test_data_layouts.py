@@ -335,3 +335,23 @@ def test_a_folder_beside_the_archives_packs_as_before(layouts, packed, tmp_path)
     out = pack(data, tmp_path / "P", shard_mb=0.01, seed=5)
     assert bench.packed_digest(out) == bench.packed_digest(packed["folder"])
     assert load_packed(out).meta["layout"] == "folder"
+
+
+def test_class_names_are_checked_where_the_set_is_opened(packed, tmp_path):
+    """`data check` passes a set packed from the archives; class_names of another length is one line, exit 2."""
+    data = Path(shutil.copytree(packed["archives"], tmp_path / "P"))
+    code, out, err = invoke("data", "check", "--data", str(data))
+    assert code == 0 and "checksums match" in out, err
+    meta = json.loads((data / "packed.json").read_text())
+    meta["class_names"] = meta["class_names"][:-1]
+    (data / "packed.json").write_text(json.dumps(meta))
+    code, _, err = invoke("data", "check", "--data", str(data))
+    assert_one_line_error(code, err, "class_names: must be one string per class of splits.train.classes")
+
+
+def test_kaggles_image_folder_itself_points_at_the_download(layouts, tmp_path):
+    cls_loc = layouts["kaggle"] / "ILSVRC/Data/CLS-LOC"
+    code, _, err = invoke("data", "pack", "--data", str(cls_loc), "--out", str(tmp_path / "P"))
+    assert_one_line_error(
+        code, err, f"give --data {layouts['kaggle']}, the folder holding ILSVRC/ and LOC_val_solution"
+    )

@@ -159,7 +159,15 @@ def _folder_check(data: Path) -> None:
     for split in SPLITS:
         if not (data / split).is_dir():
             raise DataError(f"{data}: not an ImageNet-layout folder ({split}/CLASS/* missing)")
-    same_classes(data)
+    try:
+        same_classes(data)
+    except DataError:
+        if data.parts[-3:] == tuple(KAGGLE_DATA.split("/")):  # Kaggle's folder of images, its flat val/ unlabelled
+            raise DataError(
+                f"{data}: Kaggle's {KAGGLE_DATA} (its val/ is flat, labelled by {SOLUTION}); give --data "
+                f"{data.parents[2]}, the folder holding ILSVRC/ and {SOLUTION}"
+            ) from None
+        raise
 
 
 def _folder_listing(folder: Path, names: list[str], labels: list[int]) -> Listing:
