@@ -27,6 +27,7 @@ PKG = ROOT / "torus_train"
 # Lowest first. A module may import from its own package and from any package before it in this list.
 ORDER = (
     "errors",
+    "verdict",
     "registry",
     "cache",
     "userfiles",
@@ -58,6 +59,7 @@ TORCH_SIDE = (
     "comm.mpi.transport",
     "comm.shm",
     "data.batch_decode",
+    "data.decode_probe",
     "data.dali",
     "data.synthetic",
     "data.torchvision_loader",

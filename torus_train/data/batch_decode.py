@@ -18,8 +18,10 @@ function of (seed, rank, epoch, step): a resumed run draws what a straight one d
 from __future__ import annotations
 
 import functools
+import io
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
@@ -49,12 +51,30 @@ def decode_batch(encoded: list[torch.Tensor], device) -> tuple[list[torch.Tensor
 
 
 def decode_one(data: torch.Tensor, device) -> torch.Tensor:
-    """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder, else the CPU's
-    decoders (any format torchvision reads); RuntimeError when neither reads it."""
+    """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder, else torchvision's CPU
+    decoders (JPEG, PNG, WebP, GIF), else PIL's (BMP and TIFF, which the index accepts and the CPU decoder
+    reads); RuntimeError when none reads it."""
     try:
         return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
+        pass
+    try:
         return decode_image(data, mode=ImageReadMode.RGB).to(device)
+    except RuntimeError:
+        return pil_decode(data).to(device)
+
+
+def pil_decode(data: torch.Tensor) -> torch.Tensor:
+    """[3, H, W] uint8 RGB decoded by PIL on the CPU (the CPU decoder's reader); RuntimeError when PIL cannot
+    read it, like torchvision's decoders."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data.numpy().tobytes())) as im:
+            rgb = np.array(im.convert("RGB"))
+    except Exception as e:  # PIL raises several types for bad files
+        raise RuntimeError(f"no decoder reads it (PIL: {type(e).__name__}: {e})") from None
+    return torch.from_numpy(rgb).permute(2, 0, 1).contiguous()
 
 
 def crop_box(height: int, width: int, generator: torch.Generator) -> tuple[int, int, int, int]:
