@@ -13,15 +13,42 @@ import pytest
 from .runhelp import leftover_workers, run_cli, summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for datahelp
-from datahelp import make_index_set  # noqa: E402
+from datahelp import make_index_set
 
 pytestmark = pytest.mark.timeout(400)
 
-RUN = ["--gpus", "2", "--grid", "2x1", "--model", "resnet18", "--image-size", "24", "--steps", "2",
-       "--set", "model.num_classes=3", "--set", "job.log_every=1", "--set", "checkpoint.every_epochs=0",
-       "--set", "eval.every_epochs=0", "--set", "schedule.stages=[{until_epoch=1,global_batch=8}]",
-       "--set", "schedule.base_lr=0.1", "--set", "schedule.lr_reference_batch=8",
-       "--set", "schedule.warmup_epochs=0", "--set", "data.loader=torchvision", "--set", "data.num_threads=0"]
+RUN = [
+    "--gpus",
+    "2",
+    "--grid",
+    "2x1",
+    "--model",
+    "resnet18",
+    "--image-size",
+    "24",
+    "--steps",
+    "2",
+    "--set",
+    "model.num_classes=3",
+    "--set",
+    "job.log_every=1",
+    "--set",
+    "checkpoint.every_epochs=0",
+    "--set",
+    "eval.every_epochs=0",
+    "--set",
+    "schedule.stages=[{until_epoch=1,global_batch=8}]",
+    "--set",
+    "schedule.base_lr=0.1",
+    "--set",
+    "schedule.lr_reference_batch=8",
+    "--set",
+    "schedule.warmup_epochs=0",
+    "--set",
+    "data.loader=torchvision",
+    "--set",
+    "data.num_threads=0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +66,13 @@ def cpu_run(folder, tmp_path_factory):
     return summary(out)
 
 
-@pytest.mark.parametrize("fault, why", [
-    ("wrongimage:1", "on 1 of 2 ranks (it passed on rank 0)"),
-    ("decoderaises:all", "on 2 of 2 ranks (the device decoder raised RuntimeError: injected decoder failure"),
-])
+@pytest.mark.parametrize(
+    "fault, why",
+    [
+        ("wrongimage:1", "on 1 of 2 ranks (it passed on rank 0)"),
+        ("decoderaises:all", "on 2 of 2 ranks (the device decoder raised RuntimeError: injected decoder failure"),
+    ],
+)
 def test_a_failed_decoder_probe_runs_on_the_cpu_decoder(fault, why, folder, cpu_run, tmp_path):
     out = tmp_path / "run"
     r = run_cli(*RUN, "--data", str(folder), "--out", str(out), env={"TORUS_TRAIN_FAULT": fault})
