@@ -53,7 +53,7 @@ def decode_batch(encoded: list[torch.Tensor], device) -> tuple[list[torch.Tensor
     return images, failed
 
 
-def device_jpeg(encoded, device, stream=None, decode=decode_jpeg):
+def device_jpeg(encoded, device, stream=None, decode=None):
     """``decode(encoded, mode=RGB, device=device)`` (torchvision's decode_jpeg: one image or a list), ordered
     against the calling thread's current CUDA stream (``stream``: that stream; a test hands a recorded fake).
 
@@ -70,6 +70,7 @@ def device_jpeg(encoded, device, stream=None, decode=decode_jpeg):
          so the augmentation queued next reads finished pixels, and _Prefetch.get makes the consumer's stream
          wait on the event recorded after the augmentation.
     On a CPU device it is the plain call (nothing runs asynchronously)."""
+    decode = decode or decode_jpeg
     if torch.device(device).type != "cuda":
         return decode(encoded, mode=ImageReadMode.RGB, device=device)
     (stream or torch.cuda.current_stream(device)).synchronize()
