@@ -4,7 +4,7 @@
     choice.decoder                               the data.decoder entry the loaders are built with
     choice.summary()                             summary.json's choices.decoder: {"choice", "why"}
 
-``auto`` on CUDA ranks uses the device decoder (nvJPEG) only when data/decode_probe.py shows it decoding the
+``auto`` (a probed entry of job/sources.py's DECODERS) on CUDA ranks uses the device decoder (nvJPEG) only when data/decode_probe.py shows it decoding the
 embedded images of every kind as PIL does (and, for a deterministic run, giving the same bits twice) on every
 rank; otherwise every rank decodes on the CPU and rank 0 says so in one line. ``cpu`` and ``gpu`` are obeyed
 without a probe (gpu on CPU ranks is refused before launch: job/sources.py). The decoder only matters to the
@@ -46,25 +46,25 @@ def choose_decoder(spec, boot, say=None, fault=None) -> DecoderChoice:
         return DecoderChoice(setting, "none", f"data.source = {spec.data.source}: nothing is decoded")
     if resolve_kind(spec.data.loader, boot.info.rank) != "torchvision":
         return DecoderChoice(setting, "dali", "the DALI pipeline decodes (data.decoder applies to torchvision's)")
-    injected = fault is not None and fault.kind.probe is not None
-    if setting != "auto" or (boot.device.type != "cuda" and not injected):
-        placed = DECODERS.get(setting).place(boot.device.type)
-        why = f"data.decoder = {setting}" if setting != "auto" else f"auto: the ranks run on the {boot.device.type}"
+    entry, injected = DECODERS.get(setting), fault is not None and fault.kind.probe is not None
+    placed = entry.place(boot.device.type)  # a UserError where the device cannot take it
+    if not entry.probed or (placed != "gpu" and not injected):
+        why = f"{setting}: the ranks run on the {boot.device.type}" if entry.probed else f"data.decoder = {setting}"
         return DecoderChoice(placed, placed, why)
     decode = fault.kind.probe if injected and fault.targets(boot.info.rank) else None
     verdict = probe(boot.device, spec.job.deterministic, decode)
     failures = ranks_failing(verdict.ok is True, boot.device)
-    if failures == 0 and boot.device.type == "cuda":
-        return DecoderChoice("gpu", "gpu", f"auto: {verdict.why}")
+    if failures == 0 and placed == "gpu":
+        return DecoderChoice("gpu", "gpu", f"{setting}: {verdict.why}")
     if failures == 0:  # an injected probe on CPU ranks passed: the CPU ranks still decode on the CPU
-        return DecoderChoice("cpu", "cpu", f"auto: the ranks run on the {boot.device.type} ({verdict.why})")
+        return DecoderChoice("cpu", "cpu", f"{setting}: the ranks run on the {boot.device.type} ({verdict.why})")
     why = verdict.why if verdict.ok is not True else f"it passed on rank {boot.info.rank}"
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     where = f"on {failures} of {world} ranks" if world > 1 else "here"
-    choice = DecoderChoice("cpu", "cpu", f"auto: the GPU decoder failed its start-up check {where} ({why})")
+    failed = f"the GPU decoder failed its start-up check {where} ({why})"
     if say is not None:
-        say(f"data.decoder: {choice.why[len('auto: ') :]}; decoding on the CPU (data.decoder = cpu)")
-    return choice
+        say(f"data.decoder: {failed}; decoding on the CPU (data.decoder = cpu)")
+    return DecoderChoice("cpu", "cpu", f"{setting}: {failed}")
 
 
 def probe(device: torch.device, deterministic: bool, decode=None) -> Verdict:
