@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
 from torus_train.train.step import step_body
 
@@ -115,8 +116,6 @@ class StepState:
             rs.optimizer.__dict__.pop(attr, None)
         scaler = rs.scaler
         if scaler is not None:
-            from torch.amp.grad_scaler import _refresh_per_optimizer_state
-
             scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         rs.ddp._reset()  # bucket counts and futures for the next backward
         rs.ddp._syncing = True
