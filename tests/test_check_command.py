@@ -141,3 +141,9 @@ def test_the_command_does_not_import_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_docs_list_every_part_in_order():
+    text = (ROOT / "docs" / "check.md").read_text()
+    rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == list(PARTS.names())  # the first row is the header

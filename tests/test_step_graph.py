@@ -8,11 +8,11 @@ to the bit to an eager run's. Whether the captured step is right on a GPU is `to
 
 from __future__ import annotations
 
-import contextlib
 import json
 
 import pytest
 import torch
+from graphfake import install
 
 from torus_train.check.smallrun import loop_run, small_spec, world_of_one
 from torus_train.ranks.distributed import shutdown
@@ -21,80 +21,9 @@ from torus_train.train import graphs, loop
 pytestmark = pytest.mark.timeout(240)
 
 
-class FakeCuda:
-    """Records torch.cuda's graph calls; a graph remembers the step_body call made while it captured."""
-
-    def __init__(self):
-        self.log: list = []
-        self.fail_capture: set[int] = set()  # the numbers (1, 2, ...) of the captures that raise
-        self.mismatch = False
-        self.capturing = None
-        self.captures = 0
-
-    def graph(self, g, pool=None, capture_error_mode=None):
-        fake = self
-
-        @contextlib.contextmanager
-        def capture():
-            fake.captures += 1
-            fake.log.append(("capture", capture_error_mode))
-            fake.capturing = g
-            try:
-                yield
-            finally:
-                fake.capturing = None
-            if fake.captures in fake.fail_capture:
-                raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
-
-        return capture()
-
-
-class FakeGraph:
-    def __init__(self, fake: FakeCuda, body):
-        self.fake, self.body, self.call, self.out = fake, body, None, None
-
-    def replay(self):
-        self.fake.log.append("replay")
-        self.out.copy_(self.body(*self.call))
-        if self.fake.mismatch:  # a graph that computes something else than the eager step
-            with torch.no_grad():
-                next(self.call[0].model.parameters()).add_(0.5)
-
-
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    fake = FakeCuda()
-    real = graphs.step_body
-
-    def body(rs, images, labels, accumulation):
-        out = real(rs, images, labels, accumulation)
-        if fake.capturing is not None:
-            fake.capturing.call, fake.capturing.out = (rs, images, labels, accumulation), out
-        else:
-            fake.log.append(("eager", accumulation, tuple(images.shape)))
-        out.record_stream = lambda s: None
-        return out
-
-    class Stream:
-        def __init__(self, device=None):
-            pass
-
-        def wait_stream(self, other):
-            pass
-
-    for name, value in {
-        "CUDAGraph": lambda: FakeGraph(fake, real),
-        "graph_pool_handle": lambda: "pool",
-        "graph": fake.graph,
-        "synchronize": lambda device=None: None,
-        "empty_cache": lambda: None,
-        "Stream": Stream,
-        "current_stream": lambda device=None: Stream(),
-        "stream": lambda s: contextlib.nullcontext(),
-    }.items():
-        monkeypatch.setattr(torch.cuda, name, value)
-    monkeypatch.setattr(graphs, "step_body", body)
-    return fake
+    return install(monkeypatch.setattr)
 
 
 @pytest.fixture(scope="module")
