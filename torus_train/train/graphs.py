@@ -117,8 +117,7 @@ class StepState:
         scaler = rs.scaler
         if scaler is not None:
             scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
-        rs.ddp._reset()  # bucket counts and futures for the next backward
-        rs.ddp._syncing = True
+        rs.ddp.reset()  # bucket counts and futures for the next backward
 
 
 def _step_tensors(rs) -> list[torch.Tensor]:
