@@ -69,6 +69,7 @@ TORCH_SIDE = (
     "data.torchvision_loader",
     "ranks.distributed",
     "train.build",
+    "train.decoder",
     "train.graphs",
     "train.loop",
     "train.models",

@@ -17,13 +17,16 @@ function of (seed, rank, epoch, step): a resumed run draws what a straight one d
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import math
+import threading
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils.deterministic as det
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from torus_train.data.base import MEAN, STD, TRAIN_AREA, TRAIN_RATIO, val_resize
@@ -36,7 +39,7 @@ def decode_batch(encoded: list[torch.Tensor], device) -> tuple[list[torch.Tensor
     instead of failing its batch: a JPEG the device decoder refuses (CMYK, a PNG named .JPEG) is decoded on
     the CPU and moved to the device; one that no decoder reads is None, its reason in the dict."""
     try:
-        return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)), {}
+        return list(device_jpeg(encoded, device)), {}
     except RuntimeError:
         pass
     images: list[torch.Tensor | None] = []
@@ -50,12 +53,56 @@ def decode_batch(encoded: list[torch.Tensor], device) -> tuple[list[torch.Tensor
     return images, failed
 
 
+def device_jpeg(encoded, device, stream=None, decode=None):
+    """``decode(encoded, mode=RGB, device=device)`` (torchvision's decode_jpeg: one image or a list), ordered
+    against the calling thread's current CUDA stream (``stream``: that stream; a test hands a recorded fake).
+
+    Why: torchvision allocates the outputs with torch.empty on the current stream (the prefetch stream here),
+    then nvJPEG writes them on its own stream, which never waits for the current one (pytorch/vision PR 9606).
+    The caching allocator gives out a block freed on a stream as soon as the free is queued, so the decode can
+    land in memory that kernels still queued on the prefetch stream (the previous batch's crop and resize) are
+    reading: silently wrong images. The order, therefore:
+      1. the current stream is synchronised (a host wait in the prefetch thread, never in the training step):
+         every block the allocator can hand this decode has been read to the end;
+      2. under torch.use_deterministic_algorithms, torch.empty fills new memory with a kernel queued on the
+         current stream, which would race nvJPEG's writes: that fill is off for the call (no_prefill);
+      3. after the decode, torchvision makes the current stream wait on an event recorded on nvJPEG's stream,
+         so the augmentation queued next reads finished pixels, and _Prefetch.get makes the consumer's stream
+         wait on the event recorded after the augmentation.
+    On a CPU device it is the plain call (nothing runs asynchronously)."""
+    decode = decode or decode_jpeg
+    if torch.device(device).type != "cuda":
+        return decode(encoded, mode=ImageReadMode.RGB, device=device)
+    (stream or torch.cuda.current_stream(device)).synchronize()
+    with no_prefill():
+        return decode(encoded, mode=ImageReadMode.RGB, device=device)
+
+
+_PREFILL = threading.Lock()
+
+
+@contextlib.contextmanager
+def no_prefill():
+    """torch.utils.deterministic.fill_uninitialized_memory off inside (when deterministic algorithms are on).
+    The flag is process-wide: other threads' allocations meanwhile go unfilled too, which changes no result
+    (the fill only makes a read of uninitialised memory repeatable; no kernel of the step reads one)."""
+    with _PREFILL:
+        if not (torch.are_deterministic_algorithms_enabled() and det.fill_uninitialized_memory):
+            yield
+            return
+        det.fill_uninitialized_memory = False
+        try:
+            yield
+        finally:
+            det.fill_uninitialized_memory = True
+
+
 def decode_one(data: torch.Tensor, device) -> torch.Tensor:
     """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder, else torchvision's CPU
     decoders (JPEG, PNG, WebP, GIF), else PIL's (BMP and TIFF, which the index accepts and the CPU decoder
     reads); RuntimeError when none reads it."""
     try:
-        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+        return device_jpeg(data, device)
     except RuntimeError:
         pass
     try:

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
+from torus_train.data.device_work import DEVICE_WORK
 from torus_train.train.step import step_body
 
 log = logging.getLogger("torus_train.train")
@@ -254,7 +255,8 @@ class StepGraph:
         torch.cuda.synchronize()  # nothing of the eager steps in flight (NCCL's watchdog included)
         graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
         try:
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            # DEVICE_WORK.held(): the loader threads' GPU work (decode prefetch, pinning) waits out the capture
+            with DEVICE_WORK.held(), torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 loss = step_body(rs, x, y, 1)
             torch.cuda.synchronize()
         except Exception as e:  # any error of the capture: nothing ran on the device, the eager step can

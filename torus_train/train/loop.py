@@ -37,6 +37,7 @@ from torus_train.train.build import (
     wrap_ddp,
 )
 from torus_train.train.checkpoint import write_atomic
+from torus_train.train.decoder import choose_decoder
 from torus_train.train.eta import Eta
 from torus_train.train.faults import Fault, install
 from torus_train.train.graphs import StepGraph, all_ranks, choice_without
@@ -79,6 +80,8 @@ def run_training(
         if rs.graphs is not None:  # an injected fault acts in Python per step, which a graph replay would not run
             rs.graphs = None
             rs.choices["cuda_graphs"] = {"choice": "eager", "why": "an injected fault acts in Python per step"}
+    choice = choose_decoder(spec, boot, rs.progress.say if rs.progress else None, fault)  # before any loader
+    rs.decoder, rs.choices["decoder"] = choice.decoder, choice.summary()
     if resume_run and resume(rs, regrid):
         record_resume(rs)
     rs.t0 = time.time()
@@ -142,7 +145,7 @@ def switch_stage(rs: RunState, epoch: int) -> None:
     if stage.per_rank_batch != rs.loader_batch:
         if rs.loader is not None:
             rs.loader.close()
-        rs.loader = build_loader(rs.spec, rs.boot, "train", stage.per_rank_batch, rs.corrupt)
+        rs.loader = build_loader(rs.spec, rs.boot, "train", stage.per_rank_batch, rs.corrupt, rs.decoder)
         rs.loader_batch = stage.per_rank_batch
         record_stage(rs, epoch, stage)
         if rs.graphs is not None:
@@ -220,7 +223,7 @@ def maybe_evaluate(rs: RunState, epoch: int, epoch_done: bool) -> None:
     if not (epoch_done and every and ((epoch + 1) % every == 0 or epoch + 1 == epochs)):
         return
     if rs.val_loader is None:
-        rs.val_loader = build_loader(rs.spec, rs.boot, "val", max(1, rs.loader_batch), rs.corrupt)
+        rs.val_loader = build_loader(rs.spec, rs.boot, "val", max(1, rs.loader_batch), rs.corrupt, rs.decoder)
     sync_buffers(rs.model)
     record_eval(rs, evaluate(rs.model, rs.val_loader, rs.amp_dtype), epoch)
 
