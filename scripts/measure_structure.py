@@ -41,6 +41,7 @@ ORDER = (
     "train",
     "ranks",
     "bench",
+    "check",
     "commands",
     "cli",
     "__main__",
@@ -51,6 +52,9 @@ ORDER = (
 # of it), and a pure module reaches torch only inside the function that needs it (the torch boundary).
 TORCH_SIDE = (
     "bench.sweep",
+    "check.device",
+    "check.smallrun",
+    "check.throughput",
     "comm.algos",
     "comm.arith",
     "comm.buckets",

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
 from torus_train.data.device_work import DEVICE_WORK
 from torus_train.train.step import step_body
@@ -116,11 +117,8 @@ class StepState:
             rs.optimizer.__dict__.pop(attr, None)
         scaler = rs.scaler
         if scaler is not None:
-            from torch.amp.grad_scaler import _refresh_per_optimizer_state
-
             scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
-        rs.ddp._reset()  # bucket counts and futures for the next backward
-        rs.ddp._syncing = True
+        rs.ddp.reset()  # bucket counts and futures for the next backward
 
 
 def _step_tensors(rs) -> list[torch.Tensor]:

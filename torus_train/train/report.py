@@ -319,7 +319,7 @@ def summary(rs: RunState, wall: float, digest: str, agree: bool, ranks: dict | N
         "skipped_steps": rs.skipped_steps,
         "deterministic": spec.job.deterministic,
         "cuda_graph_captures": list(rs.graphs.capture_seconds) if rs.graphs is not None else None,
-        "choices": {**rs.choices, **({"cuda_graphs": dict(rs.graphs.choice)} if rs.graphs is not None else {})},
+        "choices": choices(rs),
         "val_top1": ev["top1"] if ev else None,
         "val_top5": ev["top5"] if ev else None,
         "best_top1": pos.best_top1,
@@ -330,6 +330,12 @@ def summary(rs: RunState, wall: float, digest: str, agree: bool, ranks: dict | N
         "param_digests_agree": agree,
         **(ranks or {}),
     }
+
+
+def choices(rs: RunState) -> dict:
+    """What each `auto` setting resolved to and why ({"cuda_graphs": {"choice", "why"}, ...}); the StepGraph's
+    own at the end (a later stage may have fallen back)."""
+    return {**rs.choices, **({"cuda_graphs": dict(rs.graphs.choice)} if rs.graphs is not None else {})}
 
 
 def summary_text(s: dict) -> str:
