@@ -27,6 +27,7 @@ PKG = ROOT / "torus_train"
 # Lowest first. A module may import from its own package and from any package before it in this list.
 ORDER = (
     "errors",
+    "verdict",
     "registry",
     "cache",
     "userfiles",
@@ -40,6 +41,7 @@ ORDER = (
     "train",
     "ranks",
     "bench",
+    "check",
     "commands",
     "cli",
     "__main__",
@@ -50,6 +52,9 @@ ORDER = (
 # of it), and a pure module reaches torch only inside the function that needs it (the torch boundary).
 TORCH_SIDE = (
     "bench.sweep",
+    "check.device",
+    "check.smallrun",
+    "check.throughput",
     "comm.algos",
     "comm.arith",
     "comm.buckets",
@@ -58,11 +63,13 @@ TORCH_SIDE = (
     "comm.mpi.transport",
     "comm.shm",
     "data.batch_decode",
+    "data.decode_probe",
     "data.dali",
     "data.synthetic",
     "data.torchvision_loader",
     "ranks.distributed",
     "train.build",
+    "train.decoder",
     "train.graphs",
     "train.loop",
     "train.models",

@@ -124,7 +124,7 @@ def test_more_ranks_than_gpus_fall_back_to_gloo_unless_nccl_is_asked():
             "NCCL runs one rank per GPU; run CPU ranks with --backend gloo",
         ):
             bench_ranks(nprocs, grid, "nccl", gpus)
-    with pytest.raises(UserError, match="--backend nccl needs CUDA GPUs; none found here"):
+    with pytest.raises(UserError, match="--backend nccl needs CUDA GPUs; CUDA shows none here"):
         bench_ranks(None, None, "nccl", 0)
     assert bench_ranks(None, None, "gloo", 4).world == 4  # gloo asked: CPU ranks, the default 4
 

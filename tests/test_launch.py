@@ -656,7 +656,7 @@ def test_gpu_probe_reads_cuda_visible_devices_as_cuda_does(tmp_path):
 
     assert [visible_entries(v) for v in ("0", "0,1,2,3", "GPU-3f2a,GPU-77b1", "0,-1,2", "", "-1")] == [1, 4, 2, 1, 0, 0]
     assert count_gpus({}, None) == 0 and count_gpus({}, 8) == 8
-    assert count_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, None) == 4  # no driver list: taken at its word
+    assert count_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, None) == 0  # no driver: CUDA shows nothing
     assert count_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 1) == 1  # no more than the driver has
     assert local_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0 and local_gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}) == 0
     (tmp_path / "0000:1a:00.0").mkdir()

@@ -136,4 +136,4 @@ def test_backend_nccl_without_a_gpu_is_refused(gpus_here, tmp_path):
 
     gpus_here(0)
     code, _, err = invoke("run", "--backend", "nccl", "--out", str(tmp_path / "o"))
-    assert_one_line_error(code, err, "comm.backend = nccl needs one GPU per rank and this machine shows none")
+    assert_one_line_error(code, err, "comm.backend = nccl needs one GPU per rank and CUDA shows none here")

@@ -1,127 +1,163 @@
-"""StepGraph's control flow around the capture (train/graphs.py), on the CPU with torch.cuda's graph calls
-replaced by recorders: warm-up steps eager, one capture per stage, replays after it, a new capture at a stage
-switch, accumulation and odd shapes eager, and a failed capture a one-line RunFailed. Whether the captured
-step is right is the GPU check's work (scripts/gpu_check.sh --parts graphs)."""
+"""StepGraph (train/graphs.py) on the CPU, with torch.cuda's graph calls replaced by recorders that run what a
+graph would: the capture runs the step (a real capture runs nothing on the device, so this is the harder case
+for putting the state back), a replay runs the captured step again on the static inputs. The real loop drives
+it (train/loop.py, a world of one, a small model): warm-up steps eager, the probe (capture, one replay against
+the eager step), replays after it, a new probe at a stage switch; a capture that raises or a replay that
+differs leaves the run eager, said in one line, recorded in the summary's choices, and every parameter equal
+to the bit to an eager run's. Whether the captured step is right on a GPU is `torus-train check`'s graphs part."""
 
 from __future__ import annotations
 
-import contextlib
-from types import SimpleNamespace
+import json
 
 import pytest
 import torch
+from graphfake import install
 
-from torus_train.errors import RunFailed
-from torus_train.train import graphs
+from torus_train.check.smallrun import loop_run, small_spec, world_of_one
+from torus_train.ranks.distributed import shutdown
+from torus_train.train import graphs, loop
 
-
-class FakeGraph:
-    def __init__(self, log):
-        self.log = log
-
-    def replay(self):
-        self.log.append("replay")
+pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    log: list = []
-    fail = {"capture": False}
-
-    @contextlib.contextmanager
-    def graph(g, pool=None, capture_error_mode=None):
-        log.append(("capture", capture_error_mode))
-        yield
-        if fail["capture"]:
-            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
-
-    class Stream:
-        def __init__(self, device=None):
-            pass
-
-        def wait_stream(self, other):
-            pass
-
-    stream = SimpleNamespace(wait_stream=lambda other: None)
-    for name, value in {
-        "CUDAGraph": lambda: FakeGraph(log),
-        "graph_pool_handle": lambda: "pool",
-        "graph": graph,
-        "synchronize": lambda: None,
-        "empty_cache": lambda: None,
-        "Stream": Stream,
-        "current_stream": lambda device=None: stream,
-        "stream": lambda s: contextlib.nullcontext(),
-    }.items():
-        monkeypatch.setattr(torch.cuda, name, value)
-
-    def body(rs, images, labels, accumulation):
-        log.append(("eager", accumulation, tuple(images.shape)))
-        out = torch.zeros(())
-        out.record_stream = lambda s: None
-        return out
-
-    monkeypatch.setattr(graphs, "step_body", body)
-    return log, fail
+    return install(monkeypatch.setattr)
 
 
-def run_state(step=0):
-    return SimpleNamespace(times=None, pos=SimpleNamespace(global_step=step))
+@pytest.fixture(scope="module")
+def boot():
+    b = world_of_one("gloo")
+    yield b
+    shutdown()
+
+
+def run(boot, tmp_path, graph=None, steps=6, batch=4, precision=None, name="run"):
+    spec = small_spec(tmp_path / name, batch, steps, arch="resnet18_w32", image_size=32, cuda_graphs="off")
+    return loop_run(spec, boot, tmp_path / name, precision=precision, graphs=graph)
+
+
+def test_warm_up_then_the_probe_then_replays_equal_to_the_eager_run(fake_cuda, boot, tmp_path):
+    said: list[str] = []
+    got = run(boot, tmp_path, graphs.StepGraph(said.append, warmup=2), name="graphed")
+    eager = run(boot, tmp_path, name="eager")
+    shape = (4, 3, 32, 32)
+    # two warm-up steps; step 3 is the probe: captured, replayed once, then run eagerly (its result); then replays
+    probe = [("capture", "thread_local"), "replay", ("eager", 1, shape)]
+    assert fake_cuda.log == [("eager", 1, shape)] * 2 + probe + ["replay"] * 3
+    assert len(said) == 1 and "step 3 captured" in said[0] and "agreed with the eager step" in said[0]
+    assert got.choices["cuda_graphs"]["choice"] == "graphed" and got.rel_diff == 0.0
+    assert got.steps == eager.steps == 6 and got.digest == eager.digest
+    assert eager.choices == {"cuda_graphs": {"choice": "eager", "why": "model.cuda_graphs = off"}}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16-scaler"])
+def test_a_failed_capture_runs_eagerly_said_once_with_the_eager_runs_parameters(fake_cuda, boot, tmp_path, precision):
+    fake_cuda.fail_capture = {1}
+    said: list[str] = []
+    got = run(boot, tmp_path, graphs.StepGraph(said.append, warmup=1), precision=precision, name="graphed")
+    eager = run(boot, tmp_path, precision=precision, name="eager")
+    assert "replay" not in fake_cuda.log and len(said) == 1 and "\n" not in said[0]
+    assert "at step 2 the capture failed (CUDA error: operation not permitted" in said[0]
+    assert "goes on with the eager step" in said[0]
+    assert got.choices["cuda_graphs"]["choice"] == "eager"
+    assert "capture failed" in got.choices["cuda_graphs"]["why"]
+    assert torch.equal(got.params, eager.params) and got.digest == eager.digest
+
+
+def test_a_replay_that_differs_runs_eagerly_with_the_eager_runs_parameters(fake_cuda, boot, tmp_path):
+    fake_cuda.mismatch = True
+    said: list[str] = []
+    got = run(boot, tmp_path, graphs.StepGraph(said.append, warmup=1), precision="fp16-scaler", name="graphed")
+    eager = run(boot, tmp_path, precision="fp16-scaler", name="eager")
+    assert fake_cuda.log.count("replay") == 1 and len(said) == 1
+    assert "one replay differed from the eager step by max relative difference" in said[0]
+    assert got.choices["cuda_graphs"]["choice"] == "eager" and got.rel_diff > graphs.AGREE_TOLERANCE
+    assert torch.equal(got.params, eager.params)
+
+
+def test_a_later_stage_whose_capture_fails_goes_on_eagerly(fake_cuda, boot, tmp_path, monkeypatch):
+    """The first stage is graphed; the capture at the next stage (batch 4 -> 8) fails: eager from there."""
+    fake_cuda.fail_capture = {2}
+    said: list[str] = []
+    spec = small_spec(
+        tmp_path / "two",
+        4,
+        8,
+        cuda_graphs="off",
+        extra=("schedule.epochs=2", "schedule.stages=[{until_epoch=1,global_batch=4},{until_epoch=2,global_batch=8}]"),
+    )
+    spec.schedule.steps = 0
+    g = graphs.StepGraph(said.append, warmup=1)
+    from torus_train.train.stop import StopRequest
+
+    (tmp_path / "two").mkdir()
+    rs = loop.start(spec, boot, tmp_path / "two", StopRequest())
+    rs.graphs = g
+    for epoch in (0, 1):
+        loop.switch_stage(rs, epoch)
+        loop.run_epoch(rs, epoch)
+    rs.loader.close()
+    rs.ddp.close()
+    assert [e for e in fake_cuda.log if isinstance(e, tuple) and e[0] == "capture"] == [("capture", "thread_local")] * 2
+    assert len(said) == 2 and "captured" in said[0] and "capture failed" in said[1]
+    assert g.eager and g.choice["choice"] == "eager" and len(g.capture_seconds) == 1
+    last = fake_cuda.log[-1]
+    assert last == ("eager", 1, (8, 3, 32, 32))  # the second stage's steps after the failure: eager
+
+
+def start(boot, tmp_path, name):
+    from torus_train.train.stop import StopRequest
+
+    (tmp_path / name).mkdir()
+    return loop.start(small_spec(tmp_path / name, 4, 2, cuda_graphs="off"), boot, tmp_path / name, StopRequest())
 
 
 def batch(n=4):
-    return torch.zeros(n, 3, 8, 8), torch.zeros(n, dtype=torch.long)
+    return torch.zeros(n, 3, 32, 32), torch.zeros(n, dtype=torch.long)
 
 
-def test_warm_up_then_one_capture_then_replays(fake_cuda):
-    log, _ = fake_cuda
-    said = []
-    g = graphs.StepGraph(said.append, warmup=2)
-    for _ in range(5):
-        g.step(run_state(), *batch(), accumulation=1)
-    # two eager warm-up steps; the capture records the third step, which is then run as the first replay
-    assert log == [("eager", 1, (4, 3, 8, 8))] * 2 + [
-        ("capture", "thread_local"),
-        ("eager", 1, (4, 3, 8, 8)),
-        "replay",
-        "replay",
-        "replay",
-    ]
-    assert len(g.capture_seconds) == 1 and said and "captured in" in said[0]
-
-
-def test_a_new_stage_captures_again(fake_cuda):
-    log, _ = fake_cuda
-    g = graphs.StepGraph(warmup=1)
-    for _ in range(2):
-        g.step(run_state(), *batch(4), accumulation=1)
-    g.new_stage()
-    for _ in range(3):
-        g.step(run_state(), *batch(8), accumulation=1)
-    assert [e for e in log if isinstance(e, tuple) and e[0] == "capture"] == [("capture", "thread_local")] * 2
-    assert log.count("replay") == 3 and len(g.capture_seconds) == 2
-
-
-def test_accumulation_and_odd_shapes_run_eagerly_said_once(fake_cuda):
-    log, _ = fake_cuda
-    said = []
+def test_accumulation_and_odd_shapes_run_eagerly_said_once(fake_cuda, boot, tmp_path):
+    said: list[str] = []
     g = graphs.StepGraph(said.append, warmup=0)
+    rs = start(boot, tmp_path, "acc")
     for _ in range(2):
-        g.step(run_state(), *batch(4), accumulation=2)
-    assert log == [("eager", 2, (4, 3, 8, 8))] * 2 and len(said) == 1 and "accumulation" in said[0]
-    g.step(run_state(), *batch(4), accumulation=1)  # captured at batch 4
-    log.clear()
+        g.step(rs, *batch(4), accumulation=2)
+    assert fake_cuda.log == [("eager", 2, (4, 3, 32, 32))] * 2 and len(said) == 1 and "accumulation" in said[0]
+    g.step(rs, *batch(4), accumulation=1)  # the probe at batch 4
+    assert "captured" in said[-1] and not g.eager
+    fake_cuda.log.clear()
     for _ in range(2):
-        g.step(run_state(), *batch(3), accumulation=1)
-    assert log == [("eager", 1, (3, 3, 8, 8))] * 2 and sum("eagerly" in s for s in said) == 2
+        g.step(rs, *batch(3), accumulation=1)
+    assert fake_cuda.log == [("eager", 1, (3, 3, 32, 32))] * 2 and sum("eagerly" in s for s in said) == 2
+    rs.ddp.close()
 
 
-def test_a_failed_capture_stops_the_run_in_one_line(fake_cuda):
-    _, fail = fake_cuda
-    fail["capture"] = True
-    g = graphs.StepGraph(warmup=0)
-    with pytest.raises(RunFailed) as e:
-        g.step(run_state(step=41), *batch(), accumulation=1)
-    text = str(e.value)
-    assert "\n" not in text and "step 42" in text and "operation not permitted" in text
-    assert "model.cuda_graphs=off" in text
+def test_a_capture_that_makes_new_state_is_not_kept(fake_cuda, boot, tmp_path):
+    """No warm-up step: the capture itself would make the skip counters and the momentum, which the graph
+    would hold but the run would not: eager, said once."""
+    said: list[str] = []
+    g = graphs.StepGraph(said.append, warmup=0)
+    rs = start(boot, tmp_path, "new")
+    g.step(rs, *batch(4), accumulation=1)
+    assert g.eager and len(said) == 1 and "new optimizer or counter state inside the capture" in said[0]
+    assert "replay" not in fake_cuda.log and rs.skip_counts is not None  # made by the eager step after it
+    rs.ddp.close()
+
+
+def test_the_summary_names_the_choice(boot, tmp_path):
+    """A run through loop.finish writes summary.json with choices.cuda_graphs (CPU ranks: eager, and why)."""
+    spec = small_spec(tmp_path / "s", 4, 2)
+    (tmp_path / "s").mkdir()
+    from torus_train.train.stop import StopRequest
+
+    rs = loop.start(spec, boot, tmp_path / "s", StopRequest())
+    loop.switch_stage(rs, 0)
+    loop.run_epoch(rs, 0)
+    loop.finish(rs)
+    s = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert s["choices"]["cuda_graphs"] == {
+        "choice": "eager",
+        "why": "auto: the ranks run on the CPU (a graph needs a CUDA rank)",
+    }

@@ -24,6 +24,7 @@ for _name, _ref, _short in (
         "torus_train.commands.bench:bench",
         "Benchmarks: the all-reduce sweep (nccl-tests columns), the input pipeline.",
     ),
+    ("check", "torus_train.commands.check:check", "What this machine can run: GPUs, NCCL, graphs, decoders, speed."),
     ("data", "torus_train.commands.data:data", "Data sets: the demo set, packing a folder, checks."),
     ("plan", "torus_train.commands.plan:plan", "Plan a job without running it: grid, cost model, NCCL comparison."),
     ("report", "torus_train.commands.report:report", "Read a finished run's folder: curves, summary, comparison."),

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from torus_train import outfiles
 from torus_train.errors import UserError
 from torus_train.job.algorithms import BASELINE, runnable
+from torus_train.job.launchers.local import MAX_LOCAL_RANKS as LOCAL_RANKS_CAP
 from torus_train.job.topology import Grid, check_grid_size, choose_grid
 from torus_train.outfiles import Writer
 
@@ -156,8 +157,9 @@ def make_row(
 # --- where the ranks run --------------------------------------------------------------------------
 DEFAULT_CPU_RANKS = 4
 """Ranks (2x2) on a machine with fewer than 2 GPUs, or when the ranks are CPU processes."""
-MAX_LOCAL_RANKS = 1024
-"""Local ranks bench spawns on this machine at most (a larger world is started with mpirun or srun)."""
+MAX_LOCAL_RANKS = LOCAL_RANKS_CAP
+"""Local ranks bench spawns on this machine at most, as `run` (job/launchers/local.py; a larger world is started
+with mpirun or srun)."""
 
 
 @dataclass(frozen=True)
@@ -173,12 +175,18 @@ class BenchRanks:
 
 
 def bench_ranks(
-    nprocs: int | None, grid: Grid | None, backend: str | None, gpus: int, launched_world: int | None = None
+    nprocs: int | None,
+    grid: Grid | None,
+    backend: str | None,
+    gpus: int,
+    launched_world: int | None = None,
+    gpus_why: str = "",
 ) -> BenchRanks:
     """The ranks of a sweep (pure; refuses what cannot run with one line). NCCL runs one rank per GPU, so two
     ranks never share a device: with no --backend, G >= 2 GPUs here give G ranks on NCCL (grid chosen for G)
     and fewer give 4 CPU ranks on gloo; an explicit --backend nccl with more ranks than GPUs is refused.
-    launched_world: the world of ranks a launcher started by hand (mpirun/srun), whose placement is theirs."""
+    launched_world: the world of ranks a launcher started by hand (mpirun/srun), whose placement is theirs.
+    gpus_why: why CUDA shows fewer GPUs than asked (job/gpus.py), for the refusals' line."""
     launched = launched_world is not None
     if launched:
         world = launched_world
@@ -200,15 +208,16 @@ def bench_ranks(
     else:
         grid, why = choose_grid(world)
         why = "chosen: " + why
-    backend, backend_why = _backend(backend, world, gpus, launched)
+    backend, backend_why = _backend(backend, world, gpus, launched, gpus_why)
     return BenchRanks(world, grid, why, backend, backend_why)
 
 
-def _backend(backend: str | None, world: int, gpus: int, launched: bool) -> tuple[str, str]:
+def _backend(backend: str | None, world: int, gpus: int, launched: bool, gpus_why: str = "") -> tuple[str, str]:
     """(backend, why) for bench_ranks."""
     if backend == "nccl" and not launched:
         if not gpus:
-            raise UserError("--backend nccl needs CUDA GPUs; none found here (use gloo or mpi)")
+            why = f" ({gpus_why})" if gpus_why else ""
+            raise UserError(f"--backend nccl needs CUDA GPUs; CUDA shows none here{why} (use gloo or mpi)")
         if world > gpus:
             raise UserError(
                 f"--backend nccl: {world} ranks but {gpus} GPU(s) here, and NCCL runs one rank per GPU; "

@@ -114,6 +114,12 @@ class BucketedModel:
                     p.grad = view  # set to None elsewhere (module.zero_grad()): views again
         self._reset()
 
+    def reset(self) -> None:
+        """Back to the start of a step: counts and futures cleared, exchanging on (a capture that stopped midway,
+        train/graphs.py, leaves them half-counted)."""
+        self._syncing = True
+        self._reset()
+
     def _reset(self) -> None:
         for b in self.buckets:
             b.pending = len(b.params)

@@ -127,6 +127,7 @@ def allreduce_cmd(
         backend,
         gpus.local_gpu_count(),
         rank_info().world_size if launched else None,
+        gpus_why=gpus.local_gpus().why if backend == "nccl" and not launched else "",
     )
     if not launched:
         _spawn_local(ranks, given=backend is not None)

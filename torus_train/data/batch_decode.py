@@ -17,11 +17,18 @@ function of (seed, rank, epoch, step): a resumed run draws what a straight one d
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import math
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils.deterministic as det
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from torus_train.data.base import MEAN, STD, TRAIN_AREA, TRAIN_RATIO, val_resize
@@ -34,7 +41,7 @@ def decode_batch(encoded: list[torch.Tensor], device) -> tuple[list[torch.Tensor
     instead of failing its batch: a JPEG the device decoder refuses (CMYK, a PNG named .JPEG) is decoded on
     the CPU and moved to the device; one that no decoder reads is None, its reason in the dict."""
     try:
-        return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)), {}
+        return list(device_jpeg(encoded, device)), {}
     except RuntimeError:
         pass
     images: list[torch.Tensor | None] = []
@@ -48,13 +55,80 @@ def decode_batch(encoded: list[torch.Tensor], device) -> tuple[list[torch.Tensor
     return images, failed
 
 
+def device_jpeg(
+    encoded: torch.Tensor | list[torch.Tensor],
+    device: torch.device | str,
+    stream: Any = None,
+    decode: Callable[..., Any] | None = None,
+) -> Any:
+    """``decode(encoded, mode=RGB, device=device)`` (torchvision's decode_jpeg: one image or a list), ordered
+    against the calling thread's current CUDA stream (``stream``: that stream; a test hands a recorded fake).
+
+    Why: torchvision allocates the outputs with torch.empty on the current stream (the prefetch stream here),
+    then nvJPEG writes them on its own stream, which never waits for the current one (pytorch/vision PR 9606).
+    The caching allocator gives out a block freed on a stream as soon as the free is queued, so the decode can
+    land in memory that kernels still queued on the prefetch stream (the previous batch's crop and resize) are
+    reading: silently wrong images. The order, therefore:
+      1. the current stream is synchronised (a host wait in the prefetch thread, never in the training step):
+         every block the allocator can hand this decode has been read to the end;
+      2. under torch.use_deterministic_algorithms, torch.empty fills new memory with a kernel queued on the
+         current stream, which would race nvJPEG's writes: that fill is off for the call (no_prefill);
+      3. after the decode, torchvision makes the current stream wait on an event recorded on nvJPEG's stream,
+         so the augmentation queued next reads finished pixels, and _Prefetch.get makes the consumer's stream
+         wait on the event recorded after the augmentation.
+    On a CPU device it is the plain call (nothing runs asynchronously)."""
+    decode = decode or decode_jpeg
+    if torch.device(device).type != "cuda":
+        return decode(encoded, mode=ImageReadMode.RGB, device=device)
+    (stream or torch.cuda.current_stream(device)).synchronize()
+    with no_prefill():
+        return decode(encoded, mode=ImageReadMode.RGB, device=device)
+
+
+_PREFILL = threading.Lock()
+
+
+@contextlib.contextmanager
+def no_prefill() -> Iterator[None]:
+    """torch.utils.deterministic.fill_uninitialized_memory off inside (when deterministic algorithms are on).
+    The flag is process-wide: other threads' allocations meanwhile go unfilled too, which changes no result
+    (the fill only makes a read of uninitialised memory repeatable; no kernel of the step reads one)."""
+    with _PREFILL:
+        if not (torch.are_deterministic_algorithms_enabled() and det.fill_uninitialized_memory):  # type: ignore[attr-defined]
+            yield
+            return
+        det.fill_uninitialized_memory = False  # type: ignore[attr-defined]
+        try:
+            yield
+        finally:
+            det.fill_uninitialized_memory = True  # type: ignore[attr-defined]
+
+
 def decode_one(data: torch.Tensor, device) -> torch.Tensor:
-    """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder, else the CPU's
-    decoders (any format torchvision reads); RuntimeError when neither reads it."""
+    """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder, else torchvision's CPU
+    decoders (JPEG, PNG, WebP, GIF), else PIL's (BMP and TIFF, which the index accepts and the CPU decoder
+    reads); RuntimeError when none reads it."""
     try:
-        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+        return device_jpeg(data, device)
     except RuntimeError:
+        pass
+    try:
         return decode_image(data, mode=ImageReadMode.RGB).to(device)
+    except RuntimeError:
+        return pil_decode(data).to(device)
+
+
+def pil_decode(data: torch.Tensor) -> torch.Tensor:
+    """[3, H, W] uint8 RGB decoded by PIL on the CPU (the CPU decoder's reader); RuntimeError when PIL cannot
+    read it, like torchvision's decoders."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data.numpy().tobytes())) as im:
+            rgb = np.array(im.convert("RGB"))
+    except Exception as e:  # PIL raises several types for bad files
+        raise RuntimeError(f"no decoder reads it (PIL: {type(e).__name__}: {e})") from None
+    return torch.from_numpy(rgb).permute(2, 0, 1).contiguous()
 
 
 def crop_box(height: int, width: int, generator: torch.Generator) -> tuple[int, int, int, int]:

@@ -25,6 +25,7 @@ import threading
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import default_collate
 from torchvision import transforms as T
 
 from torus_train.data.base import (
@@ -40,6 +41,7 @@ from torus_train.data.base import (
     val_resize,
 )
 from torus_train.data.batch_decode import augment, decode_batch, decode_one
+from torus_train.data.device_work import DEVICE_WORK
 from torus_train.data.index import DataError, Split
 from torus_train.data.readers import sample_reader
 
@@ -87,6 +89,20 @@ def _collate_encoded(samples):
         torch.tensor([s[1] for s in samples], dtype=torch.int64),
         *rest,
     )
+
+
+class _GatedBatch(tuple):
+    """A collated batch whose page-locking (the DataLoader's pin thread calls ``pin_memory()`` on it) takes the
+    device-work gate: the pin thread's CUDA calls stay out of a CUDA graph capture (data/device_work.py)."""
+
+    def pin_memory(self, device=None) -> _GatedBatch:
+        with DEVICE_WORK.work():
+            return _GatedBatch(t.pin_memory() if isinstance(t, torch.Tensor) else t for t in self)
+
+
+def _collate_gated(samples) -> _GatedBatch:
+    """The default collation, as a _GatedBatch; a module function: the forkserver pickles it."""
+    return _GatedBatch(default_collate(samples))
 
 
 class _Files(torch.utils.data.Dataset):
@@ -191,7 +207,7 @@ class TorchvisionLoader(ShardedLoader):
             sampler=_ShardSampler(self),
             num_workers=cfg.num_threads,
             drop_last=False,
-            collate_fn=_collate_encoded if encoded else None,
+            collate_fn=_collate_encoded if encoded else _collate_gated,
             pin_memory=device.type == "cuda" and not encoded,
             persistent_workers=cfg.num_threads > 0,
             prefetch_factor=max(1, cfg.prefetch) if cfg.num_threads > 0 else None,
@@ -248,12 +264,14 @@ class TorchvisionLoader(ShardedLoader):
         for step in range(len(self)):
             flat, sizes, y, *skipped = self._next(it)
             self._note(skipped)
-            images, failed = decode_batch(list(torch.split(flat, sizes.tolist())), self.device)
-            for k, reason in failed.items():
-                images[k], y[k] = self._replaced(self.shard.indices[step * self.batch_size + k], reason)
-            y = self._mark_padding(step, y)
-            x = augment(images, cfg.split, cfg.image_size, generator, cfg.torch_dtype(), cfg.channels_last)
-            yield x, y.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else y
+            with DEVICE_WORK.work():  # out of a CUDA graph capture's window; never around the yield (a queue wait)
+                images, failed = decode_batch(list(torch.split(flat, sizes.tolist())), self.device)
+                for k, reason in failed.items():
+                    images[k], y[k] = self._replaced(self.shard.indices[step * self.batch_size + k], reason)
+                y = self._mark_padding(step, y)
+                x = augment(images, cfg.split, cfg.image_size, generator, cfg.torch_dtype(), cfg.channels_last)
+                y = y.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else y
+            yield x, y
 
     def _replaced(self, i: int, reason: str) -> tuple[torch.Tensor, int]:
         """The decoded replacement of sample ``i``, which read but did not decode (on_corrupt = skip), and its
@@ -319,7 +337,8 @@ class _Prefetch:
             event = None
             if self.stream is not None:
                 event = torch.cuda.Event()
-                event.record(self.stream)
+                with DEVICE_WORK.work():
+                    event.record(self.stream)
             if not self._put(("batch", (x, y, event))):
                 return
 

@@ -24,6 +24,7 @@ import os
 import shutil
 from collections.abc import Mapping
 
+from torus_train.job import gpus
 from torus_train.job.gpus import rank_gpus
 from torus_train.job.hosts import Host
 from torus_train.job.launchers import (
@@ -51,6 +52,7 @@ __all__ = [
     "LaunchPlan",
     "build_plan",
     "check_capacity",
+    "check_devices",
     "choose_launcher",
     "container_binds",
     "container_runtime",
@@ -108,6 +110,32 @@ def fit_to_local_gpus(spec: JobSpec, environ: Mapping[str, str], visible_gpus: i
         return False
     spec.grid.gpus, spec.grid.grid = gpus, ""
     return True
+
+
+def check_devices(spec: JobSpec, chosen: Launcher, local_gpus: int, environ: Mapping[str, str]) -> None:
+    """What the ranks' devices cannot give, refused in one line before they start: NCCL ranks here on no GPU
+    that CUDA shows (the reason from job/gpus.py: a repeated or invalid CUDA_VISIBLE_DEVICES entry, no
+    driver), and data.decoder = gpu on ranks that run on the CPU (gloo, or no GPU here)."""
+    if chosen.runs_here and spec.comm.backend == "nccl" and not local_gpus:
+        why = local_gpus_why(environ, 0)
+        raise LaunchError(
+            f"comm.backend = nccl needs one GPU per rank and CUDA shows none here{f' ({why})' if why else ''}; "
+            "pass --backend gloo for CPU ranks"
+        )
+    cpu_ranks = spec.comm.backend == "gloo" or (chosen.runs_here and not local_gpus)
+    if cpu_ranks and spec.data.decoder == "gpu" and source_of(spec.data.source).reads_files:
+        where = "comm.backend = gloo" if spec.comm.backend == "gloo" else "CUDA shows no GPU here"
+        raise LaunchError(
+            f"data.decoder = gpu needs ranks on CUDA GPUs, and these ranks run on the CPU ({where}); "
+            "use data.decoder = auto or cpu"
+        )
+
+
+def local_gpus_why(environ: Mapping[str, str], count: int) -> str:
+    """Why CUDA shows ``count`` GPUs here when that is fewer than asked (job/gpus.py); "" when it shows what
+    CUDA_VISIBLE_DEVICES names, or when ``count`` came from elsewhere than this machine's probe."""
+    seen = gpus.local_gpus(environ)
+    return seen.why if seen.count == count else ""
 
 
 def fixed_grid(spec: JobSpec) -> Grid:
@@ -318,12 +346,12 @@ def plan_launch(
     hosts, hostfile = chosen.hosts(spec.launch.hostfile, environ)
     grid = resolve_grid(spec, chosen, hosts, local_gpus)
     try:
-        if chosen.runs_here and spec.comm.backend == "nccl" and not local_gpus:
-            raise LaunchError(
-                "comm.backend = nccl needs one GPU per rank and this machine shows none "
-                "(CUDA_VISIBLE_DEVICES, NVIDIA driver); pass --backend gloo for CPU ranks"
-            )
-        chosen.check_capacity(grid, hosts, hostfile, local_gpus, cpu_count)
+        check_devices(spec, chosen, local_gpus, environ)
+        try:
+            chosen.check_capacity(grid, hosts, hostfile, local_gpus, cpu_count)
+        except LaunchError as e:
+            why = local_gpus_why(environ, local_gpus) if chosen.runs_here and local_gpus else ""
+            raise LaunchError(f"CUDA shows {local_gpus} GPU(s) here ({why}): {e}" if why else str(e)) from None
         problem = ""
     except LaunchError as e:
         if strict:

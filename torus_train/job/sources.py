@@ -285,6 +285,9 @@ class Decoder:
     place: Callable[[str], str]
     """The rank's device type ("cuda", "cpu") -> "gpu" (nvJPEG, augmentation on the GPU) or "cpu" (PIL in the
     DataLoader workers); a UserError when the device cannot take it."""
+    probed: bool = False
+    """Where place says "gpu", the run checks the GPU decoder first (train/decoder.py, once before training) and
+    decodes on the CPU when it fails; False: place's answer is obeyed as it is."""
 
 
 def _gpu_only(device_type: str) -> str:
@@ -299,8 +302,9 @@ DECODERS: Registry[Decoder] = Registry("decoder")
 for _d in (
     Decoder(
         "auto",
-        "auto: gpu when the ranks are on CUDA, else cpu",
+        "auto: gpu when the ranks are on CUDA and the GPU decoder passes its start-up check, else cpu",
         lambda device_type: "gpu" if device_type == "cuda" else "cpu",
+        probed=True,
     ),
     Decoder(
         "cpu",

@@ -3,6 +3,7 @@ pure half, whose rank am I and where is rank 0, is torus_train.ranks.bootstrap).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -44,7 +45,14 @@ def init_distributed(
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
-        device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
+        count = torch.cuda.device_count()
+        if count == 0:  # the launcher refuses this where it can know (job/gpus.py); a rank started by hand may not
+            raise RunFailed(
+                f"rank {info.rank}: comm.backend = nccl, but CUDA shows this rank no GPU "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}); "
+                "pass --backend gloo for CPU ranks"
+            )
+        device = torch.device("cuda", info.local_rank % count)
         check_gpu_arch(device)
         torch.cuda.set_device(device)
     else:

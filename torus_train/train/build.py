@@ -132,9 +132,12 @@ def time_step(dp: BucketedModel, spec: JobSpec, device: torch.device, micro_batc
     return seconds
 
 
-def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int, corrupt=None):
+def build_loader(
+    spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int, corrupt=None, decoder: str | None = None
+):
     """The loader of ``split`` from the spec's data source (job/sources.py; data/base.py's Loader contract);
-    ``corrupt``: the run's data.base.CorruptLog (the files skipped so far)."""
+    ``corrupt``: the run's data.base.CorruptLog (the files skipped so far); ``decoder``: the data.decoder entry
+    to build it with (the run's resolved choice, train/decoder.py), else the spec's."""
     source = source_of(spec.data.source)
     d = spec.data
     cfg = loader_config(
@@ -162,7 +165,7 @@ def build_loader(spec: JobSpec, boot: Bootstrap, split: str, per_rank_batch: int
         d.index or None,
         samples=d.synthetic_samples,
         corrupt=corrupt,
-        decoder=d.decoder,
+        decoder=decoder or d.decoder,
     )
     return source.open_loader(request)
 

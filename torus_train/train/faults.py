@@ -10,6 +10,9 @@ is installed, so the step's code holds no fault branch. Values:
                nanparam (a NaN in a parameter after step S)
     slow:R:X   rank R sleeps X seconds in each step, before backward (a straggler)
     start:R    rank R fails during start-up
+    wrongimage:R, decoderaises:R
+               every rank runs the data.decoder probe (CPU ranks too); on rank R its decoder returns inverted
+               images, or raises
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ class FaultKind:
     name: str
     takes: str  # what the third field is: "step", "seconds" or "" (none)
     install: Callable | None  # install(fault, rs) wraps what the fault acts on; None: acted on at start-up
+    probe: Callable | None = None
+    """A decoder fault: the decode function the start-up probe of data.decoder uses on the ranks named
+    (train/decoder.py); with one, every rank probes, CPU ranks included."""
 
 
 KINDS: Registry[FaultKind] = Registry("fault kind")
@@ -157,6 +163,18 @@ def _hang(rs) -> None:
         time.sleep(3600)
 
 
+def _wrong_images(encoded, device):
+    """The loader's decode with every image's colours inverted: a device decoder that returns other pixels."""
+    from torus_train.data.batch_decode import decode_batch
+
+    images, failed = decode_batch(encoded, device)
+    return [None if im is None else 255 - im for im in images], failed
+
+
+def _raise_decoding(encoded, device):
+    raise RuntimeError("injected decoder failure (TORUS_TRAIN_FAULT)")
+
+
 for _kind in (
     FaultKind("step", "step", lambda f, rs: _after_step(f, rs, lambda _: os.kill(os.getpid(), signal.SIGKILL))),
     FaultKind("stop", "step", lambda f, rs: _after_step(f, rs, lambda _: os.kill(os.getpid(), signal.SIGSTOP))),
@@ -168,5 +186,7 @@ for _kind in (
     FaultKind("nanparam", "step", lambda f, rs: _after_step(f, rs, _nudge(float("nan")))),
     FaultKind("slow", "seconds", _straggler),
     FaultKind("start", "", None),
+    FaultKind("wrongimage", "", None, probe=_wrong_images),
+    FaultKind("decoderaises", "", None, probe=_raise_decoding),
 ):
     KINDS.add(_kind.name, _kind)

@@ -7,32 +7,45 @@ capture recipe applies to it unchanged:
 
 1. warm-up: the stage's first ``warmup`` steps run eagerly on a side stream (real steps, counted as any:
    cuDNN picks its kernels, NCCL makes its communicators, the optimizer and the loss scaler their state);
-2. capture: the next step's batch is copied into static input buffers and step_body(static inputs) is captured
-   once into a graph with its own memory pool (the exchange's side stream and its NCCL calls inside it);
+2. probe, on the next step's real batch: the step's state is copied aside (StepState); the batch goes into
+   static input buffers and step_body(static inputs) is captured into a graph with its own memory pool (the
+   exchange's side stream and its NCCL calls inside it); the state is put back (a capture runs nothing on the
+   device, but it leaves host-side state half-stepped: bucket counts, the GradScaler's per-optimizer state,
+   the optimizer's found_inf); every rank says whether its capture worked (one all-reduce of a flag); then
+   one replay, its parameters kept aside, the state put back, and the step run eagerly: this step's result
+   is the eager one. The replay must agree with it (max |difference| / max |parameter| <= AGREE_TOLERANCE,
+   again one all-reduce of a flag), else the run goes on eagerly, said in one line;
 3. replay: every later step copies its batch into the static buffers and replays; the returned loss is the
    graph's static output, added to the interval's sum on the device before the next replay.
 Everything that needs the host (logging, replica checks, checkpoints, stop requests, the heartbeat) runs
 between replays, on the same parameters and optimizer state the graph holds. A stage switch (new shapes)
-drops the graph and captures again; a step of another shape (none in the loaders' full batches) and stages
-with gradient accumulation run eagerly, said once.
+drops the graph and probes again; a failed probe at any stage makes the rest of the run eager. A step of
+another shape (none in the loaders' full batches) and stages with gradient accumulation run eagerly, said once.
 A graph launch holding NCCL calls is a collective: every rank replays the same graph, which holds because every
-rank captures at the same step of the same stage.
+rank captures at the same step of the same stage and the verdicts are all-reduced.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
+from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
+from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
-from torus_train.errors import RunFailed
+from torus_train.data.device_work import DEVICE_WORK
 from torus_train.train.step import step_body
 
 log = logging.getLogger("torus_train.train")
 
 WARMUP_STEPS = 3
 """Eager steps of each stage before its capture (the recipe's warm-up; torch's docs use 3 as well)."""
+AGREE_TOLERANCE = 5e-3
+"""The replay against the eager step: max |difference| / max |parameter| at most this (fp16 arithmetic; the
+same line as gpu_check's graphs.agree)."""
 
 
 def wanted(spec, boot) -> bool:
@@ -41,20 +54,114 @@ def wanted(spec, boot) -> bool:
     return spec.model.cuda_graphs == "auto" and boot.device.type == "cuda" and boot.backend == "nccl"
 
 
-class StepGraph:
-    """One captured step per stage, replayed (see the module docstring)."""
+def choice_without(spec, boot) -> dict:
+    """summary["choices"]["cuda_graphs"] of a run that does not try a graph, and why."""
+    if spec.model.cuda_graphs == "off":
+        why = "model.cuda_graphs = off"
+    elif boot.device.type != "cuda":
+        why = f"auto: the ranks run on the {boot.device.type.upper()} (a graph needs a CUDA rank)"
+    else:
+        why = f"auto: the exchange runs on {boot.backend} (a graph needs NCCL)"
+    return {"choice": "eager", "why": why}
 
-    def __init__(self, say=None, warmup: int = WARMUP_STEPS):
+
+def all_ranks(flag: bool, device: torch.device) -> bool:
+    """True when ``flag`` is True on every rank: one all-reduce (MIN) of one integer; the flag itself in a
+    world of one or outside a process group."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |a| (two flat float tensors); inf where either holds a non-finite value."""
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+        return float("inf")
+    return float((a - b).abs().max()) / max(float(a.abs().max()), 1e-30) if a.numel() else 0.0
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+
+
+class StepState:
+    """The state one step changes, copied aside (take) and put back in place (restore): parameters, buffers,
+    optimizer state, the GradScaler's scale and growth tracker, the skip counts and step number on the device;
+    on the host the bucket counts, the GradScaler's per-optimizer state and the optimizer's found_inf /
+    grad_scale. In place, because a captured graph holds these tensors' addresses."""
+
+    def __init__(self, rs):
+        self.live = _step_tensors(rs)
+        self.saved = [t.detach().clone() for t in self.live]
+        self.optimizer_keys = {id(p): set(s) for p, s in rs.optimizer.state.items()}
+        self.had_skip_counts = rs.skip_counts is not None
+
+    def grew(self, rs) -> bool:
+        """The step made new state since take (its first step: optimizer state, skip counters)."""
+        now = {id(p): set(s) for p, s in rs.optimizer.state.items()}
+        return now != self.optimizer_keys or (rs.skip_counts is not None) != self.had_skip_counts
+
+    def restore(self, rs) -> None:
+        with torch.no_grad():
+            for t, saved in zip(self.live, self.saved, strict=True):
+                t.copy_(saved)
+        for p in list(rs.optimizer.state):  # state made since take goes (never a graph's: see grew)
+            keys = self.optimizer_keys.get(id(p), set())
+            for k in set(rs.optimizer.state[p]) - keys:
+                del rs.optimizer.state[p][k]
+        if not self.had_skip_counts:
+            rs.skip_counts = None
+        for attr in ("found_inf", "grad_scale"):  # set by GradScaler.step or step_unless for one step
+            rs.optimizer.__dict__.pop(attr, None)
+        scaler = rs.scaler
+        if scaler is not None:
+            scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        rs.ddp.reset()  # bucket counts and futures for the next backward
+
+
+def _step_tensors(rs) -> list[torch.Tensor]:
+    model = rs.model
+    found = [*model.parameters(), *model.buffers()]
+    for state in rs.optimizer.state.values():
+        found += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    scaler = rs.scaler
+    if scaler is not None:
+        found += [
+            t for t in (getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None)) if t is not None
+        ]
+    found += [t for t in (rs.skip_counts, getattr(rs, "step_now", None)) if t is not None]
+    return found
+
+
+class StepGraph:
+    """One captured step per stage, replayed after a probe (see the module docstring)."""
+
+    def __init__(
+        self,
+        say: Callable[[str], None] | None = None,
+        warmup: int = WARMUP_STEPS,
+        agree: Callable[[bool], bool] | None = None,
+    ):
         self.say = say or (lambda text: None)
         """Rank 0's progress line (report.Progress.say); the others log only."""
         self.warmup = warmup
+        self.agree = agree or (lambda flag: flag)
+        """flag -> True when it is True on every rank (all_ranks over the run's world)."""
         self.graph = None
         self.pool = None
         self.static = None  # (images, labels, loss) of the captured step
         self.eager_steps = 0
         """Steps of this stage run eagerly so far (the warm-up)."""
         self.capture_seconds: list[float] = []
-        """Seconds of each capture (one per stage), for the summary and gpu_check."""
+        """Seconds of each capture kept (one per stage), for the summary and gpu_check."""
+        self.choice = {"choice": "eager", "why": f"auto: no step reached the capture (after {warmup} warm-up steps)"}
+        """summary["choices"]["cuda_graphs"]: graphed or eager, and why."""
+        self.eager = False
+        """A probe failed: every step from here on runs eagerly."""
+        self.last_rel_diff: float | None = None
+        """The last probe's max |replay - eager| / max |parameter| (None: no replay compared)."""
         self._said: set = set()
         self._side = None
 
@@ -62,9 +169,12 @@ class StepGraph:
         """New shapes from here on: the graph goes (its pool with it) and the next steps warm up again."""
         self.graph = self.static = self.pool = None
         self.eager_steps = 0
-        torch.cuda.empty_cache()
+        if not self.eager:
+            torch.cuda.empty_cache()
 
     def step(self, rs, images, labels, accumulation: int) -> torch.Tensor:
+        if self.eager:
+            return step_body(rs, images, labels, accumulation)
         if accumulation > 1:
             self._once(
                 "accumulation",
@@ -76,7 +186,7 @@ class StepGraph:
             self.eager_steps += 1
             return self._on_side_stream(rs, images, labels)
         if self.graph is None:
-            self._capture(rs, images, labels)
+            return self._probe(rs, images, labels)
         x, y, loss = self.static
         if images.shape != x.shape or labels.shape != y.shape or images.dtype != x.dtype:
             self._once(
@@ -101,38 +211,75 @@ class StepGraph:
         loss.record_stream(main)  # used on the main stream after this
         return loss
 
-    def _capture(self, rs, images, labels) -> None:
-        """Static inputs holding this step's batch; the whole step captured into a new graph."""
+    def _probe(self, rs, images, labels) -> torch.Tensor:
+        """Capture this step, replay it once, run it eagerly from the same state; keep the graph when every
+        rank captured and the replay agreed. Returns the eager step's loss (this step's result)."""
+        at = rs.pos.global_step + 1
         if rs.times is not None:
             rs.times.whole_step()  # no per-gradient timing hook inside the graph
-        torch.cuda.synchronize()  # nothing of the eager steps in flight (NCCL's watchdog included)
-        t0 = time.perf_counter()
+        saved = StepState(rs)
         x, y = images.clone(), labels.clone()  # clone keeps the memory format (channels_last)
-        graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
-        try:
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                loss = step_body(rs, x, y, 1)
-            torch.cuda.synchronize()
-        except RuntimeError as e:
-            # a failed capture leaves host-side step state (loss scaler, bucket counts) half-stepped: continuing
-            # eagerly could train wrong, so the run stops with the way around
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise RunFailed(
-                f"CUDA graph capture failed at step {rs.pos.global_step + 1} (batch {tuple(x.shape)}): "
-                f"{first}; run with --set model.cuda_graphs=off for the eager step"
-            ) from None
+        t0 = time.perf_counter()
+        graph, pool, loss, error = self._capture(rs, x, y)
         seconds = time.perf_counter() - t0
+        if error is None and saved.grew(rs):
+            error = "the step made new optimizer or counter state inside the capture (no warm-up step)"
+        saved.restore(rs)
+        if not self.agree(error is None):
+            self._fall_back(at, f"the capture failed ({error or 'on another rank'})")
+            return self._on_side_stream(rs, images, labels)
+        graph.replay()
+        replayed = flat_params(rs.model)
+        saved.restore(rs)
+        eager_loss = self._on_side_stream(rs, images, labels)
+        rel = max_rel_diff(flat_params(rs.model), replayed)
+        self.last_rel_diff = rel
+        if not self.agree(rel <= AGREE_TOLERANCE):
+            self._fall_back(at, f"one replay differed from the eager step by {_rel(rel)} (over {AGREE_TOLERANCE})")
+            return eager_loss
         self.graph, self.pool, self.static = graph, pool, (x, y, loss)
         self.capture_seconds.append(seconds)
-        text = (
-            f"CUDA graph: step {rs.pos.global_step + 1} captured in {seconds:.2f} s (batch "
-            f"{tuple(x.shape)}); replayed from here until the next stage"
+        self.choice = {
+            "choice": "graphed",
+            "why": f"auto: captured at step {at}; one replay agreed with the eager step ({_rel(rel)})",
+        }
+        self._tell(
+            f"CUDA graph: step {at} captured in {seconds:.2f} s (batch {tuple(x.shape)}), one replay agreed "
+            f"with the eager step ({_rel(rel)}); replayed from here until the next stage"
         )
+        return eager_loss
+
+    def _capture(self, rs, x, y):
+        """(graph, pool, static loss, None) or (None, None, None, the error's first line): a capture runs
+        nothing on the device, so a failed one leaves only host-side state to put back (the caller does)."""
+        torch.cuda.synchronize()  # nothing of the eager steps in flight (NCCL's watchdog included)
+        graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
+        try:
+            # DEVICE_WORK.held(): the loader threads' GPU work (decode prefetch, pinning) waits out the capture
+            with DEVICE_WORK.held(), torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                loss = step_body(rs, x, y, 1)
+            torch.cuda.synchronize()
+        except Exception as e:  # any error of the capture: nothing ran on the device, the eager step can
+            text = str(e).strip()
+            return None, None, None, text.splitlines()[0] if text else type(e).__name__
+        return graph, pool, loss, None
+
+    def _fall_back(self, at: int, why: str) -> None:
+        """Eager for the rest of the run (the state is already back as it was before the probe)."""
+        self.graph = self.static = self.pool = None
+        self.eager = True
+        self.choice = {"choice": "eager", "why": f"auto: at step {at} {why}"}
+        self._tell(f"CUDA graph: at step {at} {why}; the run goes on with the eager step")
+
+    def _tell(self, text: str) -> None:
         log.info("%s", text)
         self.say(text)
 
     def _once(self, key, text: str) -> None:
         if key not in self._said:
             self._said.add(key)
-            log.info("%s", text)
-            self.say(text)
+            self._tell(text)
+
+
+def _rel(rel: float) -> str:
+    return f"max relative difference {rel:.2g}"

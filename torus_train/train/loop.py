@@ -37,9 +37,10 @@ from torus_train.train.build import (
     wrap_ddp,
 )
 from torus_train.train.checkpoint import write_atomic
+from torus_train.train.decoder import choose_decoder
 from torus_train.train.eta import Eta
 from torus_train.train.faults import Fault, install
-from torus_train.train.graphs import StepGraph
+from torus_train.train.graphs import StepGraph, all_ranks, choice_without
 from torus_train.train.graphs import wanted as graphs_wanted
 from torus_train.train.report import (
     Progress,
@@ -76,7 +77,11 @@ def run_training(
     rs = start(spec, boot, out, stop or StopRequest())
     if fault is not None:
         install(fault, rs)
-        rs.graphs = None  # an injected fault acts in Python per step, which a graph replay would not run
+        if rs.graphs is not None:  # an injected fault acts in Python per step, which a graph replay would not run
+            rs.graphs = None
+            rs.choices["cuda_graphs"] = {"choice": "eager", "why": "an injected fault acts in Python per step"}
+    choice = choose_decoder(spec, boot, rs.progress.say if rs.progress else None, fault)  # before any loader
+    rs.decoder, rs.choices["decoder"] = choice.decoder, choice.summary()
     if resume_run and resume(rs, regrid):
         record_resume(rs)
     rs.t0 = time.time()
@@ -109,8 +114,10 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
         progress.prior = (prior, first.global_batch)
     if progress and boot.device.type != "cuda" and spec.model.precision != "fp32":
         progress.say(f"CPU ranks run fp32 (model.precision = {spec.model.precision} applies on GPUs)")
-    graphs = StepGraph(progress.say if progress else None) if graphs_wanted(spec, boot) else None
-    return RunState(
+    graphs = None
+    if graphs_wanted(spec, boot):
+        graphs = StepGraph(progress.say if progress else None, agree=lambda ok: all_ranks(ok, boot.device))
+    rs = RunState(
         spec,
         boot,
         out,
@@ -127,6 +134,9 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
         step_now=torch.zeros((), dtype=torch.int64, device=boot.device),
         graphs=graphs,
     )
+    if graphs is None:
+        rs.choices["cuda_graphs"] = choice_without(spec, boot)
+    return rs
 
 
 def switch_stage(rs: RunState, epoch: int) -> None:
@@ -135,7 +145,7 @@ def switch_stage(rs: RunState, epoch: int) -> None:
     if stage.per_rank_batch != rs.loader_batch:
         if rs.loader is not None:
             rs.loader.close()
-        rs.loader = build_loader(rs.spec, rs.boot, "train", stage.per_rank_batch, rs.corrupt)
+        rs.loader = build_loader(rs.spec, rs.boot, "train", stage.per_rank_batch, rs.corrupt, rs.decoder)
         rs.loader_batch = stage.per_rank_batch
         record_stage(rs, epoch, stage)
         if rs.graphs is not None:
@@ -213,7 +223,7 @@ def maybe_evaluate(rs: RunState, epoch: int, epoch_done: bool) -> None:
     if not (epoch_done and every and ((epoch + 1) % every == 0 or epoch + 1 == epochs)):
         return
     if rs.val_loader is None:
-        rs.val_loader = build_loader(rs.spec, rs.boot, "val", max(1, rs.loader_batch), rs.corrupt)
+        rs.val_loader = build_loader(rs.spec, rs.boot, "val", max(1, rs.loader_batch), rs.corrupt, rs.decoder)
     sync_buffers(rs.model)
     record_eval(rs, evaluate(rs.model, rs.val_loader, rs.amp_dtype), epoch)
 

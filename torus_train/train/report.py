@@ -320,6 +320,7 @@ def summary(rs: RunState, wall: float, digest: str, agree: bool, ranks: dict | N
         "skipped_steps": rs.skipped_steps,
         "deterministic": spec.job.deterministic,
         "cuda_graph_captures": list(rs.graphs.capture_seconds) if rs.graphs is not None else None,
+        "choices": choices(rs),
         "val_top1": ev["top1"] if ev else None,
         "val_top5": ev["top5"] if ev else None,
         "best_top1": pos.best_top1,
@@ -340,6 +341,12 @@ def data_classes(loader) -> dict:
         return {}
     names = list(getattr(loader, "class_names", None) or ())
     return {"classes": classes, "class_names": names if len(names) == len(classes) else None}
+
+
+def choices(rs: RunState) -> dict:
+    """What each `auto` setting resolved to and why ({"cuda_graphs": {"choice", "why"}, ...}); the StepGraph's
+    own at the end (a later stage may have fallen back)."""
+    return {**rs.choices, **({"cuda_graphs": dict(rs.graphs.choice)} if rs.graphs is not None else {})}
 
 
 def summary_text(s: dict) -> str:

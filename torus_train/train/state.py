@@ -82,6 +82,12 @@ class RunState:
     (step.set_step), which a captured step reads."""
     graphs: Any = None
     """graphs.StepGraph when the step is replayed from CUDA graphs (model.cuda_graphs = auto on NCCL), else None."""
+    decoder: str = "auto"
+    """The data.decoder entry the loaders are built with: the spec's, or what its auto resolved to
+    (train/decoder.py, once before training)."""
+    choices: dict = field(default_factory=dict)
+    """What an `auto` setting resolved to on this run and why: {"cuda_graphs": {"choice", "why"}, ...}, for
+    summary.json (a StepGraph's own choice is read at the end: a later stage may fall back)."""
 
     @property
     def rank0(self) -> bool:

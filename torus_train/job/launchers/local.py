@@ -16,6 +16,9 @@ from torus_train.job.topology import Grid
 
 MAX_LOCAL_CPU_RANKS = 8
 """CPU ranks (no GPU) one machine runs at least, whatever its core count: gloo ranks time-share cores."""
+MAX_LOCAL_RANKS = 1024
+"""Ranks started on one machine at most, whatever its GPUs or cores (`run` and `bench allreduce` alike): a larger
+world is started by mpirun or srun across nodes."""
 TORCHRUN = RankVars("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
@@ -44,8 +47,13 @@ class Local(Launcher):
     def check_capacity(self, grid: Grid, hosts: list[Host], hostfile: str, local_gpus: int, cpu_count: int) -> None:
         n = grid.size
         limit = local_gpus if local_gpus else max(MAX_LOCAL_CPU_RANKS, cpu_count)
-        if n <= limit:
+        if n <= min(limit, MAX_LOCAL_RANKS):
             return
+        if n <= limit:  # the machine would hold them, but no machine is given more than the cap
+            raise LaunchError(
+                f"{n} ranks: at most {MAX_LOCAL_RANKS} start on one machine; start more across nodes with "
+                "--hostfile FILE (mpirun) or from inside a Slurm or PBS job, or add --dry-run to only print the plan"
+            )
         elsewhere = (
             f"to launch grid {grid} pass --hostfile FILE ('host slots=K' per node, e.g. K=4 for "
             f"{math.ceil(n / 4)} nodes; mpirun), submit from inside a Slurm or PBS job (scripts/slurm/, "

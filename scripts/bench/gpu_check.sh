@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The acceptance test for one GPU: the production configuration (scripts/specs/imagenet_2176.toml) shrunk to one
-# GPU, under 8 minutes on one H200 with 16 cores, nothing installed beyond the README's set-up
-# (pip install -e '.[test,mpi,plot]'). Prints one JSON summary on stdout (progress goes to stderr).
+# The acceptance test for one GPU: `torus-train check` (the machine), then the production configuration
+# (scripts/specs/imagenet_2176.toml) shrunk to one GPU, under 10 minutes on one H200 with 16 cores, nothing
+# installed beyond the README's set-up (pip install -e '.[test,mpi,plot]'). Prints one JSON summary on stdout
+# (progress goes to stderr).
 #
-#   bash scripts/gpu_check.sh [--out DIR] [--json FILE] [--quick] [--rehearse] [--parts syncs,speed,...]
+#   bash scripts/bench/gpu_check.sh [--out DIR] [--json FILE] [--quick] [--rehearse] [--parts syncs,speed,...]
 #
 # --parts runs only the parts named (status "partial" when they pass; the others' checks stay null).
 # --rehearse runs every part on the CPU at toy size (gloo, DALI's CPU decoder, 64 px, per-GPU batch 4 and 8,
@@ -13,6 +14,8 @@
 # photo-size JPEGs (scripts/photo_like_set.py), the torus hook on NCCL on the 1x1 grid (its side stream, Future and its three
 # phases, reduce-scatter along the row, all-reduce along the column, all-gather along the row, each over a
 # group of one rank, which NCCL accepts). Parts, each under its own limit:
+#   check       `torus-train check` (the package's parts: environment, GPUs, NCCL, the graph probe, the
+#               decoders, the deterministic repeat; its throughput part is the graphs part's table below)
 #   syncs       the loop (train/loop.py, in process, NCCL world of one) in fp16 with the GradScaler, host reads
 #               counted per step (torus_train/train/syncs.py)
 #   speed       in process, rounds alternating: the loop against a bare PyTorch loop of the same model and batch
@@ -27,11 +30,14 @@
 #               captured in one graph (the ceiling); the program is scripts/gpu_check_graphs.py
 # A part is a `part NAME LIMIT` block below (a Python program writing parts/NAME.json) plus its entries in
 # ALL_PARTS, PARTS and SKELETON (the checks it fills); the embedded parts' limits add up to under 8 minutes,
-# graphs (its own file) to at most 3 more.
+# check's 2 minutes apart, graphs (its own file) to at most 3 more. What `torus-train check` and this script
+# both measure is written once, in the package (torus_train/check/, train/graphs.py).
 # JSON (schema 3): {"gpu_check": 3, "date", "status": ok | partial | failed | no-gpu | rehearsal, "torch", "cuda",
 # "dali", "gpu", "wall_seconds", "out", "parts": [the parts run], "checks": {NAME: {...}}}; every check has "ok"
 # (its pass line: null without a GPU), "pass_if" (the rule), "seconds" (its part's), "error" (only when its part
 # failed); the fields of each check:
+#   machine.parts                    `torus-train check`'s verdicts {PART: {ok, why}} (its --json: OUT/machine.json);
+#                                    pass_if no part failed (null: cannot run here, not a failure)
 #   host_syncs.steps                 steps counted (not logging, not warm-up)
 #   host_syncs.syncs_per_step        device-to-host reads per step; pass_if == 0
 #   speed_vs_bare.batch              per-GPU batch of both loops
@@ -84,7 +90,7 @@ set -u
 
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 
-OUT="" JSON="" QUICK=0 REHEARSE=0 ALL_PARTS="syncs,speed,production,digest,graphs"
+OUT="" JSON="" QUICK=0 REHEARSE=0 ALL_PARTS="check,syncs,speed,production,digest,graphs"
 RUN_PARTS="$ALL_PARTS"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -108,7 +114,7 @@ while [ $# -gt 0 ]; do
 done
 
 PY="${PYTHON:-python3}"
-HERE="$(cd "$(dirname "$0")/.." && pwd)"
+HERE="$(cd "$(dirname "$0")/../.." && pwd)"
 OUT="${OUT:-$(mktemp -d -t gpu-check-XXXXXX)}"
 mkdir -p "$OUT/parts" || { echo "gpu_check: cannot create $OUT" >&2; exit 2; }
 T0=$(date +%s)
@@ -142,6 +148,7 @@ def probe():
 
 # the checks, their fields and pass rules (each field is documented in this script's header)
 SKELETON = {
+    "machine": {"parts": None, "pass_if": "no part of `torus-train check` failed"},
     "host_syncs": {"steps": None, "syncs_per_step": None, "pass_if": "syncs_per_step == 0"},
     "speed_vs_bare": {"batch": 256, "torus_train_img_s": None, "bare_img_s": None, "ratio": None,
                       "pass_if": "ratio >= 0.90"},
@@ -161,7 +168,7 @@ SKELETON = {
                "pass_if": "ratio >= 0.85 at 16 and 32, >= 0.95 at 256; eager_ratio_batch_32 >= 0.90; agree: "
                           "eager_vs_graphed_max_rel <= 0.005, graphed runs equal, the NaN step skipped"},
 }
-PARTS = {"syncs": ["host_syncs"], "speed": ["speed_vs_bare", "bf16_vs_fp16", "peak_memory"],
+PARTS = {"check": ["machine"], "syncs": ["host_syncs"], "speed": ["speed_vs_bare", "bf16_vs_fp16", "peak_memory"],
          "production": ["production", "data_wait"], "digest": ["digest"], "graphs": ["graphs"]}
 out = pathlib.Path(os.environ["GPU_CHECK_OUT"])
 asked_for = os.environ["GPU_CHECK_PARTS"].split(",")
@@ -193,7 +200,8 @@ EOF
 
 has_gpu() { "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
 if [ "$REHEARSE" = 0 ] && ! has_gpu; then
-    say "no CUDA GPU here (torch.cuda.is_available() is False): nothing to check; the JSON below is the skeleton"
+    say "no CUDA GPU here (torch.cuda.is_available() is False): nothing to check; the JSON below is the skeleton" \
+        "(torus-train check says what this machine can run)"
     summarise no-gpu
     exit 0
 fi
@@ -377,6 +385,24 @@ def bare_img_s(dev, batch, warm, steps, precision="fp16"):
         scaler.update()
     sync(dev)
     return steps * batch / (time.perf_counter() - t)
+EOF
+
+# --- 0. the machine: `torus-train check` (its own parts, one verdict each) -----------------------------------
+part check 120 <<'EOF'
+import json, os, pathlib, subprocess, sys
+out = pathlib.Path(os.environ["GPU_CHECK_OUT"])
+machine = out / "machine.json"  # the check's own --json (it replaces only a file it wrote)
+# throughput is left out: the graphs part below measures the same table with more columns
+asked = "environment,gpus,nccl,graphs,decoder_cpu,decoder_gpu,deterministic"
+r = subprocess.run([sys.executable, "-m", "torus_train", "check", "--parts", asked, "--json", str(machine)],
+                   capture_output=True, text=True)
+print(r.stdout, r.stderr[-4000:], sep="\n")
+doc = json.loads(machine.read_text()) if r.returncode in (0, 1) and machine.exists() else {}
+found = {name: {"ok": p["ok"], "why": p["why"]} for name, p in doc.get("parts", {}).items()}
+res = {"parts": found, "ok": r.returncode == 0 and doc.get("ok") is True and len(found) == len(asked.split(","))}
+if r.returncode not in (0, 1):
+    res["error"] = (r.stderr or r.stdout)[-800:]
+pathlib.Path(out, "parts", "check.json").write_text(json.dumps({"machine": res}))
 EOF
 
 # --- 1. host reads per step of the loop (fp16 + GradScaler, LARS, DDP with the torus hook on NCCL) --------

@@ -1,0 +1,182 @@
+"""GPUs as CUDA counts them (job/gpus.py), and what `run` and `bench allreduce` refuse because of them: one line,
+exit 2, before any rank starts. The driver is faked by an `nvidia-smi` on PATH (this machine has no
+/proc/driver/nvidia/gpus); CUDA_VISIBLE_DEVICES is set per test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from torus_train.cli import cli, main
+from torus_train.job import gpus
+from torus_train.job.launchers.local import MAX_LOCAL_RANKS
+
+
+@pytest.mark.parametrize(
+    "value, driver, count, why",
+    [
+        ("0", 2, 1, ""),
+        ("1,0", 2, 2, ""),
+        (" 0 , 1 ", 2, 2, ""),  # spaces around entries are ignored
+        ("0,0", 2, 0, "names 0 twice, and CUDA then shows no GPU"),
+        ("0,1,0", 2, 0, "names 0 twice"),
+        ("abc", 2, 0, "stops at 'abc'"),
+        ("0,abc,1", 2, 1, "stops at 'abc'"),
+        ("0,-1,1", 2, 1, "stops at '-1'"),
+        ("1gpu2,0x", 4, 2, ""),  # strtoul: the number an entry starts with
+        ("0-3", 4, 1, ""),  # no ranges: "0-3" reads as 0
+        ("0,5", 2, 1, "names GPU 5, and the driver lists 2 (0-1)"),
+        ("5", 2, 0, "names GPU 5"),
+        ("GPU-3f2a,GPU-77b1", 2, 2, ""),  # UUIDs, abbreviated ones included
+        ("GPU-3f2a,GPU-3f2a", 2, 0, "names GPU-3f2a twice"),
+        ("GPU-3f2a,1", 2, 1, "stops at '1'"),
+        ("GPU-a,GPU-b,GPU-c", 2, 2, "the driver lists 2 GPU(s)"),
+        ("MIG-a,MIG-b,MIG-c", 1, 3, ""),  # MIG instances: up to 7 on one GPU
+        ("", 2, 0, "hides every GPU"),
+        ("-1", 2, 0, "hides every GPU"),
+        ("0,1", None, 0, "no NVIDIA driver here"),  # no driver: CUDA shows nothing, whatever the variable says
+    ],
+)
+def test_cuda_visible_devices_is_read_as_cuda_reads_it(value, driver, count, why):
+    got = gpus.gpu_count({"CUDA_VISIBLE_DEVICES": value}, driver)
+    assert got.count == count and why in got.why and bool(got.why) == bool(why)
+    assert gpus.count_gpus({"CUDA_VISIBLE_DEVICES": value}, driver) == count
+
+
+def test_without_the_variable_every_driver_gpu_counts():
+    assert gpus.gpu_count({}, 8) == gpus.GpuCount(8) and gpus.gpu_count({}, None).count == 0
+
+
+@pytest.fixture
+def driver(tmp_path, monkeypatch):
+    """fake_driver(n): an nvidia-smi on PATH that lists n GPUs (none is real); no CUDA_VISIBLE_DEVICES."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    if os.path.isdir(gpus.DRIVER_GPUS):
+        pytest.skip("this machine has an NVIDIA driver: the fake one would not be asked")
+
+    def fake_driver(n: int) -> None:
+        smi = tmp_path / "bin" / "nvidia-smi"
+        smi.parent.mkdir(exist_ok=True)
+        smi.write_text(f"#!/bin/sh\ni=0; while [ $i -lt {n} ]; do echo \"GPU $i: Fake\"; i=$((i+1)); done\n")
+        smi.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+        assert gpus.driver_gpus() == n
+
+    return fake_driver
+
+
+@pytest.fixture
+def no_rank_starts(monkeypatch):
+    """Any rank start fails the test: `run`'s legs and `bench allreduce`'s spawn."""
+    from torus_train.commands import bench
+    from torus_train.ranks import orchestrate
+
+    def started(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(orchestrate, "run_legs", started)
+    monkeypatch.setattr(bench, "_spawn_local", started)
+
+
+def refused(capsys, *argv: str) -> str:
+    """The one line `torus-train ARGV` exits 2 with."""
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and "Traceback" not in out.err, out.err
+    assert lines[0].startswith("torus-train: error: ")
+    return lines[0]
+
+
+RUN = ["run", "--data", "synthetic", "--steps", "1"]
+
+
+@pytest.mark.parametrize(
+    "visible, reason",
+    [
+        ("0,0", "CUDA_VISIBLE_DEVICES=0,0 names 0 twice, and CUDA then shows no GPU"),
+        ("0,1,0", "CUDA_VISIBLE_DEVICES=0,1,0 names 0 twice, and CUDA then shows no GPU"),
+        ("abc", "CUDA_VISIBLE_DEVICES=abc stops at 'abc'"),
+    ],
+)
+def test_nccl_on_gpus_cuda_does_not_show_is_refused(
+    visible, reason, driver, no_rank_starts, capsys, monkeypatch, tmp_path
+):
+    driver(2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    line = refused(capsys, *RUN, "--backend", "nccl", "--gpus", "2", "--out", str(tmp_path / "run"))
+    assert line == (
+        f"torus-train: error: comm.backend = nccl needs one GPU per rank and CUDA shows none here ({reason}); "
+        "pass --backend gloo for CPU ranks"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_index_past_the_drivers_gpus_leaves_fewer_gpus_than_ranks(
+    driver, no_rank_starts, capsys, monkeypatch, tmp_path
+):
+    driver(2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,5")
+    line = refused(capsys, *RUN, "--backend", "nccl", "--gpus", "2", "--out", str(tmp_path / "run"))
+    assert line.startswith(
+        "torus-train: error: CUDA shows 1 GPU(s) here (CUDA_VISIBLE_DEVICES=0,5 names GPU 5, and the driver lists 2 "
+        "(0-1)): 2 ranks do not fit on this machine (1 GPU(s), one rank each)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_nccl_without_a_driver_is_refused_by_run_and_bench(no_rank_starts, capsys, monkeypatch, tmp_path):
+    if gpus.driver_gpus() is not None:
+        pytest.skip("this machine has an NVIDIA driver")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # entries, but nothing behind them
+    line = refused(capsys, *RUN, "--backend", "nccl", "--gpus", "2", "--out", str(tmp_path / "run"))
+    assert "comm.backend = nccl needs one GPU per rank and CUDA shows none here (no NVIDIA driver here: " in line
+    line = refused(capsys, "bench", "allreduce", "--backend", "nccl")
+    assert line == (
+        "torus-train: error: --backend nccl needs CUDA GPUs; CUDA shows none here (no NVIDIA driver here: no "
+        "/proc/driver/nvidia/gpus, no nvidia-smi) (use gloo or mpi)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_more_local_ranks_than_the_cap_are_refused_by_run_and_bench(driver, no_rank_starts, capsys, tmp_path):
+    """One cap for both commands: the default job on a machine whose driver lists 1,025 GPUs, and bench's
+    rank per GPU there."""
+    driver(MAX_LOCAL_RANKS + 1)
+    line = refused(capsys, "run", "--data", "synthetic", "--out", str(tmp_path / "run"))
+    assert line.startswith(f"torus-train: error: {MAX_LOCAL_RANKS + 1} ranks: at most {MAX_LOCAL_RANKS} start on one")
+    line = refused(capsys, "bench", "allreduce")
+    assert line == (
+        f"torus-train: error: {MAX_LOCAL_RANKS + 1} local ranks: at most {MAX_LOCAL_RANKS} are spawned here; start "
+        "more with mpirun or srun"
+    )
+    line = refused(capsys, "bench", "allreduce", "--nprocs", str(MAX_LOCAL_RANKS + 1))
+    assert f"at most {MAX_LOCAL_RANKS}" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_gpu_decoder_on_cpu_ranks_is_refused_before_launch(no_rank_starts, capsys, monkeypatch, tmp_path):
+    """Issue 38's item 4: data.decoder = gpu where the ranks run on the CPU (no GPU here, or gloo asked)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from datahelp import make_index_set
+
+    monkeypatch.setattr(gpus, "local_gpu_count", lambda environ=None: 0)
+    data = make_index_set(tmp_path / "d", n_train=6, n_val=3, size=24)
+    base = ["run", "--data", str(data), "--set", "data.decoder=gpu", "--out", str(tmp_path / "run")]
+    line = refused(capsys, *base)
+    assert line == (
+        "torus-train: error: data.decoder = gpu needs ranks on CUDA GPUs, and these ranks run on the CPU (CUDA "
+        "shows no GPU here); use data.decoder = auto or cpu"
+    )
+    monkeypatch.setattr(gpus, "local_gpu_count", lambda environ=None: 4)
+    assert "(comm.backend = gloo)" in refused(capsys, *base, "--backend", "gloo")
+    assert not (tmp_path / "run").exists()
+    # synthetic data is not decoded: nothing to obey or refuse
+    r = CliRunner().invoke(cli, [*RUN, "--backend", "gloo", "--set", "data.decoder=gpu", "--dry-run"])
+    assert r.exit_code == 0 and "cannot start here" not in r.output, r.output

@@ -1,0 +1,50 @@
+"""`torus-train check`: what this machine can run (environment, GPUs, NCCL, the graphed step, the decoders,
+the deterministic repeat, throughput), one verdict per part; a table on stdout, progress on stderr."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from torus_train.check.parts import PARTS, run_parts, stderr_say
+from torus_train.check.report import document, failed, table
+from torus_train.errors import UserError
+from torus_train.outfiles import Writer, check_json_output, write_json
+
+WRITER = Writer("check")
+
+
+def part_list(value: str | None) -> list[str]:
+    """The parts named in --parts (comma-separated), every part when None; UserError naming an unknown one."""
+    if value is None:
+        return list(PARTS.names())
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PARTS]
+    if not names or unknown:
+        what = f"{unknown[0]!r} is not a part" if unknown else "no part named"
+        raise UserError(f"--parts: {what}; choose from {', '.join(PARTS.names())}")
+    return names
+
+
+@click.command(
+    "check",
+    epilog="Parts: " + "; ".join(f"{n}: {p.shows}" for n, p in PARTS.items()) + ". See docs/check.md.",
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write every part's verdict here.")
+@click.option("--parts", default=None, help="Only these parts, comma-separated (default: all).")
+@click.option("--quick", is_flag=True, help="Fewer timed steps in the throughput part.")
+def check(json_path: str | None, parts: str | None, quick: bool) -> int:
+    """What this machine can run: ok, FAILED or n/a (cannot run here) per part, and why.
+
+    Exit 0 when no part failed (n/a is not a failure), 1 when one did."""
+    names = part_list(parts)
+    if json_path:
+        check_json_output(json_path, WRITER)  # refused before any work: a user's file is never replaced
+    t0 = time.perf_counter()
+    found = run_parts(names, stderr_say, quick)
+    wall = time.perf_counter() - t0
+    click.echo(table(found, wall))
+    if json_path:
+        write_json(json_path, document(found, wall), WRITER)
+    return 1 if failed(found) else 0
