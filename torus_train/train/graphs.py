@@ -31,6 +31,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -149,9 +150,10 @@ class StepGraph:
         self.warmup = warmup
         self.agree = agree or (lambda flag: flag)
         """flag -> True when it is True on every rank (all_ranks over the run's world)."""
-        self.graph = None
-        self.pool = None
-        self.static = None  # (images, labels, loss) of the captured step
+        self.graph: Any = None
+        self.pool: Any = None
+        self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        """(images, labels, loss) of the captured step."""
         self.eager_steps = 0
         """Steps of this stage run eagerly so far (the warm-up)."""
         self.capture_seconds: list[float] = []
@@ -163,7 +165,7 @@ class StepGraph:
         self.last_rel_diff: float | None = None
         """The last probe's max |replay - eager| / max |parameter| (None: no replay compared)."""
         self._said: set = set()
-        self._side = None
+        self._side: torch.cuda.Stream | None = None
 
     def new_stage(self) -> None:
         """New shapes from here on: the graph goes (its pool with it) and the next steps warm up again."""
@@ -185,7 +187,7 @@ class StepGraph:
         if self.graph is None and self.eager_steps < self.warmup:
             self.eager_steps += 1
             return self._on_side_stream(rs, images, labels)
-        if self.graph is None:
+        if self.graph is None or self.static is None:
             return self._probe(rs, images, labels)
         x, y, loss = self.static
         if images.shape != x.shape or labels.shape != y.shape or images.dtype != x.dtype:
