@@ -98,11 +98,13 @@ class StepState:
         self.saved = [t.detach().clone() for t in self.live]
         self.optimizer_keys = {id(p): set(s) for p, s in rs.optimizer.state.items()}
         self.had_skip_counts = rs.skip_counts is not None
+        self.had_scale = rs.scaler is None or getattr(rs.scaler, "_scale", None) is not None
 
     def grew(self, rs) -> bool:
         """The step made new state since take (its first step: optimizer state, skip counters)."""
         now = {id(p): set(s) for p, s in rs.optimizer.state.items()}
-        return now != self.optimizer_keys or (rs.skip_counts is not None) != self.had_skip_counts
+        made_scale = not self.had_scale and getattr(rs.scaler, "_scale", None) is not None
+        return now != self.optimizer_keys or (rs.skip_counts is not None) != self.had_skip_counts or made_scale
 
     def restore(self, rs) -> None:
         with torch.no_grad():
@@ -114,6 +116,8 @@ class StepState:
                 del rs.optimizer.state[p][k]
         if not self.had_skip_counts:
             rs.skip_counts = None
+        if not self.had_scale:  # the GradScaler makes its scale on first use
+            rs.scaler._scale = rs.scaler._growth_tracker = None
         for attr in ("found_inf", "grad_scale"):  # set by GradScaler.step or step_unless for one step
             rs.optimizer.__dict__.pop(attr, None)
         scaler = rs.scaler
