@@ -101,12 +101,15 @@ class StepState:
         self.had_scale = rs.scaler is None or getattr(rs.scaler, "_scale", None) is not None
 
     def grew(self, rs) -> bool:
-        """The step made new state since take (its first step: optimizer state, skip counters)."""
+        """The step made new state since take (a stage's first step: optimizer state, skip counters, the
+        GradScaler's scale), which a graph would hold but the run would not."""
         now = {id(p): set(s) for p, s in rs.optimizer.state.items()}
         made_scale = not self.had_scale and getattr(rs.scaler, "_scale", None) is not None
         return now != self.optimizer_keys or (rs.skip_counts is not None) != self.had_skip_counts or made_scale
 
     def restore(self, rs) -> None:
+        """Every tensor back to its copy, in place; state made since take dropped; the host-side step state
+        (GradScaler, optimizer flags, bucket counts) as at the start of a step."""
         with torch.no_grad():
             for t, saved in zip(self.live, self.saved, strict=True):
                 t.copy_(saved)
