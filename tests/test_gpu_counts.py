@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from click.testing import CliRunner
 
-from torus_train.cli import main
+from torus_train.cli import cli, main
 from torus_train.job import gpus
 from torus_train.job.launchers.local import MAX_LOCAL_RANKS
 
@@ -176,3 +177,6 @@ def test_the_gpu_decoder_on_cpu_ranks_is_refused_before_launch(no_rank_starts, c
     monkeypatch.setattr(gpus, "local_gpu_count", lambda environ=None: 4)
     assert "(comm.backend = gloo)" in refused(capsys, *base, "--backend", "gloo")
     assert not (tmp_path / "run").exists()
+    # synthetic data is not decoded: nothing to obey or refuse
+    r = CliRunner().invoke(cli, [*RUN, "--backend", "gloo", "--set", "data.decoder=gpu", "--dry-run"])
+    assert r.exit_code == 0 and "cannot start here" not in r.output, r.output

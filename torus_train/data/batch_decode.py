@@ -22,6 +22,8 @@ import functools
 import io
 import math
 import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,7 +55,12 @@ def decode_batch(encoded: list[torch.Tensor], device) -> tuple[list[torch.Tensor
     return images, failed
 
 
-def device_jpeg(encoded, device, stream=None, decode=None):
+def device_jpeg(
+    encoded: torch.Tensor | list[torch.Tensor],
+    device: torch.device | str,
+    stream: Any = None,
+    decode: Callable[..., Any] | None = None,
+) -> Any:
     """``decode(encoded, mode=RGB, device=device)`` (torchvision's decode_jpeg: one image or a list), ordered
     against the calling thread's current CUDA stream (``stream``: that stream; a test hands a recorded fake).
 
@@ -82,19 +89,19 @@ _PREFILL = threading.Lock()
 
 
 @contextlib.contextmanager
-def no_prefill():
+def no_prefill() -> Iterator[None]:
     """torch.utils.deterministic.fill_uninitialized_memory off inside (when deterministic algorithms are on).
     The flag is process-wide: other threads' allocations meanwhile go unfilled too, which changes no result
     (the fill only makes a read of uninitialised memory repeatable; no kernel of the step reads one)."""
     with _PREFILL:
-        if not (torch.are_deterministic_algorithms_enabled() and det.fill_uninitialized_memory):
+        if not (torch.are_deterministic_algorithms_enabled() and det.fill_uninitialized_memory):  # type: ignore[attr-defined]
             yield
             return
-        det.fill_uninitialized_memory = False
+        det.fill_uninitialized_memory = False  # type: ignore[attr-defined]
         try:
             yield
         finally:
-            det.fill_uninitialized_memory = True
+            det.fill_uninitialized_memory = True  # type: ignore[attr-defined]
 
 
 def decode_one(data: torch.Tensor, device) -> torch.Tensor:

@@ -13,14 +13,18 @@ torchvision pipeline: DALI decodes by itself, synthetic data is not decoded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from torus_train.data.decode_probe import probe_decoder_repeats, probe_device_decoder
+from torus_train.data.decode_probe import DecodeFn, probe_decoder_repeats, probe_device_decoder
 from torus_train.data.pipelines import resolve_kind
+from torus_train.job.rank import Bootstrap
 from torus_train.job.sources import DECODERS, source_of
+from torus_train.job.spec import JobSpec
+from torus_train.train.faults import Fault
 from torus_train.verdict import Verdict
 
 
@@ -37,7 +41,9 @@ class DecoderChoice:
         return {"choice": self.choice, "why": self.why}
 
 
-def choose_decoder(spec, boot, say=None, fault=None) -> DecoderChoice:
+def choose_decoder(
+    spec: JobSpec, boot: Bootstrap, say: Callable[[str], None] | None = None, fault: Fault | None = None
+) -> DecoderChoice:
     """This run's decoder (see the module docstring). ``say``: rank 0's one-line messages (None elsewhere);
     ``fault``: the tests' injected fault (train/faults.py): a decoder-probe fault makes every rank probe, CPU
     ranks included, with the fault's decode function on the ranks it names."""
@@ -46,12 +52,12 @@ def choose_decoder(spec, boot, say=None, fault=None) -> DecoderChoice:
         return DecoderChoice(setting, "none", f"data.source = {spec.data.source}: nothing is decoded")
     if resolve_kind(spec.data.loader, boot.info.rank) != "torchvision":
         return DecoderChoice(setting, "dali", "the DALI pipeline decodes (data.decoder applies to torchvision's)")
-    entry, injected = DECODERS.get(setting), fault is not None and fault.kind.probe is not None
+    entry, injected = DECODERS.get(setting), fault.kind.probe if fault is not None else None
     placed = entry.place(boot.device.type)  # a UserError where the device cannot take it
-    if not entry.probed or (placed != "gpu" and not injected):
+    if not entry.probed or (placed != "gpu" and injected is None):
         why = f"{setting}: the ranks run on the {boot.device.type}" if entry.probed else f"data.decoder = {setting}"
         return DecoderChoice(placed, placed, why)
-    decode = fault.kind.probe if injected and fault.targets(boot.info.rank) else None
+    decode = injected if fault is not None and fault.targets(boot.info.rank) else None
     verdict = probe(boot.device, spec.job.deterministic, decode)
     failures = ranks_failing(verdict.ok is True, boot.device)
     if failures == 0 and placed == "gpu":
@@ -67,7 +73,7 @@ def choose_decoder(spec, boot, say=None, fault=None) -> DecoderChoice:
     return DecoderChoice("cpu", "cpu", f"{setting}: {failed}")
 
 
-def probe(device: torch.device, deterministic: bool, decode=None) -> Verdict:
+def probe(device: torch.device, deterministic: bool, decode: DecodeFn | None = None) -> Verdict:
     """The device decoder's verdict on this rank: agreement with PIL, then (deterministic runs) a repeat."""
     verdict = probe_device_decoder(device, decode)
     if verdict.ok and deterministic:
