@@ -147,3 +147,15 @@ def test_docs_list_every_part_in_order():
     text = (ROOT / "docs" / "check.md").read_text()
     rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[1:] == list(PARTS.names())  # the first row is the header
+
+
+def test_gpus_fails_when_the_launcher_would_count_gpus_cuda_does_not_show(monkeypatch):
+    from torus_train.check import environment
+    from torus_train.job import gpus
+
+    monkeypatch.setattr(gpus, "local_gpus", lambda environ=None: gpus.GpuCount(2))
+    v = environment.gpus(None)
+    assert v.ok is False and "job/gpus.py counts 2 GPU(s) but CUDA shows 0" in v.why
+    monkeypatch.setattr(gpus, "local_gpus", lambda environ=None: gpus.GpuCount(0, "no NVIDIA driver"))
+    v = environment.gpus(None)
+    assert v.ok is None and v.why.startswith("no CUDA device (no NVIDIA driver)")

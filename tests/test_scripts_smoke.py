@@ -3,7 +3,7 @@ that a renamed function, flag or field breaks a test here, not a user.
 
 Scripts that need a cluster or a batch system run their dry path: the job scripts (Slurm, PBS, mpirun) end
 in `torus-train run ... --dry-run` under the environment their scheduler would give them, and
-scripts/measure_checkpoint_path.sh has MEASURE_DRY=1. scripts/gpu_check.sh has its own tests
+scripts/measure_checkpoint_path.sh has MEASURE_DRY=1. scripts/bench/gpu_check.sh has its own tests
 (tests/test_gpu_check.py, --rehearse); scripts named in other tests are run there (tests/test_plan_cli.py,
 tests/test_plan_nccl.py, tests/test_step_syncs.py, ...). test_every_script_is_named_by_a_test keeps the list
 whole.

@@ -17,6 +17,7 @@ from graphfake import install
 from torus_train.check.smallrun import loop_run, small_spec, world_of_one
 from torus_train.ranks.distributed import shutdown
 from torus_train.train import graphs, loop
+from torus_train.train.syncs import force_precision
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -134,16 +135,26 @@ def test_accumulation_and_odd_shapes_run_eagerly_said_once(fake_cuda, boot, tmp_
     rs.ddp.close()
 
 
-def test_a_capture_that_makes_new_state_is_not_kept(fake_cuda, boot, tmp_path):
-    """No warm-up step: the capture itself would make the skip counters and the momentum, which the graph
-    would hold but the run would not: eager, said once."""
+@pytest.mark.parametrize("precision", ["fp32", "fp16-scaler"])
+def test_a_capture_that_makes_new_state_is_not_kept(fake_cuda, boot, tmp_path, precision):
+    """No warm-up step: the capture itself would make the skip counters, the momentum (and the GradScaler its
+    scale), which the graph would hold but the run would not: eager, said once, as an eager run from the start."""
     said: list[str] = []
     g = graphs.StepGraph(said.append, warmup=0)
     rs = start(boot, tmp_path, "new")
+    force_precision(rs, precision)
     g.step(rs, *batch(4), accumulation=1)
     assert g.eager and len(said) == 1 and "new optimizer or counter state inside the capture" in said[0]
     assert "replay" not in fake_cuda.log and rs.skip_counts is not None  # made by the eager step after it
+    after = [p.detach().clone() for p in rs.model.parameters()]
     rs.ddp.close()
+    eager = start(boot, tmp_path, "eager")  # the same first step, eagerly, from the same seed
+    force_precision(eager, precision)
+    graphs.step_body(eager, *batch(4), 1)
+    assert all(torch.equal(a, b) for a, b in zip(after, eager.model.parameters(), strict=True))
+    if precision == "fp16-scaler":
+        assert torch.equal(rs.scaler._scale, eager.scaler._scale)
+    eager.ddp.close()
 
 
 def test_the_summary_names_the_choice(boot, tmp_path):

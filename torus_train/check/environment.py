@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from torus_train.job.gpus import local_gpu_count
+from torus_train.job import gpus as job_gpus
 from torus_train.verdict import Verdict
 
 
@@ -105,7 +105,7 @@ def gpus(ctx: Any) -> Verdict:
     memory. None without CUDA; False when the two counts differ."""
     import torch
 
-    planned = local_gpu_count()
+    planned = job_gpus.local_gpus()
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     devices = []
     for i in range(cuda):
@@ -114,18 +114,20 @@ def gpus(ctx: Any) -> Verdict:
             {"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1), "capability": f"{p.major}.{p.minor}"}
         )
     detail = {
-        "job_gpus": planned,
+        "job_gpus": planned.count,
+        "job_gpus_why": planned.why,
         "cuda_device_count": cuda,
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "devices": devices,
     }
-    if planned != cuda:
+    if planned.count != cuda:
         return Verdict.failed(
-            f"job/gpus.py counts {planned} GPU(s) but CUDA shows {cuda}: `run` would plan ranks on GPUs that do "
+            f"job/gpus.py counts {planned.count} GPU(s) but CUDA shows {cuda}: `run` would plan ranks on GPUs that do "
             "not exist (check CUDA_VISIBLE_DEVICES)",
             **detail,
         )
     if cuda == 0:
-        return Verdict.cannot_run("no CUDA device (torch.cuda.is_available() is False): runs use CPU ranks", **detail)
+        why = planned.why or "torch.cuda.is_available() is False"
+        return Verdict.cannot_run(f"no CUDA device ({why}): runs use CPU ranks", **detail)
     names = ", ".join(sorted({f"{d['name']} ({d['memory_gib']} GiB)" for d in devices}))
     return Verdict.passed(f"{cuda} GPU(s), counted alike by job/gpus.py and CUDA: {names}", **detail)

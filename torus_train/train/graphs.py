@@ -31,6 +31,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -97,13 +98,18 @@ class StepState:
         self.saved = [t.detach().clone() for t in self.live]
         self.optimizer_keys = {id(p): set(s) for p, s in rs.optimizer.state.items()}
         self.had_skip_counts = rs.skip_counts is not None
+        self.had_scale = rs.scaler is None or getattr(rs.scaler, "_scale", None) is not None
 
     def grew(self, rs) -> bool:
-        """The step made new state since take (its first step: optimizer state, skip counters)."""
+        """The step made new state since take (a stage's first step: optimizer state, skip counters, the
+        GradScaler's scale), which a graph would hold but the run would not."""
         now = {id(p): set(s) for p, s in rs.optimizer.state.items()}
-        return now != self.optimizer_keys or (rs.skip_counts is not None) != self.had_skip_counts
+        made_scale = not self.had_scale and getattr(rs.scaler, "_scale", None) is not None
+        return now != self.optimizer_keys or (rs.skip_counts is not None) != self.had_skip_counts or made_scale
 
     def restore(self, rs) -> None:
+        """Every tensor back to its copy, in place; state made since take dropped; the host-side step state
+        (GradScaler, optimizer flags, bucket counts) as at the start of a step."""
         with torch.no_grad():
             for t, saved in zip(self.live, self.saved, strict=True):
                 t.copy_(saved)
@@ -113,6 +119,8 @@ class StepState:
                 del rs.optimizer.state[p][k]
         if not self.had_skip_counts:
             rs.skip_counts = None
+        if not self.had_scale:  # the GradScaler makes its scale on first use
+            rs.scaler._scale = rs.scaler._growth_tracker = None
         for attr in ("found_inf", "grad_scale"):  # set by GradScaler.step or step_unless for one step
             rs.optimizer.__dict__.pop(attr, None)
         scaler = rs.scaler
@@ -149,9 +157,10 @@ class StepGraph:
         self.warmup = warmup
         self.agree = agree or (lambda flag: flag)
         """flag -> True when it is True on every rank (all_ranks over the run's world)."""
-        self.graph = None
-        self.pool = None
-        self.static = None  # (images, labels, loss) of the captured step
+        self.graph: Any = None
+        self.pool: Any = None
+        self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        """(images, labels, loss) of the captured step."""
         self.eager_steps = 0
         """Steps of this stage run eagerly so far (the warm-up)."""
         self.capture_seconds: list[float] = []
@@ -163,7 +172,7 @@ class StepGraph:
         self.last_rel_diff: float | None = None
         """The last probe's max |replay - eager| / max |parameter| (None: no replay compared)."""
         self._said: set = set()
-        self._side = None
+        self._side: torch.cuda.Stream | None = None
 
     def new_stage(self) -> None:
         """New shapes from here on: the graph goes (its pool with it) and the next steps warm up again."""
@@ -185,7 +194,7 @@ class StepGraph:
         if self.graph is None and self.eager_steps < self.warmup:
             self.eager_steps += 1
             return self._on_side_stream(rs, images, labels)
-        if self.graph is None:
+        if self.graph is None or self.static is None:
             return self._probe(rs, images, labels)
         x, y, loss = self.static
         if images.shape != x.shape or labels.shape != y.shape or images.dtype != x.dtype:
