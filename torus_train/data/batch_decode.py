@@ -49,12 +49,28 @@ def decode_batch(encoded: list[torch.Tensor], device) -> tuple[list[torch.Tensor
 
 
 def decode_one(data: torch.Tensor, device) -> torch.Tensor:
-    """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder, else the CPU's
-    decoders (any format torchvision reads); RuntimeError when neither reads it."""
+    """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder, else torchvision's
+    CPU decoders (JPEG, PNG, WebP, GIF), else PIL (BMP, TIFF and every other format it reads); RuntimeError
+    when none reads it."""
     try:
         return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
+        pass
+    try:
         return decode_image(data, mode=ImageReadMode.RGB).to(device)
+    except RuntimeError:
+        pass
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data.numpy().tobytes())) as im:
+            rgb = np.asarray(im.convert("RGB"))
+    except Exception as e:  # PIL raises several types for a bad file; the callers expect RuntimeError
+        raise RuntimeError(f"no decoder reads it (PIL: {type(e).__name__}: {str(e)[:120]})") from None
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1).contiguous().to(device)
 
 
 def crop_box(height: int, width: int, generator: torch.Generator) -> tuple[int, int, int, int]:

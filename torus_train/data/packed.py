@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from torus_train.data.checks import jpeg_problem
+from torus_train.data.checks import content_problem
 from torus_train.data.index import (
     SPLITS,
     DataError,
@@ -186,10 +186,9 @@ def _read_source(path: Path) -> bytes:
         data = path.read_bytes()
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    if path.suffix.lower() in (".jpg", ".jpeg"):
-        problem = jpeg_problem(data[:3], data[-64:], len(data))
-        if problem:
-            raise DataError(f"{path}: {problem}; fix or remove it, then pack again")
+    problem = content_problem(data)  # by content: a PNG named .JPEG packs, a truncated file does not
+    if problem:
+        raise DataError(f"{path}: {problem}; fix or remove it, then pack again (torus-train data check lists all)")
     return data
 
 
