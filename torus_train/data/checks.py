@@ -156,11 +156,13 @@ def decode_problem(data) -> Problem | None:
     problem = content_problem(data)
     if problem is not None:
         return problem
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(bytes(data))) as im:
             im.load()
+    except UnidentifiedImageError:
+        return Problem("corrupt", f"does not decode (PIL finds no image in its {sniff(data)} header)")
     except Exception as e:  # PIL raises several types for a bad file (OSError, SyntaxError, ValueError, ...)
         text = str(e).splitlines()[0] if str(e) else ""
         kind = "truncated" if "truncated" in text else "corrupt"
