@@ -13,7 +13,8 @@ from torus_train.data.index import build_index, load_index, resolve_data
 from torus_train.data.packed import load_packed
 from torus_train.data.packed import pack as pack_set
 from torus_train.errors import UserError, check_output_folder
-from torus_train.job.sources import path_source
+from torus_train.job.launch import usable_cpus
+from torus_train.job.sources import CheckRequest, path_source
 
 
 @click.group()
@@ -114,9 +115,6 @@ def check(root: str, splits: tuple[str, ...], location: str | None, decode: bool
     """Check every file of a data folder or packed set: its layout, its index, and each file's content (empty,
     truncated, not an image; with --decode, decoded whole). Every problem is counted by kind and the first
     files of each are named; exit 0 when every file trains, 2 otherwise."""
-    from torus_train.job.launch import usable_cpus
-    from torus_train.job.sources import CheckRequest
-
     if workers is not None and not 1 <= workers <= 1024:
         raise UserError(f"--workers: {workers} must be between 1 and 1,024")
     resolve_data(root)  # a symlink loop is named, not taken for a missing folder

@@ -18,8 +18,10 @@ function of (seed, rank, epoch, step): a resumed run draws what a straight one d
 from __future__ import annotations
 
 import functools
+import io
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
@@ -60,9 +62,6 @@ def decode_one(data: torch.Tensor, device) -> torch.Tensor:
         return decode_image(data, mode=ImageReadMode.RGB).to(device)
     except RuntimeError:
         pass
-    import io
-
-    import numpy as np
     from PIL import Image
 
     try:

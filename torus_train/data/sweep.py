@@ -22,6 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 
 from torus_train.data.checks import KINDS, Problem, content_problem, decode_problem, file_problem
+from torus_train.data.packed import ShardReader, load_packed
 
 CHUNK = 256
 """Files per task: large enough that the pool's overhead is small, small enough to keep every core busy."""
@@ -54,8 +55,6 @@ class FileChunk:
 @functools.cache
 def _packed_reader(root: str, split: str):
     """A worker process's reader of a packed split (opened once per process, shards kept open)."""
-    from torus_train.data.packed import ShardReader, load_packed
-
     sp = load_packed(root).split(split)
     return sp, ShardReader(sp)
 
