@@ -6,7 +6,8 @@ For each --files N it writes a data folder of N small JPEGs (--min-px to --max-p
 folders; --distinct different images, written again and again, so that building 100,000 files takes seconds),
 runs the command a user runs, `torus-train data check --data DIR --split train --decode --workers W`, as a
 subprocess, and times it; the sweep's own seconds (printed by the command) are reported beside the wall time
-(which also holds the start-up and the folder listing). Each folder is removed before the next is written.
+(which also holds the start-up and the folder listing), and the peak memory of its largest process. Each
+folder is removed before the next is written.
 
     python scripts/bench/data_check.py --files 10000,30000,100000 --json data_check.json
 """
@@ -18,6 +19,7 @@ import io
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -74,7 +76,10 @@ def time_check(folder: Path, workers: int) -> dict:
     if not m:
         sys.exit(f"data check printed no split line: {r.stdout[-500:]}")
     checked, rate = (int(g.replace(",", "")) for g in m.groups())
-    return {"seconds": wall, "sweep_seconds": checked / max(rate, 1), "checked": checked}
+    # the largest process so far among the finished commands and their pool workers (sizes run in rising
+    # order, so a command whose memory grew with the files would raise it)
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"seconds": wall, "sweep_seconds": checked / max(rate, 1), "checked": checked, "peak_rss_mb": peak_mb}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data check --decode on {workers} process(es); {a.distinct} distinct JPEGs of {a.min_px}-{a.max_px} px "
           f"({mean_kb:.1f} KB each on average), {a.classes} classes")  # fmt: skip
     print(
-        f"{'files':>9}  {'write s':>8}  {'check s':>8}  {'sweep s':>8}  {'img/s':>8}  {'img/s/core':>10}  {'us/file':>8}"
+        f"{'files':>9}  {'write s':>8}  {'check s':>8}  {'sweep s':>8}  {'img/s':>8}  {'img/s/core':>10}  {'us/file':>8}  {'peak MB':>8}"
     )
     rows = []
     base = Path(tempfile.mkdtemp(prefix="data-check-bench-", dir=a.dir))
@@ -119,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             row["sweep_us_per_file"] = 1e6 * t["sweep_seconds"] / n
             rows.append(row)
             print(f"{n:>9,}  {write_s:>8.1f}  {t['seconds']:>8.1f}  {t['sweep_seconds']:>8.1f}  {rate:>8,.0f}  "
-                  f"{rate / workers:>10,.0f}  {row['us_per_file']:>8.0f}")  # fmt: skip
+                  f"{rate / workers:>10,.0f}  {row['us_per_file']:>8.0f}  {t['peak_rss_mb']:>8.0f}")  # fmt: skip
     finally:
         shutil.rmtree(base, ignore_errors=True)
     big, small = rows[-1], rows[0]
