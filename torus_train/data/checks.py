@@ -1,16 +1,18 @@
 """Whether an image file can train, judged by its content, never by its name (pure: PIL at most, no torch).
 
     sniff(data)            the format its first bytes say: jpeg, png, bmp, tiff, webp, gif, or None
-    content_problem(data)  the cheap check every reader makes on the bytes it has read (no decoding): a
-                           Problem when the file is empty, cut short, or no decoder knows its format; None
-                           for every file a decoder may read, whatever its extension
+    content_problem(data)  the cheap check every reader makes on the bytes it has read (a whole file is not
+                           decoded): a Problem when the file is empty, cut short, or no decoder knows its
+                           format; None for every file a decoder reads, whatever its extension
     decode_problem(data)   the full check: PIL decodes every pixel (`data check --decode`)
     scan(root, split)      a folder split listed as the index lists it; ``verify`` also checks every file
 
 A JPEG is whole when an end-of-image marker follows its last scan (bytes after the marker are ignored, as
-every decoder ignores them). A PNG is whole when it holds its IEND chunk, a WebP or BMP when the file is as
-long as its header says. A file of another format that PIL recognises passes the cheap check: the decoder
-judges it. "Corrupt" means no decoder reads it; a PNG named .JPEG is a readable PNG.
+every decoder ignores them). A PNG is whole when its image-data chunks are, a WebP when the file is as long
+as its RIFF header says, an uncompressed BMP when it holds all its rows. A file these walks call cut short
+is decoded by PIL before it is called truncated (a JPEG missing only its end marker may still read). A file
+of another format that PIL recognises passes the cheap check: the decoder judges it. "Corrupt" means no
+decoder reads it; a PNG named .JPEG is a readable PNG.
 Ranks never scan: they read the index (data/index.py); `data check` sweeps a whole set with data/sweep.py.
 """
 
@@ -80,7 +82,10 @@ def content_problem(data) -> Problem | None:
     if fmt is None:
         return _unknown_format(data)
     check = _WHOLE.get(fmt)
-    return check(data) if check else None
+    problem = check(data) if check else None
+    if problem is not None and _pil_reads(data):
+        return None  # a cut the decoder does not need (a JPEG's last marker, a PNG's checksums): it reads
+    return problem
 
 
 def _jpeg_problem(data: bytes) -> Problem | None:
@@ -113,29 +118,59 @@ def _jpeg_problem(data: bytes) -> Problem | None:
 
 
 def _png_problem(data: bytes) -> Problem | None:
-    if data.find(b"IEND", 8) < 0:
-        return Problem("truncated", "truncated PNG (no IEND chunk)")
-    return None
-
-
-def _sized_problem(fmt: str, declared: int, length: int) -> Problem | None:
-    if declared > length:
-        return Problem("truncated", f"truncated {fmt} ({length:,} of the {declared:,} bytes its header declares)")
-    return None
+    """A PNG's chunks walked by their lengths: truncated when the file ends before an image-data (IDAT) chunk
+    is whole, or before any. A file that ends between chunks after its image data (no IEND) still reads."""
+    n, pos, idat = len(data), 8, False
+    while pos + 8 <= n:
+        length, kind = int.from_bytes(data[pos : pos + 4], "big"), data[pos + 4 : pos + 8]
+        if kind == b"IEND":
+            return None
+        if kind == b"IDAT":
+            if pos + 8 + length > n:
+                return Problem("truncated", "truncated PNG (it ends inside its image data)")
+            idat = True
+        pos += 12 + length
+    return None if idat else Problem("truncated", "truncated PNG (it ends before its image data)")
 
 
 def _webp_problem(data: bytes) -> Problem | None:
-    return _sized_problem("WebP", 8 + int.from_bytes(data[4:8], "little"), len(data))
+    declared = 8 + int.from_bytes(data[4:8], "little")
+    if declared > len(data):  # libwebp refuses a file shorter than its RIFF header says
+        return Problem("truncated", f"truncated WebP ({len(data):,} of the {declared:,} bytes its header declares)")
+    return None
 
 
 def _bmp_problem(data: bytes) -> Problem | None:
-    if len(data) < 14:
+    """An uncompressed BMP is truncated when it is shorter than its pixel offset plus its rows; the file size
+    in its header is not used (writers get it wrong, and decoders ignore it)."""
+    if len(data) < 30:
         return Problem("truncated", "truncated BMP (shorter than its header)")
-    return _sized_problem("BMP", int.from_bytes(data[2:6], "little"), len(data))  # 0 when a writer left it out
+    offset, header = int.from_bytes(data[10:14], "little"), int.from_bytes(data[14:18], "little")
+    needed = offset
+    if header >= 40 and int.from_bytes(data[30:34], "little") in (0, 3):  # BI_RGB, BI_BITFIELDS: no compression
+        width, height = (abs(int.from_bytes(data[k : k + 4], "little", signed=True)) for k in (18, 22))
+        bits = int.from_bytes(data[28:30], "little")
+        needed += (width * bits + 31) // 32 * 4 * height
+    if needed > len(data):
+        return Problem("truncated", f"truncated BMP ({len(data):,} bytes, its pixels need {needed:,})")
+    return None
 
 
 _WHOLE = {"jpeg": _jpeg_problem, "png": _png_problem, "webp": _webp_problem, "bmp": _bmp_problem}
 """Per format, the cheap check that the file is whole; TIFF and GIF have none (their decoder judges)."""
+
+
+def _pil_reads(data: bytes) -> bool:
+    """Whether PIL decodes the whole image: asked only of a file the walks above call cut short (rare), so
+    that the cheap check never refuses a file a decoder reads."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+    except Exception:  # PIL raises several types for a bad file
+        return False
+    return True
 
 
 def _unknown_format(data: bytes) -> Problem | None:
