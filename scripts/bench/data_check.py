@@ -103,9 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     mean_kb = sum(map(len, images)) / len(images) / 1e3
     print(f"data check --decode on {workers} process(es); {a.distinct} distinct JPEGs of {a.min_px}-{a.max_px} px "
           f"({mean_kb:.1f} KB each on average), {a.classes} classes")  # fmt: skip
-    print(
-        f"{'files':>9}  {'write s':>8}  {'check s':>8}  {'sweep s':>8}  {'img/s':>8}  {'img/s/core':>10}  {'us/file':>8}  {'peak MB':>8}"
-    )
+    columns = ("files", "write s", "check s", "sweep s", "img/s", "img/s/core", "us/file", "peak MB")
+    print("  ".join(f"{c:>{w}}" for c, w in zip(columns, (9, 8, 8, 8, 8, 10, 8, 8), strict=True)))
     rows = []
     base = Path(tempfile.mkdtemp(prefix="data-check-bench-", dir=a.dir))
     try:

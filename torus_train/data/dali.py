@@ -15,12 +15,13 @@ stream of this rank's shards, so it is not rebuilt at an epoch boundary; it is r
 stopped early or the loop jumps to another epoch (resume).
 Every image PIL reads trains. The reader thread checks each file's content as it reads it (checks.
 content_problem: the format by its magic bytes, a JPEG's end marker after its last scan; a packed sample also
-against its CRC-32): no extra I/O, nothing decoded. A file whose format DALI's decoder takes (DALI_FORMATS) goes
-to the pipeline as read; any other one (TIFF, GIF, a format only PIL knows) is decoded by PIL in the reader
-thread and handed over as an uncompressed BMP, which DALI takes. The pipeline keeps one input and one decoder, so
-the common sample costs nothing more; the rare one costs its PIL decode on a reader thread. A file the sniffing
-admitted but DALI still refuses (a JPEG variant its decoder lacks) stops the pipeline: the samples in flight are
-decoded with PIL, and those PIL reads but DALI does not are marked for the CPU route, and the step is redone.
+against its CRC-32): no extra I/O, nothing decoded unless it looks cut short. A file whose format DALI's
+decoder takes (DALI_FORMATS) goes to the pipeline as read; any other one (TIFF, GIF, a format only PIL knows)
+is decoded by PIL in the reader thread and handed over as an uncompressed BMP, which DALI takes. The pipeline
+keeps one input and one decoder, so the common sample costs one magic-byte comparison more; the rare one costs
+its PIL decode on a reader thread. A file the sniffing admitted but DALI still refuses (a JPEG variant its
+decoder lacks) stops the pipeline: the samples in flight are decoded with PIL, those PIL reads but DALI does
+not are marked for the CPU route, and the step is redone.
 
 A corrupt sample (no decoder reads it) is the spec's choice (``data.on_corrupt``). ``fail``: a DataError naming
 the file or shard. ``skip``: the sample is replaced by the next readable one (base.CorruptLog): a reader-found one
