@@ -181,3 +181,12 @@ def test_check_counts_truly_corrupt_files_by_kind(tmp_path):
     assert named["not an image"][0] == str(root / "val" / "b" / "page.JPEG")
     code, out, _ = invoke("data", "check", "--data", str(root), "--decode", "--workers", "1")
     assert code == 2 and f"summary: {verdict}; decoded whole by PIL" in out
+
+
+def test_check_refuses_a_worker_count_out_of_range(tmp_path):
+    from clihelp import assert_one_line_error
+
+    for n in ("0", "1025"):
+        code, out, err = invoke("data", "check", "--data", str(tmp_path), "--workers", n)
+        assert_one_line_error(code, err, f"--workers: {n} must be between 1 and 1,024")
+        assert out == ""
