@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clihelp import invoke
+from clihelp import assert_one_line_error, invoke
 
 from torus_train.data import make_loader
 from torus_train.data.base import CorruptLog
@@ -184,8 +184,6 @@ def test_check_counts_truly_corrupt_files_by_kind(tmp_path):
 
 
 def test_check_refuses_a_worker_count_out_of_range(tmp_path):
-    from clihelp import assert_one_line_error
-
     for n in ("0", "1025"):
         code, out, err = invoke("data", "check", "--data", str(tmp_path), "--workers", n)
         assert_one_line_error(code, err, f"--workers: {n} must be between 1 and 1,024")
