@@ -12,7 +12,6 @@ from torus_train.data.checks import verify_files
 from torus_train.data.index import (
     SPLITS,
     DataError,
-    Split,
     compare_with_folder,
     default_location,
     ensure_index,
@@ -86,14 +85,6 @@ def prepare(spec, log=None) -> None:
     spec.data.index = str(ensure_index(spec.data.source, spec.data.index or None, log=log))
 
 
-def listed(root, split: str) -> Split:
-    """A split as the index lists it, by directory reads only (no stat per file: the sweep reads each file
-    and names one it cannot read)."""
-    classes, names, labels = list_split(root, split)
-    folder = Path(root) / split
-    return Split(folder, classes, tuple(str(folder / n) for n in names), tuple(labels))
-
-
 def check_files(request: CheckRequest) -> SweepReport:
     """`torus-train data check`: the layout first (class folders, val/'s classes against train/'s, file names,
     and the index against the folder where it has one: a DataError at once), then every file of each split
@@ -101,7 +92,8 @@ def check_files(request: CheckRequest) -> SweepReport:
     root, echo = request.root, request.echo
     if all((Path(root) / s).is_dir() for s in SPLITS):
         same_classes(Path(root))
-    splits = [listed(root, split) for split in request.splits]
+    # each split listed by directory reads only (no stat per file: the sweep names a file it cannot read)
+    splits = {split: list_split(root, split) for split in request.splits}
     dest = Path(request.index) if request.index else default_location(root)
     if not (dest / "meta.json").exists():
         echo(f"no index at {dest} (a run builds one; or: torus-train data index --data {root})")
@@ -116,10 +108,11 @@ def check_files(request: CheckRequest) -> SweepReport:
             )
         echo(f"{dest}: index matches the folder")
     total = SweepReport(request.decode, request.workers)
-    for s in splits:
-        progress = request.progress(str(s.root)) if request.progress else None
-        r = sweep(folder_chunks(s.files), len(s), request.decode, request.workers, progress)
+    for split, (classes, names, _) in splits.items():
+        folder = str(Path(root) / split)
+        progress = request.progress(folder) if request.progress else None
+        r = sweep(folder_chunks(folder, names), len(names), request.decode, request.workers, progress)
         bad = f"{r.bad:,} will not train" if r.bad else "all train"
-        echo(f"{s.root}: {len(s.classes)} classes, {len(s):,} files, {bad} ({r.seconds:.1f} s, {r.rate()})")
+        echo(f"{folder}: {len(classes)} classes, {len(names):,} files, {bad} ({r.seconds:.1f} s, {r.rate()})")
         total.add(r)
     return total

@@ -1,7 +1,7 @@
 """`torus-train data check`'s sweep: every file of a data set checked on a process pool, every problem counted
 by kind (checks.KINDS), the first few named per kind. No torch.
 
-    report = sweep(folder_chunks(split.files), len(split), decode=True, workers=16, progress=bar)
+    report = sweep(folder_chunks(folder, names), len(names), decode=True, workers=16, progress=bar)
     report.summary()       the lines `data check` prints: counts per kind, the first FIRST files of each
 
 The files go to the workers in chunks of CHUNK names (or sample ranges of a packed set), at most two chunks
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,17 +36,19 @@ Found = tuple[int, str, str, str]
 
 @dataclass(frozen=True)
 class FileChunk:
-    """Files of a folder split, from position ``start`` on."""
+    """Files of a folder split (names relative to ``folder``), from position ``start`` on."""
 
     start: int
-    paths: tuple[str, ...]
+    folder: str
+    names: tuple[str, ...]
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.names)
 
     def problems(self, decode: bool) -> list[Found]:
         found = []
-        for k, path in enumerate(self.paths):
+        for k, name in enumerate(self.names):
+            path = os.path.join(self.folder, name)
             p = file_problem(path, decode)
             if p is not None:
                 found.append((self.start + k, path, p.kind, p.why))
@@ -83,10 +86,11 @@ class PackedChunk:
         return found
 
 
-def folder_chunks(files: Sequence[str]) -> Iterator[FileChunk]:
-    """A folder split's files in chunks of CHUNK."""
-    for start in range(0, len(files), CHUNK):
-        yield FileChunk(start, tuple(files[start : start + CHUNK]))
+def folder_chunks(folder: str, names: Sequence[str]) -> Iterator[FileChunk]:
+    """A folder split's files (``names`` relative to ``folder``, as the index holds them) in chunks of CHUNK:
+    the parent holds the relative names only, a worker joins the paths of its chunk."""
+    for start in range(0, len(names), CHUNK):
+        yield FileChunk(start, folder, tuple(names[start : start + CHUNK]))
 
 
 def packed_chunks(root: str, split: str, count: int) -> Iterator[PackedChunk]:
