@@ -38,7 +38,7 @@ def decode_threads(
 
 class FileReader:
     """Sample i of a folder split: the whole file, its content checked (checks.content_problem: no extra I/O,
-    nothing decoded)."""
+    nothing decoded unless it looks cut short)."""
 
     def __init__(self, split: Split):
         self.split = split
