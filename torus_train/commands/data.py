@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -70,7 +71,7 @@ def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: in
     )
 
 
-def progress_bar(what: str, after: float = 0.0):
+def progress_bar(what: str, after: float = 0.0) -> Callable[[int, int], None]:
     """progress(done, total) that draws "done/total WHAT (percent)" on stderr: redrawn in place on a terminal
     (5 times a second), a line every 2 s otherwise; silent until ``after`` seconds have passed (a small job
     prints nothing), and a last line at the end when it drew any."""

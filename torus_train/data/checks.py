@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from torus_train.data.index import IMAGE_EXTENSIONS, DataError, Split, list_split  # noqa: F401  (re-exported)
 
 KINDS = {
@@ -62,7 +64,7 @@ class Problem:
         return self.why
 
 
-def sniff(data: bytes) -> str | None:
+def sniff(data: bytes | np.ndarray) -> str | None:
     """The image format the first bytes of ``data`` say (jpeg, png, bmp, tiff, webp, gif), or None."""
     head = bytes(data[:16])  # also takes a uint8 numpy array
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
@@ -70,12 +72,12 @@ def sniff(data: bytes) -> str | None:
     return next((fmt for magic, fmt in _MAGIC if head.startswith(magic)), None)
 
 
-def content_problem(data) -> Problem | None:
+def content_problem(data: bytes | np.ndarray) -> Problem | None:
     """The cheap check of an encoded file (bytes, or a uint8 numpy array as the readers hold it): None when a
-    decoder may read it, else why not. It reads the bytes once, decodes nothing, and never refuses a file a
-    decoder reads because of its format."""
-    if not isinstance(data, bytes):
-        data = memoryview(data).tobytes()  # one copy; the walks below run in C (re, bytes.find)
+    decoder reads it, else why not. It walks the bytes once and never refuses a file for its format; only a
+    file the walk finds cut short is decoded (by PIL), so that one a decoder still reads passes."""
+    if isinstance(data, np.ndarray):
+        data = data.tobytes()  # one copy; the walks below run in C (re, bytes.find)
     if not data:
         return Problem("empty", "empty file")
     fmt = sniff(data)
@@ -186,7 +188,7 @@ def _unknown_format(data: bytes) -> Problem | None:
         return Problem("not an image", f"not an image (no image format starts with {head!r})")
 
 
-def decode_problem(data) -> Problem | None:
+def decode_problem(data: bytes | np.ndarray) -> Problem | None:
     """The full check: the cheap one, then PIL decodes every pixel; None when PIL reads the whole image."""
     problem = content_problem(data)
     if problem is not None:
