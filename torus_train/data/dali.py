@@ -345,13 +345,14 @@ class DaliLoader(ShardedLoader):
     def _route_to_cpu(self, window) -> bool:
         """After a failure where PIL reads every sample in flight: the ones DALI's decoder refuses, marked for
         the CPU route (True when there were any; False: the failure was not a decoder's refusal)."""
-        reader = sample_reader(self.split)
+        reader, refused = sample_reader(self.split), []
         try:
-            refused = [
-                int(i)
-                for i in window
-                if int(i) not in self._feed.on_cpu and _dali_refuses(reader.read(int(i))[0], self._device_id)
-            ]
+            for i in map(int, window):
+                data = reader.read(i)[0]
+                if i in self._feed.on_cpu or data is None or sniff(data) not in DALI_FORMATS:
+                    continue  # already decoded on the CPU, or unreadable (the reader names it)
+                if _dali_refuses(data, self._device_id):
+                    refused.append(i)
         finally:
             reader.close()
         self._feed.on_cpu.update(refused)
