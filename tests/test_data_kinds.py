@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from clihelp import assert_one_line_error, invoke
+from datahelp import make_index_set
 
 from torus_train.data import make_loader
 from torus_train.data.base import CorruptLog
+from torus_train.data.index import DataError
 from torus_train.data.samples import cpu_only_samples, samples
 from torus_train.job.sources import DECODERS, Decoder
 
@@ -188,3 +190,26 @@ def test_check_refuses_a_worker_count_out_of_range(tmp_path):
         code, out, err = invoke("data", "check", "--data", str(tmp_path), "--workers", n)
         assert_one_line_error(code, err, f"--workers: {n} must be between 1 and 1,024")
         assert out == ""
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_a_broken_file_on_dali_s_cpu_route_is_corrupt(tmp_path, policy):
+    """A GIF cut short passes the cheap check (GIF has none) and takes DALI's CPU route, where PIL fails on it:
+    the default policy names it, skip replaces it by the next readable file."""
+    root = make_index_set(tmp_path / "d", n_train=12, n_val=6)
+    victim = sorted((root / "train" / "c1").iterdir())[0]
+    victim.write_bytes(cpu_only_samples()["gif_named_jpeg"].data[:200])
+    args = dict(rank=0, world_size=1, batch_size=4, image_size=24, num_classes=None, seed=0, channels_last=False)
+    log = CorruptLog()
+    ld = make_loader(
+        "dali", root, "train", device="cpu", num_threads=1, verify=False, on_corrupt=policy, corrupt=log, **args
+    )
+    try:
+        if policy == "fail":
+            with pytest.raises(DataError, match=f"^{victim}: does not decode"):
+                for _ in ld:
+                    pass
+        else:
+            assert [x.shape[0] for x, _ in ld] == [4] * 3 and list(log.files) == [str(victim)]
+    finally:
+        ld.close()
