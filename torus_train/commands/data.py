@@ -108,7 +108,9 @@ def index(root: str, location: str | None) -> None:
 
 @data.command("check")
 @click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder or packed set.")
-@click.option("--split", "splits", multiple=True, default=("train", "val"), show_default=True)
+@click.option(
+    "--split", "splits", multiple=True, default=("train", "val"), show_default=True, help="A split to check (repeat)."
+)
 @click.option("--index", "location", default=None, type=click.Path(), help=INDEX_HELP)
 @click.option("--decode", is_flag=True, help="Decode every file whole (PIL): the check to run once before a long job.")
 @click.option("--workers", default=None, type=int, help="Processes checking files [default: every usable core].")
