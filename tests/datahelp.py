@@ -35,6 +35,15 @@ def make_index_set(root: Path, n_train: int = 90, n_val: int = 30, classes: int 
     return root
 
 
+def wreck_jpeg(path: Path) -> None:
+    """Zero a JPEG's tables (quantisation, Huffman, frame header) and keep its start, its scan and its end
+    marker: the content check passes (checks.content_problem), every decoder fails (PIL, torchvision, DALI)."""
+    data = bytearray(path.read_bytes())
+    sos = data.index(b"\xff\xda")
+    data[20:sos] = bytes(sos - 20)
+    path.write_bytes(bytes(data))
+
+
 def decode_indices(images, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) -> list[int]:
     """Undo the normalisation of a [B,3,H,W] batch and read each image's index from its mean colour."""
     import torch

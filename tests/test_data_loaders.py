@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from datahelp import decode_indices, make_index_set
+from datahelp import decode_indices, make_index_set, wreck_jpeg
 
 from torus_train.data import make_loader
 from torus_train.data.checks import DataError, scan
@@ -134,10 +134,7 @@ def test_train_augments_and_reshuffles(kind, demo_small):
 def test_corrupt_jpeg_inside_names_the_file(kind, tmp_path):
     root = make_index_set(tmp_path / "d", n_train=12, n_val=6)
     victim = sorted((root / "train" / "c1").iterdir())[0]
-    data = bytearray(victim.read_bytes())
-    # Keep the SOI/EOI markers (so the quick check passes) and wreck everything between them.
-    data[20:-2] = bytes(len(data) - 22)
-    victim.write_bytes(bytes(data))
+    wreck_jpeg(victim)  # the content check passes; only a decoder finds it
     ld = loader(kind, root, "train", batch_size=4)
     with pytest.raises(DataError) as e:
         for _ in ld:
@@ -291,9 +288,7 @@ def test_a_file_that_reads_but_does_not_decode_is_replaced_on_the_device_path(tm
     the CorruptLog with its replacement (the next readable file)."""
     root = make_index_set(tmp_path / "d", n_train=12, n_val=6)
     victim = sorted((root / "train" / "c1").iterdir())[0]
-    data = bytearray(victim.read_bytes())
-    data[20:-2] = bytes(len(data) - 22)  # markers intact (the workers' quick check passes), content wrecked
-    victim.write_bytes(bytes(data))
+    wreck_jpeg(victim)  # the workers' content check passes, the decoder fails
     ld = loader("torchvision-device", root, "train", batch_size=4, on_corrupt="skip")
     steps = [x.shape[0] for x, _ in ld]
     assert steps == [4] * len(ld) and list(ld.corrupt.files) == [str(victim)]

@@ -114,6 +114,19 @@ def test_bench_startup_small_index(tmp_path):
         assert r["seconds_per_rank"] > 0
 
 
+def test_bench_data_check_two_toy_sets(tmp_path):
+    out = tmp_path / "data_check.json"
+    args = ["--files", "200,400", "--distinct", "10", "--classes", "4", "--workers", "2", "--json", str(out)]
+    text = ok(run_py("bench/data_check.py", *args, "--dir", str(tmp_path)))
+    assert "per-file cost, 400 files / 200 files: " in text and "(1.00 = linear growth)" in text
+    doc = json.loads(out.read_text())
+    assert [r["files"] for r in doc["results"]] == [200, 400] and doc["workers"] == 2
+    for r in doc["results"]:
+        assert r["checked"] == r["files"] and r["img_per_s"] > 0 and r["img_per_s_per_core"] == r["img_per_s"] / 2
+    assert doc["ratio"] == doc["results"][1]["us_per_file"] / doc["results"][0]["us_per_file"]
+    assert list(tmp_path.iterdir()) == [out]  # the sets are removed
+
+
 def test_bench_groups_fake_backend(tmp_path):
     out = tmp_path / "groups.json"
     text = ok(run_py("bench_groups.py", "--grids", "2x2", "--rounds", "1", "--json", str(out)))

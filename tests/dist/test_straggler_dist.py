@@ -15,7 +15,7 @@ import pytest
 from .runhelp import leftover_workers, run_cli
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from datahelp import make_index_set  # noqa: E402
+from datahelp import make_index_set, wreck_jpeg  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,9 +55,7 @@ def test_straggler_named_by_rank_and_host(tmp_path):
 def corrupt_set(tmp_path_factory):
     root = make_index_set(tmp_path_factory.mktemp("corrupt") / "d", n_train=48, n_val=12)
     bad = sorted((root / "train" / "c1").iterdir())[0]
-    data = bytearray(bad.read_bytes())
-    data[20:-2] = bytes(len(data) - 22)  # markers kept: only decoding finds it
-    bad.write_bytes(bytes(data))
+    wreck_jpeg(bad)  # the content check passes: only decoding finds it
     return root, bad
 
 

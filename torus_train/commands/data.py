@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -14,7 +15,8 @@ from torus_train.data.layouts import LAYOUTS
 from torus_train.data.packed import load_packed
 from torus_train.data.packed import pack as pack_set
 from torus_train.errors import UserError, check_output_folder
-from torus_train.job.sources import path_source
+from torus_train.job.launch import usable_cpus
+from torus_train.job.sources import CheckRequest, path_source
 
 
 @click.group()
@@ -52,17 +54,6 @@ def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: in
         raise UserError(f"--out: {path} already holds a demo data set (demo.json); choose another folder")
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise UserError(f"--out: {path} exists and is not an empty folder")
-    last = [0.0]
-    tty = sys.stderr.isatty()
-
-    def progress(done: int, total: int) -> None:
-        now = time.time()
-        if done == total or now - last[0] > (0.2 if tty else 2.0):
-            last[0] = now
-            end = "\n" if done == total or not tty else "\r"
-            click.echo(f"  {done:>6}/{total} images ({100 * done / total:5.1f}%)", err=True, nl=False)
-            click.echo(end, err=True, nl=False)
-
     click.echo(f"generating the demo data set in {path} (seed {seed}, {size}x{size} px)", err=True)
     m = generate(
         path,
@@ -71,7 +62,7 @@ def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: in
         val_per_class=val_per_class,
         size=size,
         workers=workers,
-        progress=progress,
+        progress=progress_bar("images"),
     )
     rate = (m["train"] + m["val"]) / max(m["seconds"], 1e-6)
     click.echo(
@@ -79,6 +70,26 @@ def demo(out: str, seed: int, train_per_class: int, val_per_class: int, size: in
         f"  train {m['train']} images, val {m['val']} images, {size}x{size} JPEG\n"
         f"  {m['seconds']:.1f} s ({rate:.0f} images/s)"
     )
+
+
+def progress_bar(what: str, after: float = 0.0) -> Callable[[int, int], None]:
+    """progress(done, total) that draws "done/total WHAT (percent)" on stderr: redrawn in place on a terminal
+    (5 times a second), a line every 2 s otherwise; silent until ``after`` seconds have passed (a small job
+    prints nothing), and a last line at the end when it drew any."""
+    tty = sys.stderr.isatty()
+    start, last = time.time(), [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.time()
+        if now - start < after or (done < total and now - last[0] <= (0.2 if tty else 2.0)):
+            return
+        last[0] = now
+        rate = done / max(now - start, 1e-9)
+        end = "\n" if done == total or not tty else "\r"
+        line = f"  {done:>9,}/{total:,} {what} ({100 * done / max(total, 1):5.1f}%, {rate:,.0f}/s)"
+        click.echo(line + end, err=True, nl=False)
+
+    return progress
 
 
 INDEX_HELP = "Index folder (default: DATA/.torus-train-index, or the cache where DATA is read-only)."
@@ -98,13 +109,33 @@ def index(root: str, location: str | None) -> None:
 
 @data.command("check")
 @click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder or packed set.")
-@click.option("--split", "splits", multiple=True, default=("train", "val"), show_default=True)
+@click.option(
+    "--split", "splits", multiple=True, default=("train", "val"), show_default=True, help="A split to check (repeat)."
+)
 @click.option("--index", "location", default=None, type=click.Path(), help=INDEX_HELP)
-def check(root: str, splits: tuple[str, ...], location: str | None) -> None:
-    """Check a data folder file by file (layout, empty classes, non-image files, JPEG markers) and, where it
-    has an index, that the index lists exactly its files; or a packed set's index and shard checksums."""
+@click.option("--decode", is_flag=True, help="Decode every file whole (PIL): the check to run once before a long job.")
+@click.option("--workers", default=None, type=int, help="Processes checking files [default: every usable core].")
+def check(root: str, splits: tuple[str, ...], location: str | None, decode: bool, workers: int | None) -> None:
+    """Check every file of a data folder or packed set: its layout, its index, and each file's content (empty,
+    truncated, not an image; with --decode, decoded whole). Every problem is counted by kind and the first
+    files of each are named; exit 0 when every file trains, 2 otherwise."""
+    if workers is not None and not 1 <= workers <= 1024:
+        raise UserError(f"--workers: {workers} must be between 1 and 1,024")
     resolve_data(root)  # a symlink loop is named, not taken for a missing folder
-    path_source(root).check_files(root, splits, location, click.echo)
+    request = CheckRequest(
+        root,
+        splits,
+        location,
+        decode,
+        workers or usable_cpus(),
+        click.echo,
+        lambda what: progress_bar(f"files of {Path(what).name}", 1.0),
+    )
+    report = path_source(root).check_files(request)
+    for line in report.summary():
+        click.echo(line)
+    if report.bad:
+        raise UserError(f"{report.verdict()}; fix or remove them, or train with data.on_corrupt = skip")
 
 
 PACK_DATA_HELP = (

@@ -105,9 +105,9 @@ def no_prefill() -> Iterator[None]:
 
 
 def decode_one(data: torch.Tensor, device) -> torch.Tensor:
-    """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder, else torchvision's CPU
-    decoders (JPEG, PNG, WebP, GIF), else PIL's (BMP and TIFF, which the index accepts and the CPU decoder
-    reads); RuntimeError when none reads it."""
+    """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder, else torchvision's
+    CPU decoders (JPEG, PNG, WebP, GIF), else PIL (BMP, TIFF and every other format it reads); RuntimeError
+    when none reads it."""
     try:
         return device_jpeg(data, device)
     except RuntimeError:

@@ -13,15 +13,20 @@ threads of another live pipeline, as a rank's train and val loaders are, was see
 pipeline is built once per loader (the loop builds a loader per batch stage) and fed epoch after epoch from a
 stream of this rank's shards, so it is not rebuilt at an epoch boundary; it is rebuilt only when a pass
 stopped early or the loop jumps to another epoch (resume).
-A corrupt sample is the spec's choice (``data.on_corrupt``). The encoded bytes of every JPEG are checked for
-their start and end markers as they are read (a packed sample against its CRC-32): no extra I/O, and a
-truncated file, a truncated or altered shard, or a file that is not a JPEG is caught in the reader thread
-before DALI sees it. A sample that passes that check and still does not
-decode stops the pipeline; it is then found by decoding the batches in flight with PIL. ``fail``: a DataError
-naming the file or shard. ``skip``: the sample is replaced by the next readable one (base.CorruptLog): a
-reader-found one at once, in the batch being read; a decode failure by rebuilding the pipeline at the failing
-step with the sample marked, so the step is redone with a whole batch. The shard, the batch size and the step
-count do not change.
+Every image PIL reads trains. The reader thread checks each file's content as it reads it (checks.
+content_problem: the format by its magic bytes, a JPEG's end marker after its last scan; a packed sample also
+against its CRC-32): no extra I/O, nothing decoded unless it looks cut short. A file whose format DALI's
+decoder takes (DALI_FORMATS) goes to the pipeline as read; any other one (TIFF, GIF, a format only PIL knows)
+is decoded by PIL in the reader thread and handed over as an uncompressed BMP, which DALI takes. The pipeline
+keeps one input and one decoder, so the common sample costs one magic-byte comparison more; the rare one costs
+its PIL decode on a reader thread. A file the sniffing admitted but DALI still refuses (a JPEG variant its
+decoder lacks) stops the pipeline: the samples in flight are decoded with PIL, those PIL reads but DALI does
+not are marked for the CPU route, and the step is redone.
+
+A corrupt sample (no decoder reads it) is the spec's choice (``data.on_corrupt``). ``fail``: a DataError naming
+the file or shard. ``skip``: the sample is replaced by the next readable one (base.CorruptLog): a reader-found one
+at once, in the batch being read; a decode failure by rebuilding the pipeline at the failing step with the sample
+marked, so the step is redone with a whole batch. The shard, the batch size and the step count do not change.
 """
 
 from __future__ import annotations
@@ -44,8 +49,15 @@ from torus_train.data.base import (
     replacement_after,
     val_resize,
 )
+from torus_train.data.checks import sniff
 from torus_train.data.index import DataError, Split
 from torus_train.data.readers import ReadAhead, sample_reader
+
+DALI_FORMATS = frozenset({"jpeg", "png", "bmp", "webp"})
+"""Formats DALI 2.4's fn.decoders.image reads in every variant tried (on CPU: baseline, progressive, grayscale,
+CMYK, 4:4:4 and trailing-byte JPEGs; RGB, RGBA, palette, grey, 1- and 16-bit PNGs; 1-bit, palette and RGBA
+BMPs; lossy, lossless and RGBA WebPs). Not TIFF (a bilevel one fails, others log errors) nor GIF (refused): those
+and every format only PIL knows take the CPU route (``cpu_decoded``)."""
 
 
 def available() -> bool:
@@ -134,6 +146,43 @@ def _decode_problem(data: np.ndarray | None) -> str | None:
     return None
 
 
+def cpu_decoded(data: np.ndarray) -> tuple[np.ndarray | None, str | None]:
+    """A file DALI's decoder does not take, decoded by PIL (RGB) and re-encoded as an uncompressed BMP, which it
+    does: lossless, and a copy rather than a compression. (None, why) when PIL cannot decode it."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data.tobytes())) as im:
+            rgb = im.convert("RGB")
+        out = io.BytesIO()
+        rgb.save(out, format="BMP")
+    except Exception as e:  # PIL raises several types for bad files
+        return None, f"does not decode ({type(e).__name__}: {str(e)[:120]})"
+    return np.frombuffer(out.getvalue(), dtype=np.uint8), None
+
+
+def _dali_refuses(data: np.ndarray, device_id: int | None) -> bool:
+    """Whether DALI's image decoder (on the loader's device) fails on these bytes: one sample through a
+    one-sample pipeline (built in about 15 ms; a failure leaves a pipeline unusable, so one per sample)."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=device_id, exec_pipelined=False, exec_async=False)
+    def probe():
+        x = fn.external_source(name="x", dtype=types.UINT8)
+        return fn.decoders.image(x, device="cpu" if device_id is None else "mixed", output_type=types.RGB)
+
+    p = probe()
+    p.build()
+    p.feed_input("x", [data])
+    try:
+        p.run()
+    except RuntimeError:
+        return True
+    finally:
+        del p
+    return False
+
+
 def _find_bad_sample(split: Split, indices) -> tuple[str, str] | None:
     """The first sample among ``indices`` that PIL cannot fully decode, with PIL's reason (read here, on the
     training thread: only after a pipeline failure)."""
@@ -173,11 +222,17 @@ class Feed:
     def __init__(self, split: Split, cfg: LoaderConfig, corrupt: CorruptLog):
         self.split, self.skip, self.val, self.corrupt = split, cfg.on_corrupt == "skip", cfg.split == "val", corrupt
         self.bad = corrupt.undecodable
+        self.on_cpu: set[int] = set()  # samples DALI refused though PIL reads them: always the CPU route
         self.reader = sample_reader(split)
 
     def _read(self, i: int) -> tuple[np.ndarray | None, str | None]:
         name = self.split.files[i]
-        return (None, self.bad[name]) if name in self.bad else self.reader.read(i)
+        if name in self.bad:
+            return None, self.bad[name]
+        data, problem = self.reader.read(i)
+        if problem is None and (i in self.on_cpu or sniff(data) not in DALI_FORMATS):
+            return cpu_decoded(data)
+        return data, problem
 
     def sample(self, i: int) -> tuple[np.ndarray, int]:
         """The bytes and label of sample ``i``, or of its replacement under skip."""
@@ -280,10 +335,28 @@ class DaliLoader(ShardedLoader):
             if self.split.files[int(i)] not in self._feed.bad
         ]
         bad = _find_bad_sample(self.split, window)
+        if bad is None and self._route_to_cpu(window):
+            return self._pipeline(first_step=step)
         if not self._feed.skip or bad is None:
             raise _named_error(e, self.split, window) from None
         self._feed.bad[bad[0]] = f"DALI cannot decode it; PIL: {bad[1][:120]}"
         return self._pipeline(first_step=step)
+
+    def _route_to_cpu(self, window) -> bool:
+        """After a failure where PIL reads every sample in flight: the ones DALI's decoder refuses, marked for
+        the CPU route (True when there were any; False: the failure was not a decoder's refusal)."""
+        reader, refused = sample_reader(self.split), []
+        try:
+            for i in map(int, window):
+                data = reader.read(i)[0]
+                if i in self._feed.on_cpu or data is None or sniff(data) not in DALI_FORMATS:
+                    continue  # already decoded on the CPU, or unreadable (the reader names it)
+                if _dali_refuses(data, self._device_id):
+                    refused.append(i)
+        finally:
+            reader.close()
+        self._feed.on_cpu.update(refused)
+        return bool(refused)
 
     def _to_torch(self, images) -> torch.Tensor:
         t = images.as_tensor()

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from torus_train.data.base import LoaderRequest
-from torus_train.data.checks import scan, verify_files
+from torus_train.data.checks import verify_files
 from torus_train.data.index import (
     SPLITS,
     DataError,
@@ -16,12 +16,15 @@ from torus_train.data.index import (
     default_location,
     ensure_index,
     list_classes,
+    list_split,
     load_index,
     same_classes,
 )
 from torus_train.data.layouts import LAYOUTS
 from torus_train.data.pipelines import check_class_count, file_loader
+from torus_train.data.sweep import SweepReport, folder_chunks, sweep
 from torus_train.errors import UserError
+from torus_train.job.sources import CheckRequest
 
 
 def open_loader(request: LoaderRequest):
@@ -89,25 +92,34 @@ def prepare(spec, log=None) -> None:
     spec.data.index = str(ensure_index(spec.data.source, spec.data.index or None, log=log))
 
 
-def check_files(root, splits, location, echo) -> None:
-    """`torus-train data check`: each split scanned file by file (layout, empty classes, non-image files, JPEG
-    markers), val/'s classes against train/'s and, where the folder has an index, the index compared with the
-    folder."""
+def check_files(request: CheckRequest) -> SweepReport:
+    """`torus-train data check`: the layout first (class folders, val/'s classes against train/'s, file names,
+    and the index against the folder where it has one: a DataError at once), then every file of each split
+    on the sweep's process pool; the report counts every unusable file by kind."""
+    root, echo = request.root, request.echo
     if all((Path(root) / s).is_dir() for s in SPLITS):
         same_classes(Path(root))
-    for split in splits:
-        s = scan(root, split, verify=True)
-        echo(f"{s.root}: {len(s.classes)} classes, {len(s)} images, ok")
-    dest = Path(location) if location else default_location(root)
+    # each split listed by directory reads only (no stat per file: the sweep names a file it cannot read)
+    splits = {split: list_split(root, split) for split in request.splits}
+    dest = Path(request.index) if request.index else default_location(root)
     if not (dest / "meta.json").exists():
         echo(f"no index at {dest} (a run builds one; or: torus-train data index --data {root})")
-        return
-    idx = load_index(dest, root)
-    idx.verify_checksum()
-    problems = compare_with_folder(idx)
-    if problems:
-        raise DataError(
-            f"{dest}: index does not match the folder ({'; '.join(problems)}); rebuild it with: "
-            f"torus-train data index --data {root}"
-        )
-    echo(f"{dest}: index matches the folder")
+    else:
+        idx = load_index(dest, root)
+        idx.verify_checksum()
+        problems = compare_with_folder(idx)
+        if problems:
+            raise DataError(
+                f"{dest}: index does not match the folder ({'; '.join(problems)}); rebuild it with: "
+                f"torus-train data index --data {root}"
+            )
+        echo(f"{dest}: index matches the folder")
+    total = SweepReport(request.decode, request.workers)
+    for split, (classes, names, _) in splits.items():
+        folder = str(Path(root) / split)
+        progress = request.progress(folder) if request.progress else None
+        r = sweep(folder_chunks(folder, names), len(names), request.decode, request.workers, progress)
+        bad = f"{r.bad:,} will not train" if r.bad else "all train"
+        echo(f"{folder}: {len(classes)} classes, {len(names):,} files, {bad} ({r.seconds:.1f} s, {r.rate()})")
+        total.add(r)
+    return total

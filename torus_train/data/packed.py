@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from torus_train.data.checks import jpeg_problem
+from torus_train.data.checks import content_problem
 from torus_train.data.index import (
     SPLITS,
     DataError,
@@ -189,11 +189,11 @@ class _ShardWriter:
 
 
 def _checked(where: str, name: str, data: bytes) -> bytes:
-    """The image bytes of ``name`` (CLASS/FILE), refused (DataError naming ``where``) when they cannot train."""
-    if os.path.splitext(name)[1].lower() in (".jpg", ".jpeg"):
-        problem = jpeg_problem(data[:3], data[-64:], len(data))
-        if problem:
-            raise DataError(f"{where}: {problem}; fix or remove it, then pack again")
+    """The image bytes of ``name`` (CLASS/FILE), refused (DataError naming ``where``) when no decoder reads them:
+    judged by content, so a PNG named .JPEG packs and a truncated file does not."""
+    problem = content_problem(data)
+    if problem:
+        raise DataError(f"{where}: {problem}; fix or remove it, then pack again (torus-train data check lists all)")
     return data
 
 

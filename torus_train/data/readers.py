@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from torus_train.data.checks import is_jpeg_name, jpeg_problem
+from torus_train.data.checks import content_problem
 from torus_train.data.index import Split
 from torus_train.data.packed import PackedSplit, ShardReader
 from torus_train.job.launch import usable_cpus
@@ -37,7 +37,8 @@ def decode_threads(
 
 
 class FileReader:
-    """Sample i of a folder split: the whole file, its JPEG markers checked (no extra I/O)."""
+    """Sample i of a folder split: the whole file, its content checked (checks.content_problem: no extra I/O,
+    nothing decoded unless it looks cut short)."""
 
     def __init__(self, split: Split):
         self.split = split
@@ -50,9 +51,8 @@ class FileReader:
             data = np.fromfile(path, dtype=np.uint8)
         except OSError as e:
             return None, f"cannot read ({e.strerror or e})"
-        if not is_jpeg_name(path):
-            return data, None
-        return data, jpeg_problem(data[:3].tobytes(), data[-64:].tobytes(), data.size)
+        problem = content_problem(data)
+        return data, None if problem is None else str(problem)
 
     def close(self) -> None:
         pass

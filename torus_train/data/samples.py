@@ -3,6 +3,7 @@
     samples()["cmyk"].data      the encoded bytes of a 48x40 CMYK JPEG
     for s in samples().values() baseline, progressive, grayscale, CMYK, 4:4:4 JPEGs, a JPEG with bytes after its
                                 end marker, RGB and RGBA PNGs, and the other formats the index accepts
+    cpu_only_samples()          files PIL reads that DALI's decoder refuses (GIF named .JPEG, bilevel TIFF)
 
 They serve two readers: the decoder probe (a device decoder is used only when it agrees with the CPU's on
 these) and the tests (a folder made of one file of each kind must check, pack and train). Every image is a
@@ -76,6 +77,13 @@ _MAKERS = {
 }
 
 
+_CPU_ONLY = {
+    # PIL and torchvision read these, DALI 2.4's decoder refuses them: the DALI loader decodes them on the CPU
+    "gif_named_jpeg": (".JPEG", False, lambda: _encode(_picture().convert("P"), "GIF")),
+    "tiff_bilevel": (".tif", False, lambda: _encode(_picture("1"), "TIFF")),
+}
+
+
 @functools.cache
 def samples() -> dict[str, Sample]:
     """Every kind, made once per process."""
@@ -85,3 +93,10 @@ def samples() -> dict[str, Sample]:
 def jpeg_samples() -> dict[str, Sample]:
     """The kinds whose content is a JPEG."""
     return {k: s for k, s in samples().items() if s.jpeg}
+
+
+@functools.cache
+def cpu_only_samples() -> dict[str, Sample]:
+    """Kinds PIL reads that a device-side or DALI decoder may refuse (a GIF named .JPEG, a bilevel TIFF): the
+    loaders must decode them on the CPU, never refuse them. Kept out of samples(), which a decoder must read."""
+    return {kind: Sample(kind, suffix, jpeg, make()) for kind, (suffix, jpeg, make) in _CPU_ONLY.items()}

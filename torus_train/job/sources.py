@@ -49,6 +49,26 @@ INDEX_DIR = ".torus-train-index"
 
 
 @dataclass(frozen=True)
+class CheckRequest:
+    """What `torus-train data check` asks of a path source (its ``verify``)."""
+
+    root: str
+    """The set: a folder or a packed set."""
+    splits: tuple[str, ...] = ("train", "val")
+    """The splits to check."""
+    index: str | None = None
+    """A folder's index, where not at its default place (compared with the folder when it exists)."""
+    decode: bool = False
+    """Decode every file whole (PIL), not only check its content."""
+    workers: int = 1
+    """Processes checking files."""
+    echo: Callable[[str], None] = print
+    """Prints one line of the report."""
+    progress: Callable[[str], Callable[[int, int], None]] | None = None
+    """progress(what) -> callback(done, total) for the files of ``what`` (a split folder)."""
+
+
+@dataclass(frozen=True)
 class DataSource:
     """One kind of data a job can train on."""
 
@@ -72,8 +92,9 @@ class DataSource:
     """``"module:attr"`` of ``prepare(spec, log)``, run once by the launcher before any rank starts; it may set
     spec.data.index (the ranks are handed it). None: nothing to do."""
     verify: Any = None
-    """A path source: ``"module:attr"`` of ``verify(root, splits, index, echo)``, the full file-by-file check of
-    ``torus-train data check`` (it reads everything; echo(line) reports what passed)."""
+    """A path source: ``"module:attr"`` of ``verify(request: CheckRequest) -> data.sweep.SweepReport``, the full
+    file-by-file check of ``torus-train data check`` (it reads everything; request.echo(line) reports each
+    split; the report counts every unusable file by kind)."""
     reads_files: bool = True
     """The ranks read files (data.stage applies to it: refused unless stageable)."""
     stageable: bool = False
@@ -102,11 +123,11 @@ class DataSource:
         if self.prepare:
             load(self.prepare)(spec, log)
 
-    def check_files(self, root, splits, index, echo) -> None:
-        """`torus-train data check --data ROOT`: the set at ``root`` checked file by file (see ``verify``)."""
+    def check_files(self, request: CheckRequest):
+        """`torus-train data check --data ROOT`: the set checked file by file (see ``verify``); its report."""
         if not self.verify:
-            raise UserError(f"--data: {root}: {self.label} has no files to check")
-        load(self.verify)(root, splits, index, echo)
+            raise UserError(f"--data: {request.root}: {self.label} has no files to check")
+        return load(self.verify)(request)
 
     def check(self, spec) -> None:
         """What the spec asks of this source that it cannot give, in one line: a missing folder, staging of a
