@@ -8,11 +8,14 @@ import textwrap
 import time
 
 from torus_train import __version__
+from torus_train.outfiles import Writer
 from torus_train.verdict import Verdict
 
 SCHEMA = 1
 """The JSON document's "check" field: its version."""
 WHY_WIDTH = 88
+WRITER = Writer("check")
+"""The check's files (--json, an acceptance run's summary.json) carry "written_by": "torus-train check"."""
 
 
 def document(found: dict[str, tuple[Verdict, float]], wall: float) -> dict:

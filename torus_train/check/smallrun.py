@@ -86,6 +86,8 @@ class LoopRun:
     rel_diff: float | None = None
     """The graph probe's max |replay - eager| / max |parameter| (None: no replay compared)."""
     steps: int = 0
+    skipped: int = 0
+    """Steps skipped for a non-finite gradient (train/step.py's SKIP_COUNTS "total")."""
 
 
 def loop_run(
@@ -138,6 +140,7 @@ def loop_run(
         capture_seconds=list(g.capture_seconds) if g is not None else [],
         rel_diff=getattr(g, "last_rel_diff", None),
         steps=rs.pos.global_step,
+        skipped=int(rs.skip_counts[1]) if rs.skip_counts is not None else 0,
     )
 
 

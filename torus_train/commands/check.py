@@ -1,5 +1,6 @@
 """`torus-train check`: what this machine can run (environment, GPUs, NCCL, the graphed step, the decoders,
-the deterministic repeat, throughput), one verdict per part; a table on stdout, progress on stderr."""
+the deterministic repeat, throughput), one verdict per part; with --acceptance, the acceptance test for one GPU
+(the production configuration shrunk to it, check/acceptance.py). A table on stdout, progress on stderr."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import time
 
 import click
 
+from torus_train.check import acceptance as gpu
 from torus_train.check.parts import PARTS, run_parts, stderr_say
-from torus_train.check.report import document, failed, table
+from torus_train.check.report import WRITER, document, failed, table
+from torus_train.check.shrunk import Shrunk
 from torus_train.errors import UserError
-from torus_train.outfiles import Writer, check_json_output, write_json
-
-WRITER = Writer("check")
+from torus_train.outfiles import check_json_output, write_json
 
 
 def part_list(value: str | None) -> list[str]:
@@ -29,18 +30,33 @@ def part_list(value: str | None) -> list[str]:
 
 @click.command(
     "check",
-    epilog="Parts: " + "; ".join(f"{n}: {p.shows}" for n, p in PARTS.items()) + ". See docs/check.md.",
+    epilog="Parts: "
+    + "; ".join(f"{n}: {p.shows}" for n, p in PARTS.items())
+    + ". Acceptance parts (--acceptance): "
+    + "; ".join(f"{n}: {p.shows}" for n, p in gpu.ACCEPTANCE.items())
+    + ". See docs/check.md.",
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write every part's verdict here.")
 @click.option("--parts", default=None, help="Only these parts, comma-separated (default: all).")
-@click.option("--quick", is_flag=True, help="Fewer timed steps in the throughput part.")
-def check(json_path: str | None, parts: str | None, quick: bool) -> int:
+@click.option("--quick", is_flag=True, help="Fewer timed steps in the throughput (acceptance: timed) parts.")
+@click.option(
+    "--acceptance", "acceptance", is_flag=True, help="The acceptance test for one GPU instead (docs/check.md)."
+)
+@click.option("--rehearse", is_flag=True, help="With --acceptance: every part on the CPU at toy size.")
+@click.option("--out", "out", type=click.Path(file_okay=False), help="With --acceptance: the run's folder.")
+def check(
+    json_path: str | None, parts: str | None, quick: bool, acceptance: bool, rehearse: bool, out: str | None
+) -> int:
     """What this machine can run: ok, FAILED or n/a (cannot run here) per part, and why.
 
     Exit 0 when no part failed (n/a is not a failure), 1 when one did."""
-    names = part_list(parts)
+    if not acceptance and (rehearse or out):
+        raise UserError(f"{'--rehearse' if rehearse else '--out'} goes with --acceptance")
+    names = gpu.part_list(parts) if acceptance else part_list(parts)
     if json_path:
         check_json_output(json_path, WRITER)  # refused before any work: a user's file is never replaced
+    if acceptance:
+        return accept(names, Shrunk(gpu.claim_out(out), rehearse, quick), json_path)
     t0 = time.perf_counter()
     found = run_parts(names, stderr_say, quick)
     wall = time.perf_counter() - t0
@@ -48,3 +64,12 @@ def check(json_path: str | None, parts: str | None, quick: bool) -> int:
     if json_path:
         write_json(json_path, document(found, wall), WRITER)
     return 1 if failed(found) else 0
+
+
+def accept(names: list[str], s: Shrunk, json_path: str | None) -> int:
+    """The acceptance parts named: the checks' table on stdout, the schema-3 document at --json."""
+    doc = gpu.accept(names, s, stderr_say)
+    click.echo(gpu.table(doc))
+    if json_path:
+        write_json(json_path, doc, WRITER)
+    return gpu.exit_code(doc)
