@@ -52,6 +52,8 @@ ORDER = (
 # of it), and a pure module reaches torch only inside the function that needs it (the torch boundary).
 TORCH_SIDE = (
     "bench.sweep",
+    "check.accept_graphs",
+    "check.accept_loop",
     "check.device",
     "check.smallrun",
     "check.throughput",

@@ -1,7 +1,8 @@
-"""scripts/bench/gpu_check.sh on a machine without a GPU: argument handling, the JSON skeleton against the schema its
-header documents, the embedded programs (they compile; their limits add up to under 8 minutes) and the
-production spec shrunk to one GPU (it validates). The checks themselves need a CUDA GPU; the rehearsal (slow)
-runs every part's program on the CPU at toy size."""
+"""The acceptance test for one GPU (`torus-train check --acceptance`, torus_train/check/acceptance.py) and its
+thin caller scripts/bench/gpu_check.sh, on a machine without a GPU: flags, usage errors, the schema-3 document
+(every check null, its fields those docs/check.md documents), the parts' registry and the production spec
+shrunk to one GPU (it validates). The checks themselves need a CUDA GPU; the rehearsal (slow) runs every part on
+the CPU at toy size."""
 
 from __future__ import annotations
 
@@ -13,141 +14,142 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "gpu_check.sh"
-CHECKS = {
-    "machine",
-    "host_syncs",
-    "speed_vs_bare",
-    "bf16_vs_fp16",
-    "peak_memory",
-    "production",
-    "data_wait",
-    "digest",
-    "graphs",
-}
-PARTS = {"check", "syncs", "speed", "production", "digest", "graphs"}
+from torus_train.check.acceptance import ACCEPTANCE, CHECKS, REHEARSAL_SLOWER
+from torus_train.check.shrunk import SPEC, Shrunk
+from torus_train.registry import load
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "bench" / "gpu_check.sh"
 ORDER = ["check", "syncs", "speed", "production", "digest", "graphs"]
-FILE_PARTS = {"graphs": "gpu_check_graphs.py"}  # parts whose program is a file of its own beside the script
 
 
-def run(*args: str, env: dict | None = None):
+def run(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    """The thin caller, CUDA hidden (a CPU machine, whatever this one has)."""
     return subprocess.run(
         ["bash", str(SCRIPT), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})},
     )
 
 
 def documented() -> dict[str, set[str]]:
-    """check -> fields, from the header lines "#   check.field   meaning"."""
+    """check -> fields, from docs/check.md's lines "check.field   meaning"."""
+    text = (ROOT / "docs" / "check.md").read_text()
     fields: dict[str, set[str]] = {}
-    for m in re.finditer(r"^#   (\w+)\.(\w+) ", SCRIPT.read_text(), flags=re.M):
+    for m in re.finditer(r"^(\w+)\.(\w+) {2,}", text, flags=re.M):
         fields.setdefault(m.group(1), set()).add(m.group(2))
     return fields
 
 
-def test_help_and_usage_errors():
+def test_help_and_usage_errors(tmp_path):
     r = run("--help")
-    assert r.returncode == 0 and "bench/gpu_check.sh [--out DIR] [--json FILE]" in r.stdout
-    for bad in (["--bogus"], ["--out"], ["--json"], ["--parts"], ["--parts", ""], ["--parts", "syncs,bogus"]):
+    assert r.returncode == 0 and "--acceptance" in r.stdout and "--rehearse" in r.stdout
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    for bad in (
+        ["--bogus"],
+        ["--out"],
+        ["--json"],
+        ["--parts", ""],
+        ["--parts", "syncs,bogus"],
+        ["--out", str(mine)],
+        ["--out", str(mine / "notes.txt")],
+    ):
         r = run(*bad)
-        assert r.returncode == 2 and r.stderr.startswith("gpu_check: ") and r.stdout == "", bad
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stdout == "", (bad, r.stderr)
+    assert "'bogus' is not an acceptance part; choose from check, syncs" in run("--parts", "syncs,bogus").stderr
+    assert "did not write" in run("--out", str(mine)).stderr and os.listdir(mine) == ["notes.txt"]
 
 
-def test_without_a_gpu_it_says_so_and_prints_the_documented_skeleton(tmp_path):
-    r = run("--out", str(tmp_path / "out"), "--json", str(tmp_path / "s.json"))
+def test_rehearse_and_out_go_with_acceptance(capsys):
+    from torus_train.cli import main
+
+    for flags in (["--rehearse"], ["--out", "x"]):
+        with pytest.raises(SystemExit) as e:
+            main(["check", *flags])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and "goes with --acceptance" in err, err
+
+
+def test_without_a_gpu_every_check_is_null_and_documented(tmp_path):
+    out = tmp_path / "out"
+    r = run("--out", str(out), "--json", str(tmp_path / "s.json"))
     assert r.returncode == 0, r.stderr
-    assert "no CUDA GPU" in r.stderr
-    doc = json.loads(r.stdout)
-    assert doc == json.loads((tmp_path / "s.json").read_text())
+    assert "no CUDA GPU" in r.stderr and "status no-gpu" in r.stdout
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc == json.loads((out / "summary.json").read_text())
     assert (doc["status"], doc["gpu"], doc["gpu_check"], doc["parts"]) == ("no-gpu", None, 3, [])
-    assert set(doc["checks"]) == CHECKS == set(documented())
+    assert doc["written_by"] == "torus-train check" and {"torch", "cuda", "dali", "date", "wall_seconds"} <= set(doc)
+    assert list(doc["checks"]) == list(CHECKS) and set(CHECKS) == set(documented())
     for name, check in doc["checks"].items():
         assert check["ok"] is None and check["pass_if"] and "seconds" in check
         assert set(check) - {"ok", "pass_if", "seconds"} == documented()[name], name
+    rows = r.stdout.splitlines()  # the table: a row per check, then the status
+    assert [row.split()[0] for row in rows[1:-1]] == list(CHECKS)
+    again = run("--out", str(out))  # the check's own folder is taken again
+    assert again.returncode == 0, again.stderr
 
 
-def test_embedded_programs_compile_and_fit_in_eight_minutes():
-    text = SCRIPT.read_text()
-    parts = re.findall(r"^part (\w+) (\d+) <<'EOF'\n(.*?)^EOF$", text, flags=re.S | re.M)
-    files = re.findall(r"^part (\w+) (\d+) < \"\$\(dirname \"\$0\"\)/(\S+)\"$", text, flags=re.M)
-    assert {name for name, _, _ in parts} | {name for name, _, _ in files} == PARTS
-    assert {name: f for name, _, f in files} == FILE_PARTS
-    for name, _, body in parts:
-        compile(body, f"gpu_check:{name}", "exec")
-    for name, limit, f in files:
-        compile((SCRIPT.parent / f).read_text(), f, "exec")
-        assert int(limit) <= 180, name
-    # the acceptance parts in 8 minutes; `torus-train check` (the machine's parts) in 2 more
-    assert sum(int(limit) for name, limit, _ in parts if name != "check") < 8 * 60
-    assert [int(limit) for name, limit, _ in parts if name == "check"] == [120]
+def test_every_check_has_one_part_and_the_limits_fit():
+    assert list(ACCEPTANCE.names()) == ORDER
+    filled = [c for p in ACCEPTANCE for c in p.checks]
+    assert sorted(filled) == sorted(CHECKS)
+    for part in ACCEPTANCE:
+        assert callable(load(part.ref)), part.ref
+    limits = {n: p.limit for n, p in ACCEPTANCE.items()}
+    # the acceptance parts in 8 minutes and graphs' 3; `torus-train check` (the machine's parts) in 2 more
+    assert sum(v for n, v in limits.items() if n not in ("check", "graphs")) < 8 * 60 and limits["graphs"] <= 180
+    assert limits["check"] == 120 and REHEARSAL_SLOWER == 5
 
 
-def shrunk_module(monkeypatch):
-    body = re.search(r"^cat > \"\$OUT/parts/shrunk.py\" <<'EOF'\n(.*?)^EOF$", SCRIPT.read_text(), flags=re.S | re.M)
-    monkeypatch.setenv("GPU_CHECK_HERE", str(SCRIPT.parents[2]))
-    namespace: dict = {}
-    exec(compile(body.group(1), "shrunk.py", "exec"), namespace)
-    return namespace
-
-
-def test_the_production_spec_shrunk_to_one_gpu_is_valid(monkeypatch, tmp_path):
+def test_the_production_spec_shrunk_to_one_gpu_is_valid(tmp_path):
     from torus_train.job.spec import load_spec, parse_override
 
-    shrunk = shrunk_module(monkeypatch)
-    spec = shrunk["loop_spec"](str(tmp_path), 256, 30)
+    shrunk = Shrunk(tmp_path)
+    spec = shrunk.loop_spec(tmp_path, 256, 30)
     assert (spec.model.arch, spec.model.precision, spec.model.channels_last) == ("resnet50", "fp16", True)
     assert (spec.optimizer.name, spec.comm.algo, spec.comm.compression) == ("lars", "torus", "fp16")
     assert (spec.data.image_size, spec.grid.grid, spec.schedule.steps) == (224, "1x1", 30)
-    bf16 = shrunk["loop_spec"](str(tmp_path), 256, 30, "bf16")  # the speed part's bf16 loop validates too
+    bf16 = shrunk.loop_spec(tmp_path, 256, 30, "bf16")  # the speed part's bf16 loop validates too
     assert (bf16.model.precision, bf16.comm.compression) == ("bf16", "bf16")
-    deterministic = shrunk["loop_spec"](str(tmp_path), 256, 30, deterministic=True)
+    deterministic = shrunk.loop_spec(tmp_path, 256, 30, deterministic=True)
     assert not spec.job.deterministic and deterministic.job.deterministic
-    sets = shrunk["cli_sets"](
+    sets = shrunk.cli_sets(
         [
             "model.num_classes=8",
             "schedule.stages=[{until_epoch=1,global_batch=32},{until_epoch=2,global_batch=256}]",
             "schedule.epochs=2",
         ]
     )
-    cli = load_spec(str(shrunk["SPEC"]), [parse_override(v) for k, v in zip(sets[::2], sets[1::2], strict=True)])
+    cli = load_spec(str(SPEC), [parse_override(v) for k, v in zip(sets[::2], sets[1::2], strict=True)])
     assert cli.data.loader == "dali" and cli.eval.every_epochs == 5 and cli.grid.gpus == 1
     assert [s.global_batch for s in cli.schedule.stages] == [32, 256]
+    toy = Shrunk(tmp_path, rehearsal=True)
+    assert (toy.small, toy.large, toy.backend, toy.loop_spec(tmp_path, 8, 3).data.image_size) == (4, 8, "gloo", 64)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1560)  # the script's own limits (x5 in a rehearsal) bound it; a loaded 2-core CPU is slow
-def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
-    """--rehearse: the four parts' programs end to end on the CPU (gloo, DALI's CPU decoder, 64 px), every
-    documented field filled; the pass lines that hold on any device hold here."""
-    r = subprocess.run(
-        ["bash", str(SCRIPT), "--rehearse", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "s.json")],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    doc = json.loads(r.stdout)
-    assert doc["status"] == "rehearsal" and doc["gpu"] is None and doc["parts"] == sorted(PARTS, key=ORDER.index)
-    checks = doc["checks"]
-    for name, check in checks.items():
-        assert "error" not in check and None not in check.values(), (name, check)
-        assert documented()[name] <= set(check), name
-    machine = checks["machine"]["parts"]  # `torus-train check` on the CPU: the GPU parts null, the others ok
-    assert machine["decoder_cpu"]["ok"] and machine["deterministic"]["ok"] and machine["environment"]["ok"]
-    assert all(machine[n]["ok"] is None for n in ("gpus", "nccl", "graphs", "decoder_gpu")) and checks["machine"]["ok"]
+def check_graphs(graphs: dict) -> None:
+    """The graphs check of a rehearsal: batch 2, 4 and 8, every column filled, nothing captured on the CPU."""
+    assert sorted(graphs["batches"], key=int) == ["2", "4", "8"]
+    columns = ("ours_graphed_img_s", "ours_eager_img_s", "bare_eager_img_s", "bare_graphed_img_s")
+    for batch, row in graphs["batches"].items():
+        assert None not in row.values() and min(row[k] for k in columns) > 0, batch
+        assert abs(row["ratio"] - row["ours_graphed_img_s"] / row["bare_graphed_img_s"]) < 0.01, batch
+        assert row["capture_seconds"] == 0.0  # no capture on the CPU
+    assert graphs["eager_ratio_batch_32"] > 0
+    # on the CPU both sides run the same step eagerly: equal to the bit, and the NaN step skipped and counted
+    agree = graphs["agree"]
+    assert (agree["eager_vs_graphed_max_rel"], agree["graphed_runs_equal"]) == (0.0, True), agree
+    assert agree["nonfinite_step_skipped"] and agree["all_finite"] and agree["ok"], agree
+
+
+def check_loop_parts(checks: dict) -> None:
+    """syncs, speed and digest of a rehearsal."""
     assert checks["host_syncs"]["ok"] and checks["host_syncs"]["syncs_per_step"] == 0
     assert checks["host_syncs"]["steps"] > 0 and checks["host_syncs"]["backend"] == "gloo"
-    prod = checks["production"]
-    assert prod["ok"] and (prod["backend"], prod["loader"], prod["evaluations"]) == ("gloo", "dali (cpu)", 2)
-    assert prod["dali_checked"] is True and prod["note"] == "DALI" and prod["images_per_s"] > 0
-    assert prod["replicas_agree"] is True and prod["steps"] == 48 + 24  # 192 images at batch 4, then at batch 8
-    wait = checks["data_wait"]
-    assert (wait["steps_batch_32"], wait["steps_batch_256"]) == (48 - 3, 24 - 3)  # each stage's first 3 left out
-    assert 0 <= wait["share_batch_32"] <= 1 and 0 <= wait["share_batch_256"] <= 1
     digest = checks["digest"]
     assert digest["ok"] and len(digest["first"]) == 64
     assert digest["deterministic_cost"] == pytest.approx(digest["deterministic_img_s"] / digest["default_img_s"])
@@ -158,18 +160,42 @@ def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
     assert prec["fp16_img_s"] == speed["torus_train_img_s"]
     assert prec["ratio"] == pytest.approx(prec["bf16_img_s"] / prec["bare_bf16_img_s"])
     assert prec["bf16_over_fp16"] == pytest.approx(prec["bf16_img_s"] / prec["fp16_img_s"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1560)  # the parts' limits (x5 in a rehearsal) bound it; a loaded 2-core CPU is slow
+def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
+    """--rehearse: every part end to end on the CPU (gloo, DALI's CPU decoder, 64 px), every documented field
+    filled; the pass lines that hold on any device hold here."""
+    out = tmp_path / "out"
+    r = run("--rehearse", "--out", str(out), "--json", str(tmp_path / "s.json"), timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["status"] == "rehearsal" and doc["gpu"] is None and doc["parts"] == ORDER
+    checks = doc["checks"]
+    for name, check in checks.items():
+        assert "error" not in check and None not in check.values(), (name, check)
+        assert documented()[name] <= set(check), name
+    machine = checks["machine"]["parts"]  # `torus-train check` on the CPU: the GPU parts null, the others ok
+    assert machine["decoder_cpu"]["ok"] and machine["deterministic"]["ok"] and machine["environment"]["ok"]
+    assert all(machine[n]["ok"] is None for n in ("gpus", "nccl", "graphs", "decoder_gpu")) and checks["machine"]["ok"]
+    assert "throughput" not in machine and (out / "machine.json").is_file()
+    prod = checks["production"]
+    assert prod["ok"] and (prod["backend"], prod["loader"], prod["evaluations"]) == ("gloo", "dali (cpu)", 2)
+    assert prod["dali_checked"] is True and prod["note"] == "DALI" and prod["images_per_s"] > 0
+    assert prod["replicas_agree"] is True and prod["steps"] == 48 + 24  # 192 images at batch 4, then at batch 8
+    wait = checks["data_wait"]
+    assert (wait["steps_batch_32"], wait["steps_batch_256"]) == (48 - 3, 24 - 3)  # each stage's first 3 left out
+    assert 0 <= wait["share_batch_32"] <= 1 and 0 <= wait["share_batch_256"] <= 1
+    check_loop_parts(checks)
+    check_graphs(checks["graphs"])
     # run again into the same --out: the part starts from nothing of the earlier run (its runs would be refused
     # as results already there, and their old figures read)
-    again = subprocess.run(
-        ["bash", str(SCRIPT), "--rehearse", "--parts", "digest", "--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )
+    again = run("--rehearse", "--parts", "digest", "--out", str(out), timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    redo = json.loads(again.stdout)["checks"]["digest"]
-    assert "error" not in redo and redo["ok"] and redo["first"] == digest["first"], redo
+    redo = json.loads((out / "summary.json").read_text())
+    assert redo["parts"] == ["digest"] and redo["status"] == "rehearsal"
+    assert "error" not in redo["checks"]["digest"] and redo["checks"]["digest"]["first"] == checks["digest"]["first"]
 
 
 @pytest.mark.slow
@@ -185,15 +211,10 @@ def test_one_part_without_dali_passes_on_torchvision_and_says_dali_was_not_check
         "__path__.extend(os.path.join(d, 'nvidia') for d in site.getsitepackages())\n"
     )
     (fake / "dali" / "__init__.py").write_text("raise ImportError('nvidia.dali hidden by the test')\n")
-    r = subprocess.run(
-        ["bash", str(SCRIPT), "--rehearse", "--parts", "production", "--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(fake.parent)},
-    )
+    out = tmp_path / "out"
+    r = run("--rehearse", "--parts", "production", "--out", str(out), env={"PYTHONPATH": str(fake.parent)}, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    doc = json.loads(r.stdout)
+    doc = json.loads((out / "summary.json").read_text())
     assert (doc["status"], doc["parts"]) == ("rehearsal", ["production"])
     prod = doc["checks"]["production"]
     assert prod["ok"] is True and "error" not in prod and prod["dali_checked"] is False
@@ -202,34 +223,3 @@ def test_one_part_without_dali_passes_on_torchvision_and_says_dali_was_not_check
     assert doc["checks"]["data_wait"]["steps_batch_256"] == 21
     for name in ("machine", "host_syncs", "speed_vs_bare", "bf16_vs_fp16", "peak_memory", "digest"):
         assert doc["checks"][name]["ok"] is None and doc["checks"][name]["seconds"] is None, name
-
-
-@pytest.mark.slow
-def test_the_graphs_part_rehearses_on_the_cpu_with_every_field_filled(tmp_path):
-    """--rehearse --parts graphs: the part's program end to end on the CPU at batch 2, 4 and 8 (nothing is
-    captured there), every column of every batch filled, the ratio its columns' quotient."""
-    r = subprocess.run(
-        ["bash", str(SCRIPT), "--rehearse", "--parts", "graphs", "--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    doc = json.loads(r.stdout)
-    assert (doc["status"], doc["parts"]) == ("rehearsal", ["graphs"])
-    graphs = doc["checks"]["graphs"]
-    assert "error" not in graphs and sorted(graphs["batches"], key=int) == ["2", "4", "8"]
-    for batch, row in graphs["batches"].items():
-        assert None not in row.values(), batch
-        assert (
-            min(row[k] for k in ("ours_graphed_img_s", "ours_eager_img_s", "bare_eager_img_s", "bare_graphed_img_s"))
-            > 0
-        ), batch
-        assert abs(row["ratio"] - row["ours_graphed_img_s"] / row["bare_graphed_img_s"]) < 0.01, batch
-        assert row["capture_seconds"] == 0.0  # no capture on the CPU
-    assert graphs["eager_ratio_batch_32"] > 0
-    # on the CPU both sides run the same step eagerly: equal to the bit, and the NaN step skipped and counted
-    agree = graphs["agree"]
-    assert (agree["eager_vs_graphed_max_rel"], agree["graphed_runs_equal"]) == (0.0, True), agree
-    assert agree["nonfinite_step_skipped"] and agree["all_finite"] and agree["ok"], agree

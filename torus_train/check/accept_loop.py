@@ -24,6 +24,8 @@ from torus_train.job.rank import Bootstrap
 from torus_train.train.syncs import count_loop_syncs
 
 SYNC_STEPS = 12
+"""The syncs part's steps: 8 counted (not the first, not a logging interval's); a rehearsal's 7 (5 counted) on
+the CPU, where fp16 autocast (forced, for the GradScaler's path) has no fast kernels."""
 
 
 def loop_img_s(
@@ -83,7 +85,8 @@ def syncs(s: Shrunk) -> dict[str, Any]:
     """host_syncs: the loop in fp16 with the GradScaler (train/syncs.py), device-to-host reads per step."""
     out = s.out / "syncs"
     boot = world_of_one()
-    r = count_loop_syncs(s.loop_spec(out, s.small, SYNC_STEPS), boot, out, "fp16-scaler")
+    steps = 7 if s.rehearsal else SYNC_STEPS
+    r = count_loop_syncs(s.loop_spec(out, s.small, steps), boot, out, "fp16-scaler")
     per_step = r["syncs"] / max(r["steps"], 1)
     ok = boot.backend == s.backend and r["steps"] > 0 and per_step == 0
     return {
