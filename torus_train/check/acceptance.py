@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torus_train.check.parts import PARTS, run_parts
+from torus_train.check.environment import dali_version
+from torus_train.check.parts import PARTS, named, run_parts
 from torus_train.check.report import WRITER, document, failed
 from torus_train.check.shrunk import ROOT, Shrunk
 from torus_train.errors import UserError, shown_path
@@ -129,14 +130,7 @@ def machine(s: Shrunk) -> dict[str, Any]:
 
 def part_list(value: str | None) -> list[str]:
     """The acceptance parts named in --parts (comma-separated), every part when None."""
-    if value is None:
-        return list(ACCEPTANCE.names())
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ACCEPTANCE]
-    if not names or unknown:
-        what = f"{unknown[0]!r} is not an acceptance part" if unknown else "no part named"
-        raise UserError(f"--parts: {what}; choose from {', '.join(ACCEPTANCE.names())}")
-    return names
+    return named(value, ACCEPTANCE, "an acceptance part")
 
 
 def claim_out(out: str | None, flag: str = "--out") -> Path:
@@ -272,8 +266,6 @@ def part_env(part: AcceptancePart, s: Shrunk) -> dict[str, str]:
 def probe() -> dict[str, Any]:
     """torch's and CUDA's versions, DALI's, and the first GPU (None without one)."""
     import torch
-
-    from torus_train.check.environment import dali_version
 
     gpu = None
     if torch.cuda.is_available():

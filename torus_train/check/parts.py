@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torus_train.errors import UserError
 from torus_train.registry import Registry, load
 from torus_train.verdict import Verdict
 
@@ -91,6 +92,19 @@ def run_parts(names: list[str], say: Callable[[str], None], quick: bool = False)
         finally:
             ctx.close()
     return found
+
+
+def named(value: str | None, registry: Registry[Any], what: str) -> list[str]:
+    """The names in --parts (comma-separated) of ``registry``'s entries, every one when None; UserError naming
+    an unknown one ("'x' is not WHAT; choose from ...")."""
+    if value is None:
+        return list(registry.names())
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in registry]
+    if not names or unknown:
+        problem = f"{unknown[0]!r} is not {what}" if unknown else "no part named"
+        raise UserError(f"--parts: {problem}; choose from {', '.join(registry.names())}")
+    return names
 
 
 def stderr_say(text: str) -> None:

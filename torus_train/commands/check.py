@@ -9,7 +9,7 @@ import time
 import click
 
 from torus_train.check import acceptance as gpu
-from torus_train.check.parts import PARTS, run_parts, stderr_say
+from torus_train.check.parts import PARTS, named, run_parts, stderr_say
 from torus_train.check.report import WRITER, document, failed, table
 from torus_train.check.shrunk import Shrunk
 from torus_train.errors import UserError
@@ -18,14 +18,7 @@ from torus_train.outfiles import check_json_output, write_json
 
 def part_list(value: str | None) -> list[str]:
     """The parts named in --parts (comma-separated), every part when None; UserError naming an unknown one."""
-    if value is None:
-        return list(PARTS.names())
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in PARTS]
-    if not names or unknown:
-        what = f"{unknown[0]!r} is not a part" if unknown else "no part named"
-        raise UserError(f"--parts: {what}; choose from {', '.join(PARTS.names())}")
-    return names
+    return named(value, PARTS, "a part")
 
 
 @click.command(
