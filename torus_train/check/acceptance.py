@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from torus_train.check.environment import dali_version
-from torus_train.check.parts import PARTS, named, run_parts
+from torus_train.check.parts import PARTS, named, run_parts, stderr_say
 from torus_train.check.report import WRITER, document, failed
 from torus_train.check.shrunk import ROOT, Shrunk
 from torus_train.errors import UserError, shown_path
@@ -122,7 +122,7 @@ def machine(s: Shrunk) -> dict[str, Any]:
     its own document is written to OUT/machine.json."""
     names = [n for n in PARTS.names() if n != "throughput"]
     t0 = time.perf_counter()
-    found = run_parts(names, lambda text: print(text, file=sys.stderr, flush=True))
+    found = run_parts(names, stderr_say)
     write_json(s.out / "machine.json", document(found, time.perf_counter() - t0), WRITER)
     parts = {name: {"ok": v.ok, "why": v.why} for name, (v, _) in found.items()}
     return {"machine": {"parts": parts, "ok": not failed(found) and len(parts) == len(names)}}
@@ -221,9 +221,7 @@ def run_part(name: str, s: Shrunk, say: Callable[[str], None]) -> None:
     {"error"} when it wrote none, and "seconds". Its results and runs of an earlier run are removed first."""
     part = ACCEPTANCE.get(name)
     limit = part.limit * (REHEARSAL_SLOWER if s.rehearsal else 1)
-    result, log = s.out / "parts" / f"{name}.json", s.out / "parts" / f"{name}.log"
-    result.unlink(missing_ok=True)
-    shutil.rmtree(s.out / name, ignore_errors=True)  # the part's own folder in a folder claim_out let us use
+    result, log = clear_part(name, s.out)
     say(f"{name} (limit {limit}s): {part.shows}")
     t0 = time.monotonic()
     argv = [sys.executable, "-m", "torus_train.check", name, str(s.out)]
@@ -239,6 +237,15 @@ def run_part(name: str, s: Shrunk, say: Callable[[str], None]) -> None:
     found["seconds"] = int(time.monotonic() - t0)
     result.write_text(json.dumps(found))
     say(f"{name}: {json.dumps(found)[:400]}")
+
+
+def clear_part(name: str, out: Path) -> tuple[Path, Path]:
+    """Remove what the part wrote into ``out`` on an earlier run (its result, its own folder of runs: a run
+    would refuse results already there, and their old figures would be read); (its result, its log)."""
+    result = out / "parts" / f"{name}.json"
+    result.unlink(missing_ok=True)
+    shutil.rmtree(out / name, ignore_errors=True)  # only the part's own folder, in a folder claim_out let us use
+    return result, out / "parts" / f"{name}.log"
 
 
 def wait_limited(proc: subprocess.Popen, limit: int) -> str:
