@@ -1,5 +1,5 @@
 """The loop's img/s against the bare step's at per-GPU batch 16, 32 and 256, rounds alternating: the check's
-throughput part and gpu_check's graphs part (scripts/gpu_check_graphs.py) measure with these functions.
+throughput part and the acceptance test's graphs part (accept_graphs.py) measure with these functions.
 
 The bare step: the same model, fp16 autocast on a GPU with a fixed loss scale, fused SGD, gradients exchanged in
 25 MiB buckets with the torus's three phases (reduce-scatter, all-reduce, all-gather) over the world of one, no
