@@ -45,7 +45,8 @@ def run_one(name: str, stages: list[dict], out: Path, extra: list[str]) -> dict:
         "--overwrite",
         "--set",
         f"schedule.stages={stages_toml(stages)}",
-    ] + extra
+        *extra,
+    ]
     print(f"\n=== ({name}) stages {stages_toml(stages)}\n$ {' '.join(cmd)}", flush=True)
     t0 = time.time()
     r = subprocess.run(cmd, timeout=1800)

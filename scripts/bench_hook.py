@@ -136,7 +136,7 @@ def worker(args) -> None:
             ddp.register_comm_hook(state, allreduce_hook)
         timeline = state["timeline"] if hook == "ddp" else state.timeline
         loss_fn = torch.nn.CrossEntropyLoss()
-        for step in range(args.timeline_step + 1):  # the first steps rebuild the buckets and warm up
+        for _step in range(args.timeline_step + 1):  # the first steps rebuild the buckets and warm up
             dist.barrier()
             timeline.clear()
             t_fwd = time.perf_counter()
@@ -261,7 +261,7 @@ def draw(tl: dict, png: Path) -> None:
 
     hooks = list(tl["hooks"])
     fig, axes = plt.subplots(len(hooks), 1, figsize=(10, 1.2 + 1.3 * len(hooks)), sharex=True, squeeze=False)
-    for ax, hook in zip(axes[:, 0], hooks):
+    for ax, hook in zip(axes[:, 0], hooks, strict=True):
         h = tl["hooks"][hook]
         rows = h["buckets"]
         for i, b in enumerate(rows):

@@ -204,7 +204,7 @@ def run_child(data: Path, args, trace: Path | None = None) -> dict:
         str(3 * args.batches),
     ]  # a longer window: the batches read ahead past its end weigh less
     if trace is not None:
-        cmd = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(trace)] + cmd
+        cmd = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(trace), *cmd]
     env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     if out.returncode != 0:
@@ -285,7 +285,7 @@ def main() -> None:
         )
     ratio = results[1]["images_per_s"] / results[0]["images_per_s"]
     say("rounds (images/s): " + "; ".join(f"{k} {', '.join(f'{x:.1f}' for x in v)}" for k, v in rates.items()))
-    pairs = [p / f for f, p in zip(rates["folder"], rates["packed"])]
+    pairs = [p / f for f, p in zip(rates["folder"], rates["packed"], strict=True)]
     say(
         f"packed / folder: {ratio:.2f}x (median rounds; per round {', '.join(f'{x:.2f}' for x in pairs)}); "
         f"{args.threads} decode thread(s), {args.io_workers} reader threads, batch {args.batch}, 224x224"

@@ -331,15 +331,15 @@ def test_check_calibration_script_on_bench_files(tmp_path):
         "4",
     ]
     ok = subprocess.run(
-        script + ["--fit-background", "3", "--check-background", "15"], capture_output=True, text=True, timeout=60
+        [*script, "--fit-background", "3", "--check-background", "15"], capture_output=True, text=True, timeout=60
     )
     assert ok.returncode == 0 and "8 of 8 predictions within 30%" in ok.stdout, ok.stdout + ok.stderr
     assert "pred/meas" in ok.stdout and " 1.00" in ok.stdout and "1/beta_cache = 1.1000 GB/s" in ok.stdout
     off = subprocess.run(script, capture_output=True, text=True, timeout=60)  # loads ignored: 2x4 over-predicted
     assert off.returncode == 1 and "outside" in off.stdout
     merged = subprocess.run(
-        script[:2]
-        + [
+        [
+            *script[:2],
             f"{f22},{f22}",
             f"{f24},{f24}",
             "--cores",
@@ -356,7 +356,7 @@ def test_check_calibration_script_on_bench_files(tmp_path):
         timeout=60,
     )
     assert merged.returncode == 0 and "     2 " in merged.stdout
-    bad = subprocess.run(script + ["--llc-mib", "-1"], capture_output=True, text=True, timeout=60, check=False)
+    bad = subprocess.run([*script, "--llc-mib", "-1"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--llc-mib" in bad.stderr
 
 

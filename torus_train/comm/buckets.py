@@ -109,7 +109,7 @@ class BucketedModel:
         """Every gradient to zero (one fill per bucket) and the bucket counts reset for the next backward."""
         for b in self.buckets:
             b.flat.zero_()
-            for p, view in zip(b.params, b.views):
+            for p, view in zip(b.params, b.views, strict=True):
                 if p.grad is not view:
                     p.grad = view  # set to None elsewhere (module.zero_grad()): views again
         self._reset()
@@ -202,5 +202,5 @@ def broadcast_from_rank0(tensors: list) -> None:
     flat = torch.cat(raw)
     dist.broadcast(flat, 0)
     with torch.no_grad():
-        for t, piece in zip(tensors, flat.split([r.numel() for r in raw])):
+        for t, piece in zip(tensors, flat.split([r.numel() for r in raw]), strict=True):
             t.copy_(piece.clone().view(t.dtype).view(t.shape))  # clone: aligned for a wider dtype

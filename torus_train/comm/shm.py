@@ -128,7 +128,7 @@ class ShmRow:
                 pass
 
     def close(self) -> None:
-        for fd in self._peer_fds + [self._wake_fd]:
+        for fd in [*self._peer_fds, self._wake_fd]:
             try:
                 os.close(fd)
             except OSError:

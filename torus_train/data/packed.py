@@ -138,7 +138,7 @@ class _ShardWriter:
 
     def _open(self) -> None:
         name = f"{self.split}-{len(self.shards):06d}.tar"
-        self.f = open(self.folder / name, "wb")
+        self.f = open(self.folder / name, "wb")  # noqa: SIM115 - held across add() calls; _close() closes it
         self.hash = hashlib.sha256()
         self.pos = 0
         self.shards.append({"name": name, "bytes": 0, "samples": 0, "sha256": ""})

@@ -50,7 +50,7 @@ def transform(split: str, image_size: int):
         ops = [T.RandomResizedCrop(image_size, scale=TRAIN_AREA, ratio=TRAIN_RATIO), T.RandomHorizontalFlip()]
     else:
         ops = [T.Resize(val_resize(image_size)), T.CenterCrop(image_size)]
-    return T.Compose(ops + [T.ToTensor(), T.Normalize(MEAN, STD)])
+    return T.Compose([*ops, T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
 def _decode(reader, i: int):
@@ -80,7 +80,7 @@ def _collate_encoded(samples):
     tensor per batch, not one per image), the labels, and the skip notes when there are."""
     data = [s[0] for s in samples]
     flat = torch.from_numpy(np.concatenate(data)) if data else torch.empty(0, dtype=torch.uint8)
-    rest = (list(s[2] for s in samples),) if len(samples[0]) > 2 else ()
+    rest = ([s[2] for s in samples],) if len(samples[0]) > 2 else ()
     return (
         flat,
         torch.tensor([d.size for d in data], dtype=torch.int64),

@@ -3,6 +3,8 @@ command, the batch table and the work, then what the preflight checked (pure; no
 
 from __future__ import annotations
 
+import itertools
+
 from torus_train.errors import UserError
 from torus_train.job.hosts import total_slots
 from torus_train.job.legs import legs_text
@@ -33,7 +35,7 @@ def _span(nodes: list[int]) -> str:
     """Node indices compactly: 0-7, or 0, 8, ..., 536 (every 8th), or a short list."""
     if len(nodes) == 1:
         return str(nodes[0])
-    steps = {b - a for a, b in zip(nodes, nodes[1:])}
+    steps = {b - a for a, b in itertools.pairwise(nodes)}
     if steps == {1}:
         return f"{nodes[0]}-{nodes[-1]}"
     if len(steps) == 1 and len(nodes) > 3:

@@ -147,7 +147,7 @@ def slurm_hosts(environ: Mapping[str, str]) -> list[Host]:
     if environ.get("SLURM_TASKS_PER_NODE"):
         counts = expand_tasks_per_node(environ["SLURM_TASKS_PER_NODE"])
         if len(counts) == len(names):
-            return [Host(n, k) for n, k in zip(names, counts)]
+            return [Host(n, k) for n, k in zip(names, counts, strict=True)]
     per = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_GPUS_ON_NODE") or "1"
     k = int(per) if per.isdigit() else 1
     return [Host(n, k) for n in names]

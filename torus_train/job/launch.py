@@ -212,7 +212,7 @@ def _container(spec: JobSpec, job_file: str, runtime: str) -> list[str]:
     argv = [runtime, "exec", "--nv"]
     for b in container_binds(spec, job_file):
         argv += ["--bind", b]
-    return argv + [spec.launch.container]
+    return [*argv, spec.launch.container]
 
 
 def build_plan(

@@ -304,7 +304,7 @@ class BatchSchedule:
         ]
         if any(st.grid for st in self.stages):
             head += ("grid",)
-            rows = [r + (st.grid or "job's",) for r, st in zip(rows, self.stages)]
+            rows = [(*r, st.grid or "job's") for r, st in zip(rows, self.stages, strict=True)]
         widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(head)]
         fmt = "  ".join(f"{{:>{w}}}" for w in widths)
         s = self.schedule

@@ -203,7 +203,7 @@ def predict_host_step(
     r, c = grid.size, cal.cores
     o = max(1.0, (r + background) / c)
     scale = per_rank_batch / profile.batch  # stated: compute linear in the batch around the profile's
-    fwd, bwd, opt = (x * o * s for x, s in zip(profile.alone(), (scale, scale, 1.0)))
+    fwd, bwd, opt = (x * o * s for x, s in zip(profile.alone(), (scale, scale, 1.0), strict=True))
     opt += o * profile.loop_overhead()
     shared = layers_with_profile(layers, profile.modules)
     t = timeline(

@@ -433,7 +433,7 @@ class NcclModel:
 
     def steps(self, algo: str) -> int:
         """Sequential hops: ring 2(N-1); tree 2((ppn-1) + lg nodes); NVLS 1 (+ 2 lg nodes); CollNet 2(ppn-1)+1."""
-        ppn, lg = int(round(self.ppn)), _log2i(self.nodes)
+        ppn, lg = round(self.ppn), _log2i(self.nodes)
         return {
             "ring": 2 * (self.ranks - 1),
             "tree": 2 * (ppn - 1 + lg),
@@ -447,7 +447,7 @@ class NcclModel:
         if self.nodes <= 1:
             return 0.0
         node = {"ring": 2 * (self.ranks - 1) / self.ranks * nbytes, "collnet": float(nbytes)}.get(algo, 2.0 * nbytes)
-        return node / max(1, min(int(round(self.ppn)), self.ring.count))
+        return node / max(1, min(round(self.ppn), self.ring.count))
 
 
 def _log2i(n: int) -> int:

@@ -218,7 +218,8 @@ def bucket_plan(
     """The layers in DDP's buckets: reverse parameter order, bucketed by their fp32 bytes."""
     ready = list(reversed(list(layers)))
     return [
-        [ready[i] for i in b] for b in ddp_buckets([l.numel * PARAM_BYTES for l in ready], bucket_cap, first_bucket_cap)
+        [ready[i] for i in b]
+        for b in ddp_buckets([layer.numel * PARAM_BYTES for layer in ready], bucket_cap, first_bucket_cap)
     ]
 
 
@@ -237,19 +238,19 @@ def timeline(
     the bytes per gradient value exchanged (2 for fp16). Backward time is shared over layers by their FLOPs;
     overhead_seconds is added to every step unhidden."""
     backward = backward_fraction * compute_seconds
-    total_flops = sum(l.flops for l in layers)
+    total_flops = sum(layer.flops for layer in layers)
     if total_flops <= 0:
         raise UserError("timeline: the layers have no FLOPs to share the backward pass by")
     t, end, buckets, comm = 0.0, 0.0, [], 0.0
     for k, group in enumerate(bucket_plan(layers, bucket_cap, first_bucket_cap)):
-        t += backward * sum(l.flops for l in group) / total_flops
-        numel = sum(l.numel for l in group)
+        t += backward * sum(layer.flops for layer in group) / total_flops
+        numel = sum(layer.numel for layer in group)
         nbytes = numel * exchange_bytes
         c = float(allreduce_seconds_of(nbytes))
         start = max(t, end)
         end = start + c
         comm += c
-        buckets.append(Bucket(k, [l.name for l in group], numel, nbytes, t, start, c, end))
+        buckets.append(Bucket(k, [layer.name for layer in group], numel, nbytes, t, start, c, end))
     exposed = max(0.0, end - backward)
     step = compute_seconds + overhead_seconds + exposed
     derived = min(1.0, max(0.0, (comm - exposed) / backward)) if backward > 0 else 0.0
@@ -313,16 +314,16 @@ def layers_with_profile(layers, profile: dict[str, float]) -> tuple[Layer, ...]:
     """The layers with their backward share taken from a measured profile ({module name: seconds}) instead of
     FLOPs: a module's seconds split evenly over its parameter tensors. Every module must be in the profile."""
     per_module: dict[str, int] = {}
-    for l in layers:
-        mod = l.name.rsplit(".", 1)[0] if "." in l.name else ""
+    for layer in layers:
+        mod = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
         per_module[mod] = per_module.get(mod, 0) + 1
     missing = sorted(set(per_module) - set(profile))
     if missing:
         raise UserError(f"--layer-profile: no time for module {missing[0]!r} ({len(missing)} missing)")
     out = []
-    for l in layers:
-        mod = l.name.rsplit(".", 1)[0] if "." in l.name else ""
-        out.append(Layer(l.name, l.numel, float(profile[mod]) / per_module[mod]))
+    for layer in layers:
+        mod = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
+        out.append(Layer(layer.name, layer.numel, float(profile[mod]) / per_module[mod]))
     return tuple(out)
 
 

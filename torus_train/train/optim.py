@@ -172,7 +172,7 @@ class LARS(DeviceLR, torch.optim.Optimizer):
         bufs = [self.state[p].get("momentum_buffer") for p in params]
         if any(b is None for b in bufs):
             bufs = [s.clone() for s in scaled]
-            for p, b in zip(params, bufs):
+            for p, b in zip(params, bufs, strict=True):
                 self.state[p]["momentum_buffer"] = b
         else:
             torch._foreach_mul_(bufs, mom)

@@ -78,7 +78,7 @@ def step_body(rs, images, labels, accumulation: int) -> torch.Tensor:
     dp = rs.ddp
     dp.zero_grad()
     total = torch.zeros((), dtype=torch.float64, device=images.device)
-    for i, (x, y) in enumerate(zip(images.chunk(accumulation), labels.chunk(accumulation))):
+    for i, (x, y) in enumerate(zip(images.chunk(accumulation), labels.chunk(accumulation), strict=True)):
         # the exchange runs on the last micro-batch only; the others accumulate locally
         with dp.no_sync() if i < accumulation - 1 else contextlib.nullcontext():
             # no autocast cache: a cast weight cached across a capture's boundary would be a stale tensor
