@@ -180,10 +180,12 @@ def bench_ranks(
     and fewer give 4 CPU ranks on gloo; an explicit --backend nccl with more ranks than GPUs is refused.
     launched_world: the world of ranks a launcher started by hand (mpirun/srun), whose placement is theirs."""
     launched = launched_world is not None
-    if launched:
+    if launched_world is not None:
         world = launched_world
-    elif nprocs or grid:
-        world = nprocs or grid.size
+    elif nprocs:
+        world = nprocs
+    elif grid:
+        world = grid.size
     elif backend in (None, "nccl") and (gpus >= 2 or (backend == "nccl" and gpus)):
         world = gpus
     else:

@@ -32,10 +32,10 @@ def accumulate(out: np.ndarray, others: list[np.ndarray], dtype: torch.dtype) ->
             acc += as_bf16(t)
         as_bf16(out).copy_(acc)
     elif dtype == torch.float16:
-        acc = out.astype(np.float32)
+        acc32 = out.astype(np.float32)
         for t in others:
-            acc += t
-        out[:] = acc
+            acc32 += t
+        out[:] = acc32
     else:
         for t in others:
             np.add(out, t, out=out)

@@ -53,7 +53,9 @@ class Bucket:
 def plan_buckets(params: list, bucket_bytes: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[list]:
     """The parameters in reverse order, cut into buckets of at most ``bucket_bytes`` (the first at most
     ``first_bytes``, and never more than the others) or where the dtype changes; a parameter larger than the cap is a bucket of its own."""
-    buckets, cur, size = [], [], 0
+    buckets: list[list] = []
+    cur: list = []
+    size = 0
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
         cap = min(first_bytes, bucket_bytes) if not buckets else bucket_bytes

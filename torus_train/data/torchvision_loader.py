@@ -21,6 +21,7 @@ import multiprocessing
 import queue
 import sys
 import threading
+from typing import cast
 
 import numpy as np
 import torch
@@ -252,7 +253,14 @@ class TorchvisionLoader(ShardedLoader):
             for k, reason in failed.items():
                 images[k], y[k] = self._replaced(self.shard.indices[step * self.batch_size + k], reason)
             y = self._mark_padding(step, y)
-            x = augment(images, cfg.split, cfg.image_size, generator, cfg.torch_dtype(), cfg.channels_last)
+            x = augment(
+                cast(list[torch.Tensor], images),
+                cfg.split,
+                cfg.image_size,
+                generator,
+                cfg.torch_dtype(),
+                cfg.channels_last,
+            )
             yield x, y.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else y
 
     def _replaced(self, i: int, reason: str) -> tuple[torch.Tensor, int]:

@@ -173,7 +173,7 @@ class Calibration:
         return oversubscription(ranks, self.cores, self.background if background is None else background)
 
     def predict_seconds(
-        self, grid: Grid, nbytes: int, algo: str | None = None, background: float | None = None
+        self, grid: Grid, nbytes: float, algo: str | None = None, background: float | None = None
     ) -> float:
         """Predicted time of one all-reduce of nbytes on `grid` on this host (with `background` other runnable
         processes; default: as during the fit)."""

@@ -27,10 +27,15 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from torus_train.errors import UserError
+
+if TYPE_CHECKING:
+    import torch  # annotations only: this module imports torch inside the functions that build a model
 
 DDP_BUCKET_CAP = 25 * 2**20
 """DDP's default bucket_cap_mb = 25 (MiB)."""
@@ -70,7 +75,7 @@ def model_layers(model: str, image_size: int = 224, num_classes: int = 1000) -> 
     return tuple(Layer(n, int(k), float(f)) for n, k, f in layers)
 
 
-def _meta_model(model: str, num_classes: int):
+def _meta_model(model: str, num_classes: int) -> torch.nn.Module:
     """torchvision's `model` built on the meta device; UserError when torch is missing or cannot build it."""
     try:
         import torch
@@ -90,14 +95,14 @@ def _meta_model(model: str, num_classes: int):
         ) from None
 
 
-def _forward_flops(m, model: str, image_size: int) -> dict[str, float]:
+def _forward_flops(m: torch.nn.Module, model: str, image_size: int) -> dict[str, float]:
     """Forward FLOPs at one image of every module of m that owns parameters, from one meta forward pass."""
     import torch
 
     flops: dict[str, float] = {}
 
-    def hook(name):
-        def record(mod, inputs, output):
+    def hook(name: str) -> Callable[[torch.nn.Module, Any, Any], None]:
+        def record(mod: torch.nn.Module, inputs: Any, output: Any) -> None:
             if isinstance(output, (tuple, list)):  # attention returns (output, weights)
                 output = output[0]
             flops[name] = _module_flops(mod, output.numel())
@@ -124,7 +129,7 @@ def _forward_flops(m, model: str, image_size: int) -> dict[str, float]:
     return flops
 
 
-def _module_flops(mod, out: int) -> float:
+def _module_flops(mod: torch.nn.Module, out: int) -> float:
     """Forward FLOPs of one module with `out` output elements: 2 per multiply-add, 4 per element otherwise."""
     import torch
 
@@ -211,7 +216,7 @@ class Timeline:
 
 
 def bucket_plan(
-    layers: tuple[Layer, ...] | list[Layer],
+    layers: Sequence[Layer],
     bucket_cap: int = DDP_BUCKET_CAP,
     first_bucket_cap: int = DDP_FIRST_BUCKET_CAP,
 ) -> list[list[Layer]]:
@@ -224,10 +229,10 @@ def bucket_plan(
 
 
 def timeline(
-    layers,
+    layers: Sequence[Layer],
     compute_seconds: float,
     backward_fraction: float,
-    allreduce_seconds_of,
+    allreduce_seconds_of: Callable[[float], float],
     exchange_bytes: int,
     algo: str = "",
     bucket_cap: int = DDP_BUCKET_CAP,
@@ -285,8 +290,8 @@ def measure_backward_profile(
     names = [n for n, mod in m.named_modules() if any(True for _ in mod.parameters(recurse=False))]
     mods = dict(m.named_modules())
 
-    def acc(name):
-        def f(param):
+    def acc(name: str) -> Callable[[torch.Tensor], None]:
+        def f(param: torch.Tensor) -> None:
             runs[-1][name] = time.perf_counter()
 
         return f
@@ -310,7 +315,7 @@ def measure_backward_profile(
     return {n: statistics.median(r.get(n, 0.0) for r in kept) for n in names}
 
 
-def layers_with_profile(layers, profile: dict[str, float]) -> tuple[Layer, ...]:
+def layers_with_profile(layers: Sequence[Layer], profile: dict[str, float]) -> tuple[Layer, ...]:
     """The layers with their backward share taken from a measured profile ({module name: seconds}) instead of
     FLOPs: a module's seconds split evenly over its parameter tensors. Every module must be in the profile."""
     per_module: dict[str, int] = {}

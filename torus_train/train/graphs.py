@@ -48,15 +48,15 @@ class StepGraph:
         self.say = say or (lambda text: None)
         """Rank 0's progress line (report.Progress.say); the others log only."""
         self.warmup = warmup
-        self.graph = None
-        self.pool = None
-        self.static = None  # (images, labels, loss) of the captured step
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.pool: object = None  # the graph's memory pool, kept while the graph lives
+        self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (images, labels, loss)
         self.eager_steps = 0
         """Steps of this stage run eagerly so far (the warm-up)."""
         self.capture_seconds: list[float] = []
         """Seconds of each capture (one per stage), for the summary and gpu_check."""
         self._said: set = set()
-        self._side = None
+        self._side: torch.cuda.Stream | None = None
 
     def new_stage(self) -> None:
         """New shapes from here on: the graph goes (its pool with it) and the next steps warm up again."""
@@ -77,6 +77,7 @@ class StepGraph:
             return self._on_side_stream(rs, images, labels)
         if self.graph is None:
             self._capture(rs, images, labels)
+        assert self.graph is not None and self.static is not None  # _capture made them or raised
         x, y, loss = self.static
         if images.shape != x.shape or labels.shape != y.shape or images.dtype != x.dtype:
             self._once(

@@ -83,7 +83,7 @@ class Progress:
         self.total = 0
         self.tty = sys.stdout.isatty()
         self.eta = None
-        self.prior = None  # (seconds, global batch) of the timed step before training
+        self.prior: tuple[float, int] | None = None  # (seconds, global batch) of the timed step before training
         self._last_end = None  # time.time() at the end of the last interval
         self._last_epoch = None
 
@@ -350,7 +350,7 @@ def summary_text(s: dict) -> str:
 def rank_lines(s: dict) -> list[str]:
     """A line per straggler (own work p50 >= STRAGGLER_RATIO x the median rank's) and one for skipped files."""
     lines = []
-    st = s.get("stragglers")
+    st: dict = s.get("stragglers") or {}
     for r in st["slowest"] if st else ():
         if r["vs_median"] is not None and r["vs_median"] >= STRAGGLER_RATIO:
             lines.append(
