@@ -322,7 +322,7 @@ def test_check_calibration_script_on_bench_files(tmp_path):
     f24.write_text(json.dumps(_bench_rows("2x4", background=15.0, **kw)))
     script = [
         sys.executable,
-        str(SCRIPTS / "check_calibration.py"),
+        str(SCRIPTS / "experiments" / "check_calibration.py"),
         str(f22),
         str(f24),
         "--cores",
@@ -366,7 +366,7 @@ def test_measure_background_runs_the_command_and_reports(tmp_path):
     r = subprocess.run(
         [
             sys.executable,
-            str(SCRIPTS / "measure_background.py"),
+            str(SCRIPTS / "dev" / "measure_background.py"),
             "--json",
             str(out),
             "--",
@@ -382,7 +382,14 @@ def test_measure_background_runs_the_command_and_reports(tmp_path):
     d = json.loads(out.read_text())
     assert d["samples"] >= 3 and d["background"] >= 0 and d["rc"] == 0
     bad = subprocess.run(
-        [sys.executable, str(SCRIPTS / "measure_background.py"), "--", sys.executable, "-c", "raise SystemExit(3)"],
+        [
+            sys.executable,
+            str(SCRIPTS / "dev" / "measure_background.py"),
+            "--",
+            sys.executable,
+            "-c",
+            "raise SystemExit(3)",
+        ],
         capture_output=True,
         text=True,
         timeout=50,

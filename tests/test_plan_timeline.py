@@ -151,7 +151,7 @@ def test_efficiency_table_json_and_it_agrees_with_plan(tmp_path):
     root = Path(__file__).resolve().parent.parent
     out, plan_json = tmp_path / "eff.json", tmp_path / "plan.json"
     r = subprocess.run(
-        [sys.executable, str(root / "scripts" / "efficiency_table.py"), "--json", str(out)],
+        [sys.executable, str(root / "scripts" / "experiments" / "efficiency_table.py"), "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=240,

@@ -421,7 +421,7 @@ STEP_OVERHEAD = 0.0723
 """FITTED, the one fitted constant of the model: every step on N GPUs also pays this fraction of the single-GPU
 compute with nothing hiding it (what the timeline leaves out: stragglers and jitter across nodes, the wait for
 the slowest rank, data loading, BatchNorm and optimizer work around the exchange). Least squares in efficiency
-points over the four published runs of docs/plan.md (scripts/efficiency_table.py, which also shows it fitted on
+points over the four published runs of docs/plan.md (scripts/experiments/efficiency_table.py, which also shows it fitted on
 three and the fourth predicted); `plan --step-overhead` replaces it, 0 removes it."""
 DEFAULT_OVERLAP = 0.5
 """Stated default: half of the backward pass can hide communication (DDP-style buckets start all-reducing

@@ -1,4 +1,4 @@
-"""Count the device-to-host reads of the training loop, step by step (scripts/check_step_syncs.py, the GPU check,
+"""Count the device-to-host reads of the training loop, step by step (scripts/dev/check_step_syncs.py, the GPU check,
 tests/test_step_syncs.py).
 
 A read of a device value by the host (``.item()``, ``bool(t)``, ``.tolist()``, a data-dependent shape) makes the

@@ -7,7 +7,7 @@ the steps a rank takes: open the index (memory-mapped), draw the epoch's permuta
 the pipeline's file list and labels (the paths DALI is fed; no decoding). Each world size is measured for its
 first and its last rank, in alternating rounds; the median round is reported.
 
-    python scripts/bench_startup.py --files 1281167 --worlds 8,2176 --json startup.json
+    python scripts/bench/bench_startup.py --files 1281167 --worlds 8,2176 --json startup.json
 """
 
 from __future__ import annotations
