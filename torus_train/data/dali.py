@@ -167,7 +167,8 @@ def _dali_refuses(data: np.ndarray, device_id: int | None) -> bool:
     one-sample pipeline (built in about 15 ms; a failure leaves a pipeline unusable, so one per sample)."""
     from nvidia.dali import fn, pipeline_def, types
 
-    @pipeline_def(batch_size=1, num_threads=1, device_id=device_id, exec_pipelined=False, exec_async=False)
+    # DALI documents device_id=None for a CPU-only pipeline; its annotation says int
+    @pipeline_def(batch_size=1, num_threads=1, device_id=device_id, exec_pipelined=False, exec_async=False)  # type: ignore[arg-type]
     def probe():
         x = fn.external_source(name="x", dtype=types.UINT8)
         return fn.decoders.image(x, device="cpu" if device_id is None else "mixed", output_type=types.RGB)

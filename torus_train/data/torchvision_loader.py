@@ -270,7 +270,14 @@ class TorchvisionLoader(ShardedLoader):
                 for k, reason in failed.items():
                     images[k], y[k] = self._replaced(self.shard.indices[step * self.batch_size + k], reason)
                 y = self._mark_padding(step, y)
-                x = augment(cast(list[torch.Tensor], images), cfg.split, cfg.image_size, generator, cfg.torch_dtype(), cfg.channels_last)
+                x = augment(
+                    cast(list[torch.Tensor], images),
+                    cfg.split,
+                    cfg.image_size,
+                    generator,
+                    cfg.torch_dtype(),
+                    cfg.channels_last,
+                )
                 y = y.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else y
             yield x, y
 
