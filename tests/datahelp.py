@@ -16,7 +16,7 @@ def index_colour(i: int) -> tuple[int, int, int]:
 def colour_index(rgb) -> int:
     """Inverse of index_colour for a decoded mean colour (0..255)."""
     r, g = float(rgb[0]), float(rgb[1])
-    return int(round((r - 8) / 16)) * 16 + int(round((g - 8) / 16))
+    return round((r - 8) / 16) * 16 + round((g - 8) / 16)
 
 
 def make_index_set(root: Path, n_train: int = 90, n_val: int = 30, classes: int = 3, size: int = 40) -> Path:

@@ -1,10 +1,10 @@
-"""scripts/bench_hook.py refuses a missing cluster hostfile in one line, before any run starts."""
+"""scripts/bench/bench_hook.py refuses a missing cluster hostfile in one line, before any run starts."""
 
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_hook.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "bench_hook.py"
 
 
 def test_a_missing_cluster_hostfile_is_named(tmp_path):

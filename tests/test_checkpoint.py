@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 import torch
@@ -71,14 +72,14 @@ def test_corrupt_newest_falls_back_with_a_warning(tmp_path, damage):
     ref = find_latest(tmp_path, warn=warnings.append)
     assert ref.step == 5
     assert len(warnings) == 1 and "step-00000006.pt" in warnings[0]
-    with pytest.raises(RunFailed, match="step-00000006.pt"):
+    with pytest.raises(RunFailed, match=re.escape("step-00000006.pt")):
         verify(tmp_path / "step-00000006.json")
 
 
 def test_all_corrupt_is_an_error_not_a_fresh_start(tmp_path):
     save_checkpoint(tmp_path, 7, state(7), {}, keep=3)
     (tmp_path / "step-00000007.pt").write_bytes(b"garbage")
-    with pytest.raises(RunFailed, match="no checkpoint in .* is intact"):
+    with pytest.raises(RunFailed, match=r"no checkpoint in .* is intact"):
         find_latest(tmp_path, warn=lambda m: None)
     assert find_latest(tmp_path / "empty") is None
 

@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 
 from torus_train.comm.chunks import chunk_bounds, chunk_sizes
@@ -11,7 +13,7 @@ def test_chunks_cover_exactly_and_differ_by_at_most_one(n, parts):
     assert max(sizes) - min(sizes) <= 1
     bounds = chunk_bounds(n, parts)
     assert bounds[0][0] == 0 and bounds[-1][1] == n
-    assert all(b[1] == c[0] for b, c in zip(bounds, bounds[1:]))
+    assert all(b[1] == c[0] for b, c in itertools.pairwise(bounds))
 
 
 def test_bad_arguments():

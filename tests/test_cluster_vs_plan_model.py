@@ -1,4 +1,4 @@
-"""scripts/cluster_vs_plan.py without a cluster: the shared-core model of `predict` and the replay of recorded
+"""scripts/bench/cluster_vs_plan.py without a cluster: the shared-core model of `predict` and the replay of recorded
 bench rows (--from-raw) over a run kept in docs/bench."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "cluster_vs_plan.py"
+SCRIPT = ROOT / "scripts" / "bench" / "cluster_vs_plan.py"
 RECORDED = ROOT / "docs" / "bench" / "2026-12-04-cluster-vs-plan" / "raw-nodes4-r8"
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
 import cluster_vs_plan as cvp  # noqa: E402
 

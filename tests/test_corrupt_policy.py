@@ -4,6 +4,7 @@ file (batch size and step count unchanged), names it once in a warning and count
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
@@ -113,7 +114,7 @@ def test_skip_with_nothing_readable_after_it_fails(kind, tmp_path):
 
 
 def test_bad_policy(folder):
-    with pytest.raises(UserError, match="data.on_corrupt: 'ignore' must be one of fail, skip"):
+    with pytest.raises(UserError, match=re.escape("data.on_corrupt: 'ignore' must be one of fail, skip")):
         loader("torchvision", folder, "train", on_corrupt="ignore")
 
 

@@ -26,8 +26,8 @@ def digest(root):
 
 def test_deterministic_from_seed(tmp_path):
     a = generate(tmp_path / "a", seed=7, train_per_class=3, val_per_class=2, workers=1)
-    b = generate(tmp_path / "b", seed=7, train_per_class=3, val_per_class=2, workers=2)
-    c = generate(tmp_path / "c", seed=8, train_per_class=3, val_per_class=2, workers=1)
+    generate(tmp_path / "b", seed=7, train_per_class=3, val_per_class=2, workers=2)
+    generate(tmp_path / "c", seed=8, train_per_class=3, val_per_class=2, workers=1)
     assert digest(tmp_path / "a") == digest(tmp_path / "b") != digest(tmp_path / "c")
     assert (a["train"], a["val"]) == (30, 20)
     s = scan(tmp_path / "a", "train")

@@ -39,7 +39,7 @@ def test_ensure_reuses_a_good_index_and_builds_a_missing_one(folder):
 
 
 def test_stale_index_is_refused(folder):
-    dest = build_index(folder)
+    build_index(folder)
     (folder / "train" / "c1" / "0001.JPEG").unlink()
     with pytest.raises(DataError, match=r"index is stale .*train changed.*torus-train data index --data"):
         ensure_index(folder)

@@ -2,7 +2,7 @@
 tars, the validation tar and the devkit) and from Kaggle's layout gives the set packed from the same images in an
 ImageNet-layout folder, byte for byte; validation labels come from the ground truth; nothing is extracted (peak
 disk, every file the pack opens to write); a missing or malformed part is one line, exit 2; the class names reach
-`torus-train report`. The archives are built here (scripts/pack_layouts_bench.py makes them; its larger run prints
+`torus-train report`. The archives are built here (scripts/bench/pack_layouts.py makes them; its larger run prints
 the pack time and peak disk of 100 classes)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torus_train.data.packed import ShardReader, load_packed, pack
 from torus_train.data.samples import samples
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "pack_layouts_bench.py"
+SCRIPT = ROOT / "scripts" / "bench" / "pack_layouts.py"
 CLASSES, PER_CLASS, VAL_PER_CLASS = 4, 7, 3
 
 
@@ -297,7 +297,7 @@ def test_class_names_reach_the_report(packed, images, tmp_path):
 
 
 def test_the_bench_script_runs_at_toy_size(tmp_path):
-    """scripts/pack_layouts_bench.py end to end (the 100-class figures in docs/data.md come from it)."""
+    """scripts/bench/pack_layouts.py end to end (the 100-class figures in docs/data.md come from it)."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     args = ["--classes", "3", "--per-class", "4", "--val-per-class", "2", "--size", "16", "--work", str(tmp_path)]
     r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)

@@ -5,6 +5,8 @@ the CPU: a test-only data.decoder entry places it on any device."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -111,7 +113,7 @@ def test_dali_val_matches_torchvision_val(demo_small):
     a = loader("dali", demo_small, "val", batch_size=20, image_size=32)  # 64 px files: resize 36, crop 32
     b = loader("torchvision", demo_small, "val", batch_size=20, image_size=32)
     diffs = []
-    for (xa, ya), (xb, yb) in zip(a, b):
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
         assert torch.equal(ya, yb)
         diffs.append((xa - xb).abs().mean().item())
     mad = float(np.mean(diffs))
@@ -146,7 +148,7 @@ def test_corrupt_jpeg_inside_names_the_file(kind, tmp_path):
 def test_class_count_mismatch_and_bad_args(index_set):
     with pytest.raises(DataError, match="3 class folders, but the model has 1000 classes"):
         loader("torchvision", index_set, "train", num_classes=1000)
-    with pytest.raises(UserError, match="data.loader: 'pil'"):
+    with pytest.raises(UserError, match=re.escape("data.loader: 'pil'")):
         loader("pil", index_set, "train")
     with pytest.raises(UserError, match="a data folder is needed"):
         loader("dali", None, "train")
@@ -217,7 +219,7 @@ def test_a_file_gone_since_indexing_is_named(kind, tmp_path):
             pass
 
 
-@pytest.mark.parametrize("kind", KINDS + ["synthetic"])
+@pytest.mark.parametrize("kind", [*KINDS, "synthetic"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_images_equal_the_float32_ones_rounded(kind, dtype, index_set):
     """A GPU model computing in fp16/bf16 gets its images in that dtype from the loader (DALI emits float16
@@ -227,7 +229,7 @@ def test_half_precision_images_equal_the_float32_ones_rounded(kind, dtype, index
     half = loader(kind, root, "val", channels_last=True, num_classes=3, dtype=dtype)
     n = 0
     try:
-        for (xf, yf), (xh, yh) in zip(full, half):
+        for (xf, yf), (xh, yh) in zip(full, half, strict=True):
             assert xh.dtype == getattr(torch, dtype) and xh.is_contiguous(memory_format=torch.channels_last)
             assert torch.equal(yf, yh)
             # rounding of values below 8 in magnitude: half an ulp at 4..8 is 2**-9 (fp16) and 2**-6 (bf16)
@@ -271,8 +273,8 @@ def test_batch_decode_and_augment_on_the_cpu(demo_small):
 
     x = train(0)
     assert x.shape == (12, 3, 32, 32) and x.dtype == torch.float32
-    low = min((0 - m) / s for m, s in zip(MEAN, STD))
-    high = max((1 - m) / s for m, s in zip(MEAN, STD))
+    low = min((0 - m) / s for m, s in zip(MEAN, STD, strict=True))
+    high = max((1 - m) / s for m, s in zip(MEAN, STD, strict=True))
     assert low - 1e-5 <= x.min().item() and x.max().item() <= high + 1e-5
     assert torch.equal(x, train(0)) and not torch.equal(x, train(1))
     half = train(0, dtype=torch.float16, channels_last=True)
@@ -299,7 +301,7 @@ def test_the_decoder_entry_places_it_by_device(index_set):
     """data.decoder: auto follows the device, gpu on a CPU rank is one line naming the field."""
     assert DECODERS.get("auto").place("cuda") == "gpu" and DECODERS.get("auto").place("cpu") == "cpu"
     assert DECODERS.get("cpu").place("cuda") == "cpu" and DECODERS.get("gpu").place("cuda") == "gpu"
-    with pytest.raises(UserError, match="data.decoder = gpu needs ranks on CUDA"):
+    with pytest.raises(UserError, match=re.escape("data.decoder = gpu needs ranks on CUDA")):
         DECODERS.get("gpu").place("cpu")
     ld = make_loader(
         "torchvision",

@@ -48,7 +48,7 @@ def test_source_of_names_and_paths(tmp_path):
 
 def test_stage_and_missing_folder_are_asked_of_the_entry(tmp_path):
     spec = load_spec(None, [("data.source", "demo"), ("data.stage", "node")])
-    with pytest.raises(UserError, match="data.stage = node needs a packed set .*data.source is demo"):
+    with pytest.raises(UserError, match=r"data.stage = node needs a packed set .*data.source is demo"):
         source_of("demo").check(spec)
     source_of("synthetic").check(load_spec(None, [("data.source", "synthetic"), ("data.stage", "node")]))
     missing = load_spec(None, [("data.source", str(tmp_path / "nope"))])

@@ -27,7 +27,7 @@ def requires_python() -> tuple[int, int]:
 def test_the_code_runs_on_the_python_pyproject_states():
     """vermin (the test extra) finds no construct newer than requires-python in torus_train/."""
     pytest.importorskip("vermin", reason="pip install -e '.[test]' installs vermin")
-    low = "%d.%d" % requires_python()
+    low = "{}.{}".format(*requires_python())
     r = subprocess.run(
         [
             sys.executable,

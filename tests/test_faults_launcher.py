@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -127,7 +128,7 @@ def test_watchdog_limits_and_the_start_up_allowance():
     assert not w.due(10.0, 2)  # before every rank finished a step: the start-up limit
     w.seen = {0: Beat(0, 1, 1, 0.0), 1: Beat(1, 2, 0, 0.0)}
     assert w.due(10.0, 2)
-    with pytest.raises(UserError, match="launch.watchdog_s"):
+    with pytest.raises(UserError, match=re.escape("launch.watchdog_s")):
         load_spec(None, [("launch.watchdog_s", -1.0)])
 
 

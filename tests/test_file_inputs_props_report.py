@@ -186,7 +186,7 @@ def test_hostile_summaries_leave_the_curves(place, data, fifo):
         (place / "run" / fifo).unlink()
         os.mkfifo(place / "run" / fifo)
     before = tree_digest(place / "run")
-    code, out = _report(place, "--no-png")
+    code, _out = _report(place, "--no-png")
     if fifo:
         assert code == 2  # refused by name, never opened
     else:
@@ -310,7 +310,7 @@ def _plan_json(place: Path, args: list[str]) -> None:
         (place / "cal.json").unlink()
     before = tree_digest(place, skip="run")
     with contextlib.chdir(place):
-        code, out, err = invoke(*args, "--json", "cal.json")
+        code, _out, err = invoke(*args, "--json", "cal.json")
     COUNT["examples"] += 1
     COUNT["exit0" if code == 0 else "exit2"] += 1
     assert "Traceback" not in err and code in (0, 2), err

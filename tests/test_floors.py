@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def measure():
-    spec = importlib.util.spec_from_file_location("measure_structure", ROOT / "scripts" / "measure_structure.py")
+    spec = importlib.util.spec_from_file_location(
+        "measure_structure", ROOT / "scripts" / "dev" / "measure_structure.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

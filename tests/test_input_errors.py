@@ -8,6 +8,7 @@ or 2, exactly one ``torus-train: error:`` line on stderr for exit 2, no tracebac
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def test_bad_values_are_named(here, setting, message):
 
 
 def test_nesterov_needs_momentum():
-    with pytest.raises(SpecError, match="optimizer.nesterov = true needs optimizer.momentum > 0"):
+    with pytest.raises(SpecError, match=re.escape("optimizer.nesterov = true needs optimizer.momentum > 0")):
         load_spec(None, [("optimizer.nesterov", True), ("optimizer.momentum", 0.0)])
 
 

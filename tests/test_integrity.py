@@ -312,5 +312,5 @@ def test_buffers_come_from_rank_0_in_one_collective(monkeypatch):
     monkeypatch.setattr(dist, "broadcast", broadcast)
     sync_buffers(mine)
     assert calls == [(torch.uint8, sent.numel(), 0)]  # 6 buffers (float statistics, int64 counters), one collective
-    for (name, a), b in zip(rank0.named_buffers(), mine.buffers()):
+    for (name, a), b in zip(rank0.named_buffers(), mine.buffers(), strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b), name

@@ -144,7 +144,7 @@ def test_lars_multi_tensor_step_equals_the_per_tensor_loop(nesterov):
         opt.step()
         with torch.no_grad():
             reference_lars_step(ref_groups, state)
-    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+    for (n, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6, msg=n)
 
 
@@ -158,7 +158,7 @@ def test_a_step_flagged_non_finite_changes_nothing_and_the_scale_is_taken_off(na
     opts = [build_optimizer(n, name, lr=0.5, momentum=0.9, weight_decay=1e-4, nesterov=nesterov) for n in nets]
     assert all(o._step_supports_amp_scaling for o in opts)
     x = torch.randn(4, 3, 8, 8)
-    for step in range(3):
+    for _step in range(3):
         before = [p.detach().clone() for p in nets[0].parameters()]
         moms = [s.get("momentum_buffer") for s in (opts[0].state[p] for p in nets[0].parameters())]
         moms = [m.clone() if m is not None else None for m in moms]
@@ -167,15 +167,15 @@ def test_a_step_flagged_non_finite_changes_nothing_and_the_scale_is_taken_off(na
             net(x).sum().backward()
         next(nets[0].parameters()).grad.view(-1)[0] = float("nan")
         step_unless(opts[0], torch.ones(()))  # skipped: parameters and momentum as they were
-        assert all(torch.equal(a, b) for a, b in zip(before, nets[0].parameters()))
+        assert all(torch.equal(a, b) for a, b in zip(before, nets[0].parameters(), strict=True))
         after = [opts[0].state[p].get("momentum_buffer") for p in nets[0].parameters()]
-        assert all(a is None or b is None or torch.equal(a, b) for a, b in zip(moms, after))
+        assert all(a is None or b is None or torch.equal(a, b) for a, b in zip(moms, after, strict=True))
         opts[1].step()  # the reference takes every step: both agree again after the next unskipped one
         with torch.no_grad():
-            for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+            for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True):
                 a.copy_(b)
         for o_a, o_b, p_a, p_b in (
-            (opts[0], opts[1], a, b) for a, b in zip(nets[0].parameters(), nets[1].parameters())
+            (opts[0], opts[1], a, b) for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True)
         ):
             if "momentum_buffer" in o_b.state[p_b]:
                 o_a.state[p_a]["momentum_buffer"] = o_b.state[p_b]["momentum_buffer"].clone()
@@ -188,5 +188,5 @@ def test_a_step_flagged_non_finite_changes_nothing_and_the_scale_is_taken_off(na
     opts[0].found_inf, opts[0].grad_scale = torch.zeros(()), torch.tensor(1024.0)
     opts[0].step()
     opts[1].step()
-    for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+    for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True):
         torch.testing.assert_close(a, b)

@@ -81,9 +81,9 @@ def test_the_package_imports_form_no_cycle():
         state[name] = 1
         for dep in sorted(graph[name]):
             # state 1: dep is on the current path, so this edge closes a cycle
-            assert state.get(dep) != 1, "import cycle: " + " -> ".join(path[path.index(dep) :] + [name, dep])
+            assert state.get(dep) != 1, "import cycle: " + " -> ".join([*path[path.index(dep) :], name, dep])
             if dep not in state:
-                visit(dep, path + [name])
+                visit(dep, [*path, name])
         state[name] = 2
 
     for name in sorted(graph):

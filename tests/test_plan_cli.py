@@ -322,7 +322,7 @@ def test_check_calibration_script_on_bench_files(tmp_path):
     f24.write_text(json.dumps(_bench_rows("2x4", background=15.0, **kw)))
     script = [
         sys.executable,
-        str(SCRIPTS / "check_calibration.py"),
+        str(SCRIPTS / "experiments" / "check_calibration.py"),
         str(f22),
         str(f24),
         "--cores",
@@ -331,15 +331,15 @@ def test_check_calibration_script_on_bench_files(tmp_path):
         "4",
     ]
     ok = subprocess.run(
-        script + ["--fit-background", "3", "--check-background", "15"], capture_output=True, text=True, timeout=60
+        [*script, "--fit-background", "3", "--check-background", "15"], capture_output=True, text=True, timeout=60
     )
     assert ok.returncode == 0 and "8 of 8 predictions within 30%" in ok.stdout, ok.stdout + ok.stderr
     assert "pred/meas" in ok.stdout and " 1.00" in ok.stdout and "1/beta_cache = 1.1000 GB/s" in ok.stdout
     off = subprocess.run(script, capture_output=True, text=True, timeout=60)  # loads ignored: 2x4 over-predicted
     assert off.returncode == 1 and "outside" in off.stdout
     merged = subprocess.run(
-        script[:2]
-        + [
+        [
+            *script[:2],
             f"{f22},{f22}",
             f"{f24},{f24}",
             "--cores",
@@ -356,7 +356,7 @@ def test_check_calibration_script_on_bench_files(tmp_path):
         timeout=60,
     )
     assert merged.returncode == 0 and "     2 " in merged.stdout
-    bad = subprocess.run(script + ["--llc-mib", "-1"], capture_output=True, text=True, timeout=60, check=False)
+    bad = subprocess.run([*script, "--llc-mib", "-1"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--llc-mib" in bad.stderr
 
 
@@ -366,7 +366,7 @@ def test_measure_background_runs_the_command_and_reports(tmp_path):
     r = subprocess.run(
         [
             sys.executable,
-            str(SCRIPTS / "measure_background.py"),
+            str(SCRIPTS / "dev" / "measure_background.py"),
             "--json",
             str(out),
             "--",
@@ -382,7 +382,14 @@ def test_measure_background_runs_the_command_and_reports(tmp_path):
     d = json.loads(out.read_text())
     assert d["samples"] >= 3 and d["background"] >= 0 and d["rc"] == 0
     bad = subprocess.run(
-        [sys.executable, str(SCRIPTS / "measure_background.py"), "--", sys.executable, "-c", "raise SystemExit(3)"],
+        [
+            sys.executable,
+            str(SCRIPTS / "dev" / "measure_background.py"),
+            "--",
+            sys.executable,
+            "-c",
+            "raise SystemExit(3)",
+        ],
         capture_output=True,
         text=True,
         timeout=50,

@@ -60,11 +60,11 @@ def test_torus_vertical_carries_one_xth_of_the_hierarchical_leaders_data():
     assert hier.bytes_across_nodes == pytest.approx(2 * 271 / 272 * R50_FP16)
     assert hier.bytes_across_nodes / torus.bytes_across_nodes == pytest.approx(4)
     # 4 vertical flows share 2 NICs (6.25 GB/s each); the leader's single flow is split over both (25 GB/s).
-    col = [p for p in torus.phases if p.name == "column reduce-scatter"][0]
+    col = next(p for p in torus.phases if p.name == "column reduce-scatter")
     assert col.seconds == pytest.approx(
         271 * (2e-6 + R50_FP16 / 4 / 272 / 6.25e9) + 271 / 272 * R50_FP16 / 4 * ABCI.gamma
     )
-    lead = [p for p in hier.phases if p.name == "leader ring reduce-scatter"][0]
+    lead = next(p for p in hier.phases if p.name == "leader ring reduce-scatter")
     assert lead.seconds == pytest.approx(271 * (2e-6 + R50_FP16 / 272 / 25e9) + 271 / 272 * R50_FP16 * ABCI.gamma)
     assert torus.seconds < hier.seconds
 

@@ -21,7 +21,7 @@ BENCH = ROOT / "docs" / "bench" / "allreduce_gloo_2x2.json"
 
 def _profile(tmp_path: Path, background: float = 0.0) -> Path:
     """A step profile of resnet18 at 64 px: 10 ms forward, 20 ms backward shared evenly, 5 ms optimizer."""
-    mods = sorted({l.name.rsplit(".", 1)[0] for l in model_layers("resnet18", 64, 10)})
+    mods = sorted({layer.name.rsplit(".", 1)[0] for layer in model_layers("resnet18", 64, 10)})
     p = StepProfile("resnet18", 64, 16, 10, 1, 0.010, 0.020, 0.005, {m: 0.020 / len(mods) for m in mods}, 2, background)
     f = tmp_path / "prof.json"
     f.write_text(json.dumps(p.__dict__))
@@ -71,7 +71,7 @@ def test_compare_run_on_a_fixture_folder_predicts_by_hand(tmp_path):
     # predicted by hand: 4 ranks on 2 cores, o = 2; every core busy, so nothing hides: the step is
     # o x (10 + 20 + 5 ms) + each bucket's calibrated exchange (fp32 bytes of DDP's buckets of resnet18)
     cal = calibrate(read_benches(str(BENCH)), algo="torus", cores=2)
-    buckets = [sum(l.numel for l in b) * 4 for b in bucket_plan(model_layers("resnet18", 64, 10))]
+    buckets = [sum(layer.numel for layer in b) * 4 for b in bucket_plan(model_layers("resnet18", 64, 10))]
     comm = sum(cal.predict_seconds(host_grid("2x2"), n) for n in buckets)
     assert st["prediction"]["bucket_bytes"] == buckets
     assert st["predicted_step_seconds"] == pytest.approx(2 * 0.035 + comm)
@@ -92,7 +92,7 @@ def test_the_timeline_bound_decides_when_cores_are_free():
         0.010,
         0.020,
         0.005,
-        dict.fromkeys({l.name.rsplit(".", 1)[0] for l in model_layers("resnet18", 64, 10)}, 0.02 / 21),
+        dict.fromkeys({layer.name.rsplit(".", 1)[0] for layer in model_layers("resnet18", 64, 10)}, 0.02 / 21),
         8,
         0.0,
     )
@@ -222,7 +222,7 @@ def test_the_loops_own_work_is_added_when_measured(tmp_path):
     the optimizer step, stretched by o like the rest: 4 ranks on 2 cores, 50 ms against the profile's 35 ms."""
     cal = calibrate(read_benches(str(BENCH)), algo="torus", cores=2)
     layers = model_layers("resnet18", 64, 10)
-    mods = dict.fromkeys({l.name.rsplit(".", 1)[0] for l in layers}, 0.02 / 21)
+    mods = dict.fromkeys({layer.name.rsplit(".", 1)[0] for layer in layers}, 0.02 / 21)
     base = StepProfile("resnet18", 64, 16, 10, 1, 0.010, 0.020, 0.005, mods, 2, 0.0)
     with_loop = StepProfile("resnet18", 64, 16, 10, 1, 0.010, 0.020, 0.005, mods, 2, 0.0, loop_seconds=0.050)
     a, b = (predict_host_step(cal, p, host_grid("2x2"), 16, 25 * 2**20, 4, layers, 0.0) for p in (base, with_loop))

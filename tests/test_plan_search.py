@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from torus_train.job.topology import Grid, GridError
@@ -69,7 +71,7 @@ def test_gpus_n_chooses_grid_and_cap_by_the_step_on_a_hand_checked_case():
     p = make_plan(4, SMALL, "resnet18", 32, None, "fp32", images_per_second=1e6, bucket_cap=None)
     assert p.grid == "2x2" and p.grid_why.startswith("fastest predicted step of")
     steps = [c["step_seconds"] for c in p.candidates]
-    assert all(a <= b + 1e-12 for a, b in zip(steps, steps[1:])) and {c["grid"] for c in p.candidates} == {
+    assert all(a <= b + 1e-12 for a, b in itertools.pairwise(steps)) and {c["grid"] for c in p.candidates} == {
         "2x2",
         "4x1",
         "1x4",

@@ -19,7 +19,7 @@ def test_two_bucket_timeline_by_hand():
     # Parameter order a, b, c; DDP order c, b, a. fp32 caps: first 8 bytes, then 1000.
     # c: 2 values (8 B) -> bucket 0 = [c]; bucket 1 = [b, a].
     layers = [Layer("a", 10, 50.0), Layer("b", 5, 30.0), Layer("c", 2, 20.0)]
-    assert [[l.name for l in b] for b in bucket_plan(layers, 1000, 8)] == [["c"], ["b", "a"]]
+    assert [[layer.name for layer in b] for b in bucket_plan(layers, 1000, 8)] == [["c"], ["b", "a"]]
     # compute 0.3 s, backward 2/3 of it = 0.2 s; FLOP shares: c 0.2, b 0.3, a 0.5.
     # bucket 0 ready 0.04, exchange 2 values x 2 B = 4 B -> 0.1 s: 0.04..0.14
     # bucket 1 ready 0.04 + 0.16 = 0.2, exchange 30 B -> 0.05 s: starts 0.2, ends 0.25
@@ -42,9 +42,9 @@ def test_two_bucket_timeline_by_hand():
 
 def test_model_layers_resnet50_counts_and_flops():
     layers = model_layers("resnet50")
-    assert len(layers) == 161 and sum(l.numel for l in layers) == 25_557_032
+    assert len(layers) == 161 and sum(layer.numel for layer in layers) == 25_557_032
     # about 4.1 GMACs per image = 8.2 GFLOPs forward
-    assert 7.5e9 < sum(l.flops for l in layers) < 8.8e9
+    assert 7.5e9 < sum(layer.flops for layer in layers) < 8.8e9
 
 
 @pytest.mark.timeout(300)
@@ -82,12 +82,12 @@ def test_buckets_equal_a_real_ddp_on_one_gloo_rank(monkeypatch):
     ddp_side = [seen[i] for i in sorted(seen)]
     mine = bucket_plan(model_layers("resnet50"))
     assert len(mine) == len(ddp_side) == 5
-    for ours, (theirs, numel) in zip(mine, ddp_side):
+    for ours, (theirs, numel) in zip(mine, ddp_side, strict=True):
         # same members and sizes; inside a bucket DDP may list a BatchNorm's bias before its weight
-        assert {l.name for l in ours} == set(theirs)
-        assert sum(l.numel for l in ours) == numel
+        assert {layer.name for layer in ours} == set(theirs)
+        assert sum(layer.numel for layer in ours) == numel
     # and the order of the members agrees up to those weight/bias pairs
-    flat_ours = [l.name.rsplit(".", 1)[0] for b in mine for l in b]
+    flat_ours = [layer.name.rsplit(".", 1)[0] for b in mine for layer in b]
     flat_theirs = [n.rsplit(".", 1)[0] for names_, _ in ddp_side for n in names_]
     assert flat_ours == flat_theirs
 
@@ -151,7 +151,7 @@ def test_efficiency_table_json_and_it_agrees_with_plan(tmp_path):
     root = Path(__file__).resolve().parent.parent
     out, plan_json = tmp_path / "eff.json", tmp_path / "plan.json"
     r = subprocess.run(
-        [sys.executable, str(root / "scripts" / "efficiency_table.py"), "--json", str(out)],
+        [sys.executable, str(root / "scripts" / "experiments" / "efficiency_table.py"), "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -252,12 +252,12 @@ def test_measured_profile_replaces_flops(tmp_path):
 
     prof = measure_backward_profile("resnet18", image_size=32, batch=2, repeats=1)
     layers = model_layers("resnet18")
-    modules = {l.name.rsplit(".", 1)[0] for l in layers}
+    modules = {layer.name.rsplit(".", 1)[0] for layer in layers}
     assert set(prof) == modules and all(v >= 0 for v in prof.values()) and sum(prof.values()) > 0
     # a profile that puts all the time in fc: the share of every other tensor is 0, fc's two tensors split it
     fake = dict.fromkeys(modules, 0.0) | {"fc": 1.0}
     with_p = layers_with_profile(layers, fake)
-    assert [l.flops for l in with_p if l.name.startswith("fc.")] == [0.5, 0.5]
+    assert [layer.flops for layer in with_p if layer.name.startswith("fc.")] == [0.5, 0.5]
     with pytest.raises(Exception, match="layer-profile"):
         layers_with_profile(layers, {"fc": 1.0})
     f, out = tmp_path / "prof.json", tmp_path / "p.json"

@@ -63,7 +63,7 @@ def test_report_png_never_overwrites_a_file_it_did_not_write(run, tmp_path):
 def test_report_replaces_its_own_earlier_json_and_png(run, tmp_path):
     out = tmp_path / "rep.json"
     for _ in range(2):
-        code, stdout, err = invoke("report", str(run), "--json", str(out))
+        code, _stdout, err = invoke("report", str(run), "--json", str(out))
         assert code == 0, err
     assert json.loads(out.read_text())["written_by"] == "torus-train report"
     assert (run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -225,7 +225,7 @@ def test_bench_allreduce_outputs_are_checked_before_any_rank_starts(bench, tmp_p
     (tmp_path / "notes.json").write_text('{"mine": 1}')
     before = digest(tmp_path)
     with contextlib.chdir(tmp_path):
-        code, stdout, err = invoke("bench", "allreduce", "--nprocs", "2", *args)
+        code, _stdout, err = invoke("bench", "allreduce", "--nprocs", "2", *args)
     assert_one_line_error(code, err, message)
     assert digest(tmp_path) == before
 

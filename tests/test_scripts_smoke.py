@@ -3,10 +3,10 @@ that a renamed function, flag or field breaks a test here, not a user.
 
 Scripts that need a cluster or a batch system run their dry path: the job scripts (Slurm, PBS, mpirun) end
 in `torus-train run ... --dry-run` under the environment their scheduler would give them, and
-scripts/measure_checkpoint_path.sh has MEASURE_DRY=1. scripts/bench/gpu_check.sh has its own tests
+scripts/experiments/measure_checkpoint_path.sh has MEASURE_DRY=1. scripts/bench/gpu_check.sh has its own tests
 (tests/test_gpu_check.py, --rehearse); scripts named in other tests are run there (tests/test_plan_cli.py,
 tests/test_plan_nccl.py, tests/test_step_syncs.py, ...). test_every_script_is_named_by_a_test keeps the list
-whole.
+whole, and scripts/README.md's table (a row per file, checked here too) says what each is for.
 """
 
 from __future__ import annotations
@@ -85,11 +85,32 @@ def ok(r: subprocess.CompletedProcess) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # the list is whole
 # ---------------------------------------------------------------------------------------------------------
+def _scripts() -> list[Path]:
+    """Every program under scripts/ (Python, shell, Slurm batch), in every folder."""
+    return sorted(p for ext in ("*.py", "*.sh", "*.sbatch") for p in SCRIPTS.rglob(ext) if "__pycache__" not in p.parts)
+
+
 def test_every_script_is_named_by_a_test():
-    """What the before-stop hook checks: every scripts/*.py and scripts/*.sh named somewhere under tests/."""
+    """What the before-stop hook checks: every script under scripts/ named somewhere under tests/."""
     text = "\n".join(p.read_text(errors="replace") for p in (ROOT / "tests").rglob("*.py"))
-    scripts = sorted(p.name for p in [*SCRIPTS.glob("*.py"), *SCRIPTS.glob("*.sh")])
+    scripts = [p.name for p in _scripts()]
     assert scripts and [n for n in scripts if n not in text] == []
+
+
+def test_every_file_under_scripts_has_its_row_in_the_readme_and_few_sit_at_the_top():
+    """scripts/README.md names every file below scripts/ by its path there (what it is for, the command, where
+    the result is recorded), and scripts/ itself holds at most 8 files: the rest sit in folders by purpose."""
+    readme = (SCRIPTS / "README.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `")}
+    files = sorted(
+        p.relative_to(SCRIPTS).as_posix()
+        for p in SCRIPTS.rglob("*")
+        if p.is_file() and p.name != "README.md" and "__pycache__" not in p.parts
+    )
+    assert len(files) > 20 and [f for f in files if f not in rows] == []
+    assert [r for r in rows if r not in files] == []  # no row for a file that is gone
+    top = sorted(p.name for p in SCRIPTS.iterdir() if p.is_file())
+    assert "README.md" in top and len(top) <= 8, top
 
 
 @pytest.mark.parametrize(
@@ -105,7 +126,9 @@ def test_shell_scripts_parse(path):
 # ---------------------------------------------------------------------------------------------------------
 def test_bench_startup_small_index(tmp_path):
     out = tmp_path / "startup.json"
-    text = ok(run_py("bench_startup.py", "--files", "1000", "--worlds", "2,8", "--rounds", "1", "--json", str(out)))
+    text = ok(
+        run_py("bench/bench_startup.py", "--files", "1000", "--worlds", "2,8", "--rounds", "1", "--json", str(out))
+    )
     assert "index of 1,000 entries written" in text and "world 8 / world 2: " in text
     doc = json.loads(out.read_text())
     assert doc["files"] == 1000 and [r["world"] for r in doc["results"]] == [2, 8]
@@ -129,7 +152,7 @@ def test_bench_data_check_two_toy_sets(tmp_path):
 
 def test_bench_groups_fake_backend(tmp_path):
     out = tmp_path / "groups.json"
-    text = ok(run_py("bench_groups.py", "--grids", "2x2", "--rounds", "1", "--json", str(out)))
+    text = ok(run_py("bench/bench_groups.py", "--grids", "2x2", "--rounds", "1", "--json", str(out)))
     rows = json.loads(out.read_text())["results"]
     assert [(r["method"], r["api_calls"], r["collective_calls"]) for r in rows] == [
         ("per-group", 4, 4),
@@ -144,7 +167,7 @@ def test_bench_rendezvous_two_ranks(tmp_path):
     out = tmp_path / "rendezvous.json"
     ok(
         run_py(
-            "bench_rendezvous.py",
+            "bench/bench_rendezvous.py",
             "--ranks",
             "2",
             "--procs",
@@ -201,7 +224,7 @@ def test_linear_baseline_on_a_tiny_folder(photo_set, tmp_path):
     out = tmp_path / "linear.json"
     text = ok(
         run_py(
-            "linear_baseline.py",
+            "experiments/linear_baseline.py",
             "--data",
             str(photo_set),
             "--size",
@@ -221,7 +244,7 @@ def test_linear_baseline_on_a_tiny_folder(photo_set, tmp_path):
 
 def test_sweep_ratios_over_recorded_benches():
     files = [f"docs/bench/2026-12-02-mpi-native/mpi_2x2_{i}.json" for i in (1, 2)]
-    text = ok(run_py("sweep_ratios.py", *files, "--from-size", "65536"))
+    text = ok(run_py("experiments/sweep_ratios.py", *files, "--from-size", "65536"))
     from torus_train.plan.calibrate import read_bench
 
     rows = read_bench(str(ROOT / files[0]))
@@ -234,14 +257,14 @@ def test_sweep_ratios_over_recorded_benches():
 
 def test_torus_vs_nccl_one_network_one_size(tmp_path):
     out = tmp_path / "rows.json"
-    text = ok(run_py("torus_vs_nccl.py", "--networks", "dgx-h100", "--gpus", "8", "--json", str(out)))
+    text = ok(run_py("experiments/torus_vs_nccl.py", "--networks", "dgx-h100", "--gpus", "8", "--json", str(out)))
     rows = json.loads(out.read_text())
     assert len(rows) == 1 and [ln for ln in text.splitlines() if ln.startswith("| dgx-h100 | 8 |")]
 
 
 def test_measure_structure_from_the_source(tmp_path):
     out = tmp_path / "structure.json"
-    text = ok(run_py("measure_structure.py", "--json", str(out)))
+    text = ok(run_py("dev/measure_structure.py", "--json", str(out)))
     doc = json.loads(out.read_text())
     assert {"upward_imports", "imports_in_functions", "largest", "files_touched"} <= doc.keys()
     assert "files touched, Adding a launcher:" in text
@@ -260,7 +283,7 @@ def test_mpi_replay_bench_two_ranks(tmp_path):
             "-x",
             "TORUS_TRAIN_CACHE",
             sys.executable,
-            str(SCRIPTS / "mpi_replay_bench.py"),
+            str(SCRIPTS / "bench" / "mpi_replay_bench.py"),
             "--grid",
             "2x1",
             "--sizes",
@@ -288,7 +311,7 @@ def test_allreduce_sweeps_one_toy_sweep(tmp_path):
     e = env(tmp_path, SWEEP_BACKENDS="gloo", SWEEP_GRIDS="2x1")
     text = ok(
         run_sh(
-            "allreduce_sweeps.sh",
+            "bench/allreduce_sweeps.sh",
             str(tmp_path / "out"),
             "-b",
             "1K",
@@ -314,7 +337,7 @@ def test_batch_size_experiment_one_toy_run(tmp_path):
     out = tmp_path / "results.json"
     text = ok(
         run_py(
-            "batch_size_experiment.py",
+            "experiments/batch_size_experiment.py",
             "--out",
             str(tmp_path / "runs"),
             "--configs",
@@ -330,7 +353,7 @@ def test_batch_size_experiment_one_toy_run(tmp_path):
     (res,) = json.loads(out.read_text())
     assert res["name"] == "c" and res["summary"]["steps"] == 1 and len(res["evals"]) == 1
     assert "| c: batch-size control | 64 -> 128 -> 256 | 1 |" in text
-    bad = run_py("batch_size_experiment.py", "--configs", "d")
+    bad = run_py("experiments/batch_size_experiment.py", "--configs", "d")
     assert bad.returncode == 2 and "--configs d: expected some of a, b, c" in bad.stderr
 
 
@@ -349,11 +372,11 @@ def test_recipe_seeds_one_toy_seed_then_the_table_only(tmp_path):
         "--set",
         "eval.target_top1=0.01",
     ]
-    text = ok(run_py("recipe_seeds.py", *args, "--json", str(tmp_path / "rows.json"), timeout=240))
+    text = ok(run_py("experiments/recipe_seeds.py", *args, "--json", str(tmp_path / "rows.json"), timeout=240))
     (row,) = json.loads((tmp_path / "rows.json").read_text())
     assert (row["seed"], row["threads"], row["epochs"], row["first_epoch"]) == (0, 1, 2, 1)
     assert "| 0 | 1 | " in text and "after epoch 1 of 2" in text
-    again = ok(run_py("recipe_seeds.py", *args, "--table-only"))
+    again = ok(run_py("experiments/recipe_seeds.py", *args, "--table-only"))
     assert again.splitlines()[-1] == text.splitlines()[-1]  # the same row, read from the run folder
 
 
@@ -363,7 +386,7 @@ def test_plan_vs_run_one_toy_grid(tmp_path):
     out = tmp_path / "pvr.json"
     text = ok(
         run_py(
-            "plan_vs_run.py",
+            "bench/plan_vs_run.py",
             "--grid",
             "1x2",
             "--json",
@@ -393,7 +416,7 @@ def test_bench_hook_local_toy_round(tmp_path):
     out = tmp_path / "hook.json"
     text = ok(
         run_py(
-            "bench_hook.py",
+            "bench/bench_hook.py",
             "--grid",
             "2x1",
             "--rounds",
@@ -429,7 +452,7 @@ def test_bench_input_scale_toy_set(tmp_path):
     out = tmp_path / "input.json"
     text = ok(
         run_py(
-            "bench_input_scale.py",
+            "bench/bench_input_scale.py",
             "--json",
             str(out),
             "--work",
@@ -506,7 +529,7 @@ def test_dev_cluster_script_without_a_cluster(tmp_path):
 
 def test_measure_checkpoint_path_dry(tmp_path):
     out = tmp_path / "out.jsonl"
-    r = run_sh("measure_checkpoint_path.sh", str(out), env_=env(tmp_path, MEASURE_DRY="1"))
+    r = run_sh("experiments/measure_checkpoint_path.sh", str(out), env_=env(tmp_path, MEASURE_DRY="1"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert [ln for ln in r.stderr.splitlines() if "dry run" in ln] == [
         f"measure: dry run of this, 2 nodes x {k} ranks passed" for k in (1, 2)

@@ -1,5 +1,6 @@
 """Shared-memory rows: the exchange itself, and a peer that dies or hangs is named instead of hanging."""
 
+import functools
 import subprocess
 import sys
 import threading
@@ -33,21 +34,21 @@ def _both(fa, fb):
     assert not t.is_alive()
 
 
+def _pieces(row: ShmRow, t: torch.Tensor, out: dict[str, torch.Tensor], key: str) -> None:
+    for piece in row.pieces(t):  # a 4096-byte slot holds 1024 float32: 2500 crosses in three pieces
+        bounds = chunk_bounds(len(piece), row.size)
+        row.reduce_scatter(piece, bounds)
+        row.all_gather(piece, bounds)
+    out[key] = t
+
+
 def test_two_members_reduce_scatter_and_all_gather_in_pieces():
     a, b = _pair()
     for n in (1, 5, 1024, 1023, 2500):
         x = torch.arange(n, dtype=torch.float32)
         y = torch.full((n,), 100.0)
-        out = {}
-
-        def run(row, t, key):
-            for piece in row.pieces(t):  # a 4096-byte slot holds 1024 float32: 2500 crosses in three pieces
-                bounds = chunk_bounds(len(piece), row.size)
-                row.reduce_scatter(piece, bounds)
-                row.all_gather(piece, bounds)
-            out[key] = t
-
-        _both(lambda: run(a, x, "a"), lambda: run(b, y, "b"))
+        out: dict[str, torch.Tensor] = {}
+        _both(functools.partial(_pieces, a, x, out, "a"), functools.partial(_pieces, b, y, out, "b"))
         expect = torch.arange(n, dtype=torch.float32) + 100
         assert torch.equal(out["a"], expect) and torch.equal(out["b"], expect)
     a.close()

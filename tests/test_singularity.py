@@ -80,7 +80,7 @@ def test_packages_match_pyproject():
 
 
 def test_pins_the_project_version():
-    header, sections = parse(RECIPE.read_text())
+    _header, sections = parse(RECIPE.read_text())
     version = _pyproject()["version"]
     assert f"Version {version}" in sections["labels"]
     assert f"__version__ == '{version}'" in sections["post"]

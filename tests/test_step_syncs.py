@@ -1,5 +1,5 @@
 """No host read in a training step: the counter sees reads, and the real loop makes none outside its intervals
-(scripts/check_step_syncs.py, on a smaller model)."""
+(scripts/dev/check_step_syncs.py, on a smaller model)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from torus_train.train.syncs import PRECISIONS, SyncCounter
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_step_syncs.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "dev" / "check_step_syncs.py"
 SMALL = dict(image_size=32, batch=2, arch="shufflenet_v2_x0_5")  # 0.35M parameters, BatchNorm and biases
 
 

@@ -26,7 +26,7 @@ def test_compute_ends_at_the_last_gradient_not_after_the_exchange_wait():
         time.sleep(0.3)  # waiting in the exchange for another rank: not counted
         times.stop()
     assert len(times._handles) == 1  # after the first step, only the hook of the last gradient
-    d50, d90, dmax, c50, c90, cmax, w50, w90, wmax = times.percentiles()
+    d50, _d90, dmax, c50, _c90, cmax, w50, _w90, _wmax = times.percentiles()
     assert d50 == dmax == pytest.approx(0.05)
     assert 0.2 <= c50 <= cmax < 0.45
     assert w50 == pytest.approx(d50 + c50, abs=0.02)

@@ -12,8 +12,8 @@ def test_rank_position_round_trip_and_rings():
     assert g.position(5) == (1, 1)
     assert g.row_ranks(1) == [4, 5, 6, 7]
     assert g.col_ranks(2) == [2, 6, 10]
-    assert sorted(sum(g.rows(), [])) == list(range(12))
-    assert sorted(sum(g.cols(), [])) == list(range(12))
+    assert sorted(r for row in g.rows() for r in row) == list(range(12))
+    assert sorted(r for col in g.cols() for r in col) == list(range(12))
 
 
 def test_nodes_hold_rows():

@@ -182,7 +182,7 @@ def save_figure(fig, path: str | os.PathLike, writer: Writer, flag: str, **savef
     )
 
 
-def _replace(path, writer: Writer, fill: Callable[[str], None], recheck: Callable[[], None]) -> None:
+def _replace(path, writer: Writer, fill: Callable[[str], object], recheck: Callable[[], object]) -> None:
     """Fill a temporary beside ``path``, check the target once more (something may have appeared), rename."""
     recheck()
     target = Path(os.fspath(path))

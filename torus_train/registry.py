@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -50,12 +50,12 @@ class Registry(Generic[T]):
         return self._entries.items()
 
 
-def load(ref: str | Callable) -> Callable:
+def load(ref: str | Callable) -> Any:
     """The object a ``"package.module:attribute"`` reference names (imported now), or ``ref`` if it is one."""
     if not isinstance(ref, str):
         return ref
     module, _, attr = ref.partition(":")
-    obj = importlib.import_module(module)
+    obj: Any = importlib.import_module(module)
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj

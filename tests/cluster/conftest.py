@@ -46,7 +46,7 @@ def _why_not() -> str:
 class Cluster:
     """The running 2-node cluster: run commands on a node, read its Slurm logs."""
 
-    nodes = ["node1", "node2"]
+    nodes = ("node1", "node2")
 
     def on(self, node: str, *argv: str, timeout: float = 120, env: dict | None = None, cwd=None):
         """Run argv inside `node` (cluster.sh exec: the node's namespaces, SLURM_CONF, the mpirun agent)."""

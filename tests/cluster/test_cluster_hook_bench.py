@@ -1,4 +1,4 @@
-"""scripts/bench_hook.py --cluster: the hook comparison with its jobs and its timeline ranks on two nodes."""
+"""scripts/bench/bench_hook.py --cluster: the hook comparison with its jobs and its timeline ranks on two nodes."""
 
 import json
 import subprocess
@@ -16,7 +16,7 @@ def test_hook_bench_runs_its_jobs_and_timeline_on_the_nodes(cluster, tmp_path):
     r = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "bench_hook.py"),
+            str(ROOT / "scripts" / "bench" / "bench_hook.py"),
             "--grid",
             "2x2",
             "--rounds",

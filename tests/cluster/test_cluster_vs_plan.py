@@ -1,4 +1,4 @@
-"""scripts/cluster_vs_plan.py past two nodes: 4 namespace nodes of 2 ranks, tbf-shaped links, one size (16 MiB,
+"""scripts/bench/cluster_vs_plan.py past two nodes: 4 namespace nodes of 2 ranks, tbf-shaped links, one size (16 MiB,
 where the links decide), gloo, flat and torus (the full run, with hierarchical and mpi, is docs/cluster.md
 section 7).
 
@@ -36,7 +36,7 @@ def test_four_nodes_bench_against_the_plan_calibrated_on_two(no_cluster_up, tmp_
     r = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "cluster_vs_plan.py"),
+            str(ROOT / "scripts" / "bench" / "cluster_vs_plan.py"),
             "--nodes",
             "4",
             "--no-lock",

@@ -12,9 +12,10 @@ reduce_scatter_tensor / all_reduce / all_gather_into_tensor), called on CPU tens
 same three collectives: lengths that X divides and that it does not, with and without a wire dtype, against
 the exact mean of every rank's values.
 """
-import time
+
 import os
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -30,8 +31,9 @@ from torus_train.job.topology import parse_grid
 
 def model():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 33), nn.ReLU(),
-                         nn.Linear(33, 7))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 33), nn.ReLU(), nn.Linear(33, 7)
+    )
 
 
 def grads(ddp, rank, steps=2):
@@ -102,8 +104,10 @@ def layout_check(groups, rank, world) -> int:
             if got is not buffer or buffer.data_ptr() != before:
                 sys.exit(f"rank {rank}: n={n} {compression}: the bucket was not averaged in place")
             if err > rtol or state.buckets_reduced != 1:
-                sys.exit(f"rank {rank}: n={n} {compression}: relative error {err:.2e} > {rtol} "
-                         f"(buckets reduced {state.buckets_reduced})")
+                sys.exit(
+                    f"rank {rank}: n={n} {compression}: relative error {err:.2e} > {rtol} "
+                    f"(buckets reduced {state.buckets_reduced})"
+                )
             state.close()
             checks += 1
     return checks
@@ -113,7 +117,7 @@ def grads_check(groups, rank) -> int:
     # small buckets so the model spans several (the hook runs per bucket, buckets finish out of order)
     ref = grads(DDP(model(), bucket_cap_mb=0.002), rank)
     local = grads(model(), rank)
-    if all(torch.allclose(a, b) for a, b in zip(ref, local)):
+    if all(torch.allclose(a, b) for a, b in zip(ref, local, strict=True)):
         sys.exit(f"rank {rank}: per-rank gradients equal the averaged ones; the check would be blind")
     checks = 0
     for algo in runnable():
@@ -125,7 +129,7 @@ def grads_check(groups, rank) -> int:
                 got = grads(ddp, rank)
                 state.close()
                 what = f"hook {algo}/{compression}/{'async' if asynchronous else 'sync'}"
-                for a, b in zip(got, ref):
+                for a, b in zip(got, ref, strict=True):
                     err = ((a - b).abs() / (b.abs().max() + 1e-12)).max().item()
                     if err > rtol:
                         sys.exit(f"rank {rank}: {what}: relative error {err:.2e} > {rtol}")
@@ -139,12 +143,22 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     grid = parse_grid(os.environ["GRID"])
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
     groups = build_grid_groups(grid, timeout=60)
     check = os.environ.get("CHECK", "grads")
-    checks = (future_check(groups, rank, world) if check == "future" else
-              layout_check(groups, rank, world) if check == "layout" else grads_check(groups, rank))
+    checks = (
+        future_check(groups, rank, world)
+        if check == "future"
+        else layout_check(groups, rank, world)
+        if check == "layout"
+        else grads_check(groups, rank)
+    )
     dist.destroy_process_group()
     with open(os.environ["CHECK_OUT"] + f".{rank}", "w") as f:
         f.write(str(checks))

@@ -2,6 +2,7 @@
 
 Writes CHECK_OUT.<rank>: for each case, the chosen step (or none / the refusal), the checkpoint files this rank
 read and verified, and the bytes it read from checkpoint files up to loading the chosen one (hand_to_node)."""
+
 import json
 import os
 from datetime import timedelta
@@ -28,13 +29,20 @@ def main():
     info = rank_info()  # RANK, WORLD_SIZE and LOCAL_RANK as a launcher sets them
     rank, world, local = info.rank, info.world_size, info.local_rank
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["MASTER_PORT"], rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method="tcp://127.0.0.1:" + os.environ["MASTER_PORT"],
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
     ckpt.read_verified = counting_read
     root = Path(os.environ["CKPTS"])
-    cases = {"shared": [root / "shared"] * 4,
-             "stale": [root / "shared", root / "shared", root / "stale", root / "stale"],  # node 2 sees another
-             "empty": [root / "empty"] * 4}
+    cases = {
+        "shared": [root / "shared"] * 4,
+        "stale": [root / "shared", root / "shared", root / "stale", root / "stale"],  # node 2 sees another
+        "empty": [root / "empty"] * 4,
+    }
     out = {}
     for name, folders in cases.items():
         HASHED.clear()

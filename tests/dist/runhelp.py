@@ -1,4 +1,5 @@
 """Helpers for the `torus-train run` multi-process tests: run the CLI with a hard timeout, read its outputs."""
+
 from __future__ import annotations
 
 import json
@@ -9,10 +10,32 @@ from pathlib import Path
 
 # 4 CPU ranks on a 2x2 grid, resnet18 at 32x32 on synthetic data: a few seconds per step on 2 cores.
 # The batch schedule is pinned here so that the tests do not follow the tuned recipe of the default spec.
-TINY = ["--gpus", "4", "--grid", "2x2", "--data", "synthetic", "--model", "resnet18", "--image-size", "32",
-        "--set", "job.log_every=2", "--set", "checkpoint.every_epochs=0", "--set", "eval.every_epochs=0",
-        "--set", "schedule.stages=[{until_epoch=1,global_batch=64}]", "--set", "schedule.base_lr=0.1",
-        "--set", "schedule.lr_reference_batch=64", "--set", "schedule.warmup_epochs=0.5"]
+TINY = [
+    "--gpus",
+    "4",
+    "--grid",
+    "2x2",
+    "--data",
+    "synthetic",
+    "--model",
+    "resnet18",
+    "--image-size",
+    "32",
+    "--set",
+    "job.log_every=2",
+    "--set",
+    "checkpoint.every_epochs=0",
+    "--set",
+    "eval.every_epochs=0",
+    "--set",
+    "schedule.stages=[{until_epoch=1,global_batch=64}]",
+    "--set",
+    "schedule.base_lr=0.1",
+    "--set",
+    "schedule.lr_reference_batch=64",
+    "--set",
+    "schedule.warmup_epochs=0.5",
+]
 
 
 def run_cli(*args: str, timeout: float = 180, env: dict | None = None, cmd: list[str] | None = None):

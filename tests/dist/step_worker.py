@@ -9,6 +9,7 @@ wrong reduction cannot pass by accident:
 Both take LARS with the LR in a device tensor. Writes how many (algo, accumulation) cases ended with bit-equal
 parameters after STEPS steps.
 """
+
 import contextlib
 import os
 import sys
@@ -35,8 +36,18 @@ BUCKET_MB = 0.004  # about 1,000 floats: the model spans several buckets
 
 def model():
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 16, 3), nn.ReLU(),
-                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 33), nn.ReLU(), nn.Linear(33, 7))
+    m = nn.Sequential(
+        nn.Conv2d(3, 8, 3, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 16, 3),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 33),
+        nn.ReLU(),
+        nn.Linear(33, 7),
+    )
     return m.to(memory_format=torch.channels_last)
 
 
@@ -71,7 +82,7 @@ def reference(groups, algo, accumulation, rank):
         set_lr(opt, 0.5 / (step + 1))
         x, y = batch(rank, step)
         opt.zero_grad(set_to_none=True)
-        for i, (xx, yy) in enumerate(zip(x.chunk(accumulation), y.chunk(accumulation))):
+        for i, (xx, yy) in enumerate(zip(x.chunk(accumulation), y.chunk(accumulation), strict=True)):
             with ddp.no_sync() if i < accumulation - 1 else contextlib.nullcontext():
                 (loss_fn(ddp(xx), yy) / accumulation).backward()
         step_unless(opt, nonfinite_flag(m))
@@ -85,10 +96,17 @@ def owned(groups, algo, accumulation, rank):
     m = model()
     state = hook_state(groups, algo)
     spec = JobSpec()
-    rs = types.SimpleNamespace(ddp=BucketedModel(m, state, BUCKET_MB), optimizer=optimizer(m),
-                               loss_fn=nn.CrossEntropyLoss(), amp_dtype=None, scaler=None, spec=spec,
-                               pos=types.SimpleNamespace(global_step=0), skip_counts=None,
-                               step_now=torch.zeros((), dtype=torch.int64))
+    rs = types.SimpleNamespace(
+        ddp=BucketedModel(m, state, BUCKET_MB),
+        optimizer=optimizer(m),
+        loss_fn=nn.CrossEntropyLoss(),
+        amp_dtype=None,
+        scaler=None,
+        spec=spec,
+        pos=types.SimpleNamespace(global_step=0),
+        skip_counts=None,
+        step_now=torch.zeros((), dtype=torch.int64),
+    )
     if len(rs.ddp.buckets) < 3:
         sys.exit(f"rank {rank}: only {len(rs.ddp.buckets)} buckets; the check needs several")
     for step in range(STEPS):
@@ -105,8 +123,13 @@ def owned(groups, algo, accumulation, rank):
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
     groups = build_grid_groups(parse_grid(os.environ["GRID"]), timeout=60)
     same = 0
     for algo in os.environ["ALGOS"].split(","):
@@ -116,12 +139,20 @@ def main():
             moved = all(not torch.equal(p, start[k]) for k, p in a.named_parameters())
             if not moved:
                 sys.exit(f"rank {rank}: {algo}: a parameter did not move; the check would be blind")
-            diff = [k for (k, p), (_, q) in zip(a.named_parameters(), b.named_parameters()) if not torch.equal(p, q)]
+            diff = [
+                k
+                for (k, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True)
+                if not torch.equal(p, q)
+            ]
             if diff:
-                worst = max((p - q).abs().max().item() for (_, p), (_, q) in
-                            zip(a.named_parameters(), b.named_parameters()))
-                sys.exit(f"rank {rank}: {algo} x{accumulation}: parameters differ from DDP's in {diff[:3]} "
-                         f"(max |diff| {worst:.2e})")
+                worst = max(
+                    (p - q).abs().max().item()
+                    for (_, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True)
+                )
+                sys.exit(
+                    f"rank {rank}: {algo} x{accumulation}: parameters differ from DDP's in {diff[:3]} "
+                    f"(max |diff| {worst:.2e})"
+                )
             same += 1
     dist.destroy_process_group()
     with open(os.environ["CHECK_OUT"] + f".{rank}", "w") as f:

@@ -1,6 +1,7 @@
 """docs/extending.md's worked example of an all-reduce algorithm, run as written: taken from the doc,
 registered inside the ranks, run over gloo on 2x2 with every other algorithm and checked exact against a plain
 sum (tests/dist/transport_worker.py), and seen by the spec and the bench's choices through the table alone."""
+
 import re
 from pathlib import Path
 
@@ -19,8 +20,8 @@ NAME = "row-then-column"
 def example_code() -> str:
     """The first python block of the section "Adding an all-reduce algorithm"."""
     text = DOC.read_text()
-    section = text[text.index("## Adding an all-reduce algorithm"):]
-    section = section[:section.index("\n## ", 3)]
+    section = text[text.index("## Adding an all-reduce algorithm") :]
+    section = section[: section.index("\n## ", 3)]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -46,4 +47,4 @@ def test_the_table_alone_makes_the_example_a_choice(example):
 @pytest.mark.timeout(240)
 def test_the_example_runs_exact_over_gloo(example, tmp_path):
     counts = run_torch_transports("2x2", tmp_path, register=str(example), transports="gloo")
-    assert counts == [expected("2x2", ["gloo"], list(runnable()) + [NAME])] * 4
+    assert counts == [expected("2x2", ["gloo"], [*runnable(), NAME])] * 4

@@ -1,6 +1,7 @@
 """Faults injected from outside into a running 2-rank job, as they happen on a cluster: a rank SIGKILLed, a rank
 frozen with SIGSTOP, SIGTERM to the launcher. Each measures the seconds from the fault to the end of the job
 (docs/faults.md quotes them) under a hard wall-clock guard, and checks that no rank is left behind."""
+
 from __future__ import annotations
 
 import os

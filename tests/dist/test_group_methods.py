@@ -1,4 +1,5 @@
 """Every way of making the row and column groups gives each rank the same groups (fake backend, 2,176 ranks)."""
+
 from unittest import mock
 
 import pytest
@@ -14,8 +15,10 @@ from torus_train.job.topology import Grid  # noqa: E402
 def _groups(grid, rank, method):
     patches = []
     if method == "split":  # split_group needs an accelerator and a bound device; the fake backend uses neither
-        patches = [mock.patch("torch.accelerator.is_available", return_value=True),
-                   mock.patch("torch.accelerator.current_accelerator", return_value=torch.device("cuda"))]
+        patches = [
+            mock.patch("torch.accelerator.is_available", return_value=True),
+            mock.patch("torch.accelerator.current_accelerator", return_value=torch.device("cuda")),
+        ]
     for p in patches:
         p.start()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=grid.size)
@@ -24,8 +27,11 @@ def _groups(grid, rank, method):
             dist.distributed_c10d._get_default_group().bound_device_id = torch.device("cuda", 0)
             assert group_method("auto") == "split"
         g = build_grid_groups(grid, use_shm=False, method=method)
-        return (dist.get_process_group_ranks(g.row_group) if g.row_group else None,
-                dist.get_process_group_ranks(g.col_group) if g.col_group else None, g.notes)
+        return (
+            dist.get_process_group_ranks(g.row_group) if g.row_group else None,
+            dist.get_process_group_ranks(g.col_group) if g.col_group else None,
+            g.notes,
+        )
     finally:
         dist.destroy_process_group()
         for p in patches:

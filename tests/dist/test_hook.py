@@ -1,6 +1,7 @@
 """The DDP hook: its gradients equal DDP's default all-reduce on a model whose gradients differ per rank (the
 asynchronous and the synchronous hook), its Future completes only when the exchange has, and the NCCL path's
 chunk layout averages exactly."""
+
 import sys
 from pathlib import Path
 
@@ -16,8 +17,18 @@ def run_check(check: str, grid: str, out: Path) -> list[int]:
     x, y = map(int, grid.split("x"))
     world = x * y
     port = str(free_port())
-    envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "MASTER_PORT": port, "GRID": grid, "CHECK_OUT": str(out),
-             "CHECK": check, "OMP_NUM_THREADS": "1"} for r in range(world)]
+    envs = [
+        {
+            "RANK": str(r),
+            "WORLD_SIZE": str(world),
+            "MASTER_PORT": port,
+            "GRID": grid,
+            "CHECK_OUT": str(out),
+            "CHECK": check,
+            "OMP_NUM_THREADS": "1",
+        }
+        for r in range(world)
+    ]
     run_local_ranks([[sys.executable, WORKER]] * world, envs, what=f"hook {check} check on {grid}")
     return [int(Path(f"{out}.{r}").read_text()) for r in range(world)]
 

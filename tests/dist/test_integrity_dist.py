@@ -2,6 +2,7 @@
 parameters and a diverged replica fail with exit 1 before anything is saved from them; a checkpoint of another
 job or grid is refused; a truncated newest checkpoint falls back to the one before, and metrics.jsonl holds no
 step twice afterwards. Each run is a few seconds on 2 cores, under a hard subprocess timeout."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,30 +13,76 @@ pytestmark = pytest.mark.timeout(120)
 
 # 2 CPU ranks (grid 2x1), resnet18 at 32x32, synthetic data, 16 images per rank per step, a checkpoint every 2
 # steps; the replica check every 2 steps unless a test says otherwise.
-TWO = ["--gpus", "2", "--grid", "2x1", "--data", "synthetic", "--model", "resnet18", "--image-size", "32",
-       "--set", "job.log_every=2", "--set", "checkpoint.every_epochs=0", "--set", "eval.every_epochs=0",
-       "--set", "schedule.stages=[{until_epoch=1,global_batch=32}]", "--set", "schedule.base_lr=0.1",
-       "--set", "schedule.lr_reference_batch=32", "--set", "schedule.warmup_epochs=0.5",
-       "--set", "checkpoint.every_steps=2", "--set", "job.check_every_steps=2"]
+TWO = [
+    "--gpus",
+    "2",
+    "--grid",
+    "2x1",
+    "--data",
+    "synthetic",
+    "--model",
+    "resnet18",
+    "--image-size",
+    "32",
+    "--set",
+    "job.log_every=2",
+    "--set",
+    "checkpoint.every_epochs=0",
+    "--set",
+    "eval.every_epochs=0",
+    "--set",
+    "schedule.stages=[{until_epoch=1,global_batch=32}]",
+    "--set",
+    "schedule.base_lr=0.1",
+    "--set",
+    "schedule.lr_reference_batch=32",
+    "--set",
+    "schedule.warmup_epochs=0.5",
+    "--set",
+    "checkpoint.every_steps=2",
+    "--set",
+    "job.check_every_steps=2",
+]
 
 
 def saved_steps(out) -> list[int]:
     return sorted(int(p.stem.split("-")[1]) for p in (out / "checkpoints").glob("step-*.json"))
 
 
-@pytest.mark.parametrize("fault, check_every, steps, message", [
-    ("nanfrom:1:3", 2, 12, "5 steps in a row had non-finite loss or gradients (steps 3-7"),
-    ("nanparam:all:3", 2, 12, "parameters are non-finite at step 4 (the check every 2 steps) on every rank"),
-    ("diverge:1:3", 2, 12, "replicas differ at step 4 (the check every 2 steps): rank(s) 1 disagree with the "
-                           "other 1 in parameters; nothing was saved"),
-    # no periodic check: the last one, before the final checkpoint, still catches it and nothing is written
-    ("diverge:1:3", 0, 4, "replicas differ at step 4 (the check before the checkpoint (end of training)): "
-                          "rank(s) 1 disagree"),
-])
+@pytest.mark.parametrize(
+    "fault, check_every, steps, message",
+    [
+        ("nanfrom:1:3", 2, 12, "5 steps in a row had non-finite loss or gradients (steps 3-7"),
+        ("nanparam:all:3", 2, 12, "parameters are non-finite at step 4 (the check every 2 steps) on every rank"),
+        (
+            "diverge:1:3",
+            2,
+            12,
+            "replicas differ at step 4 (the check every 2 steps): rank(s) 1 disagree with the "
+            "other 1 in parameters; nothing was saved",
+        ),
+        # no periodic check: the last one, before the final checkpoint, still catches it and nothing is written
+        (
+            "diverge:1:3",
+            0,
+            4,
+            "replicas differ at step 4 (the check before the checkpoint (end of training)): rank(s) 1 disagree",
+        ),
+    ],
+)
 def test_a_bad_state_fails_before_it_is_saved(tmp_path, fault, check_every, steps, message):
     out = tmp_path / "run"
-    r = run_cli(*TWO, "--set", f"job.check_every_steps={check_every}", "--steps", str(steps), "--out", str(out),
-                env={"TORUS_TRAIN_FAULT": fault}, timeout=90)
+    r = run_cli(
+        *TWO,
+        "--set",
+        f"job.check_every_steps={check_every}",
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        env={"TORUS_TRAIN_FAULT": fault},
+        timeout=90,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert message in r.stderr, r.stderr
     assert saved_steps(out) == [2]  # the checkpoint before the fault at step 3, none after it
@@ -55,8 +102,10 @@ def test_resume_refuses_another_job_and_another_grid(tmp_path):
     other = [a if a not in ("2", "2x1") else {"2": "1", "2x1": "1x1"}[a] for a in TWO]
     r = run_cli(*other, "--steps", "4", "--out", str(out), "--resume", timeout=90)
     assert r.returncode == 1
-    assert ("step-00000002.pt was written on grid 2x1 (2 ranks), this job runs on grid 1x1 (1 ranks); resume it "
-            "on its own grid (--grid 2x1)") in r.stderr
+    assert (
+        "step-00000002.pt was written on grid 2x1 (2 ranks), this job runs on grid 1x1 (1 ranks); resume it "
+        "on its own grid (--grid 2x1)"
+    ) in r.stderr
     assert saved_steps(out) == [2] and summary(out)["param_digest"] == before  # nothing was touched
 
 
@@ -89,8 +138,12 @@ def test_disk_full_during_a_checkpoint(tmp_path):
 
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=150m", "tmpfs", str(mnt)],
-                                           capture_output=True, timeout=10).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=150m", "tmpfs", str(mnt)], capture_output=True, timeout=10
+        ).returncode
+    ):
         pytest.skip("needs root and tmpfs mounts")
     try:
         out = mnt / "run"

@@ -1,5 +1,6 @@
 """The step the loop runs (train/step.py step_body over comm/buckets.py's owned buckets), run eagerly, ends with
 the same parameters, bit for bit, as the same steps under DDP with the torus hook (or DDP's own all-reduce)."""
+
 import sys
 from pathlib import Path
 
@@ -14,8 +15,18 @@ WORKER = str(Path(__file__).with_name("step_worker.py"))
 def run(grid: str, algos: str, out: Path) -> list[int]:
     x, y = map(int, grid.split("x"))
     world, port = x * y, str(free_port())
-    envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "MASTER_PORT": port, "GRID": grid, "ALGOS": algos,
-             "CHECK_OUT": str(out), "OMP_NUM_THREADS": "1"} for r in range(world)]
+    envs = [
+        {
+            "RANK": str(r),
+            "WORLD_SIZE": str(world),
+            "MASTER_PORT": port,
+            "GRID": grid,
+            "ALGOS": algos,
+            "CHECK_OUT": str(out),
+            "OMP_NUM_THREADS": "1",
+        }
+        for r in range(world)
+    ]
     run_local_ranks([[sys.executable, WORKER]] * world, envs, what=f"owned step check on {grid}")
     return [int(Path(f"{out}.{r}").read_text()) for r in range(world)]
 

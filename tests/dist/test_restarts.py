@@ -1,5 +1,6 @@
 """`torus-train run --max-restarts N`: a rank killed mid-run, the job restarted from its latest checkpoint and
 finished with the same parameters as an undisturbed run; what is not restarted. Real ranks, hard time guards."""
+
 from __future__ import annotations
 
 import os
@@ -41,7 +42,10 @@ def test_a_killed_rank_is_restarted_and_the_job_ends_as_if_undisturbed(tmp_path)
     print(f"rank killed at step >= {b['step']}: job finished {took:.1f} s later")
     assert p.returncode == 0, stdout + stderr
     line = next(ln for ln in stderr.splitlines() if "restart 1 of 2" in ln)
-    assert line.startswith("rank 1 was killed by SIGKILL (last heartbeat at step ") and "from the checkpoint at step " in line
+    assert (
+        line.startswith("rank 1 was killed by SIGKILL (last heartbeat at step ")
+        and "from the checkpoint at step " in line
+    )
     step = int(line.split("from the checkpoint at step ")[1])
     assert step >= 2 and f"resumed at epoch 0, step {step}" in stdout
     s, ref = summary(restarted), summary(straight)
@@ -55,21 +59,26 @@ def test_a_rank_that_keeps_failing_exhausts_the_restarts(tmp_path):
     the launcher gives up and says so."""
     out = tmp_path / "run"
     t = time.time()
-    r = run_cli(*COMMON, "--out", str(out), "--max-restarts", "1", env={"TORUS_TRAIN_FAULT": "step:1:3"},
-                timeout=200)
+    r = run_cli(*COMMON, "--out", str(out), "--max-restarts", "1", env={"TORUS_TRAIN_FAULT": "step:1:3"}, timeout=200)
     print(f"rank killed in every attempt: gave up after {time.time() - t:.1f} s")
     assert r.returncode == 1
     # the step comes from rank 1's heartbeat, written at most once a second: step 3 or one up to a second before
-    m = re.search(r"rank 1 was killed by SIGKILL \(last heartbeat at step (\d)\); restart 1 of 1 from the "
-                  r"checkpoint at step 2", r.stderr)
+    m = re.search(
+        r"rank 1 was killed by SIGKILL \(last heartbeat at step (\d)\); restart 1 of 1 from the "
+        r"checkpoint at step 2",
+        r.stderr,
+    )
     assert m and 1 <= int(m.group(1)) <= 3, r.stderr
     assert "gave up after 1 restart(s)" in r.stderr.splitlines()[-1]
     assert not leftover_workers(out)
 
 
-@pytest.mark.parametrize("fault, why", [
-    ("start:1", "not restarted: this failure would repeat"),  # the rank's own verdict, before any step
-])
+@pytest.mark.parametrize(
+    "fault, why",
+    [
+        ("start:1", "not restarted: this failure would repeat"),  # the rank's own verdict, before any step
+    ],
+)
 def test_what_is_not_restarted(tmp_path, fault, why):
     out = tmp_path / "run"
     r = run_cli(*COMMON, "--out", str(out), "--max-restarts", "2", env={"TORUS_TRAIN_FAULT": fault}, timeout=120)
@@ -93,13 +102,29 @@ def test_elastic_drops_a_node_that_keeps_failing_and_keeps_the_global_batch(tmp_
 
     out = tmp_path / "run"
     t = time.time()
-    r = run_cli(*TINY, "--gpus-per-node", "2", "--steps", "6", "--set", "checkpoint.every_steps=2", "--out", str(out),
-                "--max-restarts", "2", "--elastic", env={"TORUS_TRAIN_FAULT": "step:3:3"}, timeout=280)
+    r = run_cli(
+        *TINY,
+        "--gpus-per-node",
+        "2",
+        "--steps",
+        "6",
+        "--set",
+        "checkpoint.every_steps=2",
+        "--out",
+        str(out),
+        "--max-restarts",
+        "2",
+        "--elastic",
+        env={"TORUS_TRAIN_FAULT": "step:3:3"},
+        timeout=280,
+    )
     print(f"elastic: node lost for good, job finished on the remaining node after {time.time() - t:.1f} s")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "restart 1 of 2 from the checkpoint at step 2" in r.stderr
-    assert ("node 1 (ranks 2-3) failed in two attempts in a row: continuing without it on 2 ranks, grid 2x1; the "
-            "global batch stays 64 (2 ranks x 16 x 2 accumulated) and so does the learning-rate schedule") in r.stderr
+    assert (
+        "node 1 (ranks 2-3) failed in two attempts in a row: continuing without it on 2 ranks, grid 2x1; the "
+        "global batch stays 64 (2 ranks x 16 x 2 accumulated) and so does the learning-rate schedule"
+    ) in r.stderr
     s = summary(out)
     assert (s["world_size"], s["grid"], s["steps"], s["param_digests_agree"]) == (2, "2x1", 6, True)
     steps = [m for m in metrics(out) if "loss" in m and "step" in m]
@@ -123,8 +148,21 @@ def test_restart_under_mpirun(tmp_path):
         pytest.skip("no mpirun or mpi4py here")
     out, hosts = tmp_path / "run", tmp_path / "hosts"
     hosts.write_text("localhost slots=2\n")
-    argv = [sys.executable, "-m", "torus_train", "run", *COMMON, "--launcher", "mpirun", "--hostfile", str(hosts),
-            "--out", str(out), "--max-restarts", "1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "torus_train",
+        "run",
+        *COMMON,
+        "--launcher",
+        "mpirun",
+        "--hostfile",
+        str(hosts),
+        "--out",
+        str(out),
+        "--max-restarts",
+        "1",
+    ]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
@@ -138,8 +176,11 @@ def test_restart_under_mpirun(tmp_path):
             p.kill()
     assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
     # mpirun names the rank and its host in its own last lines
-    assert re.search(r"rank 1 on \S+ was killed by SIGKILL \(last heartbeat at step \d+\); restart 1 of 1 from the "
-                     r"checkpoint at step \d+", stderr), stderr[-3000:]
+    assert re.search(
+        r"rank 1 on \S+ was killed by SIGKILL \(last heartbeat at step \d+\); restart 1 of 1 from the "
+        r"checkpoint at step \d+",
+        stderr,
+    ), stderr[-3000:]
     assert stdout.count("$ mpirun ") == 2
     s = summary(out)
     assert (s["steps"], s["param_digests_agree"]) == (10, True)

@@ -1,5 +1,6 @@
 """`torus-train run` compared with itself: the torus hook against the flat ring, and mpirun against the local
 launcher. One local torus run is the reference for all of them."""
+
 from __future__ import annotations
 
 import sys
@@ -40,8 +41,9 @@ def test_launcher_mpirun_with_a_localhost_hostfile(local_torus, tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=4\n")
     out = tmp_path / "mpi"
-    r = run_cli(*REF, "--set", "comm.algo=torus", "--launcher", "mpirun", "--hostfile", str(hostfile),
-                "--out", str(out))
+    r = run_cli(
+        *REF, "--set", "comm.algo=torus", "--launcher", "mpirun", "--hostfile", str(hostfile), "--out", str(out)
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"--hostfile {hostfile}" in r.stdout and "-np 4" in r.stdout  # the command it ran, shown
     s = summary(out)
@@ -54,8 +56,21 @@ def test_launcher_mpirun_with_a_localhost_hostfile(local_torus, tmp_path):
 def test_plain_mpirun_of_the_run_command(local_torus, tmp_path):
     """`mpirun -n 4 torus-train run ...`: each process becomes one rank (rank info from OMPI_COMM_WORLD_*)."""
     out = tmp_path / "mpi"
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1",
-           "-np", "4", sys.executable, "-m", "torus_train", "run"]
+    cmd = [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "-x",
+        "OMP_NUM_THREADS=1",
+        "-np",
+        "4",
+        sys.executable,
+        "-m",
+        "torus_train",
+        "run",
+    ]
     r = run_cli(*REF, "--set", "comm.algo=torus", "--out", str(out), cmd=cmd)
     assert r.returncode == 0, r.stdout + r.stderr
     s = summary(out)

@@ -1,4 +1,5 @@
 """`torus-train run` with the local launcher: 4 CPU ranks on gloo, outputs, resume, and failing ranks."""
+
 from __future__ import annotations
 
 import time
@@ -13,10 +14,23 @@ pytestmark = pytest.mark.timeout(300)
 
 def test_stages_eval_and_outputs(tmp_path):
     out = tmp_path / "run"
-    r = run_cli(*TINY, "--epochs", "2", "--out", str(out), "--set", "comm.algo=ddp", "--set", "eval.every_epochs=1",
-                "--set", "eval.target_top1=0.01",
-                "--set", "data.synthetic_samples=128",
-                "--set", "schedule.stages=[{until_epoch=1,global_batch=32},{until_epoch=2,global_batch=64}]")
+    r = run_cli(
+        *TINY,
+        "--epochs",
+        "2",
+        "--out",
+        str(out),
+        "--set",
+        "comm.algo=ddp",
+        "--set",
+        "eval.every_epochs=1",
+        "--set",
+        "eval.target_top1=0.01",
+        "--set",
+        "data.synthetic_samples=128",
+        "--set",
+        "schedule.stages=[{until_epoch=1,global_batch=32},{until_epoch=2,global_batch=64}]",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     s = summary(out)
     assert (s["world_size"], s["grid"], s["steps"], s["epochs_done"]) == (4, "2x2", 6, 2)  # 4 + 2 steps
@@ -77,7 +91,11 @@ def test_resume_continues_like_a_straight_run(tmp_path):
     assert r.returncode == 1
     assert "step-00000003.pt was written on grid 2x2 (4 ranks), this job runs on grid 2x1 (2 ranks)" in r.stderr
     assert sorted(p.name for p in (other / "checkpoints").iterdir()) == [
-        "step-00000002.json", "step-00000002.pt", "step-00000003.json", "step-00000003.pt"]
+        "step-00000002.json",
+        "step-00000002.pt",
+        "step-00000003.json",
+        "step-00000003.pt",
+    ]
 
 
 def test_rank_failing_at_start_is_named(tmp_path):
@@ -90,15 +108,27 @@ def test_rank_failing_at_start_is_named(tmp_path):
     assert not leftover_workers(out)
 
 
-@pytest.mark.parametrize("fault, message", [
-    ("step:2:2", "rank 2 was killed by SIGKILL"),
-    ("exit0:2:2", "rank 2 exited with code 0 before finishing"),
-])
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ("step:2:2", "rank 2 was killed by SIGKILL"),
+        ("exit0:2:2", "rank 2 exited with code 0 before finishing"),
+    ],
+)
 def test_rank_ending_mid_run_is_named(tmp_path, fault, message):
     out = tmp_path / "run"
     t = time.time()
-    r = run_cli(*TINY, "--steps", "20", "--out", str(out), "--set", "comm.algo=ddp",
-                env={"TORUS_TRAIN_FAULT": fault}, timeout=120)
+    r = run_cli(
+        *TINY,
+        "--steps",
+        "20",
+        "--out",
+        str(out),
+        "--set",
+        "comm.algo=ddp",
+        env={"TORUS_TRAIN_FAULT": fault},
+        timeout=120,
+    )
     assert r.returncode == 1
     assert message in r.stderr, r.stderr
     assert time.time() - t < 60
@@ -109,8 +139,17 @@ def test_hung_rank_is_named_after_the_timeout(tmp_path):
     """Rank 1 frozen with SIGSTOP mid-run, 5 s collective timeout: the others time out, rank 1 is named."""
     out = tmp_path / "run"
     t = time.time()
-    r = run_cli(*TINY, "--steps", "30", "--out", str(out), "--set", "comm.timeout_s=5",
-                env={"TORUS_TRAIN_FAULT": "stop:1:2"}, timeout=150)
+    r = run_cli(
+        *TINY,
+        "--steps",
+        "30",
+        "--out",
+        str(out),
+        "--set",
+        "comm.timeout_s=5",
+        env={"TORUS_TRAIN_FAULT": "stop:1:2"},
+        timeout=150,
+    )
     took = time.time() - t
     assert r.returncode == 1, r.stderr
     assert "rank 1 stopped responding (process stopped)" in r.stderr, r.stderr

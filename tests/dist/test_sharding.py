@@ -1,5 +1,6 @@
 """Sharding across 4 real rank processes: over one epoch every training image is read exactly once across
 the ranks, apart from the documented wrap-around padding; every rank takes the same number of steps."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from datahelp import make_index_set  # noqa: E402
+from datahelp import make_index_set
 
-from torus_train.data.checks import scan  # noqa: E402
+from torus_train.data.checks import scan
 
 WORKER = str(Path(__file__).with_name("sharding_worker.py"))
 WORLD = 4
@@ -29,9 +30,15 @@ def index_set(tmp_path_factory):
 @pytest.mark.parametrize("kind", ["dali", "torchvision"])
 def test_every_image_once_across_4_ranks(kind, index_set, tmp_path):
     outs = [tmp_path / f"rank{r}.json" for r in range(WORLD)]
-    procs = [subprocess.Popen([sys.executable, WORKER, kind, str(index_set), str(r), str(WORLD), "4", "1",
-                               str(outs[r])], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(WORLD)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, kind, str(index_set), str(r), str(WORLD), "4", "1", str(outs[r])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(WORLD)
+    ]
     try:
         for p in procs:
             out, _ = p.communicate(timeout=200)
@@ -46,8 +53,8 @@ def test_every_image_once_across_4_ranks(kind, index_set, tmp_path):
     seen = Counter(i for r in ranks for i in r["seen"])
     pad = sum(r["pad"] for r in ranks)
     assert pad == 96 - 90
-    assert set(seen) == set(range(90))                       # nothing missed
-    assert sum(seen.values()) == 90 + pad                     # only the padding repeats
+    assert set(seen) == set(range(90))  # nothing missed
+    assert sum(seen.values()) == 90 + pad  # only the padding repeats
     assert sum(c - 1 for c in seen.values()) == pad
     # the padding sits at the end of the last rank's shard and repeats the start of the epoch's order
     last = ranks[-1]["seen"]

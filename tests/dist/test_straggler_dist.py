@@ -2,6 +2,7 @@
 injected with TORUS_TRAIN_FAULT=slow:1:SECONDS is named by rank and host in summary.json and in the summary
 text; a corrupt JPEG in the data folder is skipped (green, counted) or fails the run naming the file, as
 data.on_corrupt says. Each run under a hard wall-clock guard; the seconds are printed for docs/faults.md."""
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,26 @@ import pytest
 from .runhelp import leftover_workers, run_cli
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from datahelp import make_index_set, wreck_jpeg  # noqa: E402
+from datahelp import make_index_set, wreck_jpeg
 
 pytestmark = pytest.mark.timeout(120)
 
-COMMON = ["--launcher", "local", "--gpus", "2", "--grid", "2x1", "--model", "resnet18",
-          "--set", "job.log_every=2", "--set", "checkpoint.every_epochs=0", "--set", "data.num_threads=1"]
+COMMON = [
+    "--launcher",
+    "local",
+    "--gpus",
+    "2",
+    "--grid",
+    "2x1",
+    "--model",
+    "resnet18",
+    "--set",
+    "job.log_every=2",
+    "--set",
+    "checkpoint.every_epochs=0",
+    "--set",
+    "data.num_threads=1",
+]
 
 
 def timed(*args: str, env: dict | None = None):
@@ -31,10 +46,25 @@ def timed(*args: str, env: dict | None = None):
 
 def test_straggler_named_by_rank_and_host(tmp_path):
     out = tmp_path / "run"
-    r, seconds = timed("--data", "synthetic", "--image-size", "32", "--steps", "6", "--out", str(out),
-                       "--set", "checkpoint.at_end=false", "--set", "eval.every_epochs=0",
-                       "--set", "schedule.stages=[{until_epoch=1,global_batch=16}]",
-                       "--set", "data.synthetic_samples=256", env={"TORUS_TRAIN_FAULT": "slow:1:0.6"})
+    r, seconds = timed(
+        "--data",
+        "synthetic",
+        "--image-size",
+        "32",
+        "--steps",
+        "6",
+        "--out",
+        str(out),
+        "--set",
+        "checkpoint.at_end=false",
+        "--set",
+        "eval.every_epochs=0",
+        "--set",
+        "schedule.stages=[{until_epoch=1,global_batch=16}]",
+        "--set",
+        "data.synthetic_samples=256",
+        env={"TORUS_TRAIN_FAULT": "slow:1:0.6"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads((out / "summary.json").read_text())
     st, ranks = s["stragglers"], s["ranks"]
@@ -47,8 +77,10 @@ def test_straggler_named_by_rank_and_host(tmp_path):
     assert slowest["vs_median"] >= 1.3 and st["median_work_p50"] == ranks[0]["work_p50"]
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("straggler:"))
     assert line.startswith(f"straggler: rank 1 on {socket.gethostname()}, own work p50 ")
-    print(f"\nstraggler: {seconds:.1f} s, rank 1 compute p50 {ranks[1]['compute_p50']:.3f} s against "
-          f"{ranks[0]['compute_p50']:.3f} s; {line}")
+    print(
+        f"\nstraggler: {seconds:.1f} s, rank 1 compute p50 {ranks[1]['compute_p50']:.3f} s against "
+        f"{ranks[0]['compute_p50']:.3f} s; {line}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +92,26 @@ def corrupt_set(tmp_path_factory):
 
 
 def corrupt_run(root, out, policy: str, loader: str):
-    return timed("--data", str(root), "--image-size", "24", "--out", str(out), "--set", "model.num_classes=3",
-                 "--set", "eval.every_epochs=1", "--set", "schedule.epochs=2",
-                 "--set", "schedule.stages=[{until_epoch=2,global_batch=16}]",
-                 "--set", f"data.loader={loader}", "--set", f"data.on_corrupt={policy}")
+    return timed(
+        "--data",
+        str(root),
+        "--image-size",
+        "24",
+        "--out",
+        str(out),
+        "--set",
+        "model.num_classes=3",
+        "--set",
+        "eval.every_epochs=1",
+        "--set",
+        "schedule.epochs=2",
+        "--set",
+        "schedule.stages=[{until_epoch=2,global_batch=16}]",
+        "--set",
+        f"data.loader={loader}",
+        "--set",
+        f"data.on_corrupt={policy}",
+    )
 
 
 @pytest.mark.parametrize("loader", ["dali", "torchvision"])

@@ -2,6 +2,7 @@
 
 Each test starts real ranks (gloo on CPU) through `python -m torus_train run` with a hard wall-clock guard, and
 prints the seconds it measured (docs/faults.md quotes them)."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,19 @@ def test_watchdog_names_the_rank_that_stopped_first_and_dumps_every_stack(tmp_pa
     watchdog (5 s) fires first: every rank's stack in its log, rank 1 named, the job ended."""
     out = tmp_path / "run"
     t = time.time()
-    r = run_cli(*TINY, "--steps", "30", "--out", str(out), "--set", "comm.timeout_s=120",
-                "--set", "launch.watchdog_s=5", env={"TORUS_TRAIN_FAULT": "hang:1:3"}, timeout=150)
+    r = run_cli(
+        *TINY,
+        "--steps",
+        "30",
+        "--out",
+        str(out),
+        "--set",
+        "comm.timeout_s=120",
+        "--set",
+        "launch.watchdog_s=5",
+        env={"TORUS_TRAIN_FAULT": "hang:1:3"},
+        timeout=150,
+    )
     took = time.time() - t
     hung_at = max(beat(out, r)["time"] for r in range(4))  # the others finished step 3 as rank 1 hung
     print(f"hung rank -> watchdog: job ended {t + took - hung_at:.1f} s after the hang ({took:.1f} s in all)")
@@ -100,9 +112,25 @@ def test_watchdog_under_mpirun_gets_the_stacks_through_the_launcher(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost slots=2\n")
     t = time.time()
-    r = run_cli(*TWO, "--launcher", "mpirun", "--hostfile", str(hosts), "--steps", "30", "--out", str(out),
-                "--set", "comm.timeout_s=120", "--set", "launch.watchdog_s=5", "--set", 'launch.env=["TORUS_TRAIN_FAULT"]',
-                env={"TORUS_TRAIN_FAULT": "hang:1:3"}, timeout=170)
+    r = run_cli(
+        *TWO,
+        "--launcher",
+        "mpirun",
+        "--hostfile",
+        str(hosts),
+        "--steps",
+        "30",
+        "--out",
+        str(out),
+        "--set",
+        "comm.timeout_s=120",
+        "--set",
+        "launch.watchdog_s=5",
+        "--set",
+        'launch.env=["TORUS_TRAIN_FAULT"]',
+        env={"TORUS_TRAIN_FAULT": "hang:1:3"},
+        timeout=170,
+    )
     print(f"hung rank under mpirun -> watchdog: job ended after {time.time() - t:.1f} s (launch included)")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "stopped first: rank 1 (last step 2); the others reached step 3" in r.stderr, r.stderr
@@ -115,8 +143,17 @@ def test_the_rank_still_alive_with_the_lowest_step_is_named_when_the_others_time
     """Rank 2 of 4 blocks in Python (not stopped) after step 3's exchange; comm.timeout_s 5 ends the others
     first. Ranks 1, 2 and 3 may all still be alive then; the heartbeats single out rank 2 (last step 2)."""
     out = tmp_path / "run"
-    r = run_cli(*TINY, "--steps", "30", "--out", str(out), "--set", "comm.timeout_s=5",
-                env={"TORUS_TRAIN_FAULT": "hang:2:3"}, timeout=150)
+    r = run_cli(
+        *TINY,
+        "--steps",
+        "30",
+        "--out",
+        str(out),
+        "--set",
+        "comm.timeout_s=5",
+        env={"TORUS_TRAIN_FAULT": "hang:2:3"},
+        timeout=150,
+    )
     assert r.returncode == 1, r.stderr
     assert "rank 2 stopped responding (process sleeping)" in r.stderr, r.stderr
     assert not leftover_workers(out)
@@ -130,8 +167,21 @@ def test_mpirun_and_its_ranks_die_with_a_sigkilled_launcher(tmp_path):
         pytest.skip("no mpirun or mpi4py here")
     out, hosts = tmp_path / "run", tmp_path / "hosts"
     hosts.write_text("localhost slots=2\n")
-    argv = [sys.executable, "-m", "torus_train", "run", *TWO, "--launcher", "mpirun", "--hostfile", str(hosts),
-            "--steps", "500", "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torus_train",
+        "run",
+        *TWO,
+        "--launcher",
+        "mpirun",
+        "--hostfile",
+        str(hosts),
+        "--steps",
+        "500",
+        "--out",
+        str(out),
+    ]
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120

@@ -13,6 +13,7 @@ REGISTER=path.py runs that file first (it registers more algorithms: docs/extend
 Exits non-zero naming the rank, transport, algorithm, dtype and size on the first failure; writes the number of
 checks per transport to $CHECK_OUT.<rank> as JSON.
 """
+
 import json
 import os
 import runpy
@@ -67,11 +68,14 @@ def build(name: str, grid):
 def _build(name: str, grid):
     if name == "mpi":
         from torus_train.comm.mpi.transport import MpiGrid
+
         return MpiGrid(grid, native=False)  # the Python replay
     if name == "mpi-native":
         from torus_train.comm.mpi.transport import MpiGrid
+
         return MpiGrid(grid, native=True)
     from torus_train.comm.groups import build_grid_groups
+
     comm = build_grid_groups(grid, use_shm=name == "shm", timeout=60)
     if name == "shm" and grid.x > 1 and comm.rows.kind != "shm":
         raise SystemExit(f"rank {comm.rank}: shm asked for but the row exchange is {comm.rows.kind}")
@@ -150,8 +154,13 @@ def main() -> None:
     torch.set_num_threads(1)
     if os.environ.get("REGISTER"):
         runpy.run_path(os.environ["REGISTER"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
     names = runnable()
     counts, replays = {}, {}
     for tname in os.environ["TRANSPORTS"].split(","):

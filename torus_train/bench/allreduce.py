@@ -188,10 +188,12 @@ def bench_ranks(
     launched_world: the world of ranks a launcher started by hand (mpirun/srun), whose placement is theirs.
     gpus_why: why CUDA shows fewer GPUs than asked (job/gpus.py), for the refusals' line."""
     launched = launched_world is not None
-    if launched:
+    if launched_world is not None:
         world = launched_world
-    elif nprocs or grid:
-        world = nprocs or grid.size
+    elif nprocs:
+        world = nprocs
+    elif grid:
+        world = grid.size
     elif backend in (None, "nccl") and (gpus >= 2 or (backend == "nccl" and gpus)):
         world = gpus
     else:

@@ -128,7 +128,7 @@ def loop_run(
         setattr(loop, "train_step", real)  # noqa: B010
         if rs.loader is not None:
             rs.loader.close()
-        rs.ddp.close()  # type: ignore[operator]  # RunState.ddp is a BucketedModel (typed as its module)
+        rs.ddp.close()
     done = rs.pos.global_step - warm
     img_s = done * rs.loader_batch / (time.perf_counter() - mark["t"]) if "t" in mark and done > 0 else None
     g = rs.graphs

@@ -23,16 +23,19 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
 def accumulate(out: np.ndarray, others: list[np.ndarray], dtype: torch.dtype) -> None:
     """out += sum(others), in the order given; half types accumulate in float32 and round once."""
     if dtype == torch.bfloat16:
-        as_bf16 = lambda a: torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+
+        def as_bf16(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+
         acc = as_bf16(out).float()
         for t in others:
             acc += as_bf16(t)
         as_bf16(out).copy_(acc)
     elif dtype == torch.float16:
-        acc = out.astype(np.float32)
+        acc32 = out.astype(np.float32)
         for t in others:
-            acc += t
-        out[:] = acc
+            acc32 += t
+        out[:] = acc32
     else:
         for t in others:
             np.add(out, t, out=out)

@@ -53,7 +53,9 @@ class Bucket:
 def plan_buckets(params: list, bucket_bytes: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[list]:
     """The parameters in reverse order, cut into buckets of at most ``bucket_bytes`` (the first at most
     ``first_bytes``, and never more than the others) or where the dtype changes; a parameter larger than the cap is a bucket of its own."""
-    buckets, cur, size = [], [], 0
+    buckets: list[list] = []
+    cur: list = []
+    size = 0
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
         cap = min(first_bytes, bucket_bytes) if not buckets else bucket_bytes
@@ -109,7 +111,7 @@ class BucketedModel:
         """Every gradient to zero (one fill per bucket) and the bucket counts reset for the next backward."""
         for b in self.buckets:
             b.flat.zero_()
-            for p, view in zip(b.params, b.views):
+            for p, view in zip(b.params, b.views, strict=True):
                 if p.grad is not view:
                     p.grad = view  # set to None elsewhere (module.zero_grad()): views again
         self._reset()
@@ -208,5 +210,5 @@ def broadcast_from_rank0(tensors: list) -> None:
     flat = torch.cat(raw)
     dist.broadcast(flat, 0)
     with torch.no_grad():
-        for t, piece in zip(tensors, flat.split([r.numel() for r in raw])):
+        for t, piece in zip(tensors, flat.split([r.numel() for r in raw]), strict=True):
             t.copy_(piece.clone().view(t.dtype).view(t.shape))  # clone: aligned for a wider dtype

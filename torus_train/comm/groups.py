@@ -48,9 +48,9 @@ class GridGroups:
     """Column index (which vertical ring); column 0 holds the row leaders."""
     backend: str
     """The torch.distributed backend ('gloo', 'nccl', ...)."""
-    row_group: object = None
+    row_group: dist.ProcessGroup | None = None
     """Process group of this rank's row (X ranks)."""
-    col_group: object = None
+    col_group: dist.ProcessGroup | None = None
     """Process group of this rank's column (Y ranks)."""
     rows: RowExchange | None = None
     """How this rank's row exchanges (torus_train.comm.transport.RowExchange): its process group (GroupRow), or
@@ -85,16 +85,21 @@ class GridGroups:
             dist.all_reduce(t, group=self.col_group)
 
     def row_reduce_scatter(self, piece, bounds) -> None:
-        self.rows.reduce_scatter(piece, bounds)
+        self._rows().reduce_scatter(piece, bounds)
 
     def row_all_gather(self, piece, bounds) -> None:
-        self.rows.all_gather(piece, bounds)
+        self._rows().all_gather(piece, bounds)
 
     def row_reduce_to_leader(self, piece) -> None:
-        self.rows.reduce_to_leader(piece)
+        self._rows().reduce_to_leader(piece)
 
     def row_broadcast_from_leader(self, piece) -> None:
-        self.rows.broadcast_from_leader(piece)
+        self._rows().broadcast_from_leader(piece)
+
+    def _rows(self) -> RowExchange:
+        if self.rows is None:
+            raise RuntimeError("the grid's groups are not built yet (build_grid_groups)")
+        return self.rows
 
     def close(self) -> None:
         if self.rows is not None:
@@ -171,10 +176,11 @@ def can_split() -> bool:
         return False
     pg = dist.distributed_c10d._get_default_group()
     device = getattr(pg, "bound_device_id", None)
-    if device is None or not torch.accelerator.is_available():
+    accelerator = torch.accelerator.current_accelerator()
+    if device is None or accelerator is None or not torch.accelerator.is_available():
         return False
     try:
-        return bool(pg._get_backend(torch.accelerator.current_accelerator()).supports_splitting)
+        return bool(pg._get_backend(accelerator).supports_splitting)
     except RuntimeError:
         return False
 

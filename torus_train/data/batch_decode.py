@@ -140,15 +140,15 @@ def crop_box(height: int, width: int, generator: torch.Generator) -> tuple[int, 
         u = torch.rand(4, generator=generator).tolist()
         target = area * (TRAIN_AREA[0] + u[0] * (TRAIN_AREA[1] - TRAIN_AREA[0]))
         ratio = math.exp(log_ratio[0] + u[1] * (log_ratio[1] - log_ratio[0]))
-        w = int(round(math.sqrt(target * ratio)))
-        h = int(round(math.sqrt(target / ratio)))
+        w = round(math.sqrt(target * ratio))
+        h = round(math.sqrt(target / ratio))
         if 0 < w <= width and 0 < h <= height:
             return int(u[2] * (height - h + 1)), int(u[3] * (width - w + 1)), h, w
     ratio = width / height  # fallback: the centre crop of the ratio range's nearest bound
     if ratio < TRAIN_RATIO[0]:
-        w, h = width, int(round(width / TRAIN_RATIO[0]))
+        w, h = width, round(width / TRAIN_RATIO[0])
     elif ratio > TRAIN_RATIO[1]:
-        h, w = height, int(round(height * TRAIN_RATIO[1]))
+        h, w = height, round(height * TRAIN_RATIO[1])
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
@@ -162,7 +162,7 @@ def val_box(height: int, width: int, size: int) -> tuple[tuple[int, int], tuple[
         rh, rw = short, int(short * width / height)
     else:
         rh, rw = int(short * height / width), short
-    return (rh, rw), (int(round((rh - size) / 2.0)), int(round((rw - size) / 2.0)))
+    return (rh, rw), (round((rh - size) / 2.0), round((rw - size) / 2.0))
 
 
 def augment(

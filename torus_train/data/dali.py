@@ -32,6 +32,7 @@ marked, so the step is redone with a whole batch. The shard, the batch size and 
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,7 +84,7 @@ def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
     size = cfg.image_size
     # DALI has no bfloat16: bf16 models get float16 (its 10-bit mantissa holds every bf16 value of a normalized
     # pixel) and the loader casts on the device, a half-size copy instead of a full float32 one.
-    out_type = types.FLOAT if cfg.dtype == "float32" else types.FLOAT16
+    out_type = types.DALIDataType.FLOAT if cfg.dtype == "float32" else types.DALIDataType.FLOAT16
 
     @pipeline_def
     def pipe():
@@ -166,7 +167,8 @@ def _dali_refuses(data: np.ndarray, device_id: int | None) -> bool:
     one-sample pipeline (built in about 15 ms; a failure leaves a pipeline unusable, so one per sample)."""
     from nvidia.dali import fn, pipeline_def, types
 
-    @pipeline_def(batch_size=1, num_threads=1, device_id=device_id, exec_pipelined=False, exec_async=False)
+    # DALI documents device_id=None for a CPU-only pipeline; its annotation says int
+    @pipeline_def(batch_size=1, num_threads=1, device_id=device_id, exec_pipelined=False, exec_async=False)  # type: ignore[arg-type]
     def probe():
         x = fn.external_source(name="x", dtype=types.UINT8)
         return fn.decoders.image(x, device="cpu" if device_id is None else "mixed", output_type=types.RGB)
@@ -238,11 +240,12 @@ class Feed:
         """The bytes and label of sample ``i``, or of its replacement under skip."""
         data, problem = self._read(i)
         if problem is None:
+            assert data is not None  # a read without a problem has the bytes
             return data, int(self.split.labels[i])
         name = self.split.files[i]
         if not self.skip:
             raise DataError(f"{name}: {problem}")
-        got = {}
+        got: dict[int, Any] = {}
 
         def readable(j: int) -> bool:
             got[j], why = self._read(j)
@@ -293,7 +296,7 @@ class DaliLoader(ShardedLoader):
         )
         self._feed = Feed(split, cfg, self.corrupt)
         self._pipe = None
-        self._ahead = None
+        self._ahead: ReadAhead | None = None
         self._next_epoch = None  # the epoch whose first batch the pipeline delivers next; None: rebuild
 
     def _pipeline(self, first_step: int = 0):
@@ -301,8 +304,8 @@ class DaliLoader(ShardedLoader):
             self.close()
             seed = (self.cfg.seed * 7919 + self.cfg.rank * 104729 + self.epoch) % (2**31)
             # in flight: prefetch batches, and at least one per reader thread so that all of them read
-            self._ahead = ReadAhead(self.cfg.io_workers, max(self.cfg.prefetch, self.cfg.io_workers))
-            stream = shard_stream(self._feed, self.cfg, self.epoch, first_step, self._ahead)
+            ahead = self._ahead = ReadAhead(self.cfg.io_workers, max(self.cfg.prefetch, self.cfg.io_workers))
+            stream = shard_stream(self._feed, self.cfg, self.epoch, first_step, ahead)
             self._pipe = build_pipeline(stream, self.cfg, self._device_id, seed)
         self._next_epoch = None
         return self._pipe

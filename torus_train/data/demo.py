@@ -130,7 +130,7 @@ def render(seed: int, split: str, index: int, size: int = 64) -> tuple[Image.Ima
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / (size - 1)
     t = np.clip(((xx - 0.5) * math.cos(ang) + (yy - 0.5) * math.sin(ang)) + 0.5, 0, 1)[..., None]
     bg = (bg0 * (1 - t) + bg1 * t).astype(np.uint8)
-    img = Image.fromarray(bg).resize((S, S), Image.BILINEAR)
+    img = Image.fromarray(bg).resize((S, S), Image.BILINEAR)  # type: ignore[attr-defined]  # Pillow sets its constants at run time; its stubs have Image.Resampling (9.1+)
     d = ImageDraw.Draw(img)
     # Clutter: thin lines and dots of random colours, none of them a class shape.
     for _ in range(int(rng.integers(0, 3))):
@@ -152,7 +152,7 @@ def render(seed: int, split: str, index: int, size: int = 64) -> tuple[Image.Ima
     fill = _hsv_rgb(rng.random(), rng.uniform(0.2, 1.0), v)
     hole = tuple(int(c) for c in bg[min(size - 1, int(cy / _SS)), min(size - 1, int(cx / _SS))])
     _draw_shape(d, cls, cx, cy, r, rot, fill, hole)
-    img = img.resize((size, size), Image.LANCZOS)
+    img = img.resize((size, size), Image.LANCZOS)  # type: ignore[attr-defined]  # Pillow sets its constants at run time; its stubs have Image.Resampling (9.1+)
     if rng.random() < 0.1:
         img = img.filter(ImageFilter.GaussianBlur(rng.uniform(0.3, 0.6)))
     arr = np.asarray(img).astype(np.float32)

@@ -31,7 +31,8 @@ def open_loader(request: LoaderRequest):
     """The loader of ``request.root``'s split: its index opened (the launcher built and checked it; tools
     build it here when ``request.build_index``), every JPEG checked first when ``request.verify``."""
     root = request.root
-    index = request.index
+    assert root is not None  # a path source's request names its folder (data.make_loader refuses one without)
+    index: str | Path | None = request.index
     if not index and request.build_index:
         index = ensure_index(root, log=lambda m: print(m, file=sys.stderr))
     files = load_index(index or default_location(root), root).split(request.cfg.split)

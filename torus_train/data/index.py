@@ -97,7 +97,7 @@ class Split:
     """Class-folder names in sorted order; label i is classes[i]."""
     files: Sequence[str]
     """Absolute image paths."""
-    labels: Sequence[int]
+    labels: Sequence[int] | np.ndarray
     """Label of each file."""
 
     def __len__(self) -> int:

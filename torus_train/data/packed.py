@@ -40,6 +40,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -139,18 +140,19 @@ class _ShardWriter:
         self.folder, self.split, self.limit = folder, split, limit
         self.shards: list[dict] = []
         self.starts: list[int] = [0]
-        self.f = None
+        self.f: BinaryIO | None = None
         self.pos = 0
         self.count = 0
 
     def _open(self) -> None:
         name = f"{self.split}-{len(self.shards):06d}.tar"
-        self.f = open(self.folder / name, "wb")
+        self.f = open(self.folder / name, "wb")  # noqa: SIM115 - held across add() calls; _close() closes it
         self.hash = hashlib.sha256()
         self.pos = 0
         self.shards.append({"name": name, "bytes": 0, "samples": 0, "sha256": ""})
 
     def _write(self, b: bytes) -> None:
+        assert self.f is not None  # add() opens a shard before it writes
         self.f.write(b)
         self.hash.update(b)
         self.pos += len(b)
@@ -555,7 +557,7 @@ class ShardReader:
             return None, f"cannot read shard {sp.shard_paths[k]} ({e.strerror or e})"
         data = np.empty(size, dtype=np.uint8)  # read straight into the array DALI gets: no bytes object, no copy
         try:
-            got = os.preadv(fd, [data], off)
+            got = os.preadv(fd, [data], off)  # type: ignore[list-item]  # numpy tells type checkers of its buffer protocol only for Python 3.12+
         except OSError as e:
             return None, f"cannot read shard {sp.shard_paths[k]} ({e.strerror or e})"
         finally:
@@ -565,7 +567,7 @@ class ShardReader:
                 f"truncated shard: {got} of {size} bytes at offset {off:,} (the shard was packed "
                 f"with {sp.shard_bytes[k]:,} bytes); pack the set again"
             )
-        if zlib.crc32(data) != int(sp.crc32[i]):
+        if zlib.crc32(data) != int(sp.crc32[i]):  # type: ignore[arg-type]  # numpy tells type checkers of its buffer protocol only for Python 3.12+
             return None, "altered shard: the sample's bytes differ from the packed ones (CRC-32); pack the set again"
         return data, None
 

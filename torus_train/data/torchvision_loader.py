@@ -21,6 +21,7 @@ import multiprocessing
 import queue
 import sys
 import threading
+from typing import cast
 
 import numpy as np
 import torch
@@ -52,7 +53,7 @@ def transform(split: str, image_size: int):
         ops = [T.RandomResizedCrop(image_size, scale=TRAIN_AREA, ratio=TRAIN_RATIO), T.RandomHorizontalFlip()]
     else:
         ops = [T.Resize(val_resize(image_size)), T.CenterCrop(image_size)]
-    return T.Compose(ops + [T.ToTensor(), T.Normalize(MEAN, STD)])
+    return T.Compose([*ops, T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
 def _decode(reader, i: int):
@@ -82,7 +83,7 @@ def _collate_encoded(samples):
     tensor per batch, not one per image), the labels, and the skip notes when there are."""
     data = [s[0] for s in samples]
     flat = torch.from_numpy(np.concatenate(data)) if data else torch.empty(0, dtype=torch.uint8)
-    rest = (list(s[2] for s in samples),) if len(samples[0]) > 2 else ()
+    rest = ([s[2] for s in samples],) if len(samples[0]) > 2 else ()
     return (
         flat,
         torch.tensor([d.size for d in data], dtype=torch.int64),
@@ -269,7 +270,14 @@ class TorchvisionLoader(ShardedLoader):
                 for k, reason in failed.items():
                     images[k], y[k] = self._replaced(self.shard.indices[step * self.batch_size + k], reason)
                 y = self._mark_padding(step, y)
-                x = augment(images, cfg.split, cfg.image_size, generator, cfg.torch_dtype(), cfg.channels_last)
+                x = augment(
+                    cast(list[torch.Tensor], images),
+                    cfg.split,
+                    cfg.image_size,
+                    generator,
+                    cfg.torch_dtype(),
+                    cfg.channels_last,
+                )
                 y = y.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else y
             yield x, y
 

@@ -3,15 +3,19 @@ command, the batch table and the work, then what the preflight checked (pure; no
 
 from __future__ import annotations
 
+import itertools
+
 from torus_train.errors import UserError
 from torus_train.job.hosts import total_slots
-from torus_train.job.legs import legs_text
+from torus_train.job.launchers.base import LaunchPlan
+from torus_train.job.legs import Leg, legs_text
+from torus_train.job.schedule import BatchSchedule
 from torus_train.job.spec import JobSpec
 from torus_train.job.work import work_text
 
 
 def dry_run_report(
-    spec: JobSpec, plan, legs, checked: list[str] | None = None, problem: UserError | None = None
+    spec: JobSpec, plan: LaunchPlan, legs: list[Leg], checked: list[str] | None = None, problem: UserError | None = None
 ) -> str:
     """The whole plan, even when the preflight fails (for example the batch schedule does not fit the world
     size); the caller then ends the output with the error (exit 2), as it would stop a real run before any
@@ -33,7 +37,7 @@ def _span(nodes: list[int]) -> str:
     """Node indices compactly: 0-7, or 0, 8, ..., 536 (every 8th), or a short list."""
     if len(nodes) == 1:
         return str(nodes[0])
-    steps = {b - a for a, b in zip(nodes, nodes[1:])}
+    steps = {b - a for a, b in itertools.pairwise(nodes)}
     if steps == {1}:
         return f"{nodes[0]}-{nodes[-1]}"
     if len(steps) == 1 and len(nodes) > 3:
@@ -41,14 +45,14 @@ def _span(nodes: list[int]) -> str:
     return ", ".join(map(str, nodes[:8])) + (", ..." if len(nodes) > 8 else "")
 
 
-def _names(plan, nodes: list[int]) -> str:
+def _names(plan: LaunchPlan, nodes: list[int]) -> str:
     if plan.entry.runs_here:
         return "this machine"
     hs = [plan.hosts[i].name for i in (nodes if len(nodes) <= 3 else [nodes[0], nodes[-1]])]
     return ", ".join(hs) if len(nodes) <= 3 else f"{hs[0]} .. {hs[1]}"
 
 
-def grid_text(plan) -> str:
+def grid_text(plan: LaunchPlan) -> str:
     g = plan.grid
     lines = [
         f"grid {g}: {g.size} ranks = X {g.x} per row (horizontal ring) x Y {g.y} per column (vertical ring); "
@@ -77,7 +81,9 @@ def grid_text(plan) -> str:
     return "\n".join(lines)
 
 
-def dry_run_text(spec: JobSpec, plan, schedule, problem: Exception | None = None) -> str:
+def dry_run_text(
+    spec: JobSpec, plan: LaunchPlan, schedule: BatchSchedule | None, problem: Exception | None = None
+) -> str:
     launch = [f"launcher: {plan.launcher} ({plan.why})"]
     if plan.hostfile:
         launch.append(

@@ -45,7 +45,7 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
             continue
         m = _LINE_RE.match(line)
         host = m.group("host") if m else ""
-        if not _HOST_RE.match(host):
+        if m is None or not _HOST_RE.match(host):
             raise HostsError(f"{source}:{lineno}: {raw.strip()!r} is not a host line; expected {HOSTFILE_FORMAT}")
         n = 1
         for opt in (m.group("rest") or "").split():
@@ -73,7 +73,9 @@ def read_hostfile(path: str | Path, what: str = "hostfile") -> list[Host]:
 
 def _split_top(text: str) -> list[str]:
     """Split on commas that are not inside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "[":
             depth += 1
@@ -147,7 +149,7 @@ def slurm_hosts(environ: Mapping[str, str]) -> list[Host]:
     if environ.get("SLURM_TASKS_PER_NODE"):
         counts = expand_tasks_per_node(environ["SLURM_TASKS_PER_NODE"])
         if len(counts) == len(names):
-            return [Host(n, k) for n, k in zip(names, counts)]
+            return [Host(n, k) for n, k in zip(names, counts, strict=True)]
     per = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_GPUS_ON_NODE") or "1"
     k = int(per) if per.isdigit() else 1
     return [Host(n, k) for n in names]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from torus_train.job import gpus
 from torus_train.job.gpus import rank_gpus
@@ -226,7 +226,7 @@ def container_binds(spec: JobSpec, job_file: str) -> list[str]:
     return seen
 
 
-def container_runtime(requested: str, which=shutil.which) -> str:
+def container_runtime(requested: str, which: Callable[[str], str | None] = shutil.which) -> str:
     """The container command: as asked, except that `singularity` becomes `apptainer` on a host that has only
     Apptainer (which no longer installs a `singularity` alias everywhere)."""
     if requested == "singularity" and not which("singularity") and which("apptainer"):
@@ -240,7 +240,7 @@ def _container(spec: JobSpec, job_file: str, runtime: str) -> list[str]:
     argv = [runtime, "exec", "--nv"]
     for b in container_binds(spec, job_file):
         argv += ["--bind", b]
-    return argv + [spec.launch.container]
+    return [*argv, spec.launch.container]
 
 
 def build_plan(

@@ -78,7 +78,7 @@ class Stage:
 class StageInfo(NamedTuple):
     """One stage at a world size: what the training loop needs."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index on purpose: the stage's number, never called
     """Stage number, from 0."""
     start_epoch: int
     """First epoch of the stage."""
@@ -214,6 +214,9 @@ class BatchSchedule:
 
     schedule: Schedule
     world_size: int
+    stages: tuple[StageInfo, ...] = field(init=False, repr=False, compare=False)
+    """The stages at this world size (derived from the schedule)."""
+    _ends: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -289,8 +292,16 @@ class BatchSchedule:
 
     def table(self) -> str:
         """A printable stage table: epochs, global and per-rank batch, accumulation, LR at the stage start."""
-        head = ("stage", "epochs", "global batch", "per rank", "micro x accum", "peak LR", "LR at start")
-        rows = [
+        head: tuple[str, ...] = (
+            "stage",
+            "epochs",
+            "global batch",
+            "per rank",
+            "micro x accum",
+            "peak LR",
+            "LR at start",
+        )
+        rows: list[tuple[str, ...]] = [
             (
                 str(st.index),
                 f"{st.start_epoch}-{st.until_epoch}",
@@ -304,7 +315,7 @@ class BatchSchedule:
         ]
         if any(st.grid for st in self.stages):
             head += ("grid",)
-            rows = [r + (st.grid or "job's",) for r, st in zip(rows, self.stages)]
+            rows = [(*r, st.grid or "job's") for r, st in zip(rows, self.stages, strict=True)]
         widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(head)]
         fmt = "  ".join(f"{{:>{w}}}" for w in widths)
         s = self.schedule

@@ -23,12 +23,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torus_train.errors import UserError
 from torus_train.outdir import FolderKind
 from torus_train.registry import Registry, load
 from torus_train.userfiles import special_kind
+
+if TYPE_CHECKING:
+    from torus_train.job.spec import JobSpec
 
 SYNTHETIC_SAMPLES = 10_000
 """Images per epoch of synthetic data when data.synthetic_samples is 0 (ImageNet has 1,281,167)."""
@@ -105,31 +108,31 @@ class DataSource:
         """How a user names it: the help before its colon ("demo", "a packed set")."""
         return self.help.split(":")[0]
 
-    def path(self, spec) -> str | None:
+    def path(self, spec: JobSpec) -> str | None:
         """The folder the ranks read, where data.source names one; None for a named source."""
         return spec.data.source if self.takes_path else None
 
-    def open_loader(self, request):
+    def open_loader(self, request: Any) -> Any:
         """This source's loader for ``request`` (data.base.LoaderRequest); imports the loader's module."""
         return load(self.loader)(request)
 
-    def class_names(self, spec) -> tuple[str, dict] | None:
+    def class_names(self, spec: JobSpec) -> tuple[str, dict] | None:
         """(the data's name for messages, {split: class names}), or None where there are none to check."""
         return load(self.classes)(spec) if self.classes else None
 
-    def prepare_data(self, spec, log=None) -> None:
+    def prepare_data(self, spec: JobSpec, log: Callable[[str], None] | None = None) -> None:
         """The launcher's step before any rank starts (see ``prepare``)."""
         self.check(spec)
         if self.prepare:
             load(self.prepare)(spec, log)
 
-    def check_files(self, request: CheckRequest):
+    def check_files(self, request: CheckRequest) -> Any:
         """`torus-train data check --data ROOT`: the set checked file by file (see ``verify``); its report."""
         if not self.verify:
             raise UserError(f"--data: {request.root}: {self.label} has no files to check")
         return load(self.verify)(request)
 
-    def check(self, spec) -> None:
+    def check(self, spec: JobSpec) -> None:
         """What the spec asks of this source that it cannot give, in one line: a missing folder, staging of a
         set that cannot be staged."""
         if self.takes_path and not Path(spec.data.source).is_dir():
@@ -162,7 +165,7 @@ def source_of(value: str) -> DataSource:
     return path_source(value)
 
 
-def path_source(path) -> DataSource:
+def path_source(path: str | Path) -> DataSource:
     """The path source that claims ``path`` (a packed set by its packed.json), else the one that takes any."""
     paths = [s for s in SOURCES if s.takes_path]
     claimed = next((s for s in paths if s.claims is not None and s.claims(Path(path))), None)
@@ -177,12 +180,12 @@ def choices_text(sep: str = " | ") -> str:
 # ----------------------------------------------------------------------------------------------------------
 # the dry run's figures, per source (what is known without reading the data)
 # ----------------------------------------------------------------------------------------------------------
-def _synthetic_images(spec) -> tuple[int | None, str]:
+def _synthetic_images(spec: JobSpec) -> tuple[int | None, str]:
     n = spec.data.synthetic_samples or SYNTHETIC_SAMPLES
     return n, "data.synthetic_samples" if spec.data.synthetic_samples else "synthetic data's default"
 
 
-def _demo_images(spec) -> tuple[int | None, str]:
+def _demo_images(spec: JobSpec) -> tuple[int | None, str]:
     return DEMO_TRAIN_IMAGES, "the demo set"
 
 
@@ -217,7 +220,7 @@ def class_difference(classes: dict) -> str | None:
     return f"val/ has other classes than train/ ({what or 'another order'}); the labels would not match"
 
 
-def _folder_images(spec) -> tuple[int | None, str]:
+def _folder_images(spec: JobSpec) -> tuple[int | None, str]:
     source = spec.data.source
     meta = Path(spec.data.index) if spec.data.index else Path(source) / INDEX_DIR
     count = _meta_count(meta / "meta.json")
@@ -226,7 +229,7 @@ def _folder_images(spec) -> tuple[int | None, str]:
     return count, f"the index of {source}"
 
 
-def _packed_images(spec) -> tuple[int | None, str]:
+def _packed_images(spec: JobSpec) -> tuple[int | None, str]:
     count = _meta_count(Path(spec.data.source) / PACKED_KIND.marker)
     return (
         count,

@@ -14,16 +14,17 @@ import difflib
 import json
 import math
 import re
+import sys
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib  # novermin (3.11+; vermin does not see the fallback)
-except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI (a dependency there, see pyproject.toml)
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10: the same parser from PyPI (a dependency there, see pyproject.toml)
+    import tomli as tomllib
 
 from torus_train.errors import UserError
 from torus_train.job import algorithms
@@ -576,7 +577,7 @@ def _build(cls: type, table: Any, path: str) -> Any:
 
 
 def _convert(tp: Any, value: Any, path: str) -> Any:
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value, path)
     origin = typing.get_origin(tp)
     if origin is list:

@@ -8,17 +8,23 @@ folder's index (its meta.json) when it has been built, a packed set's packed.jso
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torus_train.job.models import forward_flops
 from torus_train.job.schedule import steps_per_epoch
 from torus_train.job.sources import source_of
 
+if TYPE_CHECKING:
+    from torus_train.job.schedule import BatchSchedule
+    from torus_train.job.spec import JobSpec
 
-def train_images(spec) -> tuple[int | None, str]:
+
+def train_images(spec: JobSpec) -> tuple[int | None, str]:
     """(training images per epoch or None, where the figure comes from): the data source's answer."""
     return source_of(spec.data.source).train_images(spec)
 
 
-def images_processed(schedule, images_per_epoch: int) -> int:
+def images_processed(schedule: BatchSchedule, images_per_epoch: int) -> int:
     """Images over every step of a BatchSchedule (global batch x steps per epoch, capped at schedule.steps);
     one term per stage, so a spec of 45,826 epochs answers as fast as one of 7."""
     total, steps = 0, 0
@@ -42,7 +48,7 @@ def _si(x: float, unit: str) -> str:
     return f"{x:.3g} {unit}"
 
 
-def work_text(spec, schedule) -> str:
+def work_text(spec: JobSpec, schedule: BatchSchedule | None) -> str:
     """'training work: N images x F per image = W' (or what is missing for it), for --dry-run."""
     flops = forward_flops(spec.model.arch, spec.data.image_size, spec.model.num_classes)
     per_epoch, where = train_images(spec)

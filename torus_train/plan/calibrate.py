@@ -173,7 +173,7 @@ class Calibration:
         return oversubscription(ranks, self.cores, self.background if background is None else background)
 
     def predict_seconds(
-        self, grid: Grid, nbytes: int, algo: str | None = None, background: float | None = None
+        self, grid: Grid, nbytes: float, algo: str | None = None, background: float | None = None
     ) -> float:
         """Predicted time of one all-reduce of nbytes on `grid` on this host (with `background` other runnable
         processes; default: as during the fit)."""
@@ -313,7 +313,7 @@ def calibrate(
     if beta_c <= 0 or not np.isfinite(1.0 / beta_c):
         raise UserError(
             f"{flag}: times of {algo} on {grid} do not grow with size "
-            f"({', '.join(f'{int(s)} B: {x * 1e6:.0f} us' for s, x in zip(n, t))}); "
+            f"({', '.join(f'{int(s)} B: {x * 1e6:.0f} us' for s, x in zip(n, t, strict=True))}); "
             f"cannot fit a bandwidth: rerun the bench with more iterations (-n) on a quieter machine"
         )
     beyond = int((a[:, 2] > 0).sum())

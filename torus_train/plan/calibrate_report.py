@@ -59,7 +59,7 @@ def calibrate_report(req: CalibrateRequest, echo: Callable[[str], None] = print)
     targets = [host_grid(req.grid)] if req.grid else ([] if other else [host_grid(DEFAULT_TARGET)])
     if targets:
         out["predictions"] = predictions(cal, targets, [s for s, _ in cal.rows_used], echo)
-    if other is not None:
+    if other is not None and req.compare:
         out["comparison"] = comparison(cal, other, req.compare, echo)
     return out
 

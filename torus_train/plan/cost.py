@@ -32,6 +32,7 @@ statistics, optimizer time.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,7 +41,7 @@ from torus_train.errors import UserError
 from torus_train.job.algorithms import ALGORITHMS as ALGORITHM_TABLE
 from torus_train.job.algorithms import modelled
 from torus_train.job.topology import Grid, parse_grid
-from torus_train.plan.nccl import NcclHardware, NcclModel
+from torus_train.plan.nccl import NcclEstimate, NcclHardware, NcclModel
 from torus_train.plan.networks import Network
 from torus_train.registry import load
 
@@ -264,9 +265,12 @@ def torus_phases(ph: _Phases, ranks: np.ndarray, n: float, net: Network) -> None
     ph.ring("row all-gather", ranks, n, net, x - 1)
 
 
-def _phases_of(algo: str):
+def _phases_of(algo: str) -> Callable[[_Phases, np.ndarray, float, Network], None]:
     """The function that adds `algo`'s phases (its entry's `phases` in torus_train.job.algorithms)."""
-    return load(ALGORITHM_TABLE.get(algo).phases)
+    phases = ALGORITHM_TABLE.get(algo).phases
+    if phases is None:
+        raise UserError(f"algo: the cost model has no phases for {algo}; modelled: {', '.join(modelled())}")
+    return load(phases)
 
 
 def algorithms_for(net: Network, ranks: int | None = None) -> tuple[str, ...]:
@@ -293,7 +297,7 @@ def check_algorithm(algo: str, net: Network | None = None) -> None:
         )
 
 
-def _nccl_estimate(algo: str, model: NcclModel, nbytes: float):
+def _nccl_estimate(algo: str, model: NcclModel, nbytes: float) -> NcclEstimate | None:
     """NCCL's estimate for a planner name: nccl-<algo> with its best protocol, or nccl's own choice."""
     if algo == "nccl":
         return model.choose(nbytes)
@@ -360,7 +364,9 @@ class _Recorder(_Phases):
             links.append((net.inter.alpha, 1.0 / _flow_bandwidth(net, flows)))
         return links
 
-    def ring(self, name, rings, nbytes, net, steps, reduce_bytes=0.0) -> None:
+    def ring(
+        self, name: str, rings: np.ndarray, nbytes: float, net: Network, steps: int, reduce_bytes: float = 0.0
+    ) -> None:
         p = rings.shape[1]
         if p <= 1 or steps == 0:
             return
@@ -368,7 +374,7 @@ class _Recorder(_Phases):
         dst = np.roll(rings, -1, axis=1).reshape(-1)
         self.terms.append((steps, nbytes / p, self._links(net, src, dst), reduce_bytes))
 
-    def tree(self, name, groups, nbytes, net, reduce) -> None:
+    def tree(self, name: str, groups: np.ndarray, nbytes: float, net: Network, reduce: bool) -> None:
         p = groups.shape[1]
         if p <= 1:
             return
@@ -381,7 +387,7 @@ class _Recorder(_Phases):
             self.terms.append((1, nbytes, self._links(net, src, dst), nbytes if reduce else 0.0))
 
 
-def allreduce_seconds_fn(algo: str, grid: Grid, net: Network, placement: str = "rows"):
+def allreduce_seconds_fn(algo: str, grid: Grid, net: Network, placement: str = "rows") -> Callable[[float], float]:
     """seconds(nbytes) of `algo` on `grid`, equal to allreduce_cost(...).seconds, with the links of every step
     worked out once: the bucket timeline asks for hundreds of sizes on one grid."""
     if grid.gpus_per_node != net.gpus_per_node:
@@ -415,7 +421,7 @@ STEP_OVERHEAD = 0.0723
 """FITTED, the one fitted constant of the model: every step on N GPUs also pays this fraction of the single-GPU
 compute with nothing hiding it (what the timeline leaves out: stragglers and jitter across nodes, the wait for
 the slowest rank, data loading, BatchNorm and optimizer work around the exchange). Least squares in efficiency
-points over the four published runs of docs/plan.md (scripts/efficiency_table.py, which also shows it fitted on
+points over the four published runs of docs/plan.md (scripts/experiments/efficiency_table.py, which also shows it fitted on
 three and the fourth predicted); `plan --step-overhead` replaces it, 0 removes it."""
 DEFAULT_OVERLAP = 0.5
 """Stated default: half of the backward pass can hide communication (DDP-style buckets start all-reducing

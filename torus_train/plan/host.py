@@ -34,13 +34,21 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torus_train.errors import UserError
 from torus_train.job.algorithms import DEFAULT
-from torus_train.plan.timeline import layers_with_profile, timeline
+from torus_train.plan.timeline import Layer, layers_with_profile, timeline
 from torus_train.userfiles import Field, check, check_regular, read_json, read_json_lines
+
+if TYPE_CHECKING:
+    import torch  # annotations only: torch is imported where a step is measured
+
+    from torus_train.job.topology import Grid
+    from torus_train.plan.calibrate import Calibration
 
 
 @dataclass
@@ -187,13 +195,13 @@ class HostPrediction:
 
 
 def predict_host_step(
-    cal,
+    cal: Calibration,
     profile: StepProfile,
-    grid,
+    grid: Grid,
     per_rank_batch: int,
     bucket_cap_bytes: int,
     exchange_bytes: int,
-    layers,
+    layers: Sequence[Layer],
     background: float,
 ) -> HostPrediction:
     """The step of R = grid.size ranks on this host (cal.cores cores, `background` other runnable threads).
@@ -203,7 +211,7 @@ def predict_host_step(
     r, c = grid.size, cal.cores
     o = max(1.0, (r + background) / c)
     scale = per_rank_batch / profile.batch  # stated: compute linear in the batch around the profile's
-    fwd, bwd, opt = (x * o * s for x, s in zip(profile.alone(), (scale, scale, 1.0)))
+    fwd, bwd, opt = (x * o * s for x, s in zip(profile.alone(), (scale, scale, 1.0), strict=True))
     opt += o * profile.loop_overhead()
     shared = layers_with_profile(layers, profile.modules)
     t = timeline(
@@ -348,7 +356,7 @@ def measure_step_profile(
     y = torch.randint(0, num_classes, (batch,))
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     steps = [_timed_step(m, opt, lambda: loss_fn(m(x), y), stamps, clock) for _ in range(warmup + repeats)][warmup:]
-    fw, bw, op = ([s[i] for s in steps] for i in range(3))
+    fw, bw, op = [s[0] for s in steps], [s[1] for s in steps], [s[2] for s in steps]
     modules = {n: statistics.median(s[3].get(n, 0.0) for s in steps) for n in names}
     return StepProfile(
         model,
@@ -366,7 +374,7 @@ def measure_step_profile(
     )
 
 
-def _stamp_backward(m, clock) -> tuple[list[str], dict[str, float]]:
+def _stamp_backward(m: torch.nn.Module, clock: Callable[[], float]) -> tuple[list[str], dict[str, float]]:
     """(the names of m's modules that own parameters, a dict each of them stamps with clock() when its last
     gradient is accumulated in the backward pass)."""
     names = [n for n, mod in m.named_modules() if any(True for _ in mod.parameters(recurse=False))]
@@ -378,7 +386,13 @@ def _stamp_backward(m, clock) -> tuple[list[str], dict[str, float]]:
     return names, stamps
 
 
-def _timed_step(m, opt, loss_of, stamps: dict[str, float], clock) -> tuple[float, float, float, dict[str, float]]:
+def _timed_step(
+    m: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    loss_of: Callable[[], torch.Tensor],
+    stamps: dict[str, float],
+    clock: Callable[[], float],
+) -> tuple[float, float, float, dict[str, float]]:
     """One training step: (forward + loss, backward, optimizer step, each module's share of the backward: the
     time since the previous stamp)."""
     opt.zero_grad(set_to_none=True)
@@ -448,7 +462,7 @@ def measure_colocated(
     ]
     try:
         for proc in others:  # every copy has done one step: all are in their loop
-            if proc.stdout.readline().strip() != "ready":
+            if proc.stdout is None or proc.stdout.readline().strip() != "ready":  # stdout is a PIPE
                 raise UserError("--colocated: a copy of the step did not start")
         prof = measure_step_profile(model, image_size, batch, num_classes, 1, repeats)
     finally:

@@ -42,8 +42,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torus_train.errors import UserError
+
+if TYPE_CHECKING:
+    from torus_train.plan.networks import Network
 
 NCCL_SOURCE = (
     "NCCL 2.30.7 (NVIDIA/nccl commit 5067397, June 2026): src/graph/tuning.cc (ncclTopoTuneModel: base "
@@ -104,8 +108,10 @@ NET_OVERHEAD_US = 1.0
 of a multi-node ring costs at least this."""
 
 # Per-channel ceilings, GB/s, by generation index (volta, ampere, hopper) and node bucket (1, 2, > 2 nodes).
-LL_MAX_GBPS = {"one_node": {0: 39.0, 1: 87.7, 2: 141.0}, "multi": (39.0, 39.0, 20.4)}
-"""LL's total bandwidth ceiling: on one node by GPU generation; across nodes by node bucket (Intel hosts)."""
+LL_MAX_ONE_NODE_GBPS = {0: 39.0, 1: 87.7, 2: 141.0}
+"""LL's total bandwidth ceiling on one node, by GPU generation."""
+LL_MAX_MULTI_GBPS = (39.0, 39.0, 20.4)
+"""LL's total bandwidth ceiling across nodes, by node bucket (Intel hosts)."""
 RING_LL128_PER_CHANNEL = {0: (20.0, 20.0, 20.0), 1: (20.0, 20.0, 20.0), 2: (36.7, 36.7, 36.7)}
 TREE_LL128_PER_CHANNEL = {0: (20.0, 20.0, 20.0), 1: (20.0, 20.0, 20.0), 2: (36.7, 36.7, 29.0)}
 TREE_PER_CHANNEL = {0: (26.5, 18.5, 10.0), 1: (24.0, 23.6, 17.8), 2: (38.7, 41.4, 36.0)}
@@ -252,7 +258,7 @@ def _speed(speeds: tuple, limit: float) -> float:
     return next((s for s in speeds if s <= limit + 1e-9), speeds[-1])
 
 
-def channels(net, hw: NcclHardware, nodes: int, pattern: str = "ring") -> Channels:
+def channels(net: Network, hw: NcclHardware, nodes: int, pattern: str = "ring") -> Channels:
     """Channels of the ring/tree graph (pattern "ring") or the NVLS graph ("nvls"), our reading of search.cc.
 
     ring/tree, one node: channels of NCCL's fastest intra speed that fits the GPU's bandwidth, as many as fill
@@ -302,7 +308,7 @@ class NcclEstimate:
 class NcclModel:
     """NCCL's tuning model for one communicator: N ranks on nodes of a Network. Built once per grid."""
 
-    def __init__(self, net, ranks: int):
+    def __init__(self, net: Network, ranks: int) -> None:
         self.net = net
         self.hw: NcclHardware = getattr(net, "nccl", None) or NcclHardware()
         self.ranks = ranks
@@ -354,7 +360,7 @@ class NcclModel:
             return self._nvls_bus_bandwidth()
         per_channel = ch.intra_gbps if (self.nodes <= 2 or algo == "collnet") else ch.inter_gbps
         bus = ch.count * per_channel
-        ll_max = LL_MAX_GBPS["one_node"][g] if self.nodes == 1 else LL_MAX_GBPS["multi"][b]
+        ll_max = LL_MAX_ONE_NODE_GBPS[g] if self.nodes == 1 else LL_MAX_MULTI_GBPS[b]
         if algo == "ring":
             if proto == "LL":
                 bus = min(ll_max, bus * 0.5)
@@ -433,7 +439,7 @@ class NcclModel:
 
     def steps(self, algo: str) -> int:
         """Sequential hops: ring 2(N-1); tree 2((ppn-1) + lg nodes); NVLS 1 (+ 2 lg nodes); CollNet 2(ppn-1)+1."""
-        ppn, lg = int(round(self.ppn)), _log2i(self.nodes)
+        ppn, lg = round(self.ppn), _log2i(self.nodes)
         return {
             "ring": 2 * (self.ranks - 1),
             "tree": 2 * (ppn - 1 + lg),
@@ -447,7 +453,7 @@ class NcclModel:
         if self.nodes <= 1:
             return 0.0
         node = {"ring": 2 * (self.ranks - 1) / self.ranks * nbytes, "collnet": float(nbytes)}.get(algo, 2.0 * nbytes)
-        return node / max(1, min(int(round(self.ppn)), self.ring.count))
+        return node / max(1, min(round(self.ppn), self.ring.count))
 
 
 def _log2i(n: int) -> int:

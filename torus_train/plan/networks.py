@@ -8,8 +8,10 @@ of the works the paper compares with; every figure is from a datasheet or a pape
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from torus_train.errors import UserError
 from torus_train.plan.nccl import NcclHardware
@@ -76,7 +78,7 @@ class Network:
     def check(self, where: str = "network") -> Network:
         """Raise NetworkError naming the field when a figure is not usable; return self."""
 
-        def positive(path: str, value, integer: bool = False) -> None:
+        def positive(path: str, value: Any, integer: bool = False) -> None:  # what the TOML held
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             if integer:
                 ok = ok and float(value).is_integer()
@@ -217,11 +219,11 @@ def load_network(name_or_path: str) -> Network:
 
 def _read_toml(path: Path) -> dict:
     """The TOML file as a dict; tomllib is in the standard library from Python 3.11, tomli before it."""
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib  # novermin (3.11+; vermin does not see the fallback)
-    except ModuleNotFoundError:  # Python 3.10
+    else:  # Python 3.10
         try:
-            import tomli as tomllib  # type: ignore[no-redef]
+            import tomli as tomllib
         except ModuleNotFoundError:
             raise NetworkError("reading a network TOML file needs Python 3.11 or `pip install tomli`") from None
     try:
@@ -275,7 +277,7 @@ def network_from_dict(data: dict, where: str = "network", default_name: str = "c
     return replace(net, gpus_per_node=int(net.gpus_per_node), nics_per_node=int(net.nics_per_node))
 
 
-def _nccl_from_dict(sec, where: str) -> NcclHardware | None:
+def _nccl_from_dict(sec: object, where: str) -> NcclHardware | None:
     """Optional table [nccl] (generation, nvswitch, sharp, intra) as NcclHardware; checked by Network.check."""
     if sec is None:
         return None
@@ -286,7 +288,7 @@ def _nccl_from_dict(sec, where: str) -> NcclHardware | None:
     return NcclHardware(**sec)
 
 
-def _link_from_dict(sec, where: str, section: str) -> Link:
+def _link_from_dict(sec: object, where: str, section: str) -> Link:
     """Table [section] ("intra" or "inter") as a Link; its figures are checked with the rest by Network.check."""
     if not isinstance(sec, dict):
         raise NetworkError(f"{where}.{section}: missing table [{section}] with bandwidth_gbytes_per_s and latency_us")

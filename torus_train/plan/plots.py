@@ -5,10 +5,18 @@ matplotlib is optional (`pip install 'torus-train[plot]'`) and imported only whe
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import TYPE_CHECKING
+
 from torus_train.errors import UserError
 from torus_train.outfiles import Writer, save_figure
 from torus_train.plan.networks import Network
 from torus_train.plan.search import Plan, sweep
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn (the [plot] extra)
+    from matplotlib.axes import Axes
+    from matplotlib.colors import Colormap
+    from matplotlib.figure import Figure
 
 WRITER = Writer("plan")
 """The main plan's --json, --plot and --png: replaced only when an earlier `plan` wrote them."""
@@ -24,7 +32,7 @@ def require_matplotlib(flag: str = "--plot") -> None:
         raise UserError(f"{flag} needs matplotlib: pip install 'torus-train[plot]'") from None
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,7 +96,7 @@ def plot_timeline(p: Plan, path: str) -> None:
     _save(plt, fig, path, "--png")
 
 
-def _save(plt, fig, path: str, flag: str) -> None:
+def _save(plt: ModuleType, fig: Figure, path: str, flag: str) -> None:
     fig.tight_layout()
     try:
         save_figure(fig, path, WRITER, flag, dpi=120)
@@ -96,7 +104,7 @@ def _save(plt, fig, path: str, flag: str) -> None:
         plt.close(fig)
 
 
-def _timeline_row(ax, row: int, t: dict, colors) -> None:
+def _timeline_row(ax: Axes, row: int, t: dict, colors: Colormap) -> None:
     """One algorithm's queued exchanges (a bar per bucket) and its exposed time and efficiency."""
     for b in t["buckets"]:
         ax.barh(

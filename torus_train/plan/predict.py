@@ -140,7 +140,11 @@ def predict(req: PlanRequest, echo: Callable[[str], None] = print) -> dict:
 def _world(req: PlanRequest, net: Network) -> tuple[int, Grid | None]:
     """(N, the grid or None): N from --gpus, else from --grid; the virtual-rank checks' size limit."""
     grid = parse_grid(req.grid, net.gpus_per_node) if req.grid else None
-    gpus = req.gpus if req.gpus is not None else grid.size
+    if req.gpus is not None:
+        gpus = req.gpus
+    else:
+        assert grid is not None  # PlanRequest refuses a request with neither --gpus nor --grid
+        gpus = grid.size
     size = grid.size if grid else gpus
     if (req.simulate or req.check_groups) and size > MAX_CHECKED_RANKS:
         raise UserError(

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from torus_train.errors import UserError
@@ -12,7 +12,7 @@ from torus_train.job.algorithms import measured_as
 from torus_train.job.topology import Grid
 from torus_train.plan.calibrate import Calibration, calibrate, check_host_options, host_grid, read_benches
 from torus_train.plan.host import RunRecord, StepProfile, predict_host_step, read_run, read_step_profile
-from torus_train.plan.timeline import model_layers
+from torus_train.plan.timeline import Layer, model_layers
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class RunModel:
     grid: Grid
     cal: Calibration
     profile: StepProfile
-    layers: list
+    layers: Sequence[Layer]
     bucket_cap_bytes: int
     exchange_bytes: int
     """Bytes per gradient element exchanged: 4, or 2 with compression."""
@@ -110,6 +110,7 @@ def _cpu_run(req: CompareRunRequest) -> RunRecord:
 def _run_model(req: CompareRunRequest, rec: RunRecord) -> RunModel:
     """The run's grid, model, buckets and exchange dtype from its spec; the profile (of the run's model) and the
     calibration of the run's algorithm."""
+    assert req.calibrate is not None and req.layer_profile is not None  # _cpu_run refused it without them
     spec = rec.spec
     arch, size = spec["model"]["arch"], int(spec["data"]["image_size"])
     prof = read_step_profile(req.layer_profile)

@@ -8,7 +8,7 @@ at one (GPUs, grid, network, model, batch) point; sweep gives the curves of all-
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 from torus_train.errors import UserError
@@ -30,6 +30,7 @@ from torus_train.plan.networks import Network
 from torus_train.plan.timeline import (
     DDP_BUCKET_CAP,
     DDP_FIRST_BUCKET_CAP,
+    Layer,
     Timeline,
     layers_with_profile,
     model_layers,
@@ -229,7 +230,7 @@ def make_plan(
         ),
     )
 
-    def step_timeline(algo: str, cost) -> Timeline:
+    def step_timeline(algo: str, cost: Callable[[float], float]) -> Timeline:
         return timeline(
             layers,
             compute,
@@ -275,7 +276,7 @@ def _grid_and_cap(
     placement: str,
     overlap: float | None,
     bucket_cap: int | None,
-    choose,
+    choose: Callable[[Sequence[float]], list[Candidate]],
 ) -> tuple[Grid, int, str, list[Candidate]]:
     """(grid, bucket cap, why, candidates): the grid given; else with --overlap the fastest fused all-reduce;
     else the (grid, cap) pair of the fastest step that choose(caps) ranks first (the cap fixed when given)."""
@@ -288,8 +289,9 @@ def _grid_and_cap(
         return grid, _cap(bucket_cap), why, []
     candidates = choose(BUCKET_CAPS_MB if bucket_cap is None else (bucket_cap / 2**20,))
     best = candidates[0]
+    x, y = map(int, best.grid.split("x"))
     return (
-        Grid(*map(int, best.grid.split("x")), net.gpus_per_node),
+        Grid(x, y, net.gpus_per_node),
         int(best.cap_mb * 2**20),
         why_chosen(candidates),
         candidates,
@@ -308,7 +310,7 @@ def _algo_plan(
     placement: str,
     compute: float,
     overlap: float | None,
-    step_timeline,
+    step_timeline: Callable[[str, Callable[[float], float]], Timeline],
 ) -> AlgoPlan:
     """One algorithm's line: its fused all-reduce, and its step from the stated overlap or from
     step_timeline(algo, seconds per bucket size)."""
@@ -349,10 +351,11 @@ BUCKET_CAPS_MB = (1, 2, 5, 10, 25, 50, 100, 200)
 """Bucket caps (MiB) that bucket_sweep tries."""
 
 
-def bucket_sweep(p: Plan, algo: str = DEFAULT, caps_mb=BUCKET_CAPS_MB) -> list[dict]:
+def bucket_sweep(p: Plan, algo: str = DEFAULT, caps_mb: Sequence[float] = BUCKET_CAPS_MB) -> list[dict]:
     """The plan's step with each DDP bucket cap for one algorithm (its grid, network, model and batch), from
     the bucket timeline: [{cap_mb, buckets, exposed_seconds, step_seconds, scaling_efficiency}], in caps order."""
-    g = Grid(*map(int, p.grid.split("x")), p.network.gpus_per_node)
+    x, y = map(int, p.grid.split("x"))
+    g = Grid(x, y, p.network.gpus_per_node)
     layers = p.layers or model_layers(p.model)
     out, cost = [], allreduce_seconds_fn(algo, g, p.network, p.placement)
     for cap in caps_mb:
@@ -406,8 +409,8 @@ def choose_grid_and_cap(
     gradient_dtype: str,
     compute_seconds: float,
     placement: str = "rows",
-    layers=None,
-    caps_mb=BUCKET_CAPS_MB,
+    layers: Sequence[Layer] | None = None,
+    caps_mb: Sequence[float] = BUCKET_CAPS_MB,
     overhead_seconds: float = 0.0,
 ) -> list[Candidate]:
     """The torus step on the bucket timeline for every (grid, bucket cap) pair, fastest first: every factor pair

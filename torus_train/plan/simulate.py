@@ -21,6 +21,7 @@ one process within a test's time (timings in docs/plan.md).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,7 +46,7 @@ class SimStats:
 
 
 def _ring_step(
-    buf: np.ndarray, bounds: list[tuple[int, int]], send_chunk: np.ndarray, reduce: bool, sent: np.ndarray
+    buf: np.ndarray, bounds: Sequence[tuple[int, int]], send_chunk: np.ndarray, reduce: bool, sent: np.ndarray
 ) -> int:
     """One step of a batch of rings. buf: [B, P, n] (B independent rings of P ranks, ring order along axis 1).
 

@@ -27,10 +27,15 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from torus_train.errors import UserError
+
+if TYPE_CHECKING:
+    import torch  # annotations only: this module imports torch inside the functions that build a model
 
 DDP_BUCKET_CAP = 25 * 2**20
 """DDP's default bucket_cap_mb = 25 (MiB)."""
@@ -70,7 +75,7 @@ def model_layers(model: str, image_size: int = 224, num_classes: int = 1000) -> 
     return tuple(Layer(n, int(k), float(f)) for n, k, f in layers)
 
 
-def _meta_model(model: str, num_classes: int):
+def _meta_model(model: str, num_classes: int) -> torch.nn.Module:
     """torchvision's `model` built on the meta device; UserError when torch is missing or cannot build it."""
     try:
         import torch
@@ -90,14 +95,14 @@ def _meta_model(model: str, num_classes: int):
         ) from None
 
 
-def _forward_flops(m, model: str, image_size: int) -> dict[str, float]:
+def _forward_flops(m: torch.nn.Module, model: str, image_size: int) -> dict[str, float]:
     """Forward FLOPs at one image of every module of m that owns parameters, from one meta forward pass."""
     import torch
 
     flops: dict[str, float] = {}
 
-    def hook(name):
-        def record(mod, inputs, output):
+    def hook(name: str) -> Callable[[torch.nn.Module, Any, Any], None]:
+        def record(mod: torch.nn.Module, inputs: Any, output: Any) -> None:
             if isinstance(output, (tuple, list)):  # attention returns (output, weights)
                 output = output[0]
             flops[name] = _module_flops(mod, output.numel())
@@ -124,7 +129,7 @@ def _forward_flops(m, model: str, image_size: int) -> dict[str, float]:
     return flops
 
 
-def _module_flops(mod, out: int) -> float:
+def _module_flops(mod: torch.nn.Module, out: int) -> float:
     """Forward FLOPs of one module with `out` output elements: 2 per multiply-add, 4 per element otherwise."""
     import torch
 
@@ -211,22 +216,23 @@ class Timeline:
 
 
 def bucket_plan(
-    layers: tuple[Layer, ...] | list[Layer],
+    layers: Sequence[Layer],
     bucket_cap: int = DDP_BUCKET_CAP,
     first_bucket_cap: int = DDP_FIRST_BUCKET_CAP,
 ) -> list[list[Layer]]:
     """The layers in DDP's buckets: reverse parameter order, bucketed by their fp32 bytes."""
     ready = list(reversed(list(layers)))
     return [
-        [ready[i] for i in b] for b in ddp_buckets([l.numel * PARAM_BYTES for l in ready], bucket_cap, first_bucket_cap)
+        [ready[i] for i in b]
+        for b in ddp_buckets([layer.numel * PARAM_BYTES for layer in ready], bucket_cap, first_bucket_cap)
     ]
 
 
 def timeline(
-    layers,
+    layers: Sequence[Layer],
     compute_seconds: float,
     backward_fraction: float,
-    allreduce_seconds_of,
+    allreduce_seconds_of: Callable[[float], float],
     exchange_bytes: int,
     algo: str = "",
     bucket_cap: int = DDP_BUCKET_CAP,
@@ -237,19 +243,19 @@ def timeline(
     the bytes per gradient value exchanged (2 for fp16). Backward time is shared over layers by their FLOPs;
     overhead_seconds is added to every step unhidden."""
     backward = backward_fraction * compute_seconds
-    total_flops = sum(l.flops for l in layers)
+    total_flops = sum(layer.flops for layer in layers)
     if total_flops <= 0:
         raise UserError("timeline: the layers have no FLOPs to share the backward pass by")
     t, end, buckets, comm = 0.0, 0.0, [], 0.0
     for k, group in enumerate(bucket_plan(layers, bucket_cap, first_bucket_cap)):
-        t += backward * sum(l.flops for l in group) / total_flops
-        numel = sum(l.numel for l in group)
+        t += backward * sum(layer.flops for layer in group) / total_flops
+        numel = sum(layer.numel for layer in group)
         nbytes = numel * exchange_bytes
         c = float(allreduce_seconds_of(nbytes))
         start = max(t, end)
         end = start + c
         comm += c
-        buckets.append(Bucket(k, [l.name for l in group], numel, nbytes, t, start, c, end))
+        buckets.append(Bucket(k, [layer.name for layer in group], numel, nbytes, t, start, c, end))
     exposed = max(0.0, end - backward)
     step = compute_seconds + overhead_seconds + exposed
     derived = min(1.0, max(0.0, (comm - exposed) / backward)) if backward > 0 else 0.0
@@ -284,8 +290,8 @@ def measure_backward_profile(
     names = [n for n, mod in m.named_modules() if any(True for _ in mod.parameters(recurse=False))]
     mods = dict(m.named_modules())
 
-    def acc(name):
-        def f(param):
+    def acc(name: str) -> Callable[[torch.Tensor], None]:
+        def f(param: torch.Tensor) -> None:
             runs[-1][name] = time.perf_counter()
 
         return f
@@ -309,20 +315,20 @@ def measure_backward_profile(
     return {n: statistics.median(r.get(n, 0.0) for r in kept) for n in names}
 
 
-def layers_with_profile(layers, profile: dict[str, float]) -> tuple[Layer, ...]:
+def layers_with_profile(layers: Sequence[Layer], profile: dict[str, float]) -> tuple[Layer, ...]:
     """The layers with their backward share taken from a measured profile ({module name: seconds}) instead of
     FLOPs: a module's seconds split evenly over its parameter tensors. Every module must be in the profile."""
     per_module: dict[str, int] = {}
-    for l in layers:
-        mod = l.name.rsplit(".", 1)[0] if "." in l.name else ""
+    for layer in layers:
+        mod = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
         per_module[mod] = per_module.get(mod, 0) + 1
     missing = sorted(set(per_module) - set(profile))
     if missing:
         raise UserError(f"--layer-profile: no time for module {missing[0]!r} ({len(missing)} missing)")
     out = []
-    for l in layers:
-        mod = l.name.rsplit(".", 1)[0] if "." in l.name else ""
-        out.append(Layer(l.name, l.numel, float(profile[mod]) / per_module[mod]))
+    for layer in layers:
+        mod = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
+        out.append(Layer(layer.name, layer.numel, float(profile[mod]) / per_module[mod]))
     return tuple(out)
 
 

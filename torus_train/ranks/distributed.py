@@ -64,7 +64,7 @@ def init_distributed(
         rank=info.rank,
         world_size=info.world_size,
         timeout=timedelta(seconds=timeout_s),
-        **({"device_id": device} if backend == "nccl" else {}),
+        device_id=device if backend == "nccl" else None,
     )
     groups = build_grid_groups(grid, timeout=timeout_s)
     return Bootstrap(info, grid, device, backend, groups)

@@ -24,7 +24,7 @@ def run_local_ranks(argvs: list[list[str]], envs: list[dict], what: str = "job",
     procs: list[subprocess.Popen] = []
     with Signals() as sig:
         try:
-            for argv, extra in zip(argvs, envs):
+            for argv, extra in zip(argvs, envs, strict=True):
                 procs.append(
                     subprocess.Popen(
                         argv, env={**os.environ, **extra}, stdin=subprocess.DEVNULL, start_new_session=True

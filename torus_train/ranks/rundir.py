@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from torus_train.errors import RunFailed, UserError, check_output_folder, shown_path
 from torus_train.job.spec import JobSpec
@@ -96,7 +97,7 @@ def prepare_out(out: Path, resume: bool, overwrite: bool) -> None:
 
 def write_job(path: Path, spec: JobSpec, grid, resume: bool, regrid: bool = False) -> None:
     """job.json for the ranks; regrid: a checkpoint of another grid is resumed on purpose (the job moved)."""
-    job = {
+    job: dict[str, Any] = {
         "spec": spec.to_dict(),
         "grid": {"x": grid.x, "y": grid.y, "gpus_per_node": grid.gpus_per_node},
         "resume": resume,

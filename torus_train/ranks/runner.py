@@ -13,6 +13,7 @@ latest checkpoint could help (``restartable``) and at which step the failed rank
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -109,13 +110,11 @@ def run_local(
     n = len(plan.rank_env)
     reset_rank_files(out, n)
     procs: list[subprocess.Popen] = []
-    files = []
     failure = None
-    with Signals() as sig:
+    with Signals() as sig, contextlib.ExitStack() as logs:  # the logs close after the ranks are stopped
         try:
             for rank, renv in enumerate(plan.rank_env):
-                logf = open(log_path(out, rank), "ab")
-                files.append(logf)
+                logf = logs.enter_context(open(log_path(out, rank), "ab"))
                 env = {
                     **os.environ,
                     **plan.env,
@@ -136,8 +135,6 @@ def run_local(
             failure = watch_ranks(procs, out, sig, new_watch(watchdog_s, startup_s))
         finally:
             stop_all(procs, grace=failure.grace if failure else GRACE_S)
-            for f in files:
-                f.close()
     if failure:
         raise ranks_failed(failure, out, n, say)
 

@@ -27,6 +27,7 @@ from torus_train.job.rank import Bootstrap
 from torus_train.job.sources import source_of
 from torus_train.job.spec import JobSpec
 from torus_train.train.models import build_house_model
+from torus_train.train.optim import DeviceLR
 from torus_train.train.optim import build_optimizer as optimizer_for
 
 
@@ -78,7 +79,7 @@ def _placed(model: nn.Module, spec: JobSpec, device: torch.device) -> nn.Module:
     return model
 
 
-def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, spec: JobSpec) -> DeviceLR:
     o = spec.optimizer
     return optimizer_for(
         model,

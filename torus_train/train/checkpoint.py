@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from torus_train.errors import RunFailed
 
@@ -120,8 +120,13 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, info: dict, keep
     try:
         folder.mkdir(parents=True, exist_ok=True)
         written: list[_HashingFile] = []
-        # the hash of the bytes as torch.save writes them (no seek: the wrapper has none), not read back
-        temps.append(_write_temp(pt, lambda f: torch.save(state, written.append(_HashingFile(f)) or written[0])))
+
+        def save(f: BinaryIO) -> None:
+            # the hash of the bytes as torch.save writes them (no seek: the wrapper has none), not read back
+            written.append(_HashingFile(f))
+            torch.save(state, written[0])  # type: ignore[arg-type]  # torch.save needs only write(), not all of IO
+
+        temps.append(_write_temp(pt, save))
         manifest = {
             "step": step,
             "file": pt.name,

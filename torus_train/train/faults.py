@@ -22,9 +22,12 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from torus_train.errors import UserError
 from torus_train.registry import Registry
+
+_Num = TypeVar("_Num", int, float)
 
 VARIABLE = "TORUS_TRAIN_FAULT"
 
@@ -73,7 +76,7 @@ def parse(value: str) -> Fault:
     return Fault(kind, rank, at)
 
 
-def _number(value: str, what: str, text: str, cast) -> float:
+def _number(value: str, what: str, text: str, cast: Callable[[str], _Num]) -> _Num:
     try:
         n = cast(text)
     except ValueError:

@@ -24,7 +24,8 @@ OPTIMIZERS = ("sgd", "lars")
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Two groups: weights (decayed, LARS-adapted) and BatchNorm parameters + biases (neither)."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for p in model.parameters():
         if not p.requires_grad:
             continue
@@ -35,8 +36,13 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
-class DeviceLR:
+class DeviceLR(torch.optim.Optimizer):
     """The LR of every group in one device tensor (use_device_lr), saved and loaded as a float."""
+
+    found_inf: torch.Tensor
+    """Set for one step by GradScaler or train/step.step_unless (see the module docstring); absent otherwise."""
+    grad_scale: torch.Tensor | None
+    """Set with found_inf: the fp16 loss scale to take off the gradients, or None."""
 
     def use_device_lr(self, device) -> torch.Tensor:
         lr = torch.tensor(float(self.param_groups[0]["lr"]), dtype=torch.float32, device=device)
@@ -143,7 +149,7 @@ class LARS(DeviceLR, torch.optim.Optimizer):
     def _step_group(self, group: dict, params: list, grad_scale=None, found_inf=None) -> None:
         """One group in a few multi-tensor kernels (torch._foreach_*), not a handful per parameter tensor."""
         lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
-        grads = [p.grad for p in params]
+        grads: list[torch.Tensor] | tuple[torch.Tensor, ...] = [p.grad for p in params]
         keep = None
         if grad_scale is not None:  # GradScaler's inverse, computed as it does (double reciprocal, then float)
             torch._foreach_mul_(grads, grad_scale.double().reciprocal().float())
@@ -172,7 +178,7 @@ class LARS(DeviceLR, torch.optim.Optimizer):
         bufs = [self.state[p].get("momentum_buffer") for p in params]
         if any(b is None for b in bufs):
             bufs = [s.clone() for s in scaled]
-            for p, b in zip(params, bufs):
+            for p, b in zip(params, bufs, strict=True):
                 self.state[p]["momentum_buffer"] = b
         else:
             torch._foreach_mul_(bufs, mom)
@@ -191,7 +197,7 @@ def build_optimizer(
     weight_decay: float = 5e-5,
     nesterov: bool = False,
     trust_coefficient: float = 0.001,
-) -> torch.optim.Optimizer:
+) -> DeviceLR:
     """The optimizer named ``sgd`` or ``lars`` over ``param_groups(model, weight_decay)``."""
     if name not in OPTIMIZERS:
         raise UserError(f"optimizer.name: {name!r} is not one of {', '.join(OPTIMIZERS)}")

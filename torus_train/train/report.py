@@ -83,14 +83,16 @@ class Progress:
         self.total = 0
         self.tty = sys.stdout.isatty()
         self.eta = None
-        self.prior = None  # (seconds, global batch) of the timed step before training
+        self.prior: tuple[float, int] | None = None  # (seconds, global batch) of the timed step before training
         self._last_end = None  # time.time() at the end of the last interval
         self._last_epoch = None
 
     def plan(self, eta) -> None:
         """The run's train/eta.Eta (replaced at every stage switch, keeping what was measured)."""
         if self.eta is not None:
-            for new, old in zip(eta.stages, self.eta.stages):
+            # a plan over another loader may end in another stage (schedule.steps caps it); the stages both
+            # plans hold keep what was measured
+            for new, old in zip(eta.stages, self.eta.stages, strict=False):
                 new.seconds, new.steps = old.seconds, old.steps
                 new.first_seconds, new.first_steps = old.first_seconds, old.first_steps
             eta.gap_seconds, eta.boundaries, eta.prior = self.eta.gap_seconds, self.eta.boundaries, self.eta.prior
@@ -239,7 +241,7 @@ def gather_ranks(rs: RunState) -> list[dict]:
     a few numbers per rank, once, at the end. Every rank calls it; all get the list."""
     host = socket.gethostname().encode()[:HOST_BYTES]
     c = rs.corrupt
-    mine = rs.times.percentiles() + [len(rs.times.compute), len(c.files) if c else 0, c.samples if c else 0]
+    mine = [*rs.times.percentiles(), len(rs.times.compute), len(c.files) if c else 0, c.samples if c else 0]
     mine += list(host) + [0] * (HOST_BYTES - len(host))
     v = torch.tensor(mine, dtype=torch.float64, device=rs.boot.device)
     every = [torch.empty_like(v) for _ in range(rs.boot.info.world_size)]
@@ -366,7 +368,7 @@ def summary_text(s: dict) -> str:
 def rank_lines(s: dict) -> list[str]:
     """A line per straggler (own work p50 >= STRAGGLER_RATIO x the median rank's) and one for skipped files."""
     lines = []
-    st = s.get("stragglers")
+    st: dict = s.get("stragglers") or {}
     for r in st["slowest"] if st else ():
         if r["vs_median"] is not None and r["vs_median"] >= STRAGGLER_RATIO:
             lines.append(

@@ -184,12 +184,13 @@ def read_summary(run: Run) -> None:
     except UserError as e:
         run.skipped.append(f"skipped {path.name}: {str(e).removeprefix('report: ')}; per-rank figures left out")
         return
-    run.summary, bad = _checked(s, SUMMARY_FIELDS, path.name)
-    if bad or run.summary is None:
+    summary, bad = _checked(s, SUMMARY_FIELDS, path.name)
+    run.summary = summary
+    if bad or summary is None:
         run.skipped.append(f"skipped {bad}; summary left out")
         return
-    run.target = run.summary.get("target_top1")
-    _check_classes(run, run.summary, path.name)
+    run.target = summary.get("target_top1")
+    _check_classes(run, summary, path.name)
     rows = s.get("ranks")
     if rows is None:
         rows = (s.get("stragglers") or {}).get("slowest") if isinstance(s.get("stragglers"), dict) else None
@@ -198,7 +199,7 @@ def read_summary(run: Run) -> None:
         return
     for i, r in enumerate(rows):
         kept, bad = _checked(r, RANK_FIELDS, f"{path.name} ranks[{i}]")
-        if bad:
+        if kept is None:
             run.skipped.append(f"skipped {bad}")
         else:
             run.ranks.append(kept)

@@ -17,11 +17,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from torus_train.comm.buckets import BucketedModel
 from torus_train.errors import RunFailed
 from torus_train.job.rank import Bootstrap
 from torus_train.job.schedule import BatchSchedule
 from torus_train.job.spec import JobSpec
 from torus_train.train import checkpoint as ckpt
+from torus_train.train.optim import DeviceLR
 from torus_train.train.step import check_replicas, sync_buffers
 from torus_train.train.stop import StopRequest
 
@@ -53,8 +55,8 @@ class RunState:
     out: Path
     stop: StopRequest
     schedule: BatchSchedule
-    ddp: nn.Module
-    optimizer: torch.optim.Optimizer
+    ddp: BucketedModel
+    optimizer: DeviceLR
     loss_fn: nn.Module
     amp_dtype: torch.dtype | None
     scaler: Any
@@ -164,6 +166,7 @@ def save(rs: RunState, why: str) -> bool:
     state = checkpoint_state(rs)
     failed = ""
     if rs.rank0:
+        assert state is not None  # rank 0 gathers the whole state
         try:
             pt = ckpt.save_checkpoint(
                 rs.out / "checkpoints",
@@ -229,10 +232,10 @@ def agree_on_checkpoint(
     leader = local_rank == 0 or rank == 0
     data: list = []
     mine = ckpt.verdict(folder, warn=log.warning, keep=data) if leader else None
-    box = [mine if rank == 0 else None]
+    box: list[Any] = [mine if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     chosen: dict = box[0]
-    differs = leader and not ckpt.same_choice(mine, chosen)
+    differs = mine is not None and not ckpt.same_choice(mine, chosen)  # mine: every leader's
     if differs:
         log.error("resume: rank %d (a node leader) sees %s but rank 0 chose %s", rank, mine, chosen)
     first = torch.tensor([rank if differs else world_size], dtype=torch.int64, device=device)  # NCCL: on the GPU
@@ -280,7 +283,8 @@ def hand_to_node(ref: ckpt.CheckpointRef, info, device: Any = "cpu") -> ckpt.Che
         buf = torch.frombuffer(bytearray(ref.data), dtype=torch.uint8).to(device)
     else:
         buf = torch.empty(size, dtype=torch.uint8, device=device)
-    dist.broadcast(buf, src=members[0], group=group)
+    # new_group returns NON_GROUP_MEMBER (-100) only to a rank outside `members`; only members get here
+    dist.broadcast(buf, src=members[0], group=group)  # type: ignore[arg-type]
     if ref.data is not None:
         return ref
     return dataclasses.replace(ref, data=buf.cpu().numpy().tobytes())

@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from torus_train.comm.buckets import broadcast_from_rank0
 from torus_train.errors import RunFailed
+from torus_train.train.optim import DeviceLR
 
 log = logging.getLogger("torus_train.train")
 
@@ -47,7 +48,7 @@ def nonfinite_flag(model: nn.Module) -> torch.Tensor:
     return (~torch.isfinite(torch.stack([n.float() for n in norms]).sum())).float()
 
 
-def step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
+def step_unless(optimizer: DeviceLR, found_inf: torch.Tensor) -> None:
     """optimizer.step(), which changes nothing where found_inf is 1: the optimizer reads the flag on the device
     (train/optim.py), the contract GradScaler uses for optimizers with _step_supports_amp_scaling."""
     optimizer.found_inf, optimizer.grad_scale = found_inf, None
@@ -78,7 +79,7 @@ def step_body(rs, images, labels, accumulation: int) -> torch.Tensor:
     dp = rs.ddp
     dp.zero_grad()
     total = torch.zeros((), dtype=torch.float64, device=images.device)
-    for i, (x, y) in enumerate(zip(images.chunk(accumulation), labels.chunk(accumulation))):
+    for i, (x, y) in enumerate(zip(images.chunk(accumulation), labels.chunk(accumulation), strict=True)):
         # the exchange runs on the last micro-batch only; the others accumulate locally
         with dp.no_sync() if i < accumulation - 1 else contextlib.nullcontext():
             # no autocast cache: a cast weight cached across a capture's boundary would be a stale tensor
@@ -226,7 +227,7 @@ def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def replica_vector(model: nn.Module, pos, buffers: bool) -> torch.Tensor:
     """This rank's [digest (2), non-finite flag, global_step, epoch, step_in_epoch, images] as int64."""
-    tensors = [p for _, p in sorted(model.named_parameters())]
+    tensors: list[torch.Tensor] = [p for _, p in sorted(model.named_parameters())]
     if buffers:  # BatchNorm statistics are per rank while training; compared only after sync_buffers
         tensors += [b for _, b in sorted(model.named_buffers())]
     digest = bit_digest(tensors) & _MASK

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torus_train.errors import RunFailed
 
 
@@ -17,7 +19,8 @@ class StopRequest:
     def __init__(self) -> None:
         self.signal: str | None = None
         self.in_loop = False
-        self.on_step = None  # the worker may set a callable(global_step) called after every step (heartbeat)
+        # the worker may set a callable(global_step) called after every step (heartbeat)
+        self.on_step: Callable[[int], None] | None = None
 
     def beat(self, global_step: int) -> None:
         """Called by the loop after every optimizer step."""

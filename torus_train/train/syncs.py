@@ -1,4 +1,4 @@
-"""Count the device-to-host reads of the training loop, step by step (scripts/check_step_syncs.py, the GPU check,
+"""Count the device-to-host reads of the training loop, step by step (scripts/dev/check_step_syncs.py, the GPU check,
 tests/test_step_syncs.py).
 
 A read of a device value by the host (``.item()``, ``bool(t)``, ``.tolist()``, a data-dependent shape) makes the
@@ -198,8 +198,9 @@ def count_loop_syncs(spec, boot, out, precision: str, warmup: int = 1) -> dict:
         loop.switch_stage(rs, 0)
         loop.run_epoch(rs, 0)
     rs.loader.close()
-    if getattr(rs.ddp, "torus_hook_state", None) is not None:
-        rs.ddp.torus_hook_state.close()
+    hook_state = getattr(rs.ddp, "torus_hook_state", None)
+    if hook_state is not None:
+        hook_state.close()
     counted = [s for s in range(warmup + 1, rs.pos.global_step + 1) if s not in interval]
     where = sum((per_step.get(s, Counter()) for s in counted), Counter())
     return {

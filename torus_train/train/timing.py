@@ -32,7 +32,7 @@ class StepTimes:
         self.compute: list[float] = []
         self._t0 = 0.0
         self._last = 0.0
-        self._events = None  # CUDA: (start, end) of the step in progress
+        self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # CUDA: the step in progress
         self._pending: list[tuple] = []  # CUDA: steps whose events are not read yet
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._handles = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self._params]
@@ -58,9 +58,10 @@ class StepTimes:
         """The batch is here (it took ``data_seconds``); compute starts."""
         self.data.append(data_seconds)
         if self.cuda:
-            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            self._events[0].record()
-            self._events[1].record()
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+            events[1].record()
+            self._events = events
         self._t0 = self._last = time.perf_counter()
 
     def stop(self) -> None:

@@ -14,6 +14,7 @@ MPI has no standard float16/bfloat16 sum).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -225,7 +226,8 @@ class MpiGrid:
         return call
 
     def _python_calls(self, steps) -> list:
-        calls, pending = [], []
+        calls: list[tuple[Callable, tuple]] = []
+        pending: list[tuple[Callable, tuple]] = []
         for s in steps:
             c = self._comms[s.comm]
             if s.kind == N.SENDRECV:

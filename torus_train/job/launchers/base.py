@@ -68,6 +68,8 @@ class LaunchPlan:
     """Nodes used (one 'localhost' entry for a launcher whose ranks run here)."""
     argv: list[str]
     """A launcher with a command: that one command; one whose ranks run here: the command every rank runs."""
+    entry: Launcher = field(repr=False, compare=False)
+    """The launcher's table entry: ask it (plan.entry.runs_here) instead of comparing plan.launcher to names."""
     env: dict[str, str] = field(default_factory=dict)
     """Added to the environment of the command (ranks that run here: of every rank)."""
     rank_env: list[dict[str, str]] = field(default_factory=list)
@@ -76,8 +78,6 @@ class LaunchPlan:
     """The hostfile or node file the plan reads, if any."""
     notes: list[str] = field(default_factory=list)
     """Things the user should know (said once)."""
-    entry: Launcher | None = field(default=None, repr=False, compare=False)
-    """The launcher's table entry: ask it (plan.entry.runs_here) instead of comparing plan.launcher to names."""
 
     @property
     def world_size(self) -> int:
@@ -242,11 +242,11 @@ class Launcher:
             req.grid,
             req.used if hosts is None else hosts,
             argv,
+            self,
             env,
             rank_env or [],
             req.hostfile,
             notes or [],
-            self,
         )
 
     def command_text(self, plan: LaunchPlan) -> str:

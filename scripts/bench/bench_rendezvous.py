@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The rendezvous of N ranks on torch's TCPStore, on this machine (loopback), side by side for several N.
 
-    python scripts/bench_rendezvous.py                          # 8 and 2,176 ranks, 4 client processes
-    python scripts/bench_rendezvous.py --ranks 8,2176 --procs 4 --json rendezvous.json
+    python scripts/bench/bench_rendezvous.py                          # 8 and 2,176 ranks, 4 client processes
+    python scripts/bench/bench_rendezvous.py --ranks 8,2176 --procs 4 --json rendezvous.json
 
 What a rank does at start-up, as `dist.init_process_group(init_method="tcp://MASTER_ADDR:MASTER_PORT")` does it:
 rank 0 creates the store server (``TCPStore(host, port, N, is_master=True, wait_for_workers=True)``, which also

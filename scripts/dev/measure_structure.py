@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure the structure of torus_train: what issue 23 asks a rerunnable script to show.
 
-  python scripts/measure_structure.py [--json out.json]
+  python scripts/dev/measure_structure.py [--json out.json]
 
 Prints, from the source alone (nothing is imported):
 - imports that run from a lower package up to a higher one, in the order written in docs/extending.md;
@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "torus_train"
 
 # Lowest first. A module may import from its own package and from any package before it in this list.

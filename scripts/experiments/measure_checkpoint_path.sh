@@ -2,7 +2,7 @@
 # Checkpoint save and resume on the namespace cluster (scripts/dev/cluster.sh): bytes each rank read from
 # checkpoint files on resume and seconds in the checkpoint path, for 2 nodes x 1 and 2 nodes x 2 ranks.
 #
-#   flock /tmp/torus-cluster.lock scripts/measure_checkpoint_path.sh OUT.jsonl [TREE LABEL]...
+#   flock /tmp/torus-cluster.lock scripts/experiments/measure_checkpoint_path.sh OUT.jsonl [TREE LABEL]...
 #
 # Brings the cluster up (2 nodes, no Slurm), and for each TREE (a checkout of torus-train; default: this one,
 # labelled "this") and each layout runs from node1 with mpirun: `run` to step 2 (a checkpoint at the end),
@@ -15,7 +15,7 @@
 # measured and OUT left empty: how the tests run this script on a machine without the cluster.
 set -euo pipefail
 OUT=${1:?usage: measure_checkpoint_path.sh OUT.jsonl [TREE LABEL]...}; shift
-HERE="$(cd "$(dirname "$0")/.." && pwd)"
+HERE="$(cd "$(dirname "$0")/../.." && pwd)"
 [ $# -eq 0 ] && set -- "$HERE" this
 CLUSTER="$HERE/scripts/dev/cluster.sh"
 DRY=${MEASURE_DRY:-0}

@@ -1,8 +1,8 @@
 """Run the embedded default job (`torus-train run`) for several seeds and thread counts; print the table of
 docs/recipe.md (seed, threads per rank, top-1 after each epoch, when the target was first passed, wall time).
 
-    python scripts/recipe_seeds.py --out /tmp/recipe --seeds 0,1,2,3,4 --threads 1 --also 0:2
-    python scripts/recipe_seeds.py --out /tmp/recipe --table-only       # the table of runs already there
+    python scripts/experiments/recipe_seeds.py --out /tmp/recipe --seeds 0,1,2,3,4 --threads 1 --also 0:2
+    python scripts/experiments/recipe_seeds.py --out /tmp/recipe --table-only       # the table of runs already there
 
 Each run is `torus-train run --out OUT/seedS-tT --overwrite --set job.seed=S` with OMP_NUM_THREADS=T passed to
 the ranks (launch.env), one after the other; extra `--set` arguments go to every run. Wall times are those of

@@ -7,7 +7,7 @@ the steps a rank takes: open the index (memory-mapped), draw the epoch's permuta
 the pipeline's file list and labels (the paths DALI is fed; no decoding). Each world size is measured for its
 first and its last rank, in alternating rounds; the median round is reported.
 
-    python scripts/bench_startup.py --files 1281167 --worlds 8,2176 --json startup.json
+    python scripts/bench/bench_startup.py --files 1281167 --worlds 8,2176 --json startup.json
 """
 
 from __future__ import annotations
@@ -48,14 +48,14 @@ def write_index(folder: Path, n: int, classes: int = 1000) -> Path:
     data = folder / "data"
     wnids = [f"n{1440764 + 7 * c:08d}" for c in range(classes)]
     names, labels = [], []
-    for split, count in (("train", n), ("val", 50 * classes)):
+    for count in (n, 50 * classes):  # train, val
         per = np.full(classes, count // classes)
         per[: count % classes] += 1
         names.append([f"{w}/{w}_{k}.JPEG" for c, w in enumerate(wnids) for k in range(per[c])])
         labels.append([c for c in range(classes) for _ in range(per[c])])
     meta = {"version": VERSION, "root": str(data.resolve()), "splits": {}, "seconds": 0.0}
     arrays = {}
-    for split, ns, ls in zip(("train", "val"), names, labels):
+    for split, ns, ls in zip(("train", "val"), names, labels, strict=True):
         for key, a in _arrays(ns, ls).items():
             arrays[f"{split}.{key}"] = a
         meta["splits"][split] = {"classes": wnids, "count": len(ns), "class_mtimes": []}

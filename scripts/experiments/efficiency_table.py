@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Predicted-vs-reported scaling efficiency of four published runs, from the bucket timeline (docs/plan.md).
 
-    python scripts/efficiency_table.py                 # markdown table
-    python scripts/efficiency_table.py --json OUT      # also [{"work", "reported_percent", "predicted_percent"}]
+    python scripts/experiments/efficiency_table.py                 # markdown table
+    python scripts/experiments/efficiency_table.py --json OUT      # also [{"work", "reported_percent", "predicted_percent"}]
 
 One model for all four, no overlap given and no per-case knob: the step comes from torus_train.plan.timeline
 (DDP's buckets of ResNet-50 built on the meta device, backward shared by layer FLOPs, each bucket all-reduced

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Predicted against measured step time of real `torus-train run` jobs on this machine (docs/plan.md).
 
-    python scripts/plan_vs_run.py --grid 2x2 --grid 2x4 --json OUT.json [--repeats 2] [--steps 40]
+    python scripts/bench/plan_vs_run.py --grid 2x2 --grid 2x4 --json OUT.json [--repeats 2] [--steps 40]
 
 For each repeat, and inside it for each grid in turn (so the grids alternate under similar load), back to back:
   1. calibrate: `torus-train bench allreduce --grid G --algo torus -b 1M -e 32M` (the sizes of ResNet-18's buckets);
@@ -12,7 +12,7 @@ For each repeat, and inside it for each grid in turn (so the grids alternate und
   4. compare: `torus-train plan compare-run RUN --calibrate BENCH --layer-profile PROF`, with the background
      load measured during each of 1 to 3.
 The background is sampled every 0.5 s while each of 1 to 3 runs: the other runnable threads, as
-scripts/measure_background.py counts them, and the other runnable scheduling groups (sessions with a runnable
+scripts/dev/measure_background.py counts them, and the other runnable scheduling groups (sessions with a runnable
 thread: the kernel's sched_autogroup shares the CPU between sessions; every rank of a local run is its own
 session). The prediction is made three times: counting threads (the headline,
 --background-unit), counting groups, and with no background (the model's o = max(1, (ranks + background) /
@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 sys.path.insert(0, str(ROOT))
 from torus_train.plan.host import read_run  # noqa: E402  (numpy only; the runs themselves are subprocesses)
@@ -350,7 +350,7 @@ def main() -> int:
         choices=["groups", "threads"],
         default="threads",
         help="what the headline prediction counts as background: runnable threads (as "
-        "scripts/measure_background.py and the calibration's model do) or runnable scheduling "
+        "scripts/dev/measure_background.py and the calibration's model do) or runnable scheduling "
         "groups (sessions, which sched_autogroup shares the CPU between); both are in the JSON",
     )
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 """Side by side under mpirun: OpenMPI's Allreduce and the torus replayed in Python and in C (comm/native.c).
 
-    mpirun -np 4 --oversubscribe python scripts/mpi_replay_bench.py --grid 2x2
-    mpirun -np 8 --oversubscribe python scripts/mpi_replay_bench.py --grid 2x4 --sizes 64K,1M
+    mpirun -np 4 --oversubscribe python scripts/bench/mpi_replay_bench.py --grid 2x2
+    mpirun -np 8 --oversubscribe python scripts/bench/mpi_replay_bench.py --grid 2x4 --sizes 64K,1M
 
 Every variant runs on the same float32 tensor through torus_train.comm.algos.allreduce; the variants take turns
 in shuffled order, `--rounds` blocks of `--iters` calls each (after a barrier), and the median block is printed

@@ -7,8 +7,8 @@ lr_reference_batch, warm-up, decay), differing only in the global batch:
   (small -> ... -> large). Prints a markdown table (val top-1 per epoch, final and best, wall time, optimizer
   steps, time to the target) and writes the numbers to --json.
 
-    python scripts/batch_size_experiment.py --out runs/bsexp --json runs/bsexp/results.json
-    python scripts/batch_size_experiment.py --out /tmp/bs --configs c --set schedule.epochs=1   # one short run
+    python scripts/experiments/batch_size_experiment.py --out runs/bsexp --json runs/bsexp/results.json
+    python scripts/experiments/batch_size_experiment.py --out /tmp/bs --configs c --set schedule.epochs=1   # one short run
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def run_one(name: str, stages: list[dict], out: Path, extra: list[str]) -> dict:
         "--overwrite",
         "--set",
         f"schedule.stages={stages_toml(stages)}",
-    ] + extra
+        *extra,
+    ]
     print(f"\n=== ({name}) stages {stages_toml(stages)}\n$ {' '.join(cmd)}", flush=True)
     t0 = time.time()
     r = subprocess.run(cmd, timeout=1800)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pack one synthetic ImageNet in each layout it ships in and compare: time, peak disk, and the packed sets.
 
-    python scripts/pack_layouts_bench.py [--classes 100] [--per-class 20] [--val-per-class 5] [--work DIR]
+    python scripts/bench/pack_layouts.py [--classes 100] [--per-class 20] [--val-per-class 5] [--work DIR]
 
 The same images are written three ways (`make_layouts`): an ImageNet-layout folder; image-net.org's archives
 (ILSVRC2012_img_train.tar of per-class tars, ILSVRC2012_img_val.tar, ILSVRC2012_devkit_t12.tar.gz with the
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ODD_KINDS = ("baseline", "progressive", "grayscale", "cmyk", "yuv444")
 """samples.py's JPEG kinds put among the images (class 0's first files), so the layouts carry the oddities too."""
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The planner's torus/NCCL ratio against the published ones (docs/plan.md, "Published torus-vs-NCCL figures").
 
-    python scripts/published_torus_vs_nccl.py                  # the table
-    python scripts/published_torus_vs_nccl.py --json OUT       # also the rows
+    python scripts/experiments/published_torus_vs_nccl.py                  # the table
+    python scripts/experiments/published_torus_vs_nccl.py --json OUT       # also the rows
 
 For each published comparison of a 2D torus with NCCL on one cluster: the planner's all-reduce time for the
 torus and for the NCCL algorithm the work compared with (`nccl-ring` for a flat NCCL ring), on the work's grid
@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from torus_train.job.topology import Grid  # noqa: E402

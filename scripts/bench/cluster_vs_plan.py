@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The planner against `bench allreduce` on the namespace cluster past two nodes (docs/cluster.md).
 
-    python scripts/cluster_vs_plan.py --nodes 4 --json OUT.json      # as root; takes the cluster lock itself
-    python scripts/cluster_vs_plan.py --markdown RUN.json ...         # the tables of docs/cluster.md
+    python scripts/bench/cluster_vs_plan.py --nodes 4 --json OUT.json      # as root; takes the cluster lock itself
+    python scripts/bench/cluster_vs_plan.py --markdown RUN.json ...         # the tables of docs/cluster.md
 
 Under /tmp/torus-cluster.lock: `scripts/dev/cluster.sh up N` with TTC_RATE (default 1gbit: a tbf token bucket
 on each node's outgoing link), 2 ranks per node, then for each backend (gloo; mpi = OpenMPI's coll/tuned, with
@@ -40,7 +40,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from torus_train.job.topology import Grid  # noqa: E402

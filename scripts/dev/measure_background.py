@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Run a command and measure the background load it shared the CPU with.
 
-    python scripts/measure_background.py [--interval 0.2] -- torus-train bench allreduce --grid 2x2 ...
+    python scripts/dev/measure_background.py [--interval 0.2] -- torus-train bench allreduce --grid 2x2 ...
 
 Every --interval seconds it reads the state of every thread on the machine (/proc/PID/task/TID/stat) and counts
 the runnable ones (state R) that belong neither to the command's process tree nor to this script. At the end
 it prints `background: MEAN runnable threads (median M, N samples)` and exits with the command's status.
 The mean is the `background` term of the calibration's oversubscription model,
 max(1, (ranks + background) / cores): `plan calibrate --background` and
-`scripts/check_calibration.py --fit-background/--check-background`. Linux only.
+`scripts/experiments/check_calibration.py --fit-background/--check-background`. Linux only.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Side by side: DDP's own all-reduce, the synchronous torus hook and the asynchronous one, on `torus-train run`.
 
-    python scripts/bench_hook.py --grid 2x2 --rounds 3 --json hook-2x2.json
-    python scripts/bench_hook.py --grid 2x4 --gpus 8 --rounds 3 --json hook-2x4.json
+    python scripts/bench/bench_hook.py --grid 2x2 --rounds 3 --json hook-2x2.json
+    python scripts/bench/bench_hook.py --grid 2x4 --gpus 8 --rounds 3 --json hook-2x4.json
 
 Hooks: ddp (comm.algo = ddp), torus-sync (comm.algo = torus-sync: the exchange inside the hook, no overlap),
 torus-async (comm.algo = torus: the hook returns a pending Future, the exchange runs while backward goes on).
@@ -35,9 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # torus_train from this checkout, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # torus_train from this checkout, installed or not
 
-CLUSTER_SH = Path(__file__).resolve().parent / "dev" / "cluster.sh"
+CLUSTER_SH = Path(__file__).resolve().parents[1] / "dev" / "cluster.sh"
 HOOKS = {"ddp": "ddp", "torus-sync": "torus-sync", "torus-async": "torus"}
 """Benchmark name -> comm.algo."""
 
@@ -136,7 +136,7 @@ def worker(args) -> None:
             ddp.register_comm_hook(state, allreduce_hook)
         timeline = state["timeline"] if hook == "ddp" else state.timeline
         loss_fn = torch.nn.CrossEntropyLoss()
-        for step in range(args.timeline_step + 1):  # the first steps rebuild the buckets and warm up
+        for _step in range(args.timeline_step + 1):  # the first steps rebuild the buckets and warm up
             dist.barrier()
             timeline.clear()
             t_fwd = time.perf_counter()
@@ -261,7 +261,7 @@ def draw(tl: dict, png: Path) -> None:
 
     hooks = list(tl["hooks"])
     fig, axes = plt.subplots(len(hooks), 1, figsize=(10, 1.2 + 1.3 * len(hooks)), sharex=True, squeeze=False)
-    for ax, hook in zip(axes[:, 0], hooks):
+    for ax, hook in zip(axes[:, 0], hooks, strict=True):
         h = tl["hooks"][hook]
         rows = h["buckets"]
         for i, b in enumerate(rows):

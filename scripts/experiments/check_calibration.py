@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Fit the cost model on one `bench allreduce --json` file and hold its prediction against another grid's.
 
-    python scripts/check_calibration.py BENCH_2x2.json BENCH_2x4.json [--algo torus] [--min-bytes 1M]
-    python scripts/check_calibration.py A_2x2.json,B_2x2.json,C_2x2.json A_2x4.json,B_2x4.json,C_2x4.json
+    python scripts/experiments/check_calibration.py BENCH_2x2.json BENCH_2x4.json [--algo torus] [--min-bytes 1M]
+    python scripts/experiments/check_calibration.py A_2x2.json,B_2x2.json,C_2x2.json A_2x4.json,B_2x4.json,C_2x4.json
 
 For each algorithm present in both files: alpha and the per-byte costs in and beyond the last-level cache are
 fitted on the first file (torus_train.plan.calibrate.calibrate, rows with wrong == 0), then the busbw of the
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fit-background",
         type=float,
         default=0.0,
-        help="runnable threads of other jobs during the fit file's bench (scripts/measure_background.py; default 0)",
+        help="runnable threads of other jobs during the fit file's bench (scripts/dev/measure_background.py; default 0)",
     )
     ap.add_argument(
         "--check-background",

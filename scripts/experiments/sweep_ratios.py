@@ -1,6 +1,6 @@
 """busbw ratio of each algorithm to flat, per size, over several `bench allreduce --json` files of one grid.
 
-    python scripts/sweep_ratios.py docs/bench/2026-12-02-mpi-native/mpi_2x2_{1,2,3}.json
+    python scripts/experiments/sweep_ratios.py docs/bench/2026-12-02-mpi-native/mpi_2x2_{1,2,3}.json
 
 Prints, per size and algorithm, the ratio in each file (each file's algorithms ran interleaved, so each ratio
 is a side-by-side measurement), their minimum and their median.

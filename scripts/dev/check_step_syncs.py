@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Count the host reads (device-to-host syncs) of a training step on CPU, for each precision path.
 
-    python scripts/check_step_syncs.py --json syncs.json [--steps 12] [--optimizer lars]
+    python scripts/dev/check_step_syncs.py --json syncs.json [--steps 12] [--optimizer lars]
 
 Runs the real loop of `torus-train run` (train/loop.py on a world of one, with the torus hook and its gloo
 exchange) for --steps steps in each of fp32, bf16 (CPU autocast) and fp16-scaler (CPU autocast in fp16 with
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # torus_train from this checkout, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # torus_train from this checkout, installed or not
 
 
 def small_spec(steps: int, optimizer: str, out: str, image_size: int = 32, batch: int = 8, arch: str = "resnet18"):

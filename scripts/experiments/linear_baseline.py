@@ -5,8 +5,8 @@ Each image is taken the way validation sees it (resize the shorter side, centre 
 to 3*size*size standardised pixel values; a softmax regression is fitted with full-batch L-BFGS and L2
 regularisation, one run per --l2 value, and scored on the validation split.
 
-    python scripts/linear_baseline.py                      # the cached demo set (created if missing)
-    python scripts/linear_baseline.py --data DIR --size 32 --json out.json
+    python scripts/experiments/linear_baseline.py                      # the cached demo set (created if missing)
+    python scripts/experiments/linear_baseline.py --data DIR --size 32 --json out.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 """Folder against packed input on the same photo-size JPEGs, cores and decode settings: images/s per rank, file
 opens per image, and opens from the training thread.
 
-    python scripts/bench_input_scale.py --json OUT [--work DIR] [--per-class 50] [--rounds 3] [--batches 20]
+    python scripts/bench/bench_input_scale.py --json OUT [--work DIR] [--per-class 50] [--rounds 3] [--batches 20]
 
 Builds (or reuses) WORK/folder with scripts/photo_like_set.py (500x375 JPEGs, ImageNet-like sizes), its index,
 and WORK/packed (torus-train data pack). The measurements run in child processes, each loader being one rank's
@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: torus_train and scripts/
 MARK = "/nonexistent-torus-bench-mark"
 
 
@@ -59,7 +59,7 @@ def prepare(work: Path, per_class: int) -> tuple[Path, Path, int]:
         subprocess.run(
             [
                 sys.executable,
-                str(HERE / "photo_like_set.py"),
+                str(ROOT / "scripts" / "photo_like_set.py"),
                 "--out",
                 str(folder),
                 "--classes",
@@ -178,7 +178,7 @@ def run_rates(folder: Path, packed: Path, args) -> dict[str, list[float]]:
         f"--{k}={getattr(args, k.replace('-', '_'))}"
         for k in ("batch", "threads", "io-workers", "warmup", "batches", "rounds")
     ]
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, timeout=3600)
     if out.returncode != 0:
         raise SystemExit(f"bench child failed ({out.returncode})")
@@ -204,8 +204,8 @@ def run_child(data: Path, args, trace: Path | None = None) -> dict:
         str(3 * args.batches),
     ]  # a longer window: the batches read ahead past its end weigh less
     if trace is not None:
-        cmd = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(trace)] + cmd
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        cmd = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(trace), *cmd]
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     if out.returncode != 0:
         raise SystemExit(f"bench child failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -285,7 +285,7 @@ def main() -> None:
         )
     ratio = results[1]["images_per_s"] / results[0]["images_per_s"]
     say("rounds (images/s): " + "; ".join(f"{k} {', '.join(f'{x:.1f}' for x in v)}" for k, v in rates.items()))
-    pairs = [p / f for f, p in zip(rates["folder"], rates["packed"])]
+    pairs = [p / f for f, p in zip(rates["folder"], rates["packed"], strict=True)]
     say(
         f"packed / folder: {ratio:.2f}x (median rounds; per round {', '.join(f'{x:.2f}' for x in pairs)}); "
         f"{args.threads} decode thread(s), {args.io_workers} reader threads, batch {args.batch}, 224x224"

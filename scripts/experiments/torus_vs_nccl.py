@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Torus against NCCL's own choice, per network preset and GPU count: the table of docs/plan.md.
 
-    python scripts/torus_vs_nccl.py                       # markdown table
-    python scripts/torus_vs_nccl.py --json OUT            # also the rows as JSON
-    python scripts/torus_vs_nccl.py --networks dgx-h100 --gpus 8,64
+    python scripts/experiments/torus_vs_nccl.py                       # markdown table
+    python scripts/experiments/torus_vs_nccl.py --json OUT            # also the rows as JSON
+    python scripts/experiments/torus_vs_nccl.py --networks dgx-h100 --gpus 8,64
 
 Every row is what `torus-train plan --gpus N --network NET` predicts with its defaults (ResNet-50, fp16
 gradients, 32 images per GPU, the grid and bucket cap chosen by the predicted torus step, the fitted step
