@@ -209,7 +209,7 @@ def merged(out: Path, ran: list[str]) -> dict[str, dict[str, Any]]:
     checks = {k: {"ok": None, "seconds": None, **v} for k, v in CHECKS.items()}
     for part in ran:
         path = out / "parts" / f"{part}.json"
-        found = json.loads(path.read_text()) if path.exists() else {"error": "no result"}
+        found: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"error": "no result"}
         for name in ACCEPTANCE.get(part).checks:
             checks[name].update(found.get(name) or {"ok": False, "error": found.get("error", "no result")})
             checks[name]["seconds"] = found.get("seconds")
