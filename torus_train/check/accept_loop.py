@@ -24,8 +24,9 @@ from torus_train.job.rank import Bootstrap
 from torus_train.train.syncs import count_loop_syncs
 
 SYNC_STEPS = 12
-"""The syncs part's steps: 8 counted (not the first, not a logging interval's); a rehearsal's 7 (5 counted) on
-the CPU, where fp16 autocast (forced, for the GradScaler's path) has no fast kernels."""
+"""The syncs part's steps: 8 counted (not the first, not a logging interval's). A rehearsal runs 7 (5 counted)
+at 32 px: on the CPU, fp16 autocast (forced, for the GradScaler's path) has no fast kernels, and its backward
+under the counter took 17 s a step at 64 px."""
 
 
 def loop_img_s(
@@ -85,8 +86,8 @@ def syncs(s: Shrunk) -> dict[str, Any]:
     """host_syncs: the loop in fp16 with the GradScaler (train/syncs.py), device-to-host reads per step."""
     out = s.out / "syncs"
     boot = world_of_one()
-    steps = 7 if s.rehearsal else SYNC_STEPS
-    r = count_loop_syncs(s.loop_spec(out, s.small, steps), boot, out, "fp16-scaler")
+    steps, size = (7, 32) if s.rehearsal else (SYNC_STEPS, None)
+    r = count_loop_syncs(s.loop_spec(out, s.small, steps, image_size=size), boot, out, "fp16-scaler")
     per_step = r["syncs"] / max(r["steps"], 1)
     ok = boot.backend == s.backend and r["steps"] > 0 and per_step == 0
     return {

@@ -64,10 +64,17 @@ class Shrunk:
         return [a for s in self.one_gpu() + list(extra) for a in ("--set", s)]
 
     def loop_spec(
-        self, out: Path, batch: int, steps: int, precision: str = "fp16", deterministic: bool = False
+        self,
+        out: Path,
+        batch: int,
+        steps: int,
+        precision: str = "fp16",
+        deterministic: bool = False,
+        image_size: int | None = None,
     ) -> JobSpec:
         """The spec for the in-process loop: synthetic data, ``steps`` steps at per-GPU ``batch``, nothing
-        saved; fp16 exchanges in fp16 (with fp16's loss scaler), bf16 in bf16."""
+        saved; fp16 exchanges in fp16 (with fp16's loss scaler), bf16 in bf16; ``image_size`` in place of the
+        run's."""
         sets = [
             *self.one_gpu(),
             f"job.deterministic={str(deterministic).lower()}",
@@ -85,6 +92,7 @@ class Shrunk:
             f"model.precision={precision}",
             "job.max_nonfinite_steps=1000",
             f"comm.compression={precision}",
+            *([f"data.image_size={image_size}"] if image_size else []),
         ]
         return load_spec(str(SPEC), [parse_override(s) for s in sets])
 
