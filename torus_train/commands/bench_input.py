@@ -143,12 +143,7 @@ def bench_input(
     The loaders run one after the other in alternating rounds (each round builds its loader, warms it up,
     times it and closes it, so the other never runs beside it); the table gives each loader's median round.
     """
-    kinds = [k.strip() for k in loaders.split(",") if k.strip()]
-    if not kinds:
-        raise UserError(f"--loaders: {loaders!r} names no loader; give dali, torchvision or both, comma-separated")
-    for k in kinds:
-        if k not in ("dali", "torchvision"):
-            raise UserError(f"--loaders: {k!r} is not dali or torchvision")
+    kinds = _loader_names(loaders)
     if batches < 1 or warmup < 0 or batch_size < 1 or image_size < 1 or rounds < 1:
         raise UserError("--batches, --rounds, --batch-size and --image-size must be positive, --warmup >= 0")
     if threads < 0:
@@ -182,15 +177,8 @@ def bench_input(
     for r in results:
         r["ratio_to_torchvision"] = round(r["images_per_s"] / base, 2) if base else None
     click.echo(format_table(results))
-    for v, r in zip(rows, results, strict=True):
-        if base and v != base_row:
-            pairs = [
-                d["images_per_s"] / t["images_per_s"] for d, t in zip(per_round[v], per_round[base_row], strict=True)
-            ]
-            click.echo(
-                f"{'DALI' if v[0] == 'dali' else label(*v)} / torchvision: {r['images_per_s'] / base:.2f}x "
-                f"(median rounds; per round: {', '.join(f'{x:.2f}' for x in pairs)})"
-            )
+    if base and base_row:
+        _echo_ratios(rows, results, per_round, base_row, base)
     if json_path:
         doc = {
             "data": str(s.root),
@@ -208,6 +196,30 @@ def bench_input(
         }
         write_json(json_path, doc, WRITER)
         click.echo(f"wrote {json_path}", err=True)
+
+
+def _loader_names(loaders: str) -> list[str]:
+    """--loaders as a list of loader names, each dali or torchvision (UserError otherwise)."""
+    kinds = [k.strip() for k in loaders.split(",") if k.strip()]
+    if not kinds:
+        raise UserError(f"--loaders: {loaders!r} names no loader; give dali, torchvision or both, comma-separated")
+    for k in kinds:
+        if k not in ("dali", "torchvision"):
+            raise UserError(f"--loaders: {k!r} is not dali or torchvision")
+    return kinds
+
+
+def _echo_ratios(rows: list, results: list[dict], per_round: dict, base_row: tuple, base: float) -> None:
+    """Each variant's median img/s over torchvision's (cpu decoder), and the ratio of every round."""
+    for v, r in zip(rows, results, strict=True):
+        if v != base_row:
+            pairs = [
+                d["images_per_s"] / t["images_per_s"] for d, t in zip(per_round[v], per_round[base_row], strict=True)
+            ]
+            click.echo(
+                f"{'DALI' if v[0] == 'dali' else label(*v)} / torchvision: {r['images_per_s'] / base:.2f}x "
+                f"(median rounds; per round: {', '.join(f'{x:.2f}' for x in pairs)})"
+            )
 
 
 def check_device(device: str) -> None:

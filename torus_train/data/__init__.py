@@ -98,6 +98,11 @@ def make_loader(
         corrupt=corrupt,
         decoder=decoder,
     )
+    return _open(kind, root, request, named)
+
+
+def _open(kind: str, root, request: LoaderRequest, named: bool):
+    """The loader of the source ``kind`` names (no path), or of the folder or packed set at ``root``."""
     if named:
         return SOURCES.get(kind).open_loader(request)
     if kind not in KINDS:  # named before the folder is read

@@ -7,6 +7,7 @@ at one (GPUs, grid, network, model, batch) point; sweep gives the curves of all-
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -188,6 +189,35 @@ class Plan:
         return d
 
 
+def _layers(model: str, overlap: float | None, layer_profile: dict | None) -> tuple:
+    """The model's layers for the bucket timeline (with a measured profile's times where given); none with a
+    stated overlap, which takes the whole gradient as one all-reduce."""
+    layers = model_layers(model) if overlap is None else ()
+    return layers_with_profile(layers, layer_profile) if layers and layer_profile is not None else layers
+
+
+def _step_timeline(
+    layers: tuple,
+    compute: float,
+    gradient_dtype: str,
+    bucket_cap: int,
+    overhead: float,
+    algo: str,
+    cost: Callable[[float], float],
+) -> Timeline:
+    """One algorithm's step on the bucket timeline: the backward pass's buckets, each exchanged at ``cost``."""
+    return timeline(
+        layers,
+        compute,
+        BACKWARD_FRACTION,
+        cost,
+        DTYPE_BYTES[gradient_dtype],
+        algo,
+        bucket_cap,
+        overhead_seconds=overhead,
+    )
+
+
 def make_plan(
     gpus: int,
     net: Network,
@@ -214,9 +244,7 @@ def make_plan(
     images_per_second = _throughput(net, model, images_per_second)
     compute = per_gpu_batch / images_per_second
     overhead = step_overhead * compute
-    layers = model_layers(model) if overlap is None else ()
-    if layers and layer_profile is not None:
-        layers = layers_with_profile(layers, layer_profile)
+    layers = _layers(model, overlap, layer_profile)
     grid, bucket_cap, why, candidates = _grid_and_cap(
         gpus,
         net,
@@ -230,18 +258,7 @@ def make_plan(
         ),
     )
 
-    def step_timeline(algo: str, cost: Callable[[float], float]) -> Timeline:
-        return timeline(
-            layers,
-            compute,
-            BACKWARD_FRACTION,
-            cost,
-            DTYPE_BYTES[gradient_dtype],
-            algo,
-            bucket_cap,
-            overhead_seconds=overhead,
-        )
-
+    step_timeline = functools.partial(_step_timeline, layers, compute, gradient_dtype, bucket_cap, overhead)
     algos = {
         algo: _algo_plan(algo, grid, net, nbytes, placement, compute, overlap, step_timeline)
         for algo in algorithms_for(net, gpus)
