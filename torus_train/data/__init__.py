@@ -86,18 +86,9 @@ def make_loader(
     )
     named = kind in SOURCES and not SOURCES.get(kind).takes_path
     request = LoaderRequest(
-        cfg,
-        torch.device(device),
-        None if named else root,
-        "auto" if named else kind,
-        num_classes,
-        index,
-        build_index=True,
-        verify=verify,
-        samples=synthetic_samples or 0,
-        corrupt=corrupt,
-        decoder=decoder,
-    )
+        cfg, torch.device(device), None if named else root, "auto" if named else kind, num_classes, index,
+        build_index=True, verify=verify, samples=synthetic_samples or 0, corrupt=corrupt, decoder=decoder,
+    )  # fmt: skip
     return _open(kind, root, request, named)
 
 
