@@ -14,8 +14,9 @@ from graphfake import install
 
 from torus_train.check.smallrun import loop_run, small_spec
 from torus_train.job.topology import parse_grid
+from torus_train.ranks.consensus import consensus
 from torus_train.ranks.distributed import init_distributed, shutdown
-from torus_train.train.graphs import StepGraph, all_ranks
+from torus_train.train.graphs import StepGraph
 
 rank = int(os.environ["RANK"])
 out = Path(os.environ["CHECK_OUT"])
@@ -27,7 +28,7 @@ if rank == int(os.environ["FAIL_RANK"]):
         fake.mismatch = True
 boot = init_distributed(parse_grid("2x1"), 60)
 said: list[str] = []
-graph = StepGraph(said.append, warmup=1, agree=lambda ok: all_ranks(ok, boot.device))
+graph = StepGraph(said.append, warmup=1, agree=lambda why: consensus(why, boot.device))
 try:
     run = loop_run(small_spec(out / f"run{rank}", 4, 4, cuda_graphs="off"), boot, out / f"run{rank}", graphs=graph)
 finally:

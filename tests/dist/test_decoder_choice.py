@@ -69,8 +69,8 @@ def cpu_run(folder, tmp_path_factory):
 @pytest.mark.parametrize(
     "fault, why",
     [
-        ("wrongimage:1", "on 1 of 2 ranks (it passed on rank 0)"),
-        ("decoderaises:all", "on 2 of 2 ranks (the device decoder raised RuntimeError: injected decoder failure"),
+        ("wrongimage:1", "on 1 of 2 ranks (rank 1: "),  # rank 0, whose probe passed, names rank 1's reason
+        ("decoderaises:all", "on 2 of 2 ranks (rank 0: the device decoder raised RuntimeError: injected decoder"),
     ],
 )
 def test_a_failed_decoder_probe_runs_on_the_cpu_decoder(fault, why, folder, cpu_run, tmp_path):

@@ -1,6 +1,6 @@
 """data.decoder resolved once per run, before training, with one verdict for every rank.
 
-    choice = choose_decoder(spec, boot, say)     every rank, at the same point (one all-reduce when it probes)
+    choice = choose_decoder(spec, boot, say)     every rank, at the same point (two all-reduces when it probes: ranks/consensus.py)
     choice.decoder                               the data.decoder entry the loaders are built with
     choice.summary()                             summary.json's choices.decoder: {"choice", "why"}
 
@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from torus_train.data.decode_probe import DecodeFn, probe_decoder_repeats, probe_device_decoder
 from torus_train.data.pipelines import resolve_kind
 from torus_train.job.rank import Bootstrap
 from torus_train.job.sources import DECODERS, source_of
 from torus_train.job.spec import JobSpec
+from torus_train.ranks.consensus import consensus
 from torus_train.train.faults import Fault
 from torus_train.verdict import Verdict
 
@@ -59,15 +59,12 @@ def choose_decoder(
         return DecoderChoice(placed, placed, why)
     decode = injected if fault is not None and fault.targets(boot.info.rank) else None
     verdict = probe(boot.device, spec.job.deterministic, decode)
-    failures = ranks_failing(verdict.ok is True, boot.device)
-    if failures == 0 and placed == "gpu":
+    found = consensus(None if verdict.ok is True else verdict.why, boot.device)
+    if found.ok and placed == "gpu":
         return DecoderChoice("gpu", "gpu", f"{setting}: {verdict.why}")
-    if failures == 0:  # an injected probe on CPU ranks passed: the CPU ranks still decode on the CPU
+    if found.ok:  # an injected probe on CPU ranks passed: the CPU ranks still decode on the CPU
         return DecoderChoice("cpu", "cpu", f"{setting}: the ranks run on the {boot.device.type} ({verdict.why})")
-    why = verdict.why if verdict.ok is not True else f"it passed on rank {boot.info.rank}"
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    where = f"on {failures} of {world} ranks" if world > 1 else "here"
-    failed = f"the GPU decoder failed its start-up check {where} ({why})"
+    failed = f"the GPU decoder failed its start-up check {found.where()} ({found.reason()})"
     if say is not None:
         say(f"data.decoder: {failed}; decoding on the CPU (data.decoder = cpu)")
     return DecoderChoice("cpu", "cpu", f"{setting}: {failed}")
@@ -82,14 +79,3 @@ def probe(device: torch.device, deterministic: bool, decode: DecodeFn | None = N
             return Verdict.failed(f"deterministic run: {repeat.why}", **repeat.detail)
         return Verdict.passed(f"{verdict.why}; {repeat.why}", **verdict.detail)
     return verdict
-
-
-def ranks_failing(ok: bool, device: torch.device) -> int:
-    """How many ranks' flag is False: one all-reduce (SUM) of one integer over the world; 0 or 1 outside a
-    process group. On gloo the integer stays on the CPU (gloo reduces host tensors)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return int(not ok)
-    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor([int(not ok)], dtype=torch.int32, device=on)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return int(t.item())

@@ -34,10 +34,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
 from torus_train.data.device_work import DEVICE_WORK
+from torus_train.ranks.consensus import Consensus
 from torus_train.train.step import step_body
 
 log = logging.getLogger("torus_train.train")
@@ -64,16 +64,6 @@ def choice_without(spec, boot) -> dict:
     else:
         why = f"auto: the exchange runs on {boot.backend} (a graph needs NCCL)"
     return {"choice": "eager", "why": why}
-
-
-def all_ranks(flag: bool, device: torch.device) -> bool:
-    """True when ``flag`` is True on every rank: one all-reduce (MIN) of one integer; the flag itself in a
-    world of one or outside a process group."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
 
 
 def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -150,13 +140,14 @@ class StepGraph:
         self,
         say: Callable[[str], None] | None = None,
         warmup: int = WARMUP_STEPS,
-        agree: Callable[[bool], bool] | None = None,
+        agree: Callable[[str | None], Consensus] | None = None,
     ):
         self.say = say or (lambda text: None)
         """Rank 0's progress line (report.Progress.say); the others log only."""
         self.warmup = warmup
-        self.agree = agree or (lambda flag: flag)
-        """flag -> True when it is True on every rank (all_ranks over the run's world)."""
+        self.agree = agree or Consensus.alone
+        """This rank's failure (None: it passed) -> every rank's verdict (ranks/consensus.py over the run's
+        world), naming the first failing rank's reason."""
         self.graph: Any = None
         self.pool: Any = None
         self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -234,8 +225,9 @@ class StepGraph:
         if error is None and saved.grew(rs):
             error = "the step made new optimizer or counter state inside the capture (no warm-up step)"
         saved.restore(rs)
-        if not self.agree(error is None):
-            self._fall_back(at, f"the capture failed ({error or 'on another rank'})")
+        captured = self.agree(error)
+        if not captured.ok:
+            self._fall_back(at, f"the capture failed {_on(captured)}({captured.why})")
             return self._on_side_stream(rs, images, labels)
         graph.replay()
         replayed = flat_params(rs.model)
@@ -243,8 +235,10 @@ class StepGraph:
         eager_loss = self._on_side_stream(rs, images, labels)
         rel = max_rel_diff(flat_params(rs.model), replayed)
         self.last_rel_diff = rel
-        if not self.agree(rel <= AGREE_TOLERANCE):
-            self._fall_back(at, f"one replay differed from the eager step by {_rel(rel)} (over {AGREE_TOLERANCE})")
+        differed = None if rel <= AGREE_TOLERANCE else f"by {_rel(rel)} (over {AGREE_TOLERANCE})"
+        agreed = self.agree(differed)
+        if not agreed.ok:
+            self._fall_back(at, f"one replay differed from the eager step {_on(agreed)}{agreed.why}")
             return eager_loss
         self.graph, self.pool, self.static = graph, pool, (x, y, loss)
         self.capture_seconds.append(seconds)
@@ -288,6 +282,11 @@ class StepGraph:
         if key not in self._said:
             self._said.add(key)
             self._tell(text)
+
+
+def _on(found: Consensus) -> str:
+    """ "on rank R " where the world has more than one rank (the first rank that failed)."""
+    return "" if found.world == 1 else f"on rank {found.first} "
 
 
 def _rel(rel: float) -> str:

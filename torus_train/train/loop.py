@@ -26,6 +26,7 @@ from torus_train.data.base import CorruptLog
 from torus_train.errors import RunFailed
 from torus_train.job.rank import Bootstrap
 from torus_train.job.spec import JobSpec
+from torus_train.ranks.consensus import consensus
 from torus_train.train.build import (
     amp_settings,
     build_loader,
@@ -40,7 +41,7 @@ from torus_train.train.checkpoint import write_atomic
 from torus_train.train.decoder import choose_decoder
 from torus_train.train.eta import Eta
 from torus_train.train.faults import Fault, install
-from torus_train.train.graphs import StepGraph, all_ranks, choice_without
+from torus_train.train.graphs import StepGraph, choice_without
 from torus_train.train.graphs import wanted as graphs_wanted
 from torus_train.train.report import (
     Progress,
@@ -116,7 +117,7 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
         progress.say(f"CPU ranks run fp32 (model.precision = {spec.model.precision} applies on GPUs)")
     graphs = None
     if graphs_wanted(spec, boot):
-        graphs = StepGraph(progress.say if progress else None, agree=lambda ok: all_ranks(ok, boot.device))
+        graphs = StepGraph(progress.say if progress else None, agree=lambda why: consensus(why, boot.device))
     rs = RunState(
         spec,
         boot,
