@@ -60,6 +60,7 @@ TORCH_SIDE = (
     "comm.algos",
     "comm.arith",
     "comm.buckets",
+    "comm.consensus",
     "comm.groups",
     "comm.hooks",
     "comm.mpi.transport",

@@ -1,4 +1,4 @@
-"""One rank of tests/dist/test_consensus.py: ranks/consensus.py over a gloo world, this rank failing with the
+"""One rank of tests/dist/test_consensus.py: comm/consensus.py over a gloo world, this rank failing with the
 reason FAIL_<rank> names (passing where it is unset); writes the verdict it got as JSON."""
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torus_train.ranks.consensus import consensus
+from torus_train.comm.consensus import consensus
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: graphfak
 from graphfake import install
 
 from torus_train.check.smallrun import loop_run, small_spec
+from torus_train.comm.consensus import consensus
 from torus_train.job.topology import parse_grid
-from torus_train.ranks.consensus import consensus
 from torus_train.ranks.distributed import init_distributed, shutdown
 from torus_train.train.graphs import StepGraph
 

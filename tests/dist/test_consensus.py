@@ -1,4 +1,4 @@
-"""ranks/consensus.py on 4 real gloo ranks: every rank gets the same verdict, the count of failing ranks, and the
+"""comm/consensus.py on 4 real gloo ranks: every rank gets the same verdict, the count of failing ranks, and the
 reason of the lowest failing rank (broadcast from it), whichever ranks failed; and outside a process group a
 rank's own verdict."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from torus_train.comm.consensus import Consensus, consensus
 from torus_train.ranks.bootstrap import free_port
-from torus_train.ranks.consensus import Consensus, consensus
 from torus_train.ranks.localrun import run_local_ranks
 
 WORKER = str(Path(__file__).with_name("consensus_worker.py"))

@@ -1,4 +1,4 @@
-"""The graph probe's verdict is the same on every rank (train/graphs.py: ranks/consensus.py after the capture
+"""The graph probe's verdict is the same on every rank (train/graphs.py: comm/consensus.py after the capture
 and after the comparison): on 2 gloo ranks where only one rank's capture fails, or only one rank's replay
 differs, both ranks go on eagerly, neither replays a graph the other does not (a replay holds the exchange's
 collectives: a lone one would hang), every rank names the failing rank and its reason, and the replicas end

@@ -1,6 +1,6 @@
 """data.decoder resolved once per run, before training, with one verdict for every rank.
 
-    choice = choose_decoder(spec, boot, say)     every rank, at the same point (two all-reduces when it probes: ranks/consensus.py)
+    choice = choose_decoder(spec, boot, say)     every rank, at the same point (two all-reduces when it probes: comm/consensus.py)
     choice.decoder                               the data.decoder entry the loaders are built with
     choice.summary()                             summary.json's choices.decoder: {"choice", "why"}
 
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from torus_train.comm.consensus import consensus
 from torus_train.data.decode_probe import DecodeFn, probe_decoder_repeats, probe_device_decoder
 from torus_train.data.pipelines import resolve_kind
 from torus_train.job.rank import Bootstrap
 from torus_train.job.sources import DECODERS, source_of
 from torus_train.job.spec import JobSpec
-from torus_train.ranks.consensus import consensus
 from torus_train.train.faults import Fault
 from torus_train.verdict import Verdict
 

@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
+from torus_train.comm.consensus import Consensus
 from torus_train.data.device_work import DEVICE_WORK
-from torus_train.ranks.consensus import Consensus
 from torus_train.train.step import step_body
 
 log = logging.getLogger("torus_train.train")
@@ -146,7 +146,7 @@ class StepGraph:
         """Rank 0's progress line (report.Progress.say); the others log only."""
         self.warmup = warmup
         self.agree = agree or Consensus.alone
-        """This rank's failure (None: it passed) -> every rank's verdict (ranks/consensus.py over the run's
+        """This rank's failure (None: it passed) -> every rank's verdict (comm/consensus.py over the run's
         world), naming the first failing rank's reason."""
         self.graph: Any = None
         self.pool: Any = None

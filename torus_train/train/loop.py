@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from torus_train.comm.consensus import consensus
 from torus_train.data.base import CorruptLog
 from torus_train.errors import RunFailed
 from torus_train.job.rank import Bootstrap
 from torus_train.job.spec import JobSpec
-from torus_train.ranks.consensus import consensus
 from torus_train.train.build import (
     amp_settings,
     build_loader,
