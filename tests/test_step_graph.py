@@ -16,6 +16,7 @@ from graphfake import install
 
 from torus_train.check.smallrun import loop_run, small_spec, world_of_one
 from torus_train.ranks.distributed import shutdown
+from torus_train.errors import RunFailed
 from torus_train.train import graphs, loop
 from torus_train.train.syncs import force_precision
 
@@ -44,8 +45,9 @@ def test_warm_up_then_the_probe_then_replays_equal_to_the_eager_run(fake_cuda, b
     got = run(boot, tmp_path, graphs.StepGraph(said.append, warmup=2), name="graphed")
     eager = run(boot, tmp_path, name="eager")
     shape = (4, 3, 32, 32)
-    # two warm-up steps; step 3 is the probe: captured, replayed once, then run eagerly (its result); then replays
-    probe = [("capture", "thread_local"), "replay", ("eager", 1, shape)]
+    # two warm-up steps; step 3 is the probe: captured without the exchange (every rank agrees), captured with
+    # it, replayed once, then run eagerly (its result); then replays
+    probe = [("capture", "thread_local"), ("capture", "thread_local"), "replay", ("eager", 1, shape)]
     assert fake_cuda.log == [("eager", 1, shape)] * 2 + probe + ["replay"] * 3
     assert len(said) == 1 and "step 3 captured" in said[0] and "agreed with the eager step" in said[0]
     assert got.choices["cuda_graphs"]["choice"] == "graphed" and got.rel_diff == 0.0
@@ -79,8 +81,9 @@ def test_a_replay_that_differs_runs_eagerly_with_the_eager_runs_parameters(fake_
 
 
 def test_a_later_stage_whose_capture_fails_goes_on_eagerly(fake_cuda, boot, tmp_path, monkeypatch):
-    """The first stage is graphed; the capture at the next stage (batch 4 -> 8) fails: eager from there."""
-    fake_cuda.fail_capture = {2}
+    """The first stage is graphed (captures 1 and 2); the capture at the next stage (batch 4 -> 8) fails: eager
+    from there."""
+    fake_cuda.fail_capture = {3}
     said: list[str] = []
     spec = small_spec(
         tmp_path / "two",
@@ -101,7 +104,7 @@ def test_a_later_stage_whose_capture_fails_goes_on_eagerly(fake_cuda, boot, tmp_
         loop.run_epoch(rs, epoch)
     rs.loader.close()
     rs.ddp.close()
-    assert [e for e in fake_cuda.log if isinstance(e, tuple) and e[0] == "capture"] == [("capture", "thread_local")] * 2
+    assert [e for e in fake_cuda.log if isinstance(e, tuple) and e[0] == "capture"] == [("capture", "thread_local")] * 3
     assert len(said) == 2 and "captured" in said[0] and "capture failed" in said[1]
     assert g.eager and g.choice["choice"] == "eager" and len(g.capture_seconds) == 1
     last = fake_cuda.log[-1]
@@ -172,3 +175,15 @@ def test_the_summary_names_the_choice(boot, tmp_path):
         "choice": "eager",
         "why": "auto: the ranks run on the CPU (a graph needs a CUDA rank)",
     }
+
+
+def test_a_capture_with_the_exchange_that_fails_after_the_agreement_ends_the_run(fake_cuda, boot, tmp_path):
+    """Every rank's capture without the exchange passed and they agreed; the capture with it then fails: the
+    other ranks' graphs would hold collectives this rank never issued, so the run ends, saying what to do."""
+    fake_cuda.fail_capture = {2}
+    g = graphs.StepGraph(lambda text: None, warmup=1)
+    rs = start(boot, tmp_path, "late")
+    g.step(rs, *batch(4), accumulation=1)  # the warm-up: the skip counters and momentum exist after it
+    with pytest.raises(RunFailed, match="capture with the exchange failed .*model.cuda_graphs = off"):
+        g.step(rs, *batch(4), accumulation=1)
+    rs.ddp.close()

@@ -89,7 +89,9 @@ class BucketedModel:
         self._syncing = True
         self._launched = 0
         self._cuda = bool(self.buckets) and self.buckets[0].flat.is_cuda
-        self._nccl = state is not None and self._cuda and state.groups.backend == "nccl"
+        # NCCL's exchange: CUDA buckets on a side stream; CPU buckets only in a full-world rehearsal (plan/rehearse),
+        # where the fake backend plays NCCL and the same collectives run inline
+        self._nccl = state is not None and state.groups.backend == "nccl"
         self.zero_grad()
         if state is not None and dist.is_initialized():
             broadcast_state(module)  # every rank starts from rank 0's parameters and buffers, as DDP does
@@ -151,7 +153,7 @@ class BucketedModel:
         if state is None:
             return
         if self._nccl:
-            if not state.asynchronous:
+            if not (state.asynchronous and self._cuda):
                 exchange_cuda(state, b.flat)
                 return
             side = state.stream(b.flat.device)
@@ -181,7 +183,7 @@ class BucketedModel:
                 for f in b.futures:
                     f.result()  # an exchange's error surfaces here, in the training thread
             state = self.torus_hook_state
-            if self._nccl and state is not None and state.asynchronous:
+            if self._nccl and self._cuda and state is not None and state.asynchronous:
                 torch.cuda.current_stream(self.buckets[0].flat.device).wait_stream(
                     state.stream(self.buckets[0].flat.device)
                 )

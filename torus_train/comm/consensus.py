@@ -7,8 +7,8 @@
 
 The start-up probes (train/decoder.py, train/graphs.py) use it: a run falls back on every rank or on none, and the
 line rank 0 prints names what failed even when rank 0's own check passed. The cost does not grow with the world:
-two all-reduces of one integer, and where a rank failed one broadcast of its reason (a short string) from the
-lowest such rank.
+two all-reduces of one integer, and where a rank failed one broadcast of its reason (1 KiB, broadcast_text) from
+the lowest such rank.
 """
 
 from __future__ import annotations
@@ -62,6 +62,23 @@ def consensus(why_failed: str | None, device: torch.device) -> Consensus:
     lowest = torch.tensor([rank if failed else world], dtype=torch.int64, device=on)
     dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
     first = int(lowest.item())
-    box = [why_failed if rank == first else None]
-    dist.broadcast_object_list(box, src=first, device=on)
-    return Consensus(failing, world, first, str(box[0]))
+    return Consensus(failing, world, first, broadcast_text(why_failed or "", first, on))
+
+
+TEXT_BYTES = 1024
+"""A broadcast line's bytes (UTF-8, cut there): one fixed-size tensor, no pickling, no size exchange first."""
+
+
+def broadcast_text(text: str, src: int, device: torch.device) -> str:
+    """``src``'s ``text`` on every rank, in one broadcast of TEXT_BYTES bytes on ``device`` (the backend's:
+    NCCL's is the GPU); '' stays ''. An object broadcast would pickle on the host and move two tensors."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return text
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    raw = text.encode()[:TEXT_BYTES] if dist.get_rank() == src else b""
+    buf = torch.zeros(TEXT_BYTES, dtype=torch.uint8)
+    if raw:
+        buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    buf = buf.to(on)
+    dist.broadcast(buf, src=src)
+    return bytes(buf.cpu().tolist()).rstrip(b"\0").decode(errors="replace")

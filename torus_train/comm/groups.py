@@ -172,7 +172,7 @@ def shm_capacity(x: int) -> int:
 
 def can_split() -> bool:
     """True when dist.split_group can split the default group here (bound device, backend that splits)."""
-    if not hasattr(dist, "split_group"):
+    if not hasattr(dist, "split_group") or not hasattr(torch, "accelerator"):  # torch 2.5 has the first only
         return False
     pg = dist.distributed_c10d._get_default_group()
     device = getattr(pg, "bound_device_id", None)
@@ -194,6 +194,12 @@ def group_method(requested: str = "auto") -> str:
     if requested not in ("split", "enumerate", "per-group"):
         raise ValueError(f"group method {requested!r} is not one of auto, split, enumerate, per-group")
     return requested
+
+
+def partition_groups(members: list[list[int]], mine: int, timeout: float = 300.0):
+    """Groups `members` (a partition of the world; every rank calls it alike) made the cheapest way this torch
+    and backend allow (group_method), and this rank's, the one with index `mine`."""
+    return _my_group(group_method(), members, mine, timedelta(seconds=max(timeout, 1.0)))
 
 
 def _my_group(method: str, members: list[list[int]], mine: int, tmo: timedelta):

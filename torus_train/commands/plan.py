@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
+from torus_train.commands.rehearse import rehearse_command
 from torus_train.errors import UserError
 from torus_train.outfiles import Writer, check_distinct, check_json_output, write_json
 from torus_train.plan.calibrate import MAX_CORES
@@ -297,3 +298,6 @@ def compare_run(json_path, **options) -> None:
     """
     _check_json(json_path, COMPARE_RUN_WRITER)
     _write_json(json_path, compare(CompareRunRequest(**options), click.echo), COMPARE_RUN_WRITER)
+
+
+plan.add_command(rehearse_command)

@@ -122,6 +122,11 @@ def run_worker(
 
         for name, value in DETERMINISTIC_ENV.items():
             os.environ.setdefault(name, value)
+    if spec.model.cuda_graphs == "auto":
+        # the graphed step never has captured and uncaptured collectives outstanding on one communicator (a
+        # synchronisation separates them, train/graphs.py), so NCCL's mixing mechanism, seen to deadlock CUDA
+        # when graphs of several communicators (the row's and the column's) launch from one thread, stays off
+        os.environ.setdefault("NCCL_GRAPH_MIXING_SUPPORT", "0")
     import torch
 
     if threads:

@@ -7,14 +7,18 @@ capture recipe applies to it unchanged:
 
 1. warm-up: the stage's first ``warmup`` steps run eagerly on a side stream (real steps, counted as any:
    cuDNN picks its kernels, NCCL makes its communicators, the optimizer and the loss scaler their state);
-2. probe, on the next step's real batch: the step's state is copied aside (StepState); the batch goes into
-   static input buffers and step_body(static inputs) is captured into a graph with its own memory pool (the
-   exchange's side stream and its NCCL calls inside it); the state is put back (a capture runs nothing on the
-   device, but it leaves host-side state half-stepped: bucket counts, the GradScaler's per-optimizer state,
-   the optimizer's found_inf); every rank says whether its capture worked (one all-reduce of a flag); then
-   one replay, its parameters kept aside, the state put back, and the step run eagerly: this step's result
-   is the eager one. The replay must agree with it (max |difference| / max |parameter| <= AGREE_TOLERANCE,
-   again one all-reduce of a flag), else the run goes on eagerly, said in one line;
+2. probe, on the next step's real batch: the step's state is copied aside (StepState) and the batch goes into
+   static input buffers. Every rank first captures step_body without its exchange (no NCCL call in that graph)
+   and the ranks agree on the verdicts (one all-reduce of a flag): whether a collective is captured must be the
+   same on every rank of its communicator, so no rank captures one before all agreed. Then step_body(static
+   inputs) is captured with its exchange into a graph with its own memory pool (the side stream and its NCCL
+   calls inside it); the state is put back after each capture (a capture runs nothing on the device, but it
+   leaves host-side state half-stepped: bucket counts, the GradScaler's per-optimizer state, the optimizer's
+   found_inf); a capture that fails only now ends the run on every rank. Then one replay, its parameters kept
+   aside, the state put back, and the step run eagerly: this step's result is the eager one. The replay must
+   agree with it (max |difference| / max |parameter| <= AGREE_TOLERANCE, again one all-reduce of a flag), else
+   the run goes on eagerly, said in one line. A device synchronisation separates every switch between captured
+   and uncaptured collectives on a communicator (NCCL_GRAPH_MIXING_SUPPORT=0, set by ranks/worker.py);
 3. replay: every later step copies its batch into the static buffers and replays; the returned loss is the
    graph's static output, added to the interval's sum on the device before the next replay.
 Everything that needs the host (logging, replica checks, checkpoints, stop requests, the heartbeat) runs
@@ -38,6 +42,7 @@ from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
 from torus_train.comm.consensus import Consensus
 from torus_train.data.device_work import DEVICE_WORK
+from torus_train.errors import RunFailed
 from torus_train.train.step import step_body
 
 log = logging.getLogger("torus_train.train")
@@ -166,7 +171,10 @@ class StepGraph:
         self._side: torch.cuda.Stream | None = None
 
     def new_stage(self) -> None:
-        """New shapes from here on: the graph goes (its pool with it) and the next steps warm up again."""
+        """New shapes from here on: the graph goes (its pool with it) and the next steps warm up again, once the
+        last replay's collectives are done (eager ones follow on the same communicators)."""
+        if self.graph is not None:
+            torch.cuda.synchronize()
         self.graph = self.static = self.pool = None
         self.eager_steps = 0
         if not self.eager:
@@ -212,13 +220,23 @@ class StepGraph:
         return loss
 
     def _probe(self, rs, images, labels) -> torch.Tensor:
-        """Capture this step, replay it once, run it eagerly from the same state; keep the graph when every
-        rank captured and the replay agreed. Returns the eager step's loss (this step's result)."""
+        """Decide with every rank, then capture this step, replay it once, run it eagerly from the same state;
+        keep the graph when the replay agreed. Returns the eager step's loss (this step's result).
+
+        NCCL counts whether a collective is captured as a property of the collective, the same on every rank
+        of its communicator: so every rank first captures the step without its exchange (no collective in that
+        graph) and the ranks agree on the verdicts before any rank captures a collective. A capture that still
+        fails after that ends the run on every rank (the others' graphs hold collectives this rank never
+        issued), with one line saying to run with model.cuda_graphs = off."""
         at = rs.pos.global_step + 1
         if rs.times is not None:
             rs.times.whole_step()  # no per-gradient timing hook inside the graph
         saved = StepState(rs)
         x, y = images.clone(), labels.clone()  # clone keeps the memory format (channels_last)
+        decided = self.agree(self._dry_capture(rs, x, y, saved))
+        if not decided.ok:
+            self._fall_back(at, f"the capture failed {_on(decided)}({decided.why})")
+            return self._on_side_stream(rs, images, labels)
         t0 = time.perf_counter()
         graph, pool, loss, error = self._capture(rs, x, y)
         seconds = time.perf_counter() - t0
@@ -227,12 +245,34 @@ class StepGraph:
         saved.restore(rs)
         captured = self.agree(error)
         if not captured.ok:
-            self._fall_back(at, f"the capture failed {_on(captured)}({captured.why})")
-            return self._on_side_stream(rs, images, labels)
+            raise RunFailed(
+                f"CUDA graph: at step {at} the capture with the exchange failed {_on(captured)}({captured.why}) "
+                "after every rank's capture without it had passed; run again with model.cuda_graphs = off"
+            )
+        return self._compare(rs, images, labels, at, (graph, pool, x, y, loss), saved, seconds)
+
+    def _dry_capture(self, rs, x, y, saved: StepState) -> str | None:
+        """The step captured without its exchange (no NCCL call in the graph, which is thrown away): this
+        rank's error, or None."""
+        with rs.ddp.no_sync():
+            graph, _, _, error = self._capture(rs, x, y)
+        if error is None and saved.grew(rs):
+            error = "the step made new optimizer or counter state inside the capture (no warm-up step)"
+        del graph
+        saved.restore(rs)
+        return error
+
+    def _compare(self, rs, images, labels, at: int, captured: tuple, saved: StepState, seconds: float):
+        """One replay against the eager step from the same state; the graph kept when every rank's agreed.
+        The synchronisations keep each communicator's captured and uncaptured collectives apart
+        (NCCL_GRAPH_MIXING_SUPPORT=0, ranks/worker.py)."""
+        graph, pool, x, y, loss = captured
         graph.replay()
+        torch.cuda.synchronize()
         replayed = flat_params(rs.model)
         saved.restore(rs)
         eager_loss = self._on_side_stream(rs, images, labels)
+        torch.cuda.synchronize()
         rel = max_rel_diff(flat_params(rs.model), replayed)
         self.last_rel_diff = rel
         differed = None if rel <= AGREE_TOLERANCE else f"by {_rel(rel)} (over {AGREE_TOLERANCE})"

@@ -13,11 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from torus_train.comm.buckets import BucketedModel
+from torus_train.comm.consensus import broadcast_text
+from torus_train.comm.groups import partition_groups
 from torus_train.errors import RunFailed
 from torus_train.job.rank import Bootstrap
 from torus_train.job.schedule import BatchSchedule
@@ -128,16 +131,9 @@ def job_identity(spec: JobSpec) -> dict:
 
 
 def checkpoint_state(rs: RunState) -> dict | None:
-    """Gather every rank's RNG state to rank 0 (a gather, not an all-gather: rank 0 alone needs them); rank 0
-    gets the full state to save (tensors and plain types only, so that it loads with weights_only=True), the
-    others None."""
-    rng = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-    }
-    every: list[Any] | None = [None] * dist.get_world_size() if rs.rank0 else None
-    dist.gather_object(rng, every, dst=0)
+    """The state rank 0 saves (tensors and plain types only, so that it loads with weights_only=True); None on
+    the other ranks. No rank's RNG state is in it: every rank's streams are derived from (seed, rank, step) at
+    each checkpoint (reseed), so nothing is gathered to rank 0."""
     if not rs.rank0:
         return None
     return {
@@ -145,11 +141,20 @@ def checkpoint_state(rs: RunState) -> dict | None:
         "optimizer": rs.optimizer.state_dict(),
         "scaler": rs.scaler.state_dict() if rs.scaler else None,
         "position": vars(rs.pos).copy(),
-        "rng": every,
         "grid": str(rs.boot.grid),
         "world_size": rs.boot.info.world_size,
         "spec": rs.spec.to_dict(),
     }
+
+
+def reseed(seed: int, rank: int, step: int) -> None:
+    """This rank's random streams (torch, CUDA, Python's, NumPy's) from (seed, rank, step): called after every
+    checkpoint and after a resume, so a resumed run draws what the straight run drew, on any grid, without a
+    gather of 2,176 RNG states to rank 0 (an object collective over NCCL at every checkpoint)."""
+    mixed = int.from_bytes(hashlib.sha256(f"{seed}/{rank}/{step}".encode()).digest()[:8], "little") >> 1
+    torch.manual_seed(mixed)  # every device's generator too
+    random.seed(mixed)
+    np.random.seed(mixed % 2**32)
 
 
 def save(rs: RunState, why: str) -> bool:
@@ -189,10 +194,10 @@ def save(rs: RunState, why: str) -> bool:
             failed = f"checkpoint at step {rs.pos.global_step} was not written ({type(e).__name__}: {e})"
             log.exception("checkpoint at step %d", rs.pos.global_step)
     # nobody runs ahead of a checkpoint that is still being written, and a failed write fails every rank
-    box = [failed]
-    dist.broadcast_object_list(box, src=0)
-    if box[0]:
-        raise RunFailed(box[0])
+    said = broadcast_text(failed, 0, rs.boot.device)
+    if said:
+        raise RunFailed(said)
+    reseed(rs.spec.job.seed, rs.boot.info.rank, rs.pos.global_step)
     log.info("checkpoint at step %d: %.3f s in the checkpoint path", rs.pos.global_step, time.perf_counter() - t0)
     return True
 
@@ -248,43 +253,43 @@ def agree_on_checkpoint(
     return ckpt.ref_from_verdict(folder, chosen, data[0] if data else None)
 
 
-def node_members(rank: int, local_rank: int, local_world_size: int, device: Any = "cpu") -> list[int] | None:
-    """The global ranks of this rank's node, its leader (local rank 0) first; None on every rank alike when the
-    launcher did not give each node consecutive global ranks (then every rank reads for itself). One
-    all-gather of two integers per rank, which every rank calls."""
-    mine = torch.tensor([rank - local_rank, local_world_size], dtype=torch.int64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    table = torch.stack(every).cpu().tolist()  # one read of the gathered table: [first rank, ranks] per rank
-    nodes: dict[int, list[int]] = {}
-    for r, (first, _) in enumerate(table):
-        nodes.setdefault(first, []).append(r)
-    if any(
-        ranks != list(range(first, first + table[first][1])) if 0 <= first < len(table) else True
-        for first, ranks in nodes.items()
-    ):
-        return None
-    return nodes[rank - local_rank]
+def node_size(info, device: Any = "cpu") -> int:
+    """The ranks per node when every node holds that many consecutive global ranks (as srun's block
+    distribution and mpirun's ppr mapping give them), else 0; the same answer on every rank. One all-reduce
+    (MIN) of three integers, whatever the world."""
+    size = info.local_world_size
+    aligned = 0 <= info.local_rank < size and info.rank - info.local_rank == info.rank // size * size
+    mine = torch.tensor([size, -size, int(aligned)], dtype=torch.int64, device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MIN)
+    low, high, every = (int(v) for v in mine.tolist())
+    return size if low == -high and every == 1 and info.world_size % size == 0 else 0
 
 
 def hand_to_node(ref: ckpt.CheckpointRef, info, device: Any = "cpu") -> ckpt.CheckpointRef:
-    """Every rank of a node gets the bytes its leader read and verified: one broadcast inside the node (a
-    node-local process group, over NVLink with NCCL). The other ranks read nothing from the file. Every rank
-    calls it; where nodes are not consecutive ranks, ranks without the bytes load the file themselves."""
-    members = node_members(info.rank, info.local_rank, info.local_world_size, device)
-    if members is None:
+    """Every rank of a node gets the bytes its leader read and verified: one broadcast inside the node, over
+    NVLink with NCCL; the other ranks read nothing from the file. Every rank calls it.
+
+    The nodes' groups are made in one call that every rank joins (one communicator split on NCCL, where a
+    group made by its members alone may still split the world's communicator, which every rank must join),
+    and are destroyed after the broadcast: a resume leaves no communicator behind. Where the nodes are not
+    consecutive ranks, each rank without the bytes loads the file itself."""
+    size = node_size(info, device)
+    if size == 0:
         log.warning("resume: the ranks of a node are not consecutive; every rank reads the checkpoint itself")
         return ref
-    if len(members) == 1:
+    if size == 1:
         return ref
-    group = None if len(members) == info.world_size else dist.new_group(members, use_local_synchronization=True)
-    size = int(ref.manifest["bytes"])
+    first = info.rank - info.local_rank
+    nodes = [list(range(n, n + size)) for n in range(0, info.world_size, size)]
+    group = None if size == info.world_size else partition_groups(nodes, first // size)
+    nbytes = int(ref.manifest["bytes"])
     if ref.data is not None:
         buf = torch.frombuffer(bytearray(ref.data), dtype=torch.uint8).to(device)
     else:
-        buf = torch.empty(size, dtype=torch.uint8, device=device)
-    # new_group returns NON_GROUP_MEMBER (-100) only to a rank outside `members`; only members get here
-    dist.broadcast(buf, src=members[0], group=group)  # type: ignore[arg-type]
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=first, group=group)
+    if group is not None:
+        dist.destroy_process_group(group)
     if ref.data is not None:
         return ref
     return dataclasses.replace(ref, data=buf.cpu().numpy().tobytes())
@@ -312,7 +317,7 @@ def resume(rs: RunState, regrid: bool = False) -> bool:
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise RunFailed(f"checkpoint {ref.path} does not fit this job ({first})") from None
-    restore_rng(state.get("rng") or [], rs.boot.info.rank, rs.boot.info.world_size)
+    reseed(rs.spec.job.seed, info.rank, rs.pos.global_step)  # as the straight run did after this checkpoint
     log.info(
         "resumed from %s: epoch %d, step %d; %d bytes read from checkpoint files by this rank, %.3f s in "
         "the checkpoint path",
@@ -362,16 +367,3 @@ def check_identity(ref: ckpt.CheckpointRef, rs: RunState, regrid: bool) -> str:
         f"resuming step {m['step']} of {was} on grid {grid} ({world} ranks): the global batch stays, "
         "the per-rank batch and the RNG streams change"
     )
-
-
-def restore_rng(rng: list, rank: int, world_size: int) -> None:
-    if len(rng) != world_size:
-        log.warning(
-            "resume: checkpoint was written by %d ranks, this job has %d; RNG states start fresh", len(rng), world_size
-        )
-        return
-    mine = rng[rank]
-    torch.set_rng_state(mine["torch"])
-    random.setstate(mine["python"])
-    if mine.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(mine["cuda"])
