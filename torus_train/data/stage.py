@@ -193,12 +193,19 @@ class NodesWait:
             try:
                 copy()
             except Exception as e:
-                self.store.set(f"{k}/done", f"the node {self.host} (rank {self.rank}) failed to stage: {e}")
+                self.tell(f"the node {self.host} (rank {self.rank}) failed to stage: {e}")
                 raise
             self.store.set(f"{k}/copied/{slot}", "1")
             if self.store.add(f"{k}/ranks", self.local_world_size) == self.world_size:
                 self.store.set(f"{k}/done", STAGED)
         self.wait()
+
+    def tell(self, failure: str) -> None:
+        """Wake every rank with ``failure``; a store already gone leaves the leader's own error to be seen."""
+        try:
+            self.store.set(f"{self.key}/done", failure)
+        except RuntimeError:
+            pass
 
     def wait(self) -> None:
         t0 = time.monotonic()
@@ -213,15 +220,18 @@ class NodesWait:
             raise RunFailed(f"data.stage: {done}")
 
     def late(self) -> str:
-        """The timeout's line; rank 0's names the nodes still copying (one store read per node, on this path
-        alone and on one rank: the store is not asked 2,176 times 544 questions)."""
-        ranks = self.store.add(f"{self.key}/ranks", 0)
+        """The timeout's line. The first rank to time out names the nodes still copying (a store read per
+        node, on this path alone and on one rank: the store is not asked 2,176 times 544 questions); the
+        others name that rank."""
+        k = self.key
+        ranks = self.store.add(f"{k}/ranks", 0)
         head = (
             f"data.stage: after data.stage_timeout_s = {self.timeout_s:g} s the nodes of {ranks} of "
             f"{self.world_size} ranks had copied the packed set"
         )
-        if self.rank != 0:
-            return f"{head}; rank 0's log names the nodes still copying"
+        if self.store.add(f"{k}/reporter", 1) != 1:
+            return f"{head}; rank {self.store.get(f'{k}/reporter_rank').decode()}'s log names those still copying"
+        self.store.set(f"{k}/reporter_rank", str(self.rank))
         leaders = self.store.add(f"{self.key}/leaders", 0)
         slow = [i for i in range(1, leaders + 1) if not self.store.check([f"{self.key}/copied/{i}"])]
         names = [self.store.get(f"{self.key}/leader/{i}").decode() for i in slow[:NAMED_NODES]]
