@@ -124,6 +124,8 @@ def test_watchdog_limits_and_the_start_up_allowance():
     assert watchdog_limits(spec) == (90.0, 90.0)
     spec = load_spec(None, [("comm.timeout_s", 30.0), ("launch.watchdog_s", 5.0)])
     assert watchdog_limits(spec) == (5.0, 90.0)
+    staged = load_spec(None, [("comm.timeout_s", 30.0), ("data.stage", "node"), ("data.stage_timeout_s", 900.0)])
+    assert watchdog_limits(staged) == (90.0, 990.0)  # a node's copy may take its own limit before the first step
     w = Watch(5.0, 90.0, {}, changed=0.0)
     assert not w.due(10.0, 2)  # before every rank finished a step: the start-up limit
     w.seen = {0: Beat(0, 1, 1, 0.0), 1: Beat(1, 2, 0, 0.0)}

@@ -68,6 +68,9 @@ def test_work_text_of_the_default_job_and_of_a_folder_without_index(tmp_path):
     folder = load_spec(None, [("data.source", str(tmp_path)), ("model.arch", "vit_b_16")])
     text = work_text(folder, folder.schedule.at(2))
     assert "no index of" in text and "not known for vit_b_16" in text
+    gone = load_spec(None, [("data.source", str(tmp_path / "shards"))])  # not here: a folder or a packed set
+    text = work_text(gone, gone.schedule.at(2))
+    assert f"images not known ({tmp_path / 'shards'} is not on this machine)" in text and "data index" not in text
 
 
 def test_models_and_work_do_not_import_torch():

@@ -116,3 +116,17 @@ def test_launch_plan_uses_the_same_container_command():
         "--job runs/NAME/job.json"
     )
     assert tail in " ".join(sections["help"].replace("\\\n", " ").split())
+
+
+def test_the_base_is_the_documented_one_and_refuses_a_torch_without_the_split_or_v100():
+    """The NGC tag in From is the one docs/cluster.md gives versions and sources for, and %test refuses a base
+    whose torch cannot split the grid's groups (dist.split_group, torch.accelerator) or has no V100 kernels."""
+    header, sections = parse(RECIPE.read_text())
+    tag = header["From"].removeprefix("nvcr.io/nvidia/pytorch:")
+    docs = (RECIPE.parent / "docs" / "cluster.md").read_text()
+    assert f"The base is NGC PyTorch {tag.removesuffix('-py3')} (`{header['From']}`)" in docs
+    assert f"| **{tag.removesuffix('-py3')}** |" in docs  # its row in the table of releases
+    test = sections["test"]
+    for needed in ("hasattr(d, 'split_group')", "hasattr(torch, 'accelerator')", "'sm_70' in f"):
+        assert needed in test, needed
+    assert "_cuda_getArchFlags()" in test  # get_arch_list() is empty on a build host without a GPU

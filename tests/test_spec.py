@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -132,6 +133,14 @@ def test_example_specs_load():
     for path in specs:
         s = load_spec(path)
         assert s.schedule.at(s.grid.gpus or 8).stages[-1].until_epoch == s.schedule.epochs, path
+
+
+def test_the_production_spec_reads_the_set_its_comment_packs():
+    """2,176 ranks on a plain folder would open a file per image on the shared file system's metadata server:
+    the production spec reads a packed set, the one its comment's `data pack` command writes."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "specs" / "imagenet_2176.toml"
+    packs = re.findall(r"^#\s+torus-train data pack --data (\S+) --out (\S+)$", path.read_text(), re.M)
+    assert len(packs) == 1 and load_spec(path).data.source == packs[0][1] != packs[0][0]
 
 
 def test_deterministic_and_decoder_fields():

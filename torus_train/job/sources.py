@@ -224,6 +224,8 @@ def _folder_images(spec: JobSpec) -> tuple[int | None, str]:
     source = spec.data.source
     meta = Path(spec.data.index) if spec.data.index else Path(source) / INDEX_DIR
     count = _meta_count(meta / "meta.json")
+    if count is None and not os.path.lexists(source):  # not here: a folder or a packed set, nothing says which
+        return None, f"{source} is not on this machine"
     if count is None:
         return None, f"no index of {source} yet (torus-train data index --data {source})"
     return count, f"the index of {source}"

@@ -285,6 +285,9 @@ class DataSection:
     the node's ranks read it there (docs/data.md)."""
     stage_dir: str = ""
     """Node-local folder for data.stage = node; empty = $SLURM_TMPDIR, $PBS_JOBFS, $SGE_LOCALDIR or $TMPDIR."""
+    stage_timeout_s: float = 3600.0
+    """data.stage = node: seconds every rank waits for the slowest node's copy (a wait on the rendezvous store,
+    not a collective: comm.timeout_s does not bound it); then the run fails naming the nodes still copying."""
     synthetic_samples: int = 0
     """Images per epoch of synthetic data (0 = the loader's default); small values make short epochs."""
     on_corrupt: str = "fail"
@@ -424,6 +427,7 @@ class JobSpec:
         for path, value, high in (
             ("comm.bucket_mb", self.comm.bucket_mb, MAX_BUCKET_MB),
             ("comm.timeout_s", self.comm.timeout_s, MAX_TIMEOUT_S),
+            ("data.stage_timeout_s", self.data.stage_timeout_s, MAX_TIMEOUT_S),
         ):
             if not value > 0:
                 raise SpecError(f"{path}: {value!r} must be > 0")

@@ -29,9 +29,11 @@ DUMP_WAIT_S = 2.0
 
 
 def watchdog_limits(spec: JobSpec) -> tuple[float, float]:
-    """(limit once every rank has finished a step, limit before that) in seconds."""
-    startup = spec.comm.timeout_s + WATCHDOG_MARGIN_S
-    return spec.launch.watchdog_s or startup, startup
+    """(limit once every rank has finished a step, limit before that) in seconds. Before the first step a
+    node-local copy (data.stage = node) may take up to data.stage_timeout_s on top: its own limit fires first."""
+    limit = spec.comm.timeout_s + WATCHDOG_MARGIN_S
+    staging = spec.data.stage_timeout_s if spec.data.stage == "node" else 0.0
+    return spec.launch.watchdog_s or limit, limit + staging
 
 
 def new_watch(watchdog_s: float, startup_s: float) -> Watch | None:

@@ -3,14 +3,17 @@ comm.algo, loaders, AMP."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import socket
 import time
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 import torch.nn as nn
 import torchvision
 
@@ -19,7 +22,7 @@ from torus_train.comm.hooks import TorusHookState
 from torus_train.data import loader_config
 from torus_train.data.base import LoaderRequest
 from torus_train.data.readers import decode_threads
-from torus_train.data.stage import stage_on_node
+from torus_train.data.stage import NodesWait, stage_key, stage_on_node
 from torus_train.errors import UserError
 from torus_train.job.algorithms import ALGORITHMS
 from torus_train.job.models import HOUSE_ARCHS
@@ -29,6 +32,8 @@ from torus_train.job.spec import JobSpec
 from torus_train.train.models import build_house_model
 from torus_train.train.optim import DeviceLR
 from torus_train.train.optim import build_optimizer as optimizer_for
+
+log = logging.getLogger("torus_train.train")
 
 
 def seed_everything(seed: int, rank: int) -> None:
@@ -180,13 +185,32 @@ def staged_root(spec: JobSpec, boot: Bootstrap, root: str | None) -> str | None:
     if root is None or spec.data.stage == "none":
         return root
     if root not in _staged:
-        _staged[root] = str(stage_on_node(root, spec.data.stage_dir, boot.info.local_rank, _barrier))
+        wait = nodes_wait(spec, boot, root)
+        _staged[root] = str(stage_on_node(root, spec.data.stage_dir, boot.info.local_rank, wait, log.info))
     return _staged[root]
 
 
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+def nodes_wait(spec: JobSpec, boot: Bootstrap, root: str) -> NodesWait | None:
+    """The wait for every node's copy on the rendezvous store (data/stage.py's NodesWait says why not a
+    dist.barrier: a copy may outlast comm.timeout_s); None outside a process group, and on torch's fake
+    backend, whose store answers without holding anything (a rehearsal plays one rank: no node to wait for)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    store = c10d._get_default_store()
+    if dist.get_backend() == "fake" or not all(hasattr(store, m) for m in ("add", "set", "get", "check", "wait")):
+        log.info("data.stage: a store that holds nothing (fake backend); not waiting for the other nodes")
+        return None
+    i = boot.info
+    return NodesWait(
+        store,
+        stage_key(root),
+        i.rank,
+        i.local_rank,
+        i.local_world_size,
+        i.world_size,
+        spec.data.stage_timeout_s,
+        socket.gethostname(),
+    )
 
 
 def image_dtype(spec: JobSpec, device: torch.device) -> str:
