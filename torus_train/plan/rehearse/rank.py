@@ -28,6 +28,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from torus_train.comm import consensus as consensus_module
 from torus_train.comm.groups import build_grid_groups
+from torus_train.data import stage
 from torus_train.job.rank import Bootstrap, RankInfo
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
@@ -85,6 +86,17 @@ def _host_work(rec: Recorder, what: str, fn):
     return wrapped
 
 
+def _store_barrier(rec: Recorder, fn):
+    """data/stage.py's wait for every node's copy, on the rendezvous store: a wait with its own timeout."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        rec.note("store-barrier", "every node staged")
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
 def _decision(rec: Recorder, fn):
     @functools.wraps(fn)
     def wrapped(why, device):
@@ -134,6 +146,7 @@ def install_phases(rec: Recorder) -> contextlib.ExitStack:
     for (owner, name), what in SLOW_HOST_WORK.items():
         patch(owner, name, _host_work(rec, what, getattr(owner, name)))
     patch(state, "hand_to_node", _delivered(state.hand_to_node))
+    patch(stage.NodesWait, "wait", _store_barrier(rec, stage.NodesWait.wait))
     for owner in (loop, decoder, consensus_module):
         patch(owner, "consensus", _decision(rec, consensus_module.consensus))
     return stack
