@@ -51,8 +51,7 @@ def test_srun_binds_one_gpu_and_a_sockets_cores_to_each_rank():
         "--nodes=2",
         "--ntasks=8",
         "--ntasks-per-node=4",
-        "--gpus-per-task=1",
-        "--gpu-bind=none",  # not per_task:1, which --gpus-per-task implies: it fences each task off its peers
+        "--gpus-per-node=4",  # not --gpus-per-task=1: its per-task binding fences each task off its peers' GPUs
         "--cpus-per-task=10",  # 40 CPUs of a node over its 4 ranks
         "--cpu-bind=cores",
         "--distribution=block:block",  # local ranks 0, 1 on the first socket, beside GPUs 0, 1
@@ -61,7 +60,7 @@ def test_srun_binds_one_gpu_and_a_sockets_cores_to_each_rank():
         *WORKER,
     ]
     assert p.env["OMP_NUM_THREADS"] == "10"
-    assert p.notes[0].startswith("GPUs: one per rank: --gpus-per-task=1") and "SLURM_LOCALID" in p.notes[0]
+    assert p.notes[0].startswith("GPUs: one per rank: --gpus-per-node") and "SLURM_LOCALID" in p.notes[0]
     assert p.notes[1].startswith("cores: 10 CPUs per rank (SLURM_JOB_CPUS_PER_NODE=40(x2) over 4 ranks)")
 
 
@@ -81,7 +80,7 @@ def test_srun_binds_one_gpu_and_a_sockets_cores_to_each_rank():
 )
 def test_srun_binding_follows_the_backend_and_what_slurm_says(environ, fields, gpus, cpus):
     p = plan("srun", environ, **fields)
-    assert ("--gpus-per-task=1" in p.argv and "--gpu-bind=none" in p.argv) == gpus
+    assert ("--gpus-per-node=4" in p.argv) == gpus and not [a for a in p.argv if a.startswith("--gpu-bind")]
     if cpus is None:
         assert not [a for a in p.argv if a.startswith(("--cpus-per-task", "--cpu-bind", "--distribution"))]
         assert p.notes[1].startswith("cores: not bound: Slurm does not say") and "launch.cpus_per_rank" in p.notes[1]
@@ -183,7 +182,7 @@ def test_the_refusal_is_one_line_and_exit_2():
     "info, count, device",
     [
         (RankInfo(5, 8, 1, 4, "slurm"), 4, 1),  # a node's GPUs shared as a list: its local rank
-        (RankInfo(7, 8, 3, 4, "slurm"), 1, 0),  # one GPU of its own (srun --gpu-bind=single:1): cuda:0
+        (RankInfo(7, 8, 3, 4, "slurm"), 1, 0),  # one GPU of its own (srun --gpus-per-task=1): cuda:0
         (RankInfo(0, 1, 0, 1, "single"), 8, 0),
     ],
 )
@@ -246,14 +245,9 @@ def test_the_production_specs_dry_run_binds_gpus_and_cores(tmp_path):
     spec_file = "scripts/specs/imagenet_2176.toml"
     slurm = {**FAKE_544, "SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_CPUS_PER_NODE": "40(x544)"}
     line = _dry_run("--spec", spec_file, "--launcher", "srun", env=slurm)
-    assert (
-        "OMP_NUM_THREADS=10 " in line
-        and (
-            " srun --nodes=544 --ntasks=2176 --ntasks-per-node=4 --gpus-per-task=1 --gpu-bind=none --cpus-per-task=10 "
-            "--cpu-bind=cores --distribution=block:block --kill-on-bad-exit=1 --export=ALL "
-        )
-        in line
-    )
+    srun = " srun --nodes=544 --ntasks=2176 --ntasks-per-node=4 --gpus-per-node=4 --cpus-per-task=10 --cpu-bind=cores "
+    assert "OMP_NUM_THREADS=10 " in line
+    assert srun + "--distribution=block:block --kill-on-bad-exit=1 --export=ALL " in line
     nodes = tmp_path / "nodes"
     nodes.write_text("".join(f"n{i}\n" * 4 for i in range(1, 545)))  # PBS: one line per rank
     pbs = {"PBS_JOBID": "1.pbs", "PBS_NODEFILE": str(nodes), "NCPUS": "40"}

@@ -96,7 +96,7 @@ def gpu_arch_problem(
 def rank_gpu(info: RankInfo, count: int, visible: str | None) -> int:
     """The CUDA device a rank takes among the ``count`` GPUs CUDA shows it (``visible``: its
     CUDA_VISIBLE_DEVICES, None when unset): one GPU means the launcher gave this rank its own (srun
-    --gpu-bind=single:1 or per_task:1, a per-rank cgroup), so it is cuda:0; several mean the node's ranks share
+    --gpus-per-task=1, --gpu-bind=single:1, a per-rank cgroup), so it is cuda:0; several mean the node's ranks share
     the list and each takes its local rank. A local rank past the list would share a GPU with a lower one,
     which NCCL refuses after start-up ("Duplicate GPU detected"): RunFailed in one line before anything starts."""
     if count == 0:

@@ -1,29 +1,33 @@
 """`srun` (Slurm): one job step starts every rank inside the allocation (no torch import).
 
-``srun --nodes --ntasks --ntasks-per-node [--gpus-per-task=1 --gpu-bind=none] [--cpus-per-task=C
---cpu-bind=cores --distribution=block:block] --kill-on-bad-exit=1 --export=ALL [--nodelist]
-[launch.launcher_args] COMMAND``, with the variables for the ranks in srun's own environment: srun splits
-``--export`` on commas, so a value such as ``NCCL_IB_HCA=mlx5_0,mlx5_1`` cannot travel inside it.
+``srun --nodes --ntasks --ntasks-per-node=K [--gpus-per-node=K] [--cpus-per-task=C --cpu-bind=cores
+--distribution=block:block] --kill-on-bad-exit=1 --export=ALL [--nodelist] [launch.launcher_args] COMMAND``,
+with the variables for the ranks in srun's own environment: srun splits ``--export`` on commas, so a value
+such as ``NCCL_IB_HCA=mlx5_0,mlx5_1`` cannot travel inside it.
 
-Binding (Slurm 22.05's srun(1), and its source where the page is silent):
+Binding, as Slurm 22.05 does it (srun(1), its source where the page is silent, and a Slurm 22.05.8 node with
+two fake GPUs, gres.conf ``File=/dev/tty2[0-1]``):
 
 - GPUs, for ranks that take one (comm.backend = nccl, or auto in an allocation that has GPUs):
-  ``--gpus-per-task=1`` gives the step one GPU per task on every node, also where the job got its GPUs
-  only implicitly (a step is not given those). ``--gpus-per-task`` alone implies ``--gpu-bind=per_task:1``,
-  and any GPU binding makes task/cgroup (ConstrainDevices) fence each task off to its own GPU's device file
-  (task_cgroup_devices.c: "This plugin constrain devices to task level"): CUDA IPC between the ranks of a
-  node, NCCL's path over NVLink, then fails or falls back to host memory (NVIDIA/nccl#1066,
-  open-mpi/ompi#11949). ``--gpu-bind=none`` keeps every GPU of the step visible to the node's ranks, and
-  each rank takes GPU ``SLURM_LOCALID`` (ranks/distributed.py), as torchrun, Horovod and MLPerf's launch
-  scripts do; a rank whose local rank has no GPU of its own stops before the process group.
+  ``--gpus-per-node=K`` gives the step one GPU per rank on every node, also where the job got its GPUs
+  implicitly (a step is not given those); every rank of a node sees the K GPUs (``CUDA_VISIBLE_DEVICES=0,1``)
+  and takes GPU ``SLURM_LOCALID`` (ranks/distributed.py), as torchrun, Horovod and MLPerf's launch scripts
+  do; a rank whose local rank has no GPU of its own stops before the process group. Not per-task binding:
+  ``--gpus-per-task=1`` implies ``--gpu-bind=per_task:1``, and any GPU binding makes task/cgroup
+  (ConstrainDevices) fence each task off to its own GPU's device file (task_cgroup_devices.c: "This plugin
+  constrain devices to task level"), which cuts CUDA IPC between the ranks of a node, NCCL's path over NVLink
+  (NVIDIA/nccl#1066, open-mpi/ompi#11949); and ``--gpu-bind=none`` leaves the tasks of 22.05 without
+  ``CUDA_VISIBLE_DEVICES`` at all (every GPU of the node shows where devices are not constrained). A site
+  that wants one GPU per task anyway adds ``--gpus-per-task=1`` through launch.launcher_args; its ranks then
+  see one GPU each and take cuda:0.
 - CPUs, where the number per rank is known (launch.cpus_per_rank, else the job's ``SLURM_CPUS_PER_TASK``,
   else ``SLURM_JOB_CPUS_PER_NODE`` shared among a node's ranks): ``--cpus-per-task=C --cpu-bind=cores`` gives
   each rank its own C CPUs, and ``--distribution=block:block`` fills the first socket with local ranks
   0, 1, ... before the next, so rank i sits on the socket of GPU i where GPUs are numbered socket by socket
   (PCI order, as on DGX and ABCI nodes). Slurm's default ``block:cyclic`` deals ranks to the sockets in
-  turn (rank 1 beside GPU 2's socket). Without C no binding is asked: a step then has one CPU per task
-  for layout, so ``block`` packs every rank onto the first socket and ``--cpu-bind=ldoms``/``sockets``
-  binds them all to it (task/affinity's _task_layout_lllp_block). Since Slurm 22.05 a step does not inherit
+  turn (rank 1 beside GPU 2's socket). Without C no binding is asked: a step then lays out one CPU per task,
+  so ``block`` packs every rank onto the first socket and ``--cpu-bind=ldoms``/``sockets`` binds them all to
+  it (task/affinity's _task_layout_lllp_block). Since Slurm 22.05 a step does not inherit
   ``--cpus-per-task`` from the batch job, so it is passed on.
 """
 
@@ -39,10 +43,13 @@ from torus_train.job.launchers.rendezvous import ephemeral_range, rendezvous_por
 # "srun: error: node2: task 3: Killed" (or "tasks 2-3")
 TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
 SLURM = RankVars("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")
-GPU_PER_TASK = ["--gpus-per-task=1", "--gpu-bind=none"]
-"""One GPU per task for the step, every GPU of a node visible to its ranks (the module docstring says why)."""
 GPU_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_GPUS_PER_NODE")
 """What a job's environment says of its GPUs on a node: the count, the list, the request (``v100:4``)."""
+
+
+def gpu_binding(ranks_on_node: int) -> list[str]:
+    """One GPU per rank for the step, every GPU of a node visible to its ranks (module docstring)."""
+    return [f"--gpus-per-node={ranks_on_node}"]
 
 
 def cpu_binding(cpus: int) -> list[str]:
@@ -145,7 +152,7 @@ class Srun(Launcher):
         cpus, gpus = self.rank_cpus(req), self.gpu_ranks(req)
         threads = cpus[0] if cpus else self.threads(req.environ, g.gpus_per_node, req.cpu_count, req.all_local())[0]
         argv = [self.program, f"--nodes={g.nodes}", f"--ntasks={g.size}", f"--ntasks-per-node={g.gpus_per_node}"]
-        argv += (GPU_PER_TASK if gpus else []) + (cpu_binding(cpus[0]) if cpus else [])
+        argv += (gpu_binding(g.gpus_per_node) if gpus else []) + (cpu_binding(cpus[0]) if cpus else [])
         # the ranks' variables go in srun's environment and --export=ALL carries them: srun splits --export
         # on commas, so NCCL_IB_HCA=mlx5_0,mlx5_1 inside it would lose everything after the first HCA
         argv += ["--kill-on-bad-exit=1", "--export=ALL"]
@@ -160,9 +167,9 @@ def gpu_note(backend: str, gpus: bool) -> str:
     """What the plan's GPU binding is, in one line."""
     if gpus:
         return (
-            "GPUs: one per rank: --gpus-per-task=1 gives the step one GPU per task, --gpu-bind=none leaves a node's "
-            "GPUs visible to all its ranks (per-task binding would cut CUDA IPC, NCCL's NVLink path), and each "
-            "rank takes GPU SLURM_LOCALID"
+            "GPUs: one per rank: --gpus-per-node gives the step a GPU per rank on each node, all of them visible to "
+            "the node's ranks (per-task binding would cut CUDA IPC, NCCL's NVLink path), and each rank takes GPU "
+            "SLURM_LOCALID"
         )
     if backend == "gloo":
         return "GPUs: none (comm.backend = gloo: CPU ranks)"
