@@ -118,8 +118,8 @@ def test_mpirun_binds_each_rank_to_its_block_of_cores_when_the_count_is_known():
     assert p.notes == [
         "GPUs: each rank takes GPU OMPI_COMM_WORLD_LOCAL_RANK of those its node shows (mpirun binds no GPU; a rank "
         "without a GPU of its own stops at start-up)",
-        "cores: 10 per rank (NCPUS=40 over 4 ranks), a node's ranks filling its first socket first, beside GPUs 0, "
-        "1, ... (--map-by ppr:4:node:PE=10 --bind-to core)",
+        "cores: 10 cores per rank (NCPUS=40 over 4 ranks), a node's ranks filling its first socket first, beside "
+        "GPUs 0, 1, ... (--map-by ppr:4:node:PE=10 --bind-to core)",
     ]
     p = plan("mpirun", pbs, hostfile="nodes", **{"launch.cpus_per_rank": 9})
     assert p.argv[3:7] == ["--map-by", "ppr:4:node:PE=9", "--bind-to", "core"] and "OMP_NUM_THREADS=9" in p.argv

@@ -18,7 +18,9 @@ two-socket topologies, ``HWLOC_SYNTHETIC="pack:2 numa:1 core:10 pu:1"``):
   first available object within the object where the process was mapped", so ``ppr:K:node`` with
   ``--bind-to numa`` or ``package`` puts all K ranks on the first NUMA domain, ``ppr:K:numa`` starts K per
   domain (more ranks than GPUs), and ``--map-by numa`` alternates the domains in local-rank order
-  (local rank 1 on the second socket, beside GPU 2).
+  (local rank 1 on the second socket, beside GPU 2). PE counts cores: where NCPUS counts hardware threads
+  (80 on 40 cores) mpirun refuses the map ("more processes than the ppr for this topology can support");
+  set launch.cpus_per_rank to a node's cores over its ranks.
 
 PBS is not a launcher of its own: a PBS job starts its ranks with this same mpirun; it only supplies the host
 list (``$PBS_NODEFILE``, one line per slot), the job id and the cores per node (``NCPUS``), which this entry
@@ -149,6 +151,6 @@ def cpu_note(ranks_on_node: int, cpus: tuple[int, str] | None) -> str:
             "puts a node's ranks on its first NUMA domain; set launch.cpus_per_rank (a node's cores / its ranks)"
         )
     return (
-        f"cores: {cpus[0]} per rank ({cpus[1]}), a node's ranks filling its first socket first, beside GPUs "
-        f"0, 1, ... ({' '.join(core_binding(ranks_on_node, cpus[0]))})"
+        f"cores: {cpus[0]} core{'s' if cpus[0] > 1 else ''} per rank ({cpus[1]}), a node's ranks filling its first "
+        f"socket first, beside GPUs 0, 1, ... ({' '.join(core_binding(ranks_on_node, cpus[0]))})"
     )

@@ -188,6 +188,6 @@ def cpu_note(cpus: tuple[int, str] | None) -> str:
             "SLURM_JOB_CPUS_PER_NODE); set launch.cpus_per_rank (a node's cores / its ranks)"
         )
     return (
-        f"cores: {cpus[0]} CPUs per rank ({cpus[1]}), a node's ranks filling its first socket first, beside "
-        f"GPUs 0, 1, ... ({' '.join(cpu_binding(cpus[0]))})"
+        f"cores: {cpus[0]} CPU{'s' if cpus[0] > 1 else ''} per rank ({cpus[1]}), a node's ranks filling its first "
+        f"socket first, beside GPUs 0, 1, ... ({' '.join(cpu_binding(cpus[0]))})"
     )
