@@ -452,7 +452,8 @@ def test_srun_passes_values_with_commas_whole():
 
 
 def test_srun_step_gets_the_jobs_cpus_per_task_and_threads():
-    """Since Slurm 22.05 a step does not inherit --cpus-per-task; OMP_NUM_THREADS follows it (was 4 for 1)."""
+    """Since Slurm 22.05 a step does not inherit --cpus-per-task; OMP_NUM_THREADS follows it (was 4 for 1),
+    and each task is bound to its CPUs, a node's tasks filling one socket before the next."""
     for per_task in ("1", "8"):
         plan = build_plan(
             spec(),
@@ -473,7 +474,7 @@ def test_srun_step_gets_the_jobs_cpus_per_task_and_threads():
             "--ntasks-per-node=4",
             f"--cpus-per-task={per_task}",
             "--cpu-bind=cores",
-            "--kill-on-bad-exit=1",
+            "--distribution=block:block",
         ]
         assert plan.env["OMP_NUM_THREADS"] == per_task
 

@@ -284,6 +284,8 @@ def build_plan(
             as_root,
             cpu_count,
             local_gpus,
+            spec.comm.backend,
+            spec.launch.cpus_per_rank,
         )
     )
 
@@ -347,6 +349,7 @@ def plan_launch(
     grid = resolve_grid(spec, chosen, hosts, local_gpus)
     try:
         check_devices(spec, chosen, local_gpus, environ)
+        chosen.check_gpus(grid, environ, spec.comm.backend)
         try:
             chosen.check_capacity(grid, hosts, hostfile, local_gpus, cpu_count)
         except LaunchError as e:

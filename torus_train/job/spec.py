@@ -232,6 +232,10 @@ class LaunchSection:
     """Extra container bind mounts, SRC[:DST[:OPTS]]; the data and output folders are always bound."""
     launcher_args: list[str] = field(default_factory=list)
     """Extra arguments put right after mpirun/srun (e.g. ["--mca", "btl", "^openib"])."""
+    cpus_per_rank: int = 0
+    """mpirun and srun: CPUs each rank is bound to, beside its GPU, and its OMP_NUM_THREADS; 0 = as the
+    scheduler says (srun: SLURM_CPUS_PER_TASK, else SLURM_JOB_CPUS_PER_NODE / ranks per node; PBS: NCPUS /
+    ranks per node), and not bound where it says nothing."""
     env: list[str] = field(default_factory=list)
     """Environment passed to every rank: NAME (current value) or NAME=VALUE."""
     python: str = ""
@@ -410,6 +414,7 @@ class JobSpec:
             ("model.num_classes", self.model.num_classes, 2, MAX_CLASSES),
             ("data.image_size", self.data.image_size, 8, MAX_IMAGE_SIZE),
             ("data.num_threads", self.data.num_threads, 0, 4096),
+            ("launch.cpus_per_rank", self.launch.cpus_per_rank, 0, 4096),
             ("data.synthetic_samples", self.data.synthetic_samples, 0, MAX_INT32),
             ("data.io_workers", self.data.io_workers, 1, 256),
             ("data.prefetch", self.data.prefetch, 1, 64),

@@ -91,3 +91,24 @@ def gpu_arch_problem(
     return (
         f"GPU {gpu} has compute capability sm_{major}{minor}, which {built} has no kernels for (it has {have}); {hint}"
     )
+
+
+def rank_gpu(info: RankInfo, count: int, visible: str | None) -> int:
+    """The CUDA device a rank takes among the ``count`` GPUs CUDA shows it (``visible``: its
+    CUDA_VISIBLE_DEVICES, None when unset): one GPU means the launcher gave this rank its own (srun
+    --gpus-per-task=1, --gpu-bind=single:1, a per-rank cgroup), so it is cuda:0; several mean the node's ranks share
+    the list and each takes its local rank. A local rank past the list would share a GPU with a lower one,
+    which NCCL refuses after start-up ("Duplicate GPU detected"): RunFailed in one line before anything starts."""
+    if count == 0:
+        raise RunFailed(
+            f"rank {info.rank}: comm.backend = nccl, but CUDA shows this rank no GPU "
+            f"(CUDA_VISIBLE_DEVICES={visible if visible is not None else '(unset)'}); pass --backend gloo for CPU ranks"
+        )
+    if count == 1 or info.local_rank < count:
+        return 0 if count == 1 else info.local_rank
+    raise RunFailed(
+        f"rank {info.rank}: local rank {info.local_rank} of {info.local_world_size} on this node has no GPU of its "
+        f"own: CUDA shows {count} GPU(s) here (CUDA_VISIBLE_DEVICES={visible if visible is not None else '(unset)'}), "
+        f"and two ranks on one GPU fail in NCCL; start at most {count} ranks per node (grid.gpus_per_node), give "
+        "each rank its own GPU, or pass --backend gloo for CPU ranks"
+    )

@@ -14,7 +14,7 @@ from torus_train.comm.groups import build_grid_groups
 from torus_train.errors import RunFailed
 from torus_train.job.rank import Bootstrap
 from torus_train.job.topology import Grid
-from torus_train.ranks.bootstrap import gpu_arch_problem, rank_info, rendezvous
+from torus_train.ranks.bootstrap import gpu_arch_problem, rank_gpu, rank_info, rendezvous
 
 
 def check_gpu_arch(device) -> None:
@@ -45,14 +45,10 @@ def init_distributed(
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
-        count = torch.cuda.device_count()
-        if count == 0:  # the launcher refuses this where it can know (job/gpus.py); a rank started by hand may not
-            raise RunFailed(
-                f"rank {info.rank}: comm.backend = nccl, but CUDA shows this rank no GPU "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}); "
-                "pass --backend gloo for CPU ranks"
-            )
-        device = torch.device("cuda", info.local_rank % count)
+        # no GPU, or a local rank past the GPUs CUDA shows: refused here before the process group (the launcher
+        # refuses it before launch where it can know: job/gpus.py, Launcher.check_gpus)
+        index = rank_gpu(info, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        device = torch.device("cuda", index)
         check_gpu_arch(device)
         torch.cuda.set_device(device)
     else:

@@ -2,8 +2,10 @@
 
 A launcher answers, each with a method (Horovod's runner keeps one launcher per module behind one call):
 whether `launch.launcher = auto` should pick it here (`auto`), the hosts it may use (`hosts`), whether a grid
-fits them (`check_capacity`), the threads per rank (`threads`), the exact argv and environment that start the
-ranks (`build`), how a process recognises that it is one of its ranks and reads its place (`is_rank`,
+fits them (`check_capacity`) and their GPUs (`check_gpus`, where the scheduler says how many a node has:
+`node_gpus`), the CPUs each rank is bound to (`rank_cpus`, from launch.cpus_per_rank or `scheduler_cpus`) and
+its threads (`threads`), the exact argv and environment that start the ranks, bound to their GPUs and cores
+(`build`), how a process recognises that it is one of its ranks and reads its place (`is_rank`,
 `rank_vars`), where rank 0 is when nobody said (`rendezvous_by_hand`), and which rank its last stderr lines
 blame for a failure (`culprit`). Of the planning methods only `hosts` reads a file (a hostfile or node file);
 the others are functions of their arguments, which the tests check argv for argv. No torch import.
@@ -114,6 +116,10 @@ class PlanRequest:
     cpu_count: int = 1
     """CPUs this process may use (affinity and cgroup quota)."""
     local_gpus: int = 0
+    backend: str = "auto"
+    """comm.backend: nccl, gloo, or auto (NCCL where the ranks find GPUs): whether the ranks take GPUs."""
+    cpus_per_rank: int = 0
+    """launch.cpus_per_rank: CPUs each rank is bound to; 0 = as the scheduler says (Launcher.scheduler_cpus)."""
 
     @property
     def used(self) -> list[Host]:
@@ -207,14 +213,49 @@ class Launcher:
                 f"{grid.gpus_per_node}; ranks are placed {grid.gpus_per_node} per node"
             )
 
+    def scheduler_cpus(self, environ: Mapping[str, str], ranks_on_node: int) -> tuple[int, str] | None:
+        """(CPUs each of a node's ranks may take, the variable that says so) when the scheduler's environment
+        says how many CPUs a node gives the job; None when it does not."""
+        return None
+
+    def node_gpus(self, environ: Mapping[str, str]) -> tuple[int, str] | None:
+        """(GPUs each node gives the job, the variable that says so) when the scheduler's environment says;
+        None when it does not."""
+        return None
+
     def threads(
         self, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int, all_local: bool
     ) -> tuple[int, str]:
-        """(threads per rank, where that number came from): this machine's usable CPUs shared among its ranks
-        when every host is this one, else DEFAULT_THREADS."""
+        """(threads per rank, where that number came from): the scheduler's CPUs per rank, else this machine's
+        usable CPUs shared among its ranks when every host is this one, else DEFAULT_THREADS."""
+        found = self.scheduler_cpus(environ, ranks_on_node)
+        if found:
+            return found
         if all_local:
             return threads_per_rank(ranks_on_node, cpu_count), "usable CPUs"
         return DEFAULT_THREADS, "default"
+
+    def rank_cpus(self, req: PlanRequest) -> tuple[int, str] | None:
+        """(CPUs each rank is bound to, where that number came from): launch.cpus_per_rank, else what the
+        scheduler says; None when nothing says, and the ranks are then not bound to CPUs."""
+        if req.cpus_per_rank:
+            return req.cpus_per_rank, "launch.cpus_per_rank"
+        return self.scheduler_cpus(req.environ, req.grid.gpus_per_node)
+
+    def check_gpus(self, grid: Grid, environ: Mapping[str, str], backend: str) -> None:
+        """Refuse, before any rank starts, more ranks per node than the GPUs the scheduler says each node
+        gives: two ranks would share a GPU, which NCCL refuses ("Duplicate GPU detected") after start-up."""
+        found = self.node_gpus(environ)
+        if backend == "gloo" or found is None or grid.gpus_per_node <= found[0]:
+            return
+        have, said = found
+        if have == 0 and backend == "auto":  # no GPUs: the ranks run on the CPU (gloo)
+            return
+        raise LaunchError(
+            f"grid.gpus_per_node = {grid.gpus_per_node}, but {self.allocation} gives each node {have} GPU(s) "
+            f"({said}): two ranks would share a GPU, which NCCL refuses; put at most {have} rank(s) on a node "
+            f"(--gpus-per-node {have}), ask for {grid.gpus_per_node} GPUs per node, or pass --backend gloo"
+        )
 
     def build(self, req: PlanRequest) -> LaunchPlan:
         """The exact argv and environment that start req.grid's ranks (pure)."""

@@ -1,9 +1,34 @@
 """`srun` (Slurm): one job step starts every rank inside the allocation (no torch import).
 
-``srun --nodes --ntasks --ntasks-per-node [--cpus-per-task=C --cpu-bind=cores] --kill-on-bad-exit=1
---export=ALL [--nodelist] [launch.launcher_args] COMMAND``, with the variables for the ranks in srun's own
-environment: srun splits ``--export`` on commas, so a value such as ``NCCL_IB_HCA=mlx5_0,mlx5_1`` cannot travel
-inside it. Since Slurm 22.05 a step does not inherit ``--cpus-per-task`` from the batch job, so it is passed on.
+``srun --nodes --ntasks --ntasks-per-node=K [--gpus-per-node=K] [--cpus-per-task=C --cpu-bind=cores
+--distribution=block:block] --kill-on-bad-exit=1 --export=ALL [--nodelist] [launch.launcher_args] COMMAND``,
+with the variables for the ranks in srun's own environment: srun splits ``--export`` on commas, so a value
+such as ``NCCL_IB_HCA=mlx5_0,mlx5_1`` cannot travel inside it.
+
+Binding, as Slurm 22.05 does it (srun(1), its source where the page is silent, and a Slurm 22.05.8 node with
+two fake GPUs, gres.conf ``File=/dev/tty2[0-1]``):
+
+- GPUs, for ranks that take one (comm.backend = nccl, or auto in an allocation that has GPUs):
+  ``--gpus-per-node=K`` gives the step one GPU per rank on every node, also where the job got its GPUs
+  implicitly (a step is not given those); every rank of a node sees the K GPUs (``CUDA_VISIBLE_DEVICES=0,1``)
+  and takes GPU ``SLURM_LOCALID`` (ranks/distributed.py), as torchrun, Horovod and MLPerf's launch scripts
+  do; a rank whose local rank has no GPU of its own stops before the process group. Not per-task binding:
+  ``--gpus-per-task=1`` implies ``--gpu-bind=per_task:1``, and any GPU binding makes task/cgroup
+  (ConstrainDevices) fence each task off to its own GPU's device file (task_cgroup_devices.c: "This plugin
+  constrain devices to task level"), which cuts CUDA IPC between the ranks of a node, NCCL's path over NVLink
+  (NVIDIA/nccl#1066, open-mpi/ompi#11949); and ``--gpu-bind=none`` leaves the tasks of 22.05 without
+  ``CUDA_VISIBLE_DEVICES`` at all (every GPU of the node shows where devices are not constrained). A site
+  that wants one GPU per task anyway adds ``--gpus-per-task=1`` through launch.launcher_args; its ranks then
+  see one GPU each and take cuda:0.
+- CPUs, where the number per rank is known (launch.cpus_per_rank, else the job's ``SLURM_CPUS_PER_TASK``,
+  else ``SLURM_JOB_CPUS_PER_NODE`` shared among a node's ranks): ``--cpus-per-task=C --cpu-bind=cores`` gives
+  each rank its own C CPUs, and ``--distribution=block:block`` fills the first socket with local ranks
+  0, 1, ... before the next, so rank i sits on the socket of GPU i where GPUs are numbered socket by socket
+  (PCI order, as on DGX and ABCI nodes). Slurm's default ``block:cyclic`` deals ranks to the sockets in
+  turn (rank 1 beside GPU 2's socket). Without C no binding is asked: a step then lays out one CPU per task,
+  so ``block`` packs every rank onto the first socket and ``--cpu-bind=ldoms``/``sockets`` binds them all to
+  it (task/affinity's _task_layout_lllp_block). Since Slurm 22.05 a step does not inherit
+  ``--cpus-per-task`` from the batch job, so it is passed on.
 """
 
 from __future__ import annotations
@@ -18,6 +43,33 @@ from torus_train.job.launchers.rendezvous import ephemeral_range, rendezvous_por
 # "srun: error: node2: task 3: Killed" (or "tasks 2-3")
 TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
 SLURM = RankVars("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")
+GPU_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_GPUS_PER_NODE")
+"""What a job's environment says of its GPUs on a node: the count, the list, the request (``v100:4``)."""
+
+
+def gpu_binding(ranks_on_node: int) -> list[str]:
+    """One GPU per rank for the step, every GPU of a node visible to its ranks (module docstring)."""
+    return [f"--gpus-per-node={ranks_on_node}"]
+
+
+def cpu_binding(cpus: int) -> list[str]:
+    """Each task its own ``cpus`` CPUs, local ranks filling one socket before the next (module docstring)."""
+    return [f"--cpus-per-task={cpus}", "--cpu-bind=cores", "--distribution=block:block"]
+
+
+def fewest_per_node(text: str) -> int:
+    """The smallest count in ``$SLURM_JOB_CPUS_PER_NODE`` (``72(x2),36`` -> 36); 0 when it cannot be read."""
+    parts = [re.fullmatch(r"\s*(\d+)(?:\(x\d+\))?\s*", p) for p in text.split(",")]
+    return min(int(m.group(1)) for m in parts if m) if text.strip() and all(parts) else 0
+
+
+def gpus_said(name: str, value: str) -> int | None:
+    """GPUs on a node that one of GPU_VARIABLES says: a count, a list (``0,1``), a request (``v100:4``,
+    ``gpu:2,gpu:2``); None when it cannot be read."""
+    if name == "SLURM_JOB_GPUS":
+        return len([v for v in value.split(",") if v.strip()]) or None
+    counts = [item.rsplit(":", 1)[-1].strip() for item in value.split(",")]
+    return sum(int(c) for c in counts) if all(c.isdigit() for c in counts) else None
 
 
 def slurm_rendezvous(env: Mapping[str, str], ephemeral: tuple[int, int] | None = None) -> tuple[str, int] | None:
@@ -70,24 +122,72 @@ class Srun(Launcher):
             )
         return slurm_hosts(environ), ""
 
-    def threads(
-        self, environ: Mapping[str, str], ranks_on_node: int, cpu_count: int, all_local: bool
-    ) -> tuple[int, str]:
+    def scheduler_cpus(self, environ: Mapping[str, str], ranks_on_node: int) -> tuple[int, str] | None:
+        """The job's CPUs per task (``sbatch -c``), else the CPUs of the allocation's smallest node shared
+        among its ranks."""
         per_task = environ.get("SLURM_CPUS_PER_TASK", "")
         if per_task.isdigit() and int(per_task) > 0:
             return int(per_task), "SLURM_CPUS_PER_TASK"
-        return super().threads(environ, ranks_on_node, cpu_count, all_local)
+        per_node = environ.get("SLURM_JOB_CPUS_PER_NODE", "")
+        share = fewest_per_node(per_node) // max(1, ranks_on_node)
+        return (share, f"SLURM_JOB_CPUS_PER_NODE={per_node} over {ranks_on_node} ranks") if share else None
+
+    def node_gpus(self, environ: Mapping[str, str]) -> tuple[int, str] | None:
+        for name in GPU_VARIABLES:
+            count = gpus_said(name, environ.get(name, ""))
+            if count is not None:
+                return count, f"{name}={environ[name]}"
+        return None
+
+    def gpu_ranks(self, req: PlanRequest) -> bool:
+        """Whether the ranks take GPUs: comm.backend = nccl, or auto in an allocation whose environment names
+        GPUs (a job without them runs CPU ranks, and asking for GPUs would fail the step)."""
+        if req.backend != "auto":
+            return req.backend == "nccl"
+        found = self.node_gpus(req.environ)
+        return found is not None and found[0] > 0
 
     def build(self, req: PlanRequest) -> LaunchPlan:
         g = req.grid
-        threads, source = self.threads(req.environ, g.gpus_per_node, req.cpu_count, req.all_local())
+        cpus, gpus = self.rank_cpus(req), self.gpu_ranks(req)
+        threads = cpus[0] if cpus else self.threads(req.environ, g.gpus_per_node, req.cpu_count, req.all_local())[0]
         argv = [self.program, f"--nodes={g.nodes}", f"--ntasks={g.size}", f"--ntasks-per-node={g.gpus_per_node}"]
-        if source == "SLURM_CPUS_PER_TASK":  # a step does not inherit it from the job (Slurm >= 22.05)
-            argv += [f"--cpus-per-task={threads}", "--cpu-bind=cores"]
+        argv += (gpu_binding(g.gpus_per_node) if gpus else []) + (cpu_binding(cpus[0]) if cpus else [])
         # the ranks' variables go in srun's environment and --export=ALL carries them: srun splits --export
         # on commas, so NCCL_IB_HCA=mlx5_0,mlx5_1 inside it would lose everything after the first HCA
         argv += ["--kill-on-bad-exit=1", "--export=ALL"]
         if req.hostfile:
             argv.append(f"--nodelist={','.join(h.name for h in req.used)}")
         env = {"OMP_NUM_THREADS": str(threads), **req.env, **req.rendezvous()}
-        return self.plan(req, [*argv, *req.launcher_args, *req.command], env)
+        notes = [gpu_note(req.backend, gpus), cpu_note(cpus)]
+        return self.plan(req, [*argv, *req.launcher_args, *req.command], env, notes=notes)
+
+
+def gpu_note(backend: str, gpus: bool) -> str:
+    """What the plan's GPU binding is, in one line."""
+    if gpus:
+        return (
+            "GPUs: one per rank: --gpus-per-node gives the step a GPU per rank on each node, all of them visible to "
+            "the node's ranks (per-task binding would cut CUDA IPC, NCCL's NVLink path), and each rank takes GPU "
+            "SLURM_LOCALID"
+        )
+    if backend == "gloo":
+        return "GPUs: none (comm.backend = gloo: CPU ranks)"
+    return (
+        f"GPUs: not bound: the allocation names no GPUs ({', '.join(GPU_VARIABLES)}), so under comm.backend = auto "
+        "the ranks take what CUDA shows them (none where Slurm manages the GPUs); ask for GPUs (sbatch "
+        "--gpus-per-node) or pass --backend nccl"
+    )
+
+
+def cpu_note(cpus: tuple[int, str] | None) -> str:
+    """What the plan's CPU binding is, in one line."""
+    if cpus is None:
+        return (
+            "cores: not bound: Slurm does not say how many CPUs a node has (SLURM_CPUS_PER_TASK, "
+            "SLURM_JOB_CPUS_PER_NODE); set launch.cpus_per_rank (a node's cores / its ranks)"
+        )
+    return (
+        f"cores: {cpus[0]} CPU{'s' if cpus[0] > 1 else ''} per rank ({cpus[1]}), a node's ranks filling its first "
+        f"socket first, beside GPUs 0, 1, ... ({' '.join(cpu_binding(cpus[0]))})"
+    )
