@@ -150,6 +150,21 @@ def test_bench_data_check_two_toy_sets(tmp_path):
     assert list(tmp_path.iterdir()) == [out]  # the sets are removed
 
 
+@pytest.mark.slow
+def test_bench_rehearse_one_rank_against_two(tmp_path):
+    out = tmp_path / "rehearse.json"
+    sets = ["grid.gpus=2", "grid.grid=2x1", "schedule.epochs=1", "schedule.stages=[{until_epoch=1,per_rank_batch=4}]"]
+    args = ["--spec", "torus_train/specs/default.toml", "--few", "0", "--many", "0,1"]
+    text = ok(
+        run_py(
+            "bench/bench_rehearse.py", *args, *[a for s in sets for a in ("--set", s)], "--json", str(out), timeout=600
+        )
+    )
+    doc = json.loads(out.read_text())
+    assert [r["ranks"] for r in doc["rows"]] == [[0], [0, 1]] and all(r["ok"] for r in doc["rows"])
+    assert "seconds per rank, 2 ranks against 1" in text
+
+
 def test_bench_groups_fake_backend(tmp_path):
     out = tmp_path / "groups.json"
     text = ok(run_py("bench/bench_groups.py", "--grids", "2x2", "--rounds", "1", "--json", str(out)))
