@@ -53,6 +53,7 @@ def _finding(rule: str, rank: int, e: dict, text: str) -> dict:
         "phase": e.get("phase"),
         "op": e.get("op"),
         "where": e.get("where"),
+        "message": text,
         "text": f"{rule}: rank {rank} ({where}): {text}",
     }
 
@@ -240,7 +241,8 @@ def memory(traces: dict[int, dict], gpu_memory_gib: float) -> list[dict]:
         comms, peers = communicators(t)
         mib = comms * NCCL_BUFFSIZE_MIB * NCCL_CHANNELS * 2 + peers * NCCL_BUFFSIZE_MIB * P2P_CHANNELS * 2
         if mib > gpu_memory_gib * 1024 / 10:
-            first = next(e for e in t["events"] if e["kind"] in DATA_KINDS)
+            data = [e for e in t["events"] if e["kind"] in DATA_KINDS]
+            first = next((e for e in data if e["op"] in FAN_OPS or e["kind"] == "p2p"), data[0])
             found.append(
                 _finding(
                     "no-fan-in",

@@ -69,8 +69,7 @@ def report_text(result: dict, traces_comms: dict[str, dict[int, tuple[int, int]]
     for leg, per_rank in (result.get("communicators") or {}).items():
         text = ", ".join(f"rank {r}: {c[0]} communicators, {c[1]} p2p peers" for r, c in per_rank.items())
         lines.append(f"# {leg}: {text}")
-    for f in result["findings"]:
-        lines.append(f"FLAGGED ({f['leg']} leg) {f['text']}")
+    lines += findings_text(result["findings"])
     n = len(result["findings"])
     verdict = "passes every rule" if n == 0 else f"FAILS: {n} finding(s)"
     lines.append(
@@ -81,3 +80,19 @@ def report_text(result: dict, traces_comms: dict[str, dict[int, tuple[int, int]]
 
 def communicator_counts(traces: dict[int, dict]) -> dict[int, tuple[int, int]]:
     return {r: communicators(t) for r, t in traces.items()}
+
+
+def findings_text(findings: list[dict]) -> list[str]:
+    """One line per kind of finding (rule, collective, line of code, what is wrong), with the ranks and phases
+    that showed it and how often: a broken rule repeats at every step of every rank."""
+    groups: dict[tuple, list[dict]] = {}
+    for f in findings:
+        said = f.get("message") or f["text"]
+        groups.setdefault((f["leg"], f["rule"], f["op"], f["where"], said), []).append(f)
+    lines = []
+    for (leg, rule, op, where, said), found in groups.items():
+        ranks = ",".join(str(r) for r in sorted({f["rank"] for f in found}))
+        phases = ", ".join(dict.fromkeys(str(f["phase"]) for f in found))
+        times = f", {len(found)} times" if len(found) > 1 else ""
+        lines.append(f"FLAGGED ({leg} leg) {rule}: rank {ranks} ({phases}{times}; {op} at {where}): {said}")
+    return lines
