@@ -15,8 +15,8 @@ import torch
 from graphfake import install
 
 from torus_train.check.smallrun import loop_run, small_spec, world_of_one
-from torus_train.ranks.distributed import shutdown
 from torus_train.errors import RunFailed
+from torus_train.ranks.distributed import shutdown
 from torus_train.train import graphs, loop
 from torus_train.train.syncs import force_precision
 
@@ -184,6 +184,6 @@ def test_a_capture_with_the_exchange_that_fails_after_the_agreement_ends_the_run
     g = graphs.StepGraph(lambda text: None, warmup=1)
     rs = start(boot, tmp_path, "late")
     g.step(rs, *batch(4), accumulation=1)  # the warm-up: the skip counters and momentum exist after it
-    with pytest.raises(RunFailed, match="capture with the exchange failed .*model.cuda_graphs = off"):
+    with pytest.raises(RunFailed, match=r"capture with the exchange failed .*model\.cuda_graphs = off"):
         g.step(rs, *batch(4), accumulation=1)
     rs.ddp.close()
