@@ -9,6 +9,7 @@ failed. Every value used is checked (type and finiteness); a line or field that 
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -326,8 +327,9 @@ def plot(runs: list[Run], path: str | Path) -> list[str]:
     for ax in (loss_ax, top1_ax, ranks_ax):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    # the run's summary as the title (one line a run): the picture says what it shows on its own
-    fig.suptitle("\n".join(f"{run.name} ({run.status}): {'; '.join(summary_lines(run))}" for run in runs))
+    # the run's summary as the title: the picture says what it shows on its own
+    summaries = [f"{run.name} ({run.status}): {'; '.join(summary_lines(run))}" for run in runs]
+    fig.suptitle("\n".join(textwrap.fill(text, 160, subsequent_indent="    ") for text in summaries), fontsize=10)
     fig.tight_layout()
     try:
         save_figure(fig, path, WRITER, "--png", dpi=90)
@@ -366,9 +368,9 @@ def _stages(ax, run: Run, pos: dict, c) -> None:
         ax.axvline(x, color=c, lw=0.6, alpha=0.5)
         ax.annotate(
             f"batch {st['global_batch']}",
-            (x, 1),
+            (x, 0),
             xycoords=("data", "axes fraction"),
-            xytext=(3, -12),
+            xytext=(3, 4),
             textcoords="offset points",
             fontsize=8,
             color=c,
