@@ -36,7 +36,7 @@ UUIDS = ["GPU-3f2a0000-aaaa", "GPU-77b10000-bbbb"]
         ("GPU-3f2a,1", UUIDS, 1, "stops at '1'"),
         ("GPU-3f2a,GPU-c,GPU-77b1", UUIDS, 1, "stops at GPU-c, which no GPU here has"),
         ("GPU-,GPU-77b1", UUIDS, 0, "stops at GPU-, which 2 GPUs here match"),  # ambiguous, as torch
-        ("GPU-a,GPU-b,GPU-c", 2, 2, "the driver lists 2 GPU(s)"),  # UUIDs not asked: counted as named, capped
+        ("GPU-a,GPU-b,GPU-c", 2, 3, ""),  # the UUIDs not asked (a count only): counted as named
         ("MIG-a,MIG-b,MIG-c", UUIDS[:1], 3, ""),  # MIG instances: up to 7 on one GPU, counted as named
         ("", 2, 0, "hides every GPU"),
         ("-1", 2, 0, "hides every GPU"),

@@ -148,12 +148,10 @@ def gpu_count(environ: Mapping[str, str], driver: int | Sequence[str] | None) ->
 
 
 def _uuid_count(seen: Visible, value: str, driver: int | Sequence[str]) -> GpuCount:
-    """UUID entries matched as torch matches them (module docstring). MIG instances, or a driver known only by
-    its count, cannot be matched: they count as named (GPU-... capped by the driver's GPUs)."""
+    """UUID entries matched as torch matches them (module docstring). MIG instances are not among the GPUs'
+    UUIDs, and a driver known only by its count has none to match: those count as named."""
     if seen.entries[0].startswith("MIG-") or isinstance(driver, int):
-        cap = None if seen.entries[0].startswith("MIG-") else (driver if isinstance(driver, int) else len(driver))
-        n = len(seen.entries) if cap is None else min(len(seen.entries), cap)
-        return GpuCount(n, seen.why or (f"the driver lists {cap} GPU(s)" if n < len(seen.entries) else ""))
+        return GpuCount(len(seen.entries), seen.why)
     found: list[str] = []
     for entry in seen.entries:
         matches = [u for u in driver if u.startswith(entry)]

@@ -4,10 +4,10 @@ Each rank leaves files in OUT/logs: ``rankNNNNN.log`` (its stderr), ``rankNNNNN.
 ``rankNNNNN.failed`` (the kind of a failure it recognised: input, stopped, verdict, crash: the restart policy's
 input, which torch has no word for) and ``rankNNNNN.error.json`` (the uncaught exception with its traceback,
 written by torch's ``record``) besides its heartbeat (ranks/heartbeat.py); an NCCL rank's flight recorder
-dumps ``nccl_trace_rank_R`` there when a collective times out. From these, from the exit codes of local ranks and from the last lines of an
-mpirun or srun command, a failure becomes one ``RanksFailed``: the rank that most likely started it, the step
-it had finished, whether a restart from the latest checkpoint could help (``restartable``) and whether any
-rank finished a step (``progressed``). No torch import.
+dumps ``nccl_trace_rank_R`` there when a collective times out. From these, from the exit codes of local ranks
+and from the last lines of an mpirun or srun command, a failure becomes one ``RanksFailed``: the rank that most
+likely started it, the step it had finished, whether a restart from the latest checkpoint could help
+(``restartable``) and whether any rank finished a step (``progressed``). No torch import.
 """
 
 from __future__ import annotations
