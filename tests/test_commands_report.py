@@ -158,3 +158,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, expected):
 def test_help():
     r = CliRunner().invoke(cli, ["report", "--help"])
     assert r.exit_code == 0 and "--json" in r.output and "--png" in r.output
+
+
+def test_tensorboard_is_named_for_the_scalars_the_png_leaves_out(tmp_path):
+    """The PNG draws the curves by epoch and the ranks; every scalar against step and wall time (speed, LR,
+    batch) is TensorBoard's, and report says where when a run has written it."""
+    a, b = write_run(tmp_path / "a"), write_run(tmp_path / "b")
+    r = CliRunner().invoke(cli, ["report", str(a), "--no-png", "--json", str(tmp_path / "a.json")])
+    assert r.exit_code == 0 and "every scalar" not in r.output, r.output
+    (a / "tensorboard").mkdir()
+    r = CliRunner().invoke(cli, ["report", str(a), "--no-png", "--json", str(tmp_path / "a.json")])
+    assert r.output.splitlines()[-1] == f"every scalar: tensorboard --logdir {a}"
+    (b / "tensorboard").mkdir()
+    r = CliRunner().invoke(cli, ["report", str(a), str(b), "--png", str(tmp_path / "ab.png")])
+    assert r.exit_code == 0 and r.output.splitlines()[-1] == f"every scalar: tensorboard --logdir_spec a:{a},b:{b}"
+    assert (tmp_path / "ab.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

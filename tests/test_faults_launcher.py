@@ -226,3 +226,54 @@ def test_nccl_failures_are_named_like_gloos(tmp_path, kind, meaning):
     assert mark_comm_failure(tmp_path, 1) == ""  # a marker is there now: the rank's own word stands
     (tmp_path / "logs" / "rank00002.log").write_text("Segmentation fault\n")
     assert mark_comm_failure(tmp_path, 2) == "" and failure_kind(tmp_path, 2) == ""
+
+
+def test_torch_record_writes_the_traceback_the_launcher_shows(tmp_path, monkeypatch):
+    """The first failing rank's traceback comes from torch's `record` (TORCHELASTIC_ERROR_FILE, in torch's own
+    format), else from its log's tail; the flight recorder's dumps are named with the command that reads them."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from torus_train.ranks.diagnosis import Failure, error_path, ranks_failed, reset_rank_files, trace_path
+
+    (tmp_path / "logs").mkdir()
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_path(tmp_path, 1)))
+
+    def fails_deep_inside():
+        raise RuntimeError("a crash three frames down")
+
+    with pytest.raises(RuntimeError):
+        record(fails_deep_inside)()
+    (tmp_path / "logs" / "rank00001.log").write_text("last log line\n")
+    trace_path(tmp_path, 0).write_bytes(b"a pickle")
+    said: list[str] = []
+    e = ranks_failed(
+        Failure(1, "rank 1 exited with code 1", "rank 1 exited with code 1", True), tmp_path, 2, said.append
+    )
+    assert said[0] == f"traceback in {error_path(tmp_path, 1)}:" and "in fails_deep_inside" in "\n".join(said)
+    assert said[-2] == "  RuntimeError: a crash three frames down" and "last log line" not in "\n".join(said)
+    assert (
+        said[-1]
+        == f"NCCL's flight recorder dumped the last collectives of rank(s) 0: torchfrtrace {tmp_path / 'logs'} -p nccl_trace_rank_"
+    )
+    assert e.rank == 1 and e.restartable
+    reset_rank_files(tmp_path, 2)  # a new attempt: nothing of the last one speaks for it
+    assert not error_path(tmp_path, 1).exists() and not trace_path(tmp_path, 0).exists()
+    said.clear()
+    ranks_failed(Failure(1, "rank 1 was killed by SIGKILL", "killed", True), tmp_path, 2, said.append)
+    assert said == [f"last lines of {tmp_path / 'logs' / 'rank00001.log'}:", "  last log line"]
+
+
+def test_torch_diagnostics_are_on_by_default_and_a_users_value_wins(tmp_path):
+    from torus_train.ranks.worker import torch_diagnostics
+
+    environ: dict[str, str] = {"TORCH_FR_BUFFER_SIZE": "50"}
+    torch_diagnostics(load_spec(None, [("comm.backend", "auto")]), tmp_path, 3, environ)
+    assert environ == {
+        "TORCH_FR_BUFFER_SIZE": "50",
+        "TORCHELASTIC_ERROR_FILE": str(tmp_path / "logs" / "rank00003.error.json"),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "logs" / "nccl_trace_rank_"),
+    }
+    environ = {"TORCHELASTIC_ERROR_FILE": "/torchrun/agent/error.json"}
+    torch_diagnostics(load_spec(None, [("comm.backend", "gloo")]), tmp_path, 3, environ)
+    assert environ == {"TORCHELASTIC_ERROR_FILE": "/torchrun/agent/error.json"}  # gloo: no flight recorder

@@ -1,10 +1,8 @@
 """GPUs as CUDA counts them (job/gpus.py), and what `run` and `bench allreduce` refuse because of them: one line,
-exit 2, before any rank starts. The driver is faked by an `nvidia-smi` on PATH (this machine has no
-/proc/driver/nvidia/gpus); CUDA_VISIBLE_DEVICES is set per test."""
+exit 2, before any rank starts. The driver is faked by a fake NVML (this machine has none); CUDA_VISIBLE_DEVICES
+is set per test."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 from click.testing import CliRunner
@@ -12,6 +10,9 @@ from click.testing import CliRunner
 from torus_train.cli import cli, main
 from torus_train.job import gpus
 from torus_train.job.launchers.local import MAX_LOCAL_RANKS
+
+UUIDS = ["GPU-3f2a0000-aaaa", "GPU-77b10000-bbbb"]
+"""A driver's two GPUs as NVML names them."""
 
 
 @pytest.mark.parametrize(
@@ -29,11 +30,14 @@ from torus_train.job.launchers.local import MAX_LOCAL_RANKS
         ("0-3", 4, 1, ""),  # no ranges: "0-3" reads as 0
         ("0,5", 2, 1, "names GPU 5, and the driver lists 2 (0-1)"),
         ("5", 2, 0, "names GPU 5"),
-        ("GPU-3f2a,GPU-77b1", 2, 2, ""),  # UUIDs, abbreviated ones included
-        ("GPU-3f2a,GPU-3f2a", 2, 0, "names GPU-3f2a twice"),
-        ("GPU-3f2a,1", 2, 1, "stops at '1'"),
-        ("GPU-a,GPU-b,GPU-c", 2, 2, "the driver lists 2 GPU(s)"),
-        ("MIG-a,MIG-b,MIG-c", 1, 3, ""),  # MIG instances: up to 7 on one GPU
+        ("GPU-3f2a,GPU-77b1", UUIDS, 2, ""),  # UUIDs, abbreviated ones included, matched against the driver's
+        ("GPU-3f2a,GPU-3f2a", UUIDS, 0, "names GPU-3f2a twice"),
+        ("GPU-3f2a,GPU-3f", UUIDS, 0, "names GPU-3f2a0000-aaaa twice"),  # two prefixes of one GPU, as torch
+        ("GPU-3f2a,1", UUIDS, 1, "stops at '1'"),
+        ("GPU-3f2a,GPU-c,GPU-77b1", UUIDS, 1, "stops at GPU-c, which no GPU here has"),
+        ("GPU-,GPU-77b1", UUIDS, 0, "stops at GPU-, which 2 GPUs here match"),  # ambiguous, as torch
+        ("GPU-a,GPU-b,GPU-c", 2, 3, ""),  # the UUIDs not asked (a count only): counted as named
+        ("MIG-a,MIG-b,MIG-c", UUIDS[:1], 3, ""),  # MIG instances: up to 7 on one GPU, counted as named
         ("", 2, 0, "hides every GPU"),
         ("-1", 2, 0, "hides every GPU"),
         ("0,1", None, 0, "no NVIDIA driver here"),  # no driver: CUDA shows nothing, whatever the variable says
@@ -41,27 +45,66 @@ from torus_train.job.launchers.local import MAX_LOCAL_RANKS
 )
 def test_cuda_visible_devices_is_read_as_cuda_reads_it(value, driver, count, why):
     got = gpus.gpu_count({"CUDA_VISIBLE_DEVICES": value}, driver)
-    assert got.count == count and why in got.why and bool(got.why) == bool(why)
-    assert gpus.count_gpus({"CUDA_VISIBLE_DEVICES": value}, driver) == count
+    assert got.count == count and why in got.why and bool(got.why) == bool(why), got
+    if isinstance(driver, list) and not value.startswith(("GPU-", "MIG-")):
+        assert gpus.gpu_count({"CUDA_VISIBLE_DEVICES": value}, len(driver)) == got  # indices need the count only
 
 
 def test_without_the_variable_every_driver_gpu_counts():
     assert gpus.gpu_count({}, 8) == gpus.GpuCount(8) and gpus.gpu_count({}, None).count == 0
 
 
+class FakeNvml:
+    """NVML's calls that job/gpus.py makes, over ``uuids`` (None: the library does not load, as without a driver)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, uuids: list[str] | None):
+        self.uuids, self.started = uuids, 0
+
+    def nvmlInit(self) -> None:
+        if self.uuids is None:
+            raise self.NVMLError("NVML Shared Library Not Found")
+        self.started += 1
+
+    def nvmlShutdown(self) -> None:
+        self.started -= 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        assert self.started and self.uuids is not None
+        return len(self.uuids)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        assert self.uuids is not None
+        return self.uuids[handle]
+
+
+def test_the_driver_is_asked_through_nvml_and_left_shut(monkeypatch):
+    nvml = FakeNvml(["GPU-aaaa-0", "GPU-bbbb-1", "GPU-cccc-2"])
+    monkeypatch.setattr(gpus, "pynvml", nvml)
+    assert gpus.driver_gpus() == 3 and gpus.driver_uuids() == nvml.uuids and nvml.started == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb,GPU-cccc")
+    assert gpus.local_gpus() == gpus.GpuCount(2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb,GPU-dddd")
+    assert gpus.local_gpus() == gpus.GpuCount(
+        1, "CUDA_VISIBLE_DEVICES=GPU-bbbb,GPU-dddd stops at GPU-dddd, which no GPU here has"
+    )
+    monkeypatch.setattr(gpus, "pynvml", FakeNvml(None))
+    assert gpus.driver_gpus() is None and gpus.driver_uuids() is None
+    assert gpus.local_gpus() == gpus.GpuCount(0, gpus.NO_DRIVER)
+
+
 @pytest.fixture
-def driver(tmp_path, monkeypatch):
-    """fake_driver(n): an nvidia-smi on PATH that lists n GPUs (none is real); no CUDA_VISIBLE_DEVICES."""
+def driver(monkeypatch):
+    """fake_driver(n): a fake NVML that lists n GPUs (none is real); no CUDA_VISIBLE_DEVICES."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    if os.path.isdir(gpus.DRIVER_GPUS):
-        pytest.skip("this machine has an NVIDIA driver: the fake one would not be asked")
 
     def fake_driver(n: int) -> None:
-        smi = tmp_path / "bin" / "nvidia-smi"
-        smi.parent.mkdir(exist_ok=True)
-        smi.write_text(f"#!/bin/sh\ni=0; while [ $i -lt {n} ]; do echo \"GPU $i: Fake\"; i=$((i+1)); done\n")
-        smi.chmod(0o755)
-        monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+        monkeypatch.setattr(gpus, "pynvml", FakeNvml([f"GPU-{i:04d}" for i in range(n)]))
         assert gpus.driver_gpus() == n
 
     return fake_driver
@@ -129,15 +172,14 @@ def test_an_index_past_the_drivers_gpus_leaves_fewer_gpus_than_ranks(
 
 
 def test_nccl_without_a_driver_is_refused_by_run_and_bench(no_rank_starts, capsys, monkeypatch, tmp_path):
-    if gpus.driver_gpus() is not None:
-        pytest.skip("this machine has an NVIDIA driver")
+    monkeypatch.setattr(gpus, "pynvml", FakeNvml(None))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # entries, but nothing behind them
     line = refused(capsys, *RUN, "--backend", "nccl", "--gpus", "2", "--out", str(tmp_path / "run"))
     assert "comm.backend = nccl needs one GPU per rank and CUDA shows none here (no NVIDIA driver here: " in line
     line = refused(capsys, "bench", "allreduce", "--backend", "nccl")
     assert line == (
-        "torus-train: error: --backend nccl needs CUDA GPUs; CUDA shows none here (no NVIDIA driver here: no "
-        "/proc/driver/nvidia/gpus, no nvidia-smi) (use gloo or mpi)"
+        "torus-train: error: --backend nccl needs CUDA GPUs; CUDA shows none here (no NVIDIA driver here: NVML "
+        "(libnvidia-ml.so.1, installed with the driver) does not start) (use gloo or mpi)"
     )
     assert not (tmp_path / "run").exists()
 

@@ -653,18 +653,15 @@ def test_pbs_script_asks_for_one_line_per_rank_and_pins_modules():
 
 
 # --- GPUs here: the probe, and the default job's plan on 0, 1 and 4 of them -----------------------------------
-def test_gpu_probe_reads_cuda_visible_devices_as_cuda_does(tmp_path):
-    from torus_train.job.gpus import count_gpus, driver_gpus, local_gpu_count, visible_entries
+def test_gpu_probe_reads_cuda_visible_devices_as_cuda_does(monkeypatch):
+    from torus_train.job.gpus import gpu_count, local_gpu_count, read_visible
 
-    assert [visible_entries(v) for v in ("0", "0,1,2,3", "GPU-3f2a,GPU-77b1", "0,-1,2", "", "-1")] == [1, 4, 2, 1, 0, 0]
-    assert count_gpus({}, None) == 0 and count_gpus({}, 8) == 8
-    assert count_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, None) == 0  # no driver: CUDA shows nothing
-    assert count_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 1) == 1  # no more than the driver has
+    values = ("0", "0,1,2,3", "GPU-3f2a,GPU-77b1", "0,-1,2", "", "-1")
+    assert [len(read_visible(v).entries) for v in values] == [1, 4, 2, 1, 0, 0]
+    assert gpu_count({}, None).count == 0 and gpu_count({}, 8).count == 8
+    assert gpu_count({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, None).count == 0  # no driver: CUDA shows nothing
+    assert gpu_count({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 1).count == 1  # no more than the driver has
     assert local_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0 and local_gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}) == 0
-    (tmp_path / "0000:1a:00.0").mkdir()
-    (tmp_path / "0000:1b:00.0").mkdir()
-    assert driver_gpus(str(tmp_path)) == 2
-    assert driver_gpus(str(tmp_path / "none"), which=lambda name: None) is None
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,9 @@ def test_a_rank_failure_leaves_its_traceback_in_its_log(tmp_path):
     assert "Traceback (most recent call last)" in log and "RunFailed: injected start-up failure" in log, log
     assert "NoneType: None" not in log
     assert json.loads((out / "logs" / "rank00001.failed").read_text())["kind"] == "verdict"
+    recorded = json.loads((out / "logs" / "rank00001.error.json").read_text())["message"]  # torch's record
+    assert recorded["message"] == "RunFailed: injected start-up failure"
+    assert "Traceback (most recent call last)" in recorded["extraInfo"]["py_callstack"]
 
 
 def test_ranks_die_with_a_sigkilled_launcher_and_keep_a_checkpoint(tmp_path):

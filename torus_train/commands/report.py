@@ -1,4 +1,5 @@
-"""`torus-train report OUT [OUT2 ...]`: a run's curves, stages, speed and per-rank work as a PNG and JSON."""
+"""`torus-train report OUT [OUT2 ...]`: a run's summary, its curves by epoch and per-rank work as a PNG and JSON
+(every scalar against step and wall time is TensorBoard's: OUT/tensorboard/, train/board.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ from torus_train.train import results
     metavar="FILE",
     help="Write the plot here. Default: OUT/report.png for one run, report.png here for several.",
 )
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Also write the plotted figures as JSON.")
+@click.option(
+    "--json", "json_path", default=None, metavar="FILE", help="Also write every figure read (checked) as JSON."
+)
 @click.option("--no-png", is_flag=True, help="Write no PNG (with --json: the figures only; no matplotlib needed).")
 def report(outs, png, json_path, no_png) -> None:
-    """Plot a run from its metrics.jsonl and summary.json: loss and top-1 against epoch and wall time, the
-    global batch and LR per stage, images/s and data wait, and each rank's own work (the stragglers).
-    Unusable lines of metrics.jsonl are skipped and counted. --png and --json replace only a file an earlier
-    report wrote.
+    """Summarise and plot a run from its metrics.jsonl and summary.json: loss and top-1 against epoch with the
+    batch-size stages and the target, and each rank's own work (the stragglers). Every scalar against step and
+    wall time: tensorboard --logdir OUT. Unusable lines of metrics.jsonl are skipped and counted. --png and
+    --json replace only a file an earlier report wrote.
 
     Works on a finished run, a run in progress and a run that failed; several OUT folders are drawn together.
 
@@ -54,6 +57,14 @@ def report(outs, png, json_path, no_png) -> None:
     for path in (png, json_path):
         if path:
             click.echo(f"wrote {path}")
+    boards = [r.out for r in runs if (r.out / "tensorboard").is_dir()]
+    if boards:  # every scalar against step and wall time (speed, LR and batch too) is TensorBoard's
+        where = (
+            f"--logdir {boards[0]}"
+            if len(boards) == 1
+            else "--logdir_spec " + ",".join(f"{b.name}:{b}" for b in boards)
+        )
+        click.echo(f"every scalar: tensorboard {where}")
 
 
 def _require_matplotlib() -> None:

@@ -14,10 +14,14 @@ variables", and torch.cuda._parse_visible_devices, written against the driver's 
     past the driver  an index the driver does not have ends the list there ("0,5" on 2 GPUs shows one)
     "", "-1"         hide every GPU (on purpose)
 
-The driver's GPUs are the folders of /proc/driver/nvidia/gpus, else `nvidia-smi -L`'s lines where /proc does
-not show them (WSL). Without either there is no NVIDIA driver, and CUDA shows no GPU whatever the variable says.
-UUIDs cannot be checked against the driver without NVML; they count as named (GPU-... capped by the driver's
-GPUs; MIG-... not, as one GPU holds up to 7 instances).
+The driver's GPUs come from NVML (NVIDIA's `nvidia-ml-py`, a ctypes binding to the driver's libnvidia-ml.so.1,
+the library torch.cuda.device_count asks before CUDA starts: torch.cuda._device_count_nvml). NVML lists every
+GPU of the machine and ignores CUDA_VISIBLE_DEVICES, so the variable is read here; torch's reader of it is
+private and needs torch imported. A UUID entry is matched against the driver's GPUs' UUIDs as torch matches it
+(a unique prefix; one that matches no GPU or several ends the list there; two entries naming one GPU hide
+every GPU); the UUIDs are asked only then. MIG instances (MIG-..., up to 7 on one GPU) are not among those UUIDs:
+they count as named. Without NVML's library there is no NVIDIA driver, and CUDA shows no GPU whatever the
+variable says.
 
 Commands ask ``local_gpu_count()`` through this module (``gpus.local_gpu_count()``), so a test replaces the
 probe in one place and sees the plans of a machine with 0, 1 or 4 GPUs without starting a rank.
@@ -26,17 +30,17 @@ probe in one place and sees the plans of a machine with 0, 1 or 4 GPUs without s
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no py.typed marker
 
 BACKENDS = ("auto", "nccl", "gloo")
 """comm.backend's values (run --backend): auto = NCCL where there are GPUs, else gloo."""
-DRIVER_GPUS = "/proc/driver/nvidia/gpus"
-"""One folder per GPU the NVIDIA driver found (Linux)."""
 UUID_PREFIXES = ("GPU-", "MIG-")
-NO_DRIVER = "no NVIDIA driver here: no /proc/driver/nvidia/gpus, no nvidia-smi"
+NO_DRIVER = "no NVIDIA driver here: NVML (libnvidia-ml.so.1, installed with the driver) does not start"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -94,50 +98,70 @@ def read_visible(value: str) -> Visible:
     return Visible(tuple(taken))
 
 
-def visible_entries(value: str) -> int:
-    """Devices CUDA_VISIBLE_DEVICES names, as CUDA reads it, before the driver is asked."""
-    return len(read_visible(value).entries)
+def _nvml(query: Callable[[], T]) -> T | None:
+    """``query()`` between nvmlInit and nvmlShutdown; None when NVML does not start (no driver) or fails."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        return query()
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
-def driver_gpus(driver_dir: str = DRIVER_GPUS, which: Callable[[str], str | None] = shutil.which) -> int | None:
+def driver_gpus() -> int | None:
     """GPUs the NVIDIA driver lists, or None when there is no driver to ask."""
-    try:
-        return len(os.listdir(driver_dir))
-    except OSError:
-        pass
-    smi = which("nvidia-smi")
-    if not smi:
-        return None
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    return _nvml(pynvml.nvmlDeviceGetCount)
 
 
-def gpu_count(environ: Mapping[str, str], driver: int | None) -> GpuCount:
-    """The GPUs a process with ``environ`` sees when the driver lists ``driver`` (None: no driver)."""
+def driver_uuids() -> list[str] | None:
+    """The UUIDs of the driver's GPUs in its order (GPU-...), or None when there is no driver to ask."""
+
+    def uuids() -> list[str]:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        return [str(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+
+    return _nvml(uuids)
+
+
+def gpu_count(environ: Mapping[str, str], driver: int | Sequence[str] | None) -> GpuCount:
+    """The GPUs a process with ``environ`` sees when the driver lists ``driver``: its GPUs' UUIDs (UUID entries
+    are matched against them), or only their count; None: no driver."""
     value = environ.get("CUDA_VISIBLE_DEVICES")
     if driver is None:
         return GpuCount(0, NO_DRIVER)
+    gpus = driver if isinstance(driver, int) else len(driver)
     if value is None:
-        return GpuCount(driver)
+        return GpuCount(gpus)
     seen = read_visible(value)
     if seen.uuids:
-        cap = None if seen.entries[0].startswith("MIG-") else driver
-        n = len(seen.entries) if cap is None else min(len(seen.entries), cap)
-        return GpuCount(n, seen.why or (f"the driver lists {driver} GPU(s)" if n < len(seen.entries) else ""))
+        return _uuid_count(seen, value, driver)
     for k, index in enumerate(seen.entries):
-        if int(index) >= driver:
+        if int(index) >= gpus:
             return GpuCount(
-                k, f"CUDA_VISIBLE_DEVICES={value} names GPU {index}, and the driver lists {driver} (0-{driver - 1})"
+                k, f"CUDA_VISIBLE_DEVICES={value} names GPU {index}, and the driver lists {gpus} (0-{gpus - 1})"
             )
     return GpuCount(len(seen.entries), seen.why)
 
 
-def count_gpus(environ: Mapping[str, str], driver: int | None) -> int:
-    """gpu_count's number."""
-    return gpu_count(environ, driver).count
+def _uuid_count(seen: Visible, value: str, driver: int | Sequence[str]) -> GpuCount:
+    """UUID entries matched as torch matches them (module docstring). MIG instances are not among the GPUs'
+    UUIDs, and a driver known only by its count has none to match: those count as named."""
+    if seen.entries[0].startswith("MIG-") or isinstance(driver, int):
+        return GpuCount(len(seen.entries), seen.why)
+    found: list[str] = []
+    for entry in seen.entries:
+        matches = [u for u in driver if u.startswith(entry)]
+        if len(matches) != 1:
+            which = "no GPU here has" if not matches else f"{len(matches)} GPUs here match"
+            return GpuCount(len(found), f"CUDA_VISIBLE_DEVICES={value} stops at {entry}, which {which}")
+        if matches[0] in found:
+            return GpuCount(0, f"CUDA_VISIBLE_DEVICES={value} names {matches[0]} twice, and CUDA then shows no GPU")
+        found.append(matches[0])
+    return GpuCount(len(found), seen.why)
 
 
 def local_gpus(environ: Mapping[str, str] | None = None) -> GpuCount:
@@ -145,7 +169,8 @@ def local_gpus(environ: Mapping[str, str] | None = None) -> GpuCount:
     env = os.environ if environ is None else environ
     if env.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
         return GpuCount(0, f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} hides every GPU")  # no driver asked
-    return gpu_count(env, driver_gpus())
+    uuids = read_visible(env.get("CUDA_VISIBLE_DEVICES", "")).uuids
+    return gpu_count(env, driver_uuids() if uuids else driver_gpus())  # a GPU's UUID only where one is named
 
 
 def local_gpu_count(environ: Mapping[str, str] | None = None) -> int:
@@ -160,15 +185,13 @@ def rank_gpus(backend: str, visible: int) -> int:
 
 __all__ = [
     "BACKENDS",
-    "DRIVER_GPUS",
     "GpuCount",
     "Visible",
-    "count_gpus",
     "driver_gpus",
+    "driver_uuids",
     "gpu_count",
     "local_gpu_count",
     "local_gpus",
     "rank_gpus",
     "read_visible",
-    "visible_entries",
 ]

@@ -1,11 +1,13 @@
 """What the ranks left behind and what it says: the root cause of a failure, and whether a restart may help.
 
-Each rank leaves files in OUT/logs: ``rankNNNNN.log`` (its stderr), ``rankNNNNN.done`` on success and
-``rankNNNNN.failed`` (the kind of a failure it recognised: input, stopped, verdict, crash) besides its
-heartbeat (ranks/heartbeat.py). From these, from the exit codes of local ranks and from the last lines of an
-mpirun or srun command, a failure becomes one ``RanksFailed``: the rank that most likely started it, the step
-it had finished, whether a restart from the latest checkpoint could help (``restartable``) and whether any
-rank finished a step (``progressed``). No torch import.
+Each rank leaves files in OUT/logs: ``rankNNNNN.log`` (its stderr), ``rankNNNNN.done`` on success,
+``rankNNNNN.failed`` (the kind of a failure it recognised: input, stopped, verdict, crash: the restart policy's
+input, which torch has no word for) and ``rankNNNNN.error.json`` (the uncaught exception with its traceback,
+written by torch's ``record``) besides its heartbeat (ranks/heartbeat.py); an NCCL rank's flight recorder
+dumps ``nccl_trace_rank_R`` there when a collective times out. From these, from the exit codes of local ranks
+and from the last lines of an mpirun or srun command, a failure becomes one ``RanksFailed``: the rank that most
+likely started it, the step it had finished, whether a restart from the latest checkpoint could help
+(``restartable``) and whether any rank finished a step (``progressed``). No torch import.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 from torus_train.errors import RunFailed, comm_failure
 from torus_train.ranks.heartbeat import clear_beats, read_beats
 
+TRACEBACK_LINES = 40
+"""The last lines of a recorded traceback the launcher prints (the whole one is in the rank's .error.json)."""
 GRACE_S = 10.0
 """Seconds the ranks get to stop after SIGTERM before SIGKILL."""
 RESTARTABLE = ("crash",)
@@ -75,12 +79,27 @@ def failed_path(out: Path, rank: int) -> Path:
     return out / "logs" / f"rank{rank:05d}.failed"
 
 
+def error_path(out: Path, rank: int) -> Path:
+    """Where torch's ``record`` writes the rank's uncaught exception (TORCHELASTIC_ERROR_FILE, set by the worker)."""
+    return out / "logs" / f"rank{rank:05d}.error.json"
+
+
+TRACE_PREFIX = "nccl_trace_rank_"
+"""NCCL's flight recorder dumps OUT/logs/nccl_trace_rank_R (TORCH_FR_DUMP_TEMP_FILE, set by the worker), the
+prefix `torchfrtrace OUT/logs -p nccl_trace_rank_` reads."""
+
+
+def trace_path(out: Path, rank: int) -> Path:
+    return out / "logs" / f"{TRACE_PREFIX}{rank}"
+
+
 def reset_rank_files(out: Path, ranks: int) -> None:
-    """Before an attempt: no .done, .failed or .beat file of an earlier one may speak for this one."""
+    """Before an attempt: no .done, .failed, .error.json, .beat or flight-recorder file of an earlier one may
+    speak for this one."""
     clear_beats(out, ranks)
     for rank in range(ranks):
-        done_path(out, rank).unlink(missing_ok=True)
-        failed_path(out, rank).unlink(missing_ok=True)
+        for path in (done_path, failed_path, error_path, trace_path):
+            path(out, rank).unlink(missing_ok=True)
 
 
 def tail(path: Path, lines: int = 8) -> list[str]:
@@ -88,6 +107,16 @@ def tail(path: Path, lines: int = 8) -> list[str]:
         with open(path, errors="replace") as f:
             return [ln.rstrip("\n") for ln in deque(f, maxlen=lines)]
     except OSError:
+        return []
+
+
+def recorded_traceback(out: Path, rank: int) -> list[str]:
+    """The traceback torch's ``record`` wrote for the rank's uncaught exception ({"message": {"message",
+    "extraInfo": {"py_callstack", "timestamp"}}}); [] when it wrote none (a signal, NCCL's abort)."""
+    try:
+        d = json.loads(error_path(out, rank).read_text())
+        return str(d["message"]["extraInfo"]["py_callstack"]).rstrip("\n").splitlines()
+    except (OSError, ValueError, KeyError, TypeError):
         return []
 
 
@@ -99,10 +128,11 @@ def failure_kind(out: Path, rank: int) -> str:
         return ""
 
 
-def mark_comm_failure(out: Path, rank: int, lines: int = 60) -> str:
+def mark_comm_failure(out: Path, rank: int, lines: int = 400) -> str:
     """A rank that died without its .failed marker (NCCL's watchdog aborts the process before Python runs) but
     whose log tail holds gloo's or NCCL's words for a failed collective: the marker is written for it (kind
-    crash, restartable) and its one line returned; '' otherwise."""
+    crash, restartable) and its one line returned; '' otherwise. The tail is long: faulthandler (torch's
+    ``record``) prints every thread's stack after NCCL's words when the abort's SIGABRT arrives."""
     if failed_path(out, rank).exists():
         return ""
     said = comm_failure("\n".join(tail(log_path(out, rank), lines)))
@@ -261,23 +291,40 @@ def likely_hung(procs: list[subprocess.Popen], out: Path, alive: list[int]) -> i
 
 
 def ranks_failed(failure: Failure, out: Path, ranks: int, say: Callable[[str], None]) -> RanksFailed:
-    """The error for a failure of local ranks, after saying the rank's own line or the tail of its log."""
-    # a rank that named its own failure (bad input, a failed check, a stop) gets that one line; the log's tail
-    # (with its traceback) is for crashes and deaths
+    """The error for a failure of local ranks, after saying the rank's own line, its traceback or the tail of
+    its log, and where NCCL's flight recorder dumped the ranks' last collectives."""
+    # a rank that named its own failure (bad input, a failed check, a stop) gets that one line; the traceback
+    # (or the log's tail) is for crashes and deaths
     told = failure_message(out, failure.rank) if failure.rank >= 0 else ""
     if not told and failure.rank >= 0:
         told = mark_comm_failure(out, failure.rank)
     if told:
         say(f"torus-train: rank {failure.rank} failed: {told}")
-    lines = tail(log_path(out, failure.rank)) if failure.rank >= 0 and not told else []
-    if lines:
-        say(f"last lines of {log_path(out, failure.rank)}:")
-        for ln in lines:
-            say(f"  {ln}")
+    elif failure.rank >= 0:
+        show_traceback(out, failure.rank, say)
+    traces = [r for r in range(ranks) if trace_path(out, r).exists()]
+    if traces:
+        say(
+            f"NCCL's flight recorder dumped the last collectives of rank(s) {', '.join(map(str, traces[:8]))}: "
+            f"torchfrtrace {out / 'logs'} -p {TRACE_PREFIX}"
+        )
     beats = read_beats(out, ranks)
     step = beats[failure.rank].step if failure.rank in beats else -1
     progressed = any(b.step >= 0 for b in beats.values())
     return RanksFailed(failure.text, failure.rank, step, failure.restartable, progressed, failure.how)
+
+
+def show_traceback(out: Path, rank: int, say: Callable[[str], None], lines: int = TRACEBACK_LINES) -> None:
+    """The first failing rank's traceback, as torch's ``record`` wrote it, else the last lines of its log (a
+    rank killed by a signal or by NCCL's abort writes none)."""
+    recorded = recorded_traceback(out, rank)
+    if recorded:
+        say(f"traceback in {error_path(out, rank)}:")
+    shown = recorded[-lines:] or tail(log_path(out, rank))
+    if shown and not recorded:
+        say(f"last lines of {log_path(out, rank)}:")
+    for ln in shown:
+        say(f"  {ln}")
 
 
 # --------------------------------------------------------------------------------------------------------

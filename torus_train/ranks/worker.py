@@ -7,9 +7,13 @@ a finished rank from one that exited 0 too early. A failure is logged with its t
 line as ``torus-train: rank R failed: ...`` with a non-zero exit code; OUT/logs/rankNNNNN.failed says what
 kind of failure it was (input, verdict, stopped, crash), which the launcher reads to decide on a restart.
 
-For the launcher's watchdog a rank keeps a heartbeat (OUT/logs/rankNNNNN.beat, ranks/heartbeat.py) and dumps
-the Python stack of all its threads into its log on SIGUSR1 (faulthandler). Started by the local launcher, it
-dies with the launcher (heartbeat.die_with_parent).
+What torch records of a failure is on by default (``torch_diagnostics``; a value the user set wins): torch's
+``record`` writes an uncaught exception with its traceback to OUT/logs/rankNNNNN.error.json and has
+faulthandler print every thread's stack on a fatal signal; an NCCL rank keeps NCCL's flight recorder, dumped to
+OUT/logs/nccl_trace_rank_R when a collective times out. For the launcher's watchdog (any backend, any hang) a
+rank keeps a heartbeat (OUT/logs/rankNNNNN.beat, ranks/heartbeat.py) and dumps the Python stack of all its
+threads into its log on SIGUSR1 (faulthandler). Started by the local launcher, it dies with the launcher
+(heartbeat.die_with_parent).
 """
 
 from __future__ import annotations
@@ -28,13 +32,18 @@ from torus_train.errors import PeerLost, RunFailed, UserError, comm_failure
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
 from torus_train.ranks.bootstrap import rank_info
-from torus_train.ranks.diagnosis import done_path, failed_path, log_path
+from torus_train.ranks.diagnosis import TRACE_PREFIX, done_path, error_path, failed_path, log_path
 from torus_train.ranks.heartbeat import Heartbeat, beat_interval, die_with_parent
 from torus_train.train import faults
 from torus_train.train.stop import StopRequest, StopRequested
 from torus_train.train.writer import APPENDER
 
 REDIRECTED = "TORUS_TRAIN_LOG_REDIRECTED"
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+"""Where torch's ``record`` writes a rank's uncaught exception (torchrun's agent sets it to a file of its own)."""
+FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+"""NCCL's flight recorder: each rank keeps its last 2,000 collectives (a few steps of every bucket's row and
+column exchanges) and dumps them when one times out, rank 0's dump asking the others for theirs."""
 
 
 class Terminated(Exception):
@@ -63,6 +72,17 @@ def classify(e: BaseException) -> tuple[int, str, str]:
     first = str(e).splitlines()[0] if str(e) else ""
     said = comm_failure(str(e))  # gloo's and NCCL's words for a failed collective (errors.COMM_FAILURES)
     return 1, "crash", said or f"{type(e).__name__}: {first}"
+
+
+def torch_diagnostics(spec: JobSpec, out: Path, rank: int, environ=os.environ) -> None:
+    """Before torch is imported: the rank's error file for torch's ``record`` and, where the ranks may run on
+    NCCL, its flight recorder with the dump beside the logs (``torchfrtrace OUT/logs -p nccl_trace_rank_``
+    reads them). setdefault: a value the user or torchrun set wins."""
+    environ.setdefault(ERROR_FILE, str(error_path(out, rank)))
+    if spec.comm.backend != "gloo":  # the flight recorder is NCCL's
+        for name, value in FLIGHT_RECORDER.items():
+            environ.setdefault(name, value)
+        environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(out / "logs" / TRACE_PREFIX))
 
 
 def start_heartbeat(out: Path, rank: int, stop: StopRequest) -> None:
@@ -167,10 +187,12 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, regrid: bool = False) -> No
         signal.signal(signal.SIGINT, signal_handler(stop))
         die_with_parent()
         start_heartbeat(out, rank, stop)
-        fault = faults.from_environ()  # the launcher's and the loop's tests inject faults (docs/faults.md)
-        if faults.fails_at_start(fault, rank):
-            raise RunFailed("injected start-up failure")
-        run_worker(spec, grid, resume, stop, regrid, fault)
+        torch_diagnostics(spec, out, rank)
+        # torch's record: the uncaught exception and its traceback into the error file (then re-raised, for
+        # classify), and faulthandler on fatal signals (the worker's entry: the torch boundary)
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        record(start_rank)(spec, grid, resume, stop, regrid, rank)
         done_path(out, rank).write_text("ok\n")
     except BaseException as e:
         code, kind, message = classify(e)
@@ -188,6 +210,14 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, regrid: bool = False) -> No
             MPI.Finalize()
     # os._exit: a failed collective can leave gloo/NCCL threads that would block a normal interpreter exit.
     os._exit(code)
+
+
+def start_rank(spec: JobSpec, grid: Grid, resume: bool, stop: StopRequest, regrid: bool, rank: int) -> None:
+    """The rank's work under torch's ``record``: an injected start-up fault (docs/faults.md), then training."""
+    fault = faults.from_environ()  # the launcher's and the loop's tests inject faults (docs/faults.md)
+    if faults.fails_at_start(fault, rank):
+        raise RunFailed("injected start-up failure")
+    run_worker(spec, grid, resume, stop, regrid, fault)
 
 
 def report_failure(out: Path, rank: int, code: int, kind: str, message: str, original_stderr: int) -> None:

@@ -104,7 +104,7 @@ class Run:
         return "failed" if _failed(self.out) else "no summary.json: in progress, or stopped"
 
     def figures(self) -> dict:
-        """The figures the PNG shows, for --json."""
+        """Everything read and checked, for --json (the PNG draws the curves by epoch and the ranks)."""
         return {
             "out": str(self.out),
             "status": self.status,
@@ -296,52 +296,40 @@ def _start_guess(last: dict[int, int], e: int) -> int:
     return max(earlier) if earlier else 0
 
 
-def stage_rows(run: Run) -> list[dict]:
-    """Stage switches with the LR at their start (the first interval after), from metrics.jsonl."""
-    rows = []
-    for st in run.stages:
-        after = [r for r in run.intervals if r["step"] > st["step"]]
-        rows.append({**st, "lr_first": after[0]["lr"] if after else None})
-    return rows
-
-
 # --------------------------------------------------------------------------------------------------------
-# the PNG
+# the PNG: what TensorBoard does not show (OUT/tensorboard/ has every scalar against step and wall time)
 # --------------------------------------------------------------------------------------------------------
 def plot(runs: list[Run], path: str | Path) -> list[str]:
-    """Write the PNG of ``runs``; returns lines saying what could not be drawn."""
+    """Write the PNG of ``runs``: loss and top-1 against epoch with the batch-size stages and the target, and
+    each rank's own work per step (summary.json). Returns lines saying what could not be drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5))
+    fig, (loss_ax, top1_ax, ranks_ax) = plt.subplots(1, 3, figsize=(18, 5.2))
     notes: list[str] = []
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    lr_ax, wait_ax = axes[1][0].twinx(), axes[1][1].twinx()  # one right-hand axis each, shared by the runs
     for i, run in enumerate(runs):
         c = colours[i % len(colours)]
-        label = run.name if len(runs) > 1 else None
+        label = f"{run.name}: " if len(runs) > 1 else ""
         pos = epoch_position(run)
-        if run.intervals or run.evals:
-            _loss(axes[0][0], run, pos, c, label, "epoch")
-            _loss(axes[0][2], run, pos, c, label, "wall")
-        _top1(axes[0][1], run, pos, c, label, "epoch")
-        _top1(axes[0][3], run, pos, c, label, "wall")
-        if run.intervals:
-            _batch_lr(axes[1][0], lr_ax, run, pos, c)
-            _speed(axes[1][1], wait_ax, run, pos, c, label)
-        else:
-            notes.append(f"{run.name}: no training intervals in metrics.jsonl: loss, batch and speed left out")
+        _loss(loss_ax, run, pos, c, label)
+        _top1(top1_ax, run, pos, c, label)
+        for ax in (loss_ax, top1_ax):
+            _stages(ax, run, pos, c)
+        if not run.intervals:
+            notes.append(f"{run.name}: no training intervals in metrics.jsonl: the training loss left out")
         if not run.evals:
-            notes.append(f"{run.name}: no evaluation in metrics.jsonl: top-1 panels left out")
-    _ranks(axes[1][2], runs, colours, notes)
-    _text(axes[1][3], runs, notes)
-    for ax in axes.flat:
+            notes.append(f"{run.name}: no evaluation in metrics.jsonl: top-1 left out")
+    _targets(top1_ax, runs)
+    _ranks(ranks_ax, runs, colours, notes)
+    for ax in (loss_ax, top1_ax, ranks_ax):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    title = runs[0].name if len(runs) == 1 else " vs ".join(r.name for r in runs)
-    fig.suptitle(f"torus-train report: {title}", fontsize=13)
+    # the run's summary as the title: the picture says what it shows on its own
+    summaries = [f"{run.name} ({run.status}): {'; '.join(summary_lines(run))}" for run in runs]
+    fig.suptitle("\n".join(textwrap.fill(text, 160, subsequent_indent="    ") for text in summaries), fontsize=10)
     fig.tight_layout()
     try:
         save_figure(fig, path, WRITER, "--png", dpi=90)
@@ -350,105 +338,57 @@ def plot(runs: list[Run], path: str | Path) -> list[str]:
     return notes
 
 
-def _x(records: list[dict], pos: dict, axis: str) -> list[float]:
-    return [pos[r["step"]] if axis == "epoch" else r["wall_seconds"] for r in records]
+def _epochs(records: list[dict], pos: dict) -> list[float]:
+    return [pos[r["step"]] for r in records]
 
 
-def _xlabel(axis: str) -> str:
-    return "epoch" if axis == "epoch" else "wall time (s, from the first step)"
-
-
-def _loss(ax, run: Run, pos: dict, c, label, axis: str) -> None:
-    ax.plot(
-        _x(run.intervals, pos, axis),
-        [r["loss"] for r in run.intervals],
-        color=c,
-        label=(f"{label}: " if label else "") + "train loss",
-    )
+def _loss(ax, run: Run, pos: dict, c, label: str) -> None:
+    if run.intervals:
+        ax.plot(_epochs(run.intervals, pos), [r["loss"] for r in run.intervals], color=c, label=label + "train")
     ev = [r for r in run.evals if "val_loss" in r]
     if ev:
-        ax.plot(
-            _x(ev, pos, axis),
-            [r["val_loss"] for r in ev],
-            "o--",
-            color=c,
-            ms=4,
-            label=(f"{label}: " if label else "") + "val loss",
-        )
-    ax.set_xlabel(_xlabel(axis))
-    ax.set_ylabel("loss")
-    ax.set_title(f"loss against {'epoch' if axis == 'epoch' else 'wall time'}")
+        ax.plot(_epochs(ev, pos), [r["val_loss"] for r in ev], "o--", color=c, ms=4, label=label + "validation")
+    ax.set(xlabel="epoch", ylabel="loss", title="loss, with the batch-size stages")
     ax.grid(alpha=0.3)
 
 
-def _top1(ax, run: Run, pos: dict, c, label, axis: str) -> None:
+def _top1(ax, run: Run, pos: dict, c, label: str) -> None:
     if run.evals:
-        ax.plot(
-            _x(run.evals, pos, axis),
-            [100 * r["top1"] for r in run.evals],
-            "o-",
-            color=c,
-            label=(f"{label}: " if label else "") + "top-1",
-        )
-        ax.plot(
-            _x(run.evals, pos, axis),
-            [100 * r["top5"] for r in run.evals],
-            ":",
-            color=c,
-            alpha=0.6,
-            label=(f"{label}: " if label else "") + "top-5",
-        )
-    drawn = ax.__dict__.setdefault("_torus_targets", set())  # one line per target, however many runs share it
-    if run.target and run.target not in drawn:
-        drawn.add(run.target)
-        ax.axhline(100 * run.target, color="grey", lw=0.8, ls="--")
-        ax.text(
-            ax.get_xlim()[0], 100 * run.target, f" target {100 * run.target:g}%", va="bottom", fontsize=8, color="grey"
-        )
-    ax.set_xlabel(_xlabel(axis))
-    ax.set_ylabel("validation accuracy (%)")
-    ax.set_title(f"top-1 against {'epoch' if axis == 'epoch' else 'wall time'}")
+        xs = _epochs(run.evals, pos)
+        ax.plot(xs, [100 * r["top1"] for r in run.evals], "o-", color=c, label=label + "top-1")
+        ax.plot(xs, [100 * r["top5"] for r in run.evals], ":", color=c, alpha=0.6, label=label + "top-5")
+    ax.set(xlabel="epoch", ylabel="validation accuracy (%)", title="top-1 and top-5, with the target")
     ax.grid(alpha=0.3)
 
 
-def _batch_lr(ax, lr, run: Run, pos: dict, c) -> None:
-    """The global batch as steps from each stage's first step (stage events), the LR of every interval."""
-    points = sorted(
-        [(pos.get(st["step"], 0.0) if st["step"] else 0.0, st["global_batch"]) for st in run.stages]
-        + [(pos[r["step"]], r["global_batch"]) for r in run.intervals]
-    )
-    if points:
-        ax.step([p[0] for p in points], [p[1] for p in points], where="post", color=c, lw=2)
+def _stages(ax, run: Run, pos: dict, c) -> None:
+    """A line at each batch-size switch, labelled with the stage's global batch (metrics.jsonl's stage events)."""
     for st in run.stages:
         x = pos.get(st["step"], 0.0) if st["step"] else 0.0
         ax.axvline(x, color=c, lw=0.6, alpha=0.5)
         ax.annotate(
-            f"stage {st['stage']}: {st['global_batch']}",
-            (x, st["global_batch"]),
-            fontsize=8,
+            f"batch {st['global_batch']}",
+            (x, 0),
+            xycoords=("data", "axes fraction"),
             xytext=(3, 4),
             textcoords="offset points",
+            fontsize=8,
             color=c,
         )
-    ax.set_ylabel("global batch (solid)")
-    ax.set_xlabel("epoch")
-    ax.set_title("batch-size stages and learning rate")
-    lr.plot([pos[r["step"]] for r in run.intervals], [r["lr"] for r in run.intervals], "--", color=c, alpha=0.8)
-    lr.set_ylabel("learning rate (dashed)")
-    ax.grid(alpha=0.3)
 
 
-def _speed(ax, wait, run: Run, pos: dict, c, label) -> None:
-    xs = [pos[r["step"]] for r in run.intervals]
-    ax.plot(
-        xs, [r["images_per_second"] for r in run.intervals], color=c, label=(f"{label}: " if label else "") + "images/s"
-    )
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("images/s over all ranks (solid)")
-    ax.set_title("throughput and rank 0's data wait")
-    wait.plot(xs, [1000 * r["data_time"] for r in run.intervals], ":", color=c, alpha=0.8)
-    wait.set_ylabel("rank 0 data wait per step, ms (dotted)")
-    ax.grid(alpha=0.3)
+def _targets(ax, runs: list[Run]) -> None:
+    """One dashed line per accuracy target, however many runs share it."""
+    for target in sorted({r.target for r in runs if r.target}):
+        ax.axhline(100 * target, color="grey", lw=0.8, ls="--")
+        ax.annotate(
+            f" target {100 * target:g}%",
+            (0, 100 * target),
+            xycoords=("axes fraction", "data"),
+            va="bottom",
+            fontsize=8,
+            color="grey",
+        )
 
 
 def _ranks(ax, runs: list[Run], colours, notes: list[str]) -> None:
@@ -459,25 +399,13 @@ def _ranks(ax, runs: list[Run], colours, notes: list[str]) -> None:
         xs = [r["rank"] + k * width for r in run.ranks]
         comp = [1000 * r["compute_p50"] for r in run.ranks]
         data = [1000 * r["data_p50"] for r in run.ranks]
-        c = colours[i % len(colours)]
-        ax.bar(xs, comp, width, color=c, label=f"{run.name}: compute" if len(runs) > 1 else "compute")
-        ax.bar(
-            xs,
-            data,
-            width,
-            bottom=comp,
-            color=c,
-            alpha=0.4,
-            hatch="//",
-            label=f"{run.name}: data wait" if len(runs) > 1 else "data wait",
-        )
+        c, label = colours[i % len(colours)], f"{run.name}: " if len(runs) > 1 else ""
+        ax.bar(xs, comp, width, color=c, label=label + "compute")
+        ax.bar(xs, data, width, bottom=comp, color=c, alpha=0.4, hatch="//", label=label + "data wait")
     for run in runs:
         if not run.ranks:
-            notes.append(
-                f"{run.name}: per-rank work left out ({run.status})"
-                if run.summary is None
-                else f"{run.name}: per-rank work left out (no usable rows in summary.json)"
-            )
+            why = run.status if run.summary is None else "no usable rows in summary.json"
+            notes.append(f"{run.name}: per-rank work left out ({why})")
     if not shown:
         ax.text(
             0.5,
@@ -491,24 +419,8 @@ def _ranks(ax, runs: list[Run], colours, notes: list[str]) -> None:
     ranks = sorted({r["rank"] for run in runs for r in run.ranks})
     if 0 < len(ranks) <= 16:
         ax.set_xticks([r + 0.4 - width / 2 for r in ranks], [str(r) for r in ranks])
-    ax.set_xlabel("rank")
-    ax.set_ylabel("own work per step, p50 (ms)")
-    ax.set_title("per-rank work: compute + data wait (stragglers)")
+    ax.set(xlabel="rank", ylabel="own work per step, p50 (ms)", title="per-rank work: compute + data wait")
     ax.grid(alpha=0.3, axis="y")
-
-
-def _text(ax, runs: list[Run], notes: list[str]) -> None:
-    ax.axis("off")
-    lines = []
-    for run in runs:
-        lines.append(f"{run.name}: {run.status}")
-        lines += ["  " + t for t in summary_lines(run)]
-    lines += [""] + notes + [f"{r.name}: {s}" for r in runs for s in r.skipped]
-    ax.text(0, 1, "\n".join(_wrap(line) for line in lines[:40]), va="top", family="monospace", fontsize=8)
-
-
-def _wrap(line: str, width: int = 60) -> str:
-    return "\n".join(textwrap.wrap(line, width, subsequent_indent="    ")) or line
 
 
 def summary_lines(run: Run) -> list[str]:
