@@ -15,8 +15,9 @@ from torus_train.commands.plan import plan
 from torus_train.job.topology import Grid
 from torus_train.plan.calibrate import fit_terms, local_coefficients
 from torus_train.plan.cost import ALGORITHMS
+from torus_train.plan.grids import BUCKET_CAPS_MB, best_grid
 from torus_train.plan.networks import PRESETS
-from torus_train.plan.search import BUCKET_CAPS_MB, best_grid, make_plan
+from torus_train.plan.search import make_plan
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 

@@ -18,7 +18,8 @@ from torus_train.plan.host import check_module_seconds
 from torus_train.plan.networks import Network, load_network
 from torus_train.plan.plots import WRITER, plot_curves, plot_timeline, require_matplotlib
 from torus_train.plan.printout import bucket_caps_line, mb, plan_lines
-from torus_train.plan.search import Plan, bucket_sweep, make_plan, verdict
+from torus_train.plan.search import Plan, bucket_sweep, make_plan
+from torus_train.plan.verdict import verdict
 from torus_train.userfiles import read_json
 
 MAX_BUCKET_MIB = 1 << 20
