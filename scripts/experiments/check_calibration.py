@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Fit the cost model on one `bench allreduce --json` file and hold its prediction against another grid's.
+"""Fit the CPU-host model (cpu_host.py) on one `bench allreduce --json` file and hold its prediction against
+another grid's.
 
     python scripts/experiments/check_calibration.py BENCH_2x2.json BENCH_2x4.json [--algo torus] [--min-bytes 1M]
     python scripts/experiments/check_calibration.py A_2x2.json,B_2x2.json,C_2x2.json A_2x4.json,B_2x4.json,C_2x4.json
 
 For each algorithm present in both files: alpha and the per-byte costs in and beyond the last-level cache are
-fitted on the first file (torus_train.plan.calibrate.calibrate, rows with wrong == 0), then the busbw of the
+fitted on the first file (cpu_host.host_calibrate, rows with wrong == 0), then the busbw of the
 second file's grid is predicted at each of its sizes >= --min-bytes and printed next to the measured busbw with
 the ratio. The second file is only compared with, never fitted. Exit status 0 when every ratio is within
 --tolerance (default 30%), 1 otherwise. Several comma-separated files per side are merged by taking, for each
@@ -17,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
+
+from cpu_host import host_calibrate
 
 from torus_train.bench.allreduce import parse_size
 from torus_train.errors import UserError
 from torus_train.job.topology import parse_grid
-from torus_train.plan.calibrate import calibrate, compare, read_benches
+from torus_train.plan.calibrate import compare, read_benches
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     total = inside = 0
     for algo in algos:
         try:
-            cal = calibrate(fit_rows, algo=algo, cores=args.cores, background=args.fit_background, llc_bytes=llc)
+            cal = host_calibrate(fit_rows, algo=algo, cores=args.cores, background=args.fit_background, llc_bytes=llc)
         except UserError as e:
             print(f"check_calibration: error: {e}", file=sys.stderr)
             return 2
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'runs':>5} {'measured GB/s':>14} {'predicted GB/s':>15} "
             f"{'pred/meas':>10}"
         )
-        for c in compare(cal, check_rows, min_bytes, args.check_background):
+        for c in compare(replace(cal, background=bg), check_rows, min_bytes):  # predicted at the check's load
             ok = abs(c.ratio - 1) <= args.tolerance
             total += 1
             inside += ok

@@ -7,8 +7,7 @@ timeline         DDP's buckets of a model and the step they make, each bucket al
 grids            grid choice by the predicted fused all-reduce, or by the step with a bucket cap
 search           a whole plan over algorithms, its bucket caps, curves over GPU counts
 verdict          the torus against NCCL's own choice, at the plan's point and over GPU counts
-calibrate        the model fitted to one CPU host from bench rows, and held against another grid
-host             a CPU run's step predicted from the calibration and a measured step profile
+calibrate        alpha and beta of one machine fitted to its bench rows, and held against another grid
 simulate         the torus's exact data movement on virtual ranks
 
 What each `plan` command calls, one function each:
@@ -16,5 +15,5 @@ What each `plan` command calls, one function each:
 predict          `plan`: PlanRequest -> predict (printout: its text; checks: --simulate, --check-groups;
                  plots: --plot, --png)
 calibrate_report `plan calibrate`: CalibrateRequest -> calibrate_report
-run_report       `plan compare-run`: CompareRunRequest -> compare_run
+rehearse/        `plan rehearse`: the whole job at full scale against NCCL's rules (docs/rehearse.md)
 """
