@@ -9,7 +9,7 @@ import pytest
 
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid
-from torus_train.plan.calibrate import calibrate, compare, local_coefficients, nonnegative_lstsq, read_benches
+from torus_train.plan.calibrate import calibrate, compare, fit_relative, local_coefficients, read_benches
 
 MiB = 1 << 20
 
@@ -77,10 +77,12 @@ def test_calibration_latency_is_not_negative_and_bad_rows_are_named():
         calibrate(rows, algo="tree")
 
 
-def test_nonnegative_lstsq_clips_to_the_best_face():
+def test_the_fit_is_non_negative_and_names_a_fit_it_cannot_make():
     a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
-    assert nonnegative_lstsq(a, np.array([1.0, 2.0, 3.0])) == pytest.approx([0.0, 1.0], abs=1e-12)
-    assert nonnegative_lstsq(a, np.array([3.0, 2.0, 1.0])) == pytest.approx([2.0, 0.0])  # slope -1 clipped
+    assert fit_relative(a, np.array([2.0, 3.0, 4.0]), "w") == pytest.approx([1.0, 1.0])  # relative: exact here
+    assert fit_relative(a, np.array([3.0, 2.0, 1.0]), "w")[1] == 0.0  # a falling time: the slope clipped to 0
+    with pytest.raises(UserError, match="w: the fit failed"):
+        fit_relative(np.array([[np.inf, 1.0], [1.0, 2.0]]), np.array([1.0, 2.0]), "w")
 
 
 def test_read_benches_takes_the_median_time_per_point(tmp_path):

@@ -7,8 +7,9 @@ predict another grid of the same machine:
 
 steps and coeff (bytes each rank sends per byte all-reduced) come from the general model (torus_train.plan.cost)
 with every rank on one host; alpha is the cost of one step, beta of one byte (the reduction, gamma, folded in:
-one grid cannot tell a copy from a sum). The fit is non-negative and minimises the relative error of the time:
-bench rows span several decades of time, and a fit on seconds would follow the largest rows alone.
+one grid cannot tell a copy from a sum). The fit is non-negative (scipy.optimize.nnls) and minimises the
+relative error of the time: bench rows span several decades of time, and a fit on seconds would follow the
+largest rows alone.
 """
 
 from __future__ import annotations
@@ -39,23 +40,6 @@ def local_coefficients(algo: str, grid: Grid) -> tuple[int, float]:
     c0 = allreduce_cost(algo, Grid(grid.x, grid.y, grid.size), net, 0)
     c1 = allreduce_cost(algo, Grid(grid.x, grid.y, grid.size), net, 10**9)  # 1e9 bytes at 1 GB/s
     return c0.steps, (c1.seconds - c0.seconds)
-
-
-def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin |a x - b| over x >= 0, for a few columns: the best least-squares solution over every support
-    set whose solution is non-negative (the optimum lies on one of them)."""
-    cols = a.shape[1]
-    best, best_res = np.zeros(cols), float(np.sum(b**2))
-    for mask in range(1, 1 << cols):
-        keep = [j for j in range(cols) if mask >> j & 1]
-        x, *_ = np.linalg.lstsq(a[:, keep], b, rcond=None)
-        if (x < 0).any():
-            continue
-        res = float(np.sum((a[:, keep] @ x - b) ** 2))
-        if res < best_res - 1e-15 * max(1.0, best_res):
-            best, best_res = np.zeros(cols), res
-            best[keep] = x
-    return best
 
 
 @dataclass
@@ -202,10 +186,13 @@ def check_bandwidth(beta: float, n: np.ndarray, t: np.ndarray, where: str) -> No
 def fit_relative(a: np.ndarray, t: np.ndarray, where: str) -> np.ndarray:
     """x >= 0 minimising the relative error of a @ x against t (a: one row of seconds per unit of each
     figure per bench row); one line when the rows give no finite fit (times and sizes too far apart)."""
+    # scipy.optimize takes 0.4 to 1.2 s to import: only a fit pays it, not every `torus-train plan`
+    from scipy.optimize import nnls
+
     try:
         with np.errstate(all="ignore"):
-            x = nonnegative_lstsq(a / t[:, None], np.ones_like(t))
-    except np.linalg.LinAlgError as e:
+            x, _ = nnls(a / t[:, None], np.ones_like(t))
+    except (ValueError, RuntimeError, np.linalg.LinAlgError) as e:  # non-finite terms; no convergence
         raise UserError(f"{where}: the fit failed ({e}); check the rows' times and sizes") from None
     if not np.isfinite(x).all():
         raise UserError(f"{where}: the fit gave no finite figures; check the rows' times and sizes")
