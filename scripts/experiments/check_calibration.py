@@ -20,12 +20,38 @@ import argparse
 import sys
 from dataclasses import replace
 
-from cpu_host import host_calibrate
+from cpu_host import HostCalibration, host_calibrate
 
 from torus_train.bench.allreduce import parse_size
 from torus_train.errors import UserError
 from torus_train.job.topology import parse_grid
 from torus_train.plan.calibrate import compare, read_benches
+
+
+def check_algo(cal: HostCalibration, args: argparse.Namespace, check_rows: list, min_bytes: int) -> tuple[int, int]:
+    """Print cal's fit, then each compared size of the check file; returns (sizes compared, sizes within)."""
+    algo, total, inside = cal.algo, 0, 0
+    bg = cal.background if args.check_background is None else args.check_background
+    print(
+        f"# {algo}: fit on {cal.grid} ({args.fit_file}, {len(cal.rows_used)} rows, {cal.rows_skipped} left out), "
+        f"background {cal.background:g} (check file: {bg:g})"
+    )
+    for line in cal.describe():
+        print(f"#   {line}")
+    runs = {(str(parse_grid(r["grid"])), r["size_bytes"]): r.get("runs", 1) for r in check_rows if r["algo"] == algo}
+    print(
+        f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'runs':>5} {'measured GB/s':>14} {'predicted GB/s':>15} "
+        f"{'pred/meas':>10}"
+    )
+    for c in compare(replace(cal, background=bg), check_rows, min_bytes):  # predicted at the check's load
+        ok = abs(c.ratio - 1) <= args.tolerance
+        total += 1
+        inside += ok
+        print(
+            f"{algo:>13} {c.grid:>6} {c.size_bytes:>10} {runs.get((c.grid, c.size_bytes), 1):>5} "
+            f"{c.measured_busbw:>14.4f} {c.predicted_busbw:>15.4f} {c.ratio:>10.2f}{'' if ok else '  outside'}"
+        )
+    return total, inside
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,28 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         except UserError as e:
             print(f"check_calibration: error: {e}", file=sys.stderr)
             return 2
-        bg = cal.background if args.check_background is None else args.check_background
-        print(
-            f"# {algo}: fit on {cal.grid} ({args.fit_file}, {len(cal.rows_used)} rows, {cal.rows_skipped} left out), "
-            f"background {cal.background:g} (check file: {bg:g})"
-        )
-        for line in cal.describe():
-            print(f"#   {line}")
-        runs = {
-            (str(parse_grid(r["grid"])), r["size_bytes"]): r.get("runs", 1) for r in check_rows if r["algo"] == algo
-        }
-        print(
-            f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'runs':>5} {'measured GB/s':>14} {'predicted GB/s':>15} "
-            f"{'pred/meas':>10}"
-        )
-        for c in compare(replace(cal, background=bg), check_rows, min_bytes):  # predicted at the check's load
-            ok = abs(c.ratio - 1) <= args.tolerance
-            total += 1
-            inside += ok
-            print(
-                f"{algo:>13} {c.grid:>6} {c.size_bytes:>10} {runs.get((c.grid, c.size_bytes), 1):>5} "
-                f"{c.measured_busbw:>14.4f} {c.predicted_busbw:>15.4f} {c.ratio:>10.2f}{'' if ok else '  outside'}"
-            )
+        compared, within = check_algo(cal, args, check_rows, min_bytes)
+        total, inside = total + compared, inside + within
     print(
         f"# summary: {inside} of {total} predictions within {args.tolerance * 100:.0f}% of the measured busbw "
         f"at >= {min_bytes} bytes"
