@@ -2,9 +2,10 @@
 
 Hypothesis generates malformed run folders (job.json, summary.json, metrics.jsonl), bench JSON for
 `plan calibrate`, step and layer profiles, hostfiles and index targets; each goes through the real entry point
-(``torus_train.cli.main``) in process. Every example must end in exit 0, or exit 2 with exactly one
-``torus-train: error:`` line and no traceback, and must change no file outside the place the command was asked
-to write. Valid documents are mutated (a field replaced by any JSON value, removed, or the text cut short), so
+(``torus_train.cli.main``) in process, or, for the run folders and step profiles that only the CPU test host's
+scripts/experiments/compare_run.py reads, through that script's ``main``. Every example must end in exit 0, or
+exit 2 with exactly one ``torus-train: error:`` (``compare_run.py: error:``) line and no traceback, and must
+change no file outside the place the command was asked to write. Valid documents are mutated (a field replaced by any JSON value, removed, or the text cut short), so
 most examples sit one step away from a good file, where a missed check would show.
 """
 
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,9 @@ from clihelp import invoke, tree_digest
 from datahelp import make_index_set
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "experiments"))
+import compare_run  # scripts/experiments/compare_run.py, as the scripts beside it import it
 
 JSON_VALUES = st.recursive(
     st.one_of(
@@ -116,6 +122,21 @@ def run_cli(place: Path, *args: str, may_write: str = "") -> int:
     return code
 
 
+def run_compare(place: Path, *args: str) -> int:
+    """One example through compare_run.py's main in ``place``: as run_cli, its one line naming the script."""
+    before = tree_digest(place)
+    err = io.StringIO()
+    with contextlib.chdir(place), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = compare_run.main([*args])
+    COUNT["examples"] += 1
+    COUNT["exit0" if code == 0 else "exit2"] += 1
+    assert code in (0, 2), (code, err.getvalue())
+    if code == 2:
+        assert err.getvalue().startswith("compare_run.py: error:") and err.getvalue().count("\n") == 1, err.getvalue()
+    assert tree_digest(place) == before
+    return code
+
+
 @pytest.fixture(scope="module")
 def place(tmp_path_factory):
     d = tmp_path_factory.mktemp("files")
@@ -153,25 +174,14 @@ def test_run_folders(place, which, data):
         texts[which] = data.draw(mutated(json.loads(texts[which])))
     for name, text in texts.items():
         (run / name).write_text(text)
-    run_cli(
-        place,
-        "plan",
-        "compare-run",
-        "run",
-        "--calibrate",
-        "bench.json",
-        "--layer-profile",
-        "profile.json",
-        "--cores",
-        "2",
-    )
+    run_compare(place, "run", "--calibrate", "bench.json", "--layer-profile", "profile.json", "--cores", "2")
 
 
 @SETTINGS
 @given(data=st.data())
 def test_bench_files_for_calibrate(place, data):
     (place / "b.json").write_text(data.draw(mutated(GOOD_BENCH)))
-    run_cli(place, "plan", "calibrate", "b.json", "--grid", "2x2", "--cores", "2", "--llc-mib", "32")
+    run_cli(place, "plan", "calibrate", "b.json", "--grid", "2x2")
 
 
 @SETTINGS
@@ -181,23 +191,12 @@ def test_profiles(place, kind, data):
     (place / "p.json").write_text(data.draw(mutated(good)))
     if kind == "layers":
         run_cli(place, "plan", "--gpus", "8", "--grid", "2x4", "--model", "resnet18", "--layer-profile", "p.json")
-    else:  # a step profile is read by plan compare-run
+    else:  # a step profile is read by compare_run.py
         (place / "run").mkdir(exist_ok=True)
         for name, doc in (("job.json", GOOD_JOB), ("summary.json", GOOD_SUMMARY)):
             (place / "run" / name).write_text(json.dumps(doc))
         (place / "run" / "metrics.jsonl").write_text(json.dumps(GOOD_STEP) + "\n")
-        run_cli(
-            place,
-            "plan",
-            "compare-run",
-            "run",
-            "--calibrate",
-            "bench.json",
-            "--layer-profile",
-            "p.json",
-            "--cores",
-            "2",
-        )
+        run_compare(place, "run", "--calibrate", "bench.json", "--layer-profile", "p.json", "--cores", "2")
 
 
 HOST_LINES = st.one_of(

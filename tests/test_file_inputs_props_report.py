@@ -300,7 +300,7 @@ def test_hostile_bench_rows_for_calibrate(place, rows, compare):
     )
     extra = ["--compare", "b.json"] if compare else []
     fit = "good.json" if compare else "b.json"
-    _plan_json(place, ["plan", "calibrate", fit, *extra, "--cores", "2", "--llc-mib", "32"])
+    _plan_json(place, ["plan", "calibrate", fit, *extra])
 
 
 def _plan_json(place: Path, args: list[str]) -> None:

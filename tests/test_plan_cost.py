@@ -128,7 +128,8 @@ def test_plan_modules_import_no_torch():
             sys.executable,
             "-c",
             "import sys, torus_train.plan.networks, torus_train.plan.cost, "
-            "torus_train.plan.search, torus_train.plan.calibrate, torus_train.plan.simulate; "
+            "torus_train.plan.grids, torus_train.plan.search, torus_train.plan.verdict, torus_train.plan.calibrate, "
+            "torus_train.plan.simulate; "
             "print('torch' in sys.modules)",
         ],
         capture_output=True,

@@ -17,7 +17,7 @@ from torus_train.job.topology import Grid
 from torus_train.plan.cost import algorithms_for, allreduce_cost, allreduce_seconds_fn
 from torus_train.plan.nccl import NcclModel
 from torus_train.plan.networks import PRESETS, network_from_dict
-from torus_train.plan.search import _where_it_changes, verdict_text
+from torus_train.plan.verdict import _where_it_changes, verdict_text
 
 ABCI, H100 = PRESETS["abci-v100"], PRESETS["dgx-h100"]
 

@@ -8,8 +8,9 @@ import pytest
 
 from torus_train.job.topology import Grid, GridError
 from torus_train.plan.cost import ALGORITHMS, MODELS, allreduce_cost
+from torus_train.plan.grids import best_grid, rank_grids
 from torus_train.plan.networks import PRESETS, Link, Network
-from torus_train.plan.search import best_grid, make_plan, rank_grids, sweep
+from torus_train.plan.search import make_plan, sweep
 
 ABCI = PRESETS["abci-v100"]
 R50_FP16 = MODELS["resnet50"].gradient_bytes("fp16")

@@ -227,7 +227,7 @@ def test_plan_tries_bucket_caps_and_names_the_fastest(tmp_path):
     from click.testing import CliRunner
 
     from torus_train.commands.plan import plan
-    from torus_train.plan.search import BUCKET_CAPS_MB
+    from torus_train.plan.grids import BUCKET_CAPS_MB
 
     out = tmp_path / "p.json"
     r = CliRunner().invoke(plan, ["--gpus", "1088", "--grid", "32x34", "--json", str(out)])

@@ -5,11 +5,11 @@
 
 For each repeat, and inside it for each grid in turn (so the grids alternate under similar load), back to back:
   1. calibrate: `torus-train bench allreduce --grid G --algo torus -b 1M -e 32M` (the sizes of ResNet-18's buckets);
-  2. profile: one rank's step measured alone, 1 thread, CPU time (`python -m torus_train.plan.host resnet18 ...`),
+  2. profile: one rank's step measured alone, 1 thread, CPU time (`scripts/experiments/step_profile.py resnet18 ...`),
      and the training loop's CPU per step in a one-rank run of the same job (1x1, 30 steps; --no-loop skips it);
   3. run: `torus-train run` on G with the torus hook, ResNet-18 at 64 px on synthetic data, --batch images per
      rank, --steps steps, metrics every 5 steps;
-  4. compare: `torus-train plan compare-run RUN --calibrate BENCH --layer-profile PROF`, with the background
+  4. compare: `scripts/experiments/compare_run.py RUN --calibrate BENCH --layer-profile PROF`, with the background
      load measured during each of 1 to 3.
 The background is sampled every 0.5 s while each of 1 to 3 runs: the other runnable threads, as
 scripts/dev/measure_background.py counts them, and the other runnable scheduling groups (sessions with a runnable
@@ -36,8 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-sys.path.insert(0, str(ROOT))
-from torus_train.plan.host import read_run  # noqa: E402  (numpy only; the runs themselves are subprocesses)
+EXPERIMENTS = ROOT / "scripts" / "experiments"
+sys.path[:0] = [str(ROOT), str(EXPERIMENTS)]  # this checkout's torus_train; the CPU-host model's scripts
+from compare_run import read_run  # noqa: E402  (numpy only; the runs themselves are subprocesses)
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -224,8 +225,7 @@ def one(grid: str, rep: int, work: Path, args) -> dict:
     m_prof = measured(
         [
             PY,
-            "-m",
-            "torus_train.plan.host",
+            str(EXPERIMENTS / "step_profile.py"),
             args.model,
             str(prof),
             "--image-size",
@@ -268,9 +268,8 @@ def one(grid: str, rep: int, work: Path, args) -> dict:
         out = d / f"compare_{label}.json"
         r = subprocess.run(
             [
-                *tt,
-                "plan",
-                "compare-run",
+                PY,
+                str(EXPERIMENTS / "compare_run.py"),
                 str(run),
                 "--calibrate",
                 str(bench),
@@ -289,10 +288,11 @@ def one(grid: str, rep: int, work: Path, args) -> dict:
             text=True,
             timeout=300,
             cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")},
         )
         (d / f"compare_{label}.log").write_text(r.stdout + r.stderr)
         if r.returncode != 0:
-            raise RuntimeError(f"plan compare-run failed: {r.stderr.strip()}")
+            raise RuntimeError(f"compare_run.py failed: {r.stderr.strip()}")
         rows[label] = json.loads(out.read_text())["stages"][0]
     w = rows[pick]
     pred = w["prediction"]

@@ -6,9 +6,9 @@
 Every --interval seconds it reads the state of every thread on the machine (/proc/PID/task/TID/stat) and counts
 the runnable ones (state R) that belong neither to the command's process tree nor to this script. At the end
 it prints `background: MEAN runnable threads (median M, N samples)` and exits with the command's status.
-The mean is the `background` term of the calibration's oversubscription model,
-max(1, (ranks + background) / cores): `plan calibrate --background` and
-`scripts/experiments/check_calibration.py --fit-background/--check-background`. Linux only.
+The mean is the `background` term of the CPU-host model's oversubscription (scripts/experiments/cpu_host.py),
+max(1, (ranks + background) / cores): `scripts/experiments/check_calibration.py --fit-background/--check-background`
+and `scripts/experiments/compare_run.py --background/--run-background`. Linux only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Fit the cost model on one `bench allreduce --json` file and hold its prediction against another grid's.
+"""Fit the CPU-host model (cpu_host.py) on one `bench allreduce --json` file and hold its prediction against
+another grid's.
 
     python scripts/experiments/check_calibration.py BENCH_2x2.json BENCH_2x4.json [--algo torus] [--min-bytes 1M]
     python scripts/experiments/check_calibration.py A_2x2.json,B_2x2.json,C_2x2.json A_2x4.json,B_2x4.json,C_2x4.json
 
 For each algorithm present in both files: alpha and the per-byte costs in and beyond the last-level cache are
-fitted on the first file (torus_train.plan.calibrate.calibrate, rows with wrong == 0), then the busbw of the
+fitted on the first file (cpu_host.host_calibrate, rows with wrong == 0), then the busbw of the
 second file's grid is predicted at each of its sizes >= --min-bytes and printed next to the measured busbw with
 the ratio. The second file is only compared with, never fitted. Exit status 0 when every ratio is within
 --tolerance (default 30%), 1 otherwise. Several comma-separated files per side are merged by taking, for each
@@ -17,11 +18,40 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
+
+from cpu_host import HostCalibration, host_calibrate
 
 from torus_train.bench.allreduce import parse_size
 from torus_train.errors import UserError
 from torus_train.job.topology import parse_grid
-from torus_train.plan.calibrate import calibrate, compare, read_benches
+from torus_train.plan.calibrate import compare, read_benches
+
+
+def check_algo(cal: HostCalibration, args: argparse.Namespace, check_rows: list, min_bytes: int) -> tuple[int, int]:
+    """Print cal's fit, then each compared size of the check file; returns (sizes compared, sizes within)."""
+    algo, total, inside = cal.algo, 0, 0
+    bg = cal.background if args.check_background is None else args.check_background
+    print(
+        f"# {algo}: fit on {cal.grid} ({args.fit_file}, {len(cal.rows_used)} rows, {cal.rows_skipped} left out), "
+        f"background {cal.background:g} (check file: {bg:g})"
+    )
+    for line in cal.describe():
+        print(f"#   {line}")
+    runs = {(str(parse_grid(r["grid"])), r["size_bytes"]): r.get("runs", 1) for r in check_rows if r["algo"] == algo}
+    print(
+        f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'runs':>5} {'measured GB/s':>14} {'predicted GB/s':>15} "
+        f"{'pred/meas':>10}"
+    )
+    for c in compare(replace(cal, background=bg), check_rows, min_bytes):  # predicted at the check's load
+        ok = abs(c.ratio - 1) <= args.tolerance
+        total += 1
+        inside += ok
+        print(
+            f"{algo:>13} {c.grid:>6} {c.size_bytes:>10} {runs.get((c.grid, c.size_bytes), 1):>5} "
+            f"{c.measured_busbw:>14.4f} {c.predicted_busbw:>15.4f} {c.ratio:>10.2f}{'' if ok else '  outside'}"
+        )
+    return total, inside
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,32 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     total = inside = 0
     for algo in algos:
         try:
-            cal = calibrate(fit_rows, algo=algo, cores=args.cores, background=args.fit_background, llc_bytes=llc)
+            cal = host_calibrate(fit_rows, algo=algo, cores=args.cores, background=args.fit_background, llc_bytes=llc)
         except UserError as e:
             print(f"check_calibration: error: {e}", file=sys.stderr)
             return 2
-        bg = cal.background if args.check_background is None else args.check_background
-        print(
-            f"# {algo}: fit on {cal.grid} ({args.fit_file}, {len(cal.rows_used)} rows, {cal.rows_skipped} left out), "
-            f"background {cal.background:g} (check file: {bg:g})"
-        )
-        for line in cal.describe():
-            print(f"#   {line}")
-        runs = {
-            (str(parse_grid(r["grid"])), r["size_bytes"]): r.get("runs", 1) for r in check_rows if r["algo"] == algo
-        }
-        print(
-            f"{'algo':>13} {'grid':>6} {'size (B)':>10} {'runs':>5} {'measured GB/s':>14} {'predicted GB/s':>15} "
-            f"{'pred/meas':>10}"
-        )
-        for c in compare(cal, check_rows, min_bytes, args.check_background):
-            ok = abs(c.ratio - 1) <= args.tolerance
-            total += 1
-            inside += ok
-            print(
-                f"{algo:>13} {c.grid:>6} {c.size_bytes:>10} {runs.get((c.grid, c.size_bytes), 1):>5} "
-                f"{c.measured_busbw:>14.4f} {c.predicted_busbw:>15.4f} {c.ratio:>10.2f}{'' if ok else '  outside'}"
-            )
+        compared, within = check_algo(cal, args, check_rows, min_bytes)
+        total, inside = total + compared, inside + within
     print(
         f"# summary: {inside} of {total} predictions within {args.tolerance * 100:.0f}% of the measured busbw "
         f"at >= {min_bytes} bytes"

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from torus_train.errors import UserError
 from torus_train.plan.networks import PRESETS
-from torus_train.plan.search import TIE, bucket_sweep, make_plan
+from torus_train.plan.search import bucket_sweep, make_plan
+from torus_train.plan.verdict import TIE
 
 NETWORKS = ("abci-v100", "dgx-h100", "goyal-p100-50gbe", "jia-p40-100gbe")
 GPUS = (8, 64, 512, 2176, 4096)

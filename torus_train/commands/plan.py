@@ -1,5 +1,5 @@
-"""`torus-train plan`: the main plan (predict, choose a grid, verdict against NCCL), and its two subcommands that
-fit this machine: `plan calibrate` (a bench file) and `plan compare-run` (a finished CPU run).
+"""`torus-train plan`: the main plan (predict, choose a grid, verdict against NCCL), `plan calibrate` (fit this
+machine from a bench file) and `plan rehearse` (torus_train.commands.rehearse).
 
 Each command parses its options, builds its request, calls one function of torus_train.plan and writes --json.
 No torch here: only `plan --check-groups` imports it, inside torus_train.plan.checks.
@@ -13,22 +13,14 @@ from click.core import ParameterSource
 from torus_train.commands.rehearse import rehearse_command
 from torus_train.errors import UserError
 from torus_train.outfiles import Writer, check_distinct, check_json_output, write_json
-from torus_train.plan.calibrate import MAX_CORES
 from torus_train.plan.calibrate_report import CalibrateRequest, calibrate_report
 from torus_train.plan.plots import WRITER
 from torus_train.plan.predict import PlanRequest, predict
-from torus_train.plan.run_report import CompareRunRequest
-from torus_train.plan.run_report import compare_run as compare
 
 MOVED = {
     "--calibrate": "calibrate BENCH.json",
     "--calibrate-algo": "calibrate BENCH.json --algo NAME",
     "--compare": "calibrate BENCH.json --compare OTHER.json",
-    "--cores": "calibrate BENCH.json --cores N",
-    "--background": "calibrate BENCH.json --background B",
-    "--llc-mib": "calibrate BENCH.json --llc-mib M",
-    "--compare-run": "compare-run OUT --calibrate BENCH.json --layer-profile PROF.json",
-    "--run-background": "compare-run OUT ... --run-background B",
 }
 """Options of the main plan that became subcommands' options: a usage error names the new spelling."""
 
@@ -41,10 +33,11 @@ class PlanGroup(click.Group):
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as e:
-            moved = "--compare-run" if "--compare-run" in args else e.option_name
-            if moved not in MOVED:
+            if e.option_name not in MOVED:
                 raise
-            raise click.UsageError(f"{moved} belongs to a subcommand: torus-train plan {MOVED[moved]}", ctx) from None
+            raise click.UsageError(
+                f"{e.option_name} belongs to a subcommand: torus-train plan {MOVED[e.option_name]}", ctx
+            ) from None
 
 
 def _json_option(f):
@@ -59,7 +52,6 @@ def _json_option(f):
 
 
 CALIBRATE_WRITER = Writer("plan calibrate")
-COMPARE_RUN_WRITER = Writer("plan compare-run")
 """Each plan command's --json (and the main plan's pictures, plots.WRITER) replaces only its own earlier output."""
 
 
@@ -178,7 +170,6 @@ def plan(ctx: click.Context, json_path, **options) -> None:
       torus-train plan --gpus 2176 --grid 32x68 --simulate --check-groups
       torus-train plan calibrate bench_2x2.json --grid 2x4
       torus-train plan calibrate bench_2x2.json --compare bench_2x4.json
-      torus-train plan compare-run runs/x --calibrate bench_2x2.json --layer-profile step.json
     """
     if ctx.invoked_subcommand is not None:
         _no_plan_options(ctx)
@@ -205,7 +196,7 @@ def _no_plan_options(ctx: click.Context) -> None:
     "--grid",
     default=None,
     metavar="XxY",
-    help="Grid to predict, all ranks on this host [default: 2x4 unless --compare is given].",
+    help="Grid to predict, all ranks on this machine [default: 2x4 unless --compare is given].",
 )
 @click.option("--algo", default=None, help="Which algorithm's rows to fit [default: torus if present].")
 @click.option(
@@ -213,25 +204,6 @@ def _no_plan_options(ctx: click.Context) -> None:
     default=None,
     metavar="OTHER.json",
     help="A bench file (or comma-separated files) of another grid: its measured busbw beside the predicted one.",
-)
-@click.option(
-    "--cores",
-    type=click.IntRange(1, MAX_CORES),
-    default=None,
-    help="CPU cores for the oversubscription term [default: this machine's].",
-)
-@click.option(
-    "--background",
-    type=float,
-    default=0.0,
-    show_default=True,
-    help="Other runnable processes that shared the cores during the bench (e.g. its load average without the bench).",
-)
-@click.option(
-    "--llc-mib",
-    type=float,
-    default=None,
-    help="Last-level cache size in MiB that the ranks' buffers share [default: this machine's, from /sys].",
 )
 @_json_option
 def calibrate(json_path, **options) -> None:
@@ -241,63 +213,10 @@ def calibrate(json_path, **options) -> None:
     \b
     Examples:
       torus-train plan calibrate bench_2x2.json --grid 2x4
-      torus-train plan calibrate bench_2x2.json --compare bench_2x4.json --cores 2
+      torus-train plan calibrate bench_2x2.json --compare bench_2x4.json
     """
     _check_json(json_path, CALIBRATE_WRITER)
     _write_json(json_path, calibrate_report(CalibrateRequest(**options), click.echo), CALIBRATE_WRITER)
-
-
-@plan.command("compare-run", short_help="A finished CPU run's measured step against the calibrated prediction.")
-@click.argument("run_out", metavar="OUT", type=click.Path(file_okay=False))
-@click.option(
-    "--calibrate",
-    default=None,
-    metavar="BENCH.json",
-    help="This machine's calibration: `bench allreduce --json` file(s) of the run's algorithm (required).",
-)
-@click.option(
-    "--layer-profile",
-    type=click.Path(dir_okay=False),
-    default=None,
-    metavar="PROF.json",
-    help="A step profile of the run's model, from `python -m torus_train.plan.host MODEL PROF.json` (required).",
-)
-@click.option(
-    "--cores",
-    type=click.IntRange(1, MAX_CORES),
-    default=None,
-    help="CPU cores for the oversubscription term [default: this machine's].",
-)
-@click.option(
-    "--background",
-    type=float,
-    default=0.0,
-    show_default=True,
-    help="Other runnable processes that shared the cores during the bench.",
-)
-@click.option(
-    "--run-background",
-    type=float,
-    default=None,
-    help="Other runnable threads while the run ran [default: --background].",
-)
-@click.option(
-    "--llc-mib",
-    type=float,
-    default=None,
-    help="Last-level cache size in MiB that the ranks' buffers share [default: this machine's, from /sys].",
-)
-@_json_option
-def compare_run(json_path, **options) -> None:
-    """A finished CPU `torus-train run --out OUT`: its measured step time per stage (OUT/metrics.jsonl) against
-    the prediction from this machine's calibration and a measured step profile.
-
-    \b
-    Example:
-      torus-train plan compare-run runs/x --calibrate bench_2x2.json --layer-profile step.json
-    """
-    _check_json(json_path, COMPARE_RUN_WRITER)
-    _write_json(json_path, compare(CompareRunRequest(**options), click.echo), COMPARE_RUN_WRITER)
 
 
 plan.add_command(rehearse_command)

@@ -1,51 +1,32 @@
-"""Calibration of the cost model on one CPU host from `torus-train bench allreduce --json` rows (pure).
+"""Calibration of the cost model on one machine from `torus-train bench allreduce --json` rows (pure).
 
-The model of one host, fitted on one grid's bench rows and used to predict another grid:
+The model of one machine, every rank on it and every link alike, fitted on one grid's bench rows and used to
+predict another grid of the same machine:
 
-    time = o * (steps * alpha + coeff * n * (beta_cache + miss * beta_extra))
-    o    = max(1, (ranks + background) / cores)       ranks time-share the cores
-    miss = 1 - min(1, llc / (ranks * n))              share of the working set the last-level cache cannot hold
+    time = steps * alpha + coeff * n * beta
 
 steps and coeff (bytes each rank sends per byte all-reduced) come from the general model (torus_train.plan.cost)
-with every rank on one host. All ranks of an all-reduce work at once, so the CPU time per step and per byte of
-all of them is shared by the cores: o. The ranks' buffers (ranks * n bytes) share one last-level cache; while
-they fit, a byte costs beta_cache (copy and sum in cache), the share that does not fit costs beta_extra more
-(DRAM). llc is the machine's cache size, read from the OS, not fitted. The fit minimises the relative error.
+with every rank on one host; alpha is the cost of one step, beta of one byte (the reduction, gamma, folded in:
+one grid cannot tell a copy from a sum). The fit is non-negative (scipy.optimize.nnls) and minimises the
+relative error of the time: bench rows span several decades of time, and a fit on seconds would follow the
+largest rows alone.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
-from torus_train.errors import UserError, check_number
+from torus_train.errors import UserError
 from torus_train.job.algorithms import DEFAULT
 from torus_train.job.topology import Grid, parse_grid
 from torus_train.plan.cost import allreduce_cost
 from torus_train.plan.networks import Link, Network
 from torus_train.userfiles import Field, check, read_json
-
-MAX_CORES = 1 << 20
-"""--cores: at most a million (beyond any one host)."""
-MAX_BACKGROUND = float(1 << 20)
-"""--background, --run-background: at most a million other runnable processes (beyond any host; keeps the
-model's oversubscription finite)."""
-LLC_MIB_RANGE = (1 / 1024, float(1 << 20))
-"""--llc-mib: from 1 KiB to 1 TiB of last-level cache."""
-
-
-def check_host_options(background: float, llc_mib: float | None, run_background: float | None = None) -> None:
-    """The host model's number options (plan calibrate, plan compare-run) finite and in range, naming the flag."""
-    check_number(background, "--background", 0.0, low_ok=True, high=MAX_BACKGROUND)
-    check_number(run_background, "--run-background", 0.0, low_ok=True, high=MAX_BACKGROUND)
-    check_number(llc_mib, "--llc-mib", 0.0, high=LLC_MIB_RANGE[1])
-    if llc_mib is not None and llc_mib < LLC_MIB_RANGE[0]:
-        raise UserError(f"--llc-mib: {llc_mib:g} MiB is less than 1 KiB; give the cache size in MiB, e.g. 32")
 
 
 def local_coefficients(algo: str, grid: Grid) -> tuple[int, float]:
@@ -61,77 +42,9 @@ def local_coefficients(algo: str, grid: Grid) -> tuple[int, float]:
     return c0.steps, (c1.seconds - c0.seconds)
 
 
-def oversubscription(ranks: int, cores: int, background: float = 0.0) -> float:
-    """Stated model of a CPU host: max(1, (ranks + background) / cores)."""
-    return max(1.0, (ranks + background) / cores)
-
-
-def cache_miss_fraction(ranks: int, nbytes: float, llc_bytes: float) -> float:
-    """Share of the ranks' buffers (ranks * nbytes) that a last-level cache of llc_bytes cannot hold."""
-    footprint = ranks * nbytes
-    return 0.0 if footprint <= llc_bytes else 1.0 - llc_bytes / footprint
-
-
-def parse_cache_size(text: str) -> int:
-    """'49152K', '48M', '32768' (as /sys and lscpu write them, powers of 1024) -> bytes."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    try:
-        return int(float(t.rstrip("KMG")) * mult)
-    except ValueError:
-        raise UserError(f"cache size {text!r}: not a size such as 49152K or 48M") from None
-
-
-def machine_llc_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
-    """Size of this machine's last-level data or unified cache, or None where the OS does not say."""
-    best: tuple[int, int] | None = None
-    for index in sorted(Path(sysfs).glob("index*")):
-        try:
-            kind = (index / "type").read_text().strip()
-            level = int((index / "level").read_text())
-            size = parse_cache_size((index / "size").read_text())
-        except (OSError, ValueError, UserError):
-            continue
-        if kind != "Instruction" and size > 0 and (best is None or level > best[0]):
-            best = (level, size)
-    if best is None and hasattr(os, "sysconf"):
-        try:
-            l3 = os.sysconf("SC_LEVEL3_CACHE_SIZE")
-        except (ValueError, OSError):
-            l3 = 0
-        return l3 if l3 > 0 else None
-    return None if best is None else best[1]
-
-
-def fit_terms(algo: str, grid: Grid, nbytes: float, cores: int, background: float, llc_bytes: float) -> np.ndarray:
-    """Seconds per unit of (alpha, beta_cache, beta_extra) for one all-reduce: the row of the fit's design
-    matrix, so time = terms @ (alpha, beta_cache, beta_extra)."""
-    steps, coeff = local_coefficients(algo, grid)
-    o = oversubscription(grid.size, cores, background)
-    per_byte = o * coeff * nbytes
-    return np.array([o * steps, per_byte, per_byte * cache_miss_fraction(grid.size, nbytes, llc_bytes)])
-
-
-def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin |a x - b| over x >= 0, for a few columns: the best least-squares solution over every support
-    set whose solution is non-negative (the optimum lies on one of them)."""
-    cols = a.shape[1]
-    best, best_res = np.zeros(cols), float(np.sum(b**2))
-    for mask in range(1, 1 << cols):
-        keep = [j for j in range(cols) if mask >> j & 1]
-        x, *_ = np.linalg.lstsq(a[:, keep], b, rcond=None)
-        if (x < 0).any():
-            continue
-        res = float(np.sum((a[:, keep] @ x - b) ** 2))
-        if res < best_res - 1e-15 * max(1.0, best_res):
-            best, best_res = np.zeros(cols), res
-            best[keep] = x
-    return best
-
-
 @dataclass
 class Calibration:
-    """alpha and the per-byte costs fitted for one algorithm on this machine, from bench rows on one grid."""
+    """alpha and beta fitted for one algorithm on this machine, from bench rows on one grid."""
 
     algo: str
     """The algorithm whose rows were fitted."""
@@ -140,71 +53,31 @@ class Calibration:
     backend: str
     """Backend of the rows (gloo, mpi, nccl)."""
     alpha_us: float
-    """Fitted per-step latency, microseconds (at one rank per core)."""
-    cache_gbytes_per_s: float
-    """Fitted per-rank bandwidth 1/beta_cache, GB/s (one rank per core), while the ranks' buffers fit the cache."""
-    memory_gbytes_per_s: float
-    """Fitted per-rank bandwidth 1/(beta_cache + beta_extra), GB/s, for the bytes that do not fit the cache;
-    equal to the cache figure when no row's buffers exceeded the cache (nothing to fit it on)."""
-    llc_bytes: int
-    """Last-level cache size used for the miss fraction (the machine's, or --llc-mib)."""
-    cores: int
-    """CPU cores of the machine; ranks beyond one per core slow both terms by ranks/cores (stated model)."""
-    background: float
-    """Other runnable processes sharing the cores while the bench ran (0 = the ranks had the machine)."""
+    """Fitted per-step latency, microseconds."""
+    gbytes_per_s: float
+    """Fitted per-rank bandwidth 1/beta, GB/s."""
     rows_used: list
     """(size_bytes, time_us) of the rows used."""
     rows_skipped: int
     """Rows left out (other algo/grid/backend, or wrong != 0)."""
-    rows_beyond_cache: int
-    """Rows used whose buffers (ranks x size) exceeded the cache: the ones that fix the memory figure."""
     rms_relative_error: float
     """Root-mean-square of (fit - measured) / measured over the rows used (the quantity minimised)."""
 
-    @property
-    def coefficients(self) -> np.ndarray:
-        """(alpha, beta_cache, beta_extra) in seconds and seconds per byte."""
-        beta_c = 1.0 / (self.cache_gbytes_per_s * 1e9)
-        return np.array([self.alpha_us * 1e-6, beta_c, 1.0 / (self.memory_gbytes_per_s * 1e9) - beta_c])
+    def predict_seconds(self, grid: Grid, nbytes: float, algo: str | None = None) -> float:
+        """Predicted time of one all-reduce of nbytes on `grid`, every rank on this machine."""
+        steps, coeff = local_coefficients(algo or self.algo, grid)
+        return steps * self.alpha_us * 1e-6 + coeff * nbytes / (self.gbytes_per_s * 1e9)
 
-    def oversubscription(self, ranks: int, background: float | None = None) -> float:
-        """max(1, (ranks + background) / cores): ranks time-share the cores with each other and with other
-        runnable processes, so per-step and per-byte work stretch alike. background defaults to the fit's."""
-        return oversubscription(ranks, self.cores, self.background if background is None else background)
-
-    def predict_seconds(
-        self, grid: Grid, nbytes: float, algo: str | None = None, background: float | None = None
-    ) -> float:
-        """Predicted time of one all-reduce of nbytes on `grid` on this host (with `background` other runnable
-        processes; default: as during the fit)."""
-        bg = self.background if background is None else background
-        return float(fit_terms(algo or self.algo, grid, nbytes, self.cores, bg, self.llc_bytes) @ self.coefficients)
-
-    def predict_busbw(self, grid: Grid, nbytes: int, algo: str | None = None, background: float | None = None) -> float:
+    def predict_busbw(self, grid: Grid, nbytes: int, algo: str | None = None) -> float:
         """Predicted nccl-tests busbw in GB/s."""
-        return busbw_gbytes_per_s(grid.size, nbytes, self.predict_seconds(grid, nbytes, algo, background))
+        return busbw_gbytes_per_s(grid.size, nbytes, self.predict_seconds(grid, nbytes, algo))
 
     def describe(self) -> list[str]:
         """Printable lines: the model, the fitted figures with units, and the fit's error."""
-        memory = (
-            f"1/(beta_cache + beta_extra) = {self.memory_gbytes_per_s:.4f} GB/s per rank beyond the cache "
-            f"({self.rows_beyond_cache} rows beyond it)"
-            if self.rows_beyond_cache
-            else "no row's buffers exceeded the cache: the memory figure is taken equal to the cache figure"
-        )
-        model = (
-            f"model: time = o * (steps * alpha + coeff * n * (beta_cache + miss * beta_extra)), "
-            f"o = max(1, (ranks + {self.background:g} background) / {self.cores} cores), "
-            f"miss = 1 - min(1, {self.llc_bytes / 2**20:g} MiB cache / (ranks * n))"
-        )
-        fit = (
-            f"fit on {self.algo} {self.grid} ({self.backend}), minimising the relative error: "
-            f"alpha = {self.alpha_us:.2f} us per step, 1/beta_cache = {self.cache_gbytes_per_s:.4f} GB/s per "
-            f"rank in cache, {memory}"
-        )
         return [
-            model,
-            fit,
+            "model: time = steps * alpha + coeff * n * beta (every rank on this machine, every link alike)",
+            f"fit on {self.algo} {self.grid} ({self.backend}), minimising the relative error: "
+            f"alpha = {self.alpha_us:.2f} us per step, 1/beta = {self.gbytes_per_s:.4f} GB/s per rank",
             f"fit error on the calibration rows: rms {self.rms_relative_error * 100:.1f}% of the measured time",
         ]
 
@@ -226,7 +99,7 @@ BENCH_ROW_FIELDS = (
 divides by it, so nothing outside overflows)."""
 
 
-def read_bench(path: str, flag: str = "--calibrate") -> list[dict]:
+def read_bench(path: str, flag: str = "BENCH.json") -> list[dict]:
     """Rows of a `bench allreduce --json` file, each checked for the fields the fit needs and reduced to them
     (converted: int counts, float times; a missing or null ``wrong`` is 0)."""
     where = f"{flag}: {path}"
@@ -249,7 +122,7 @@ def read_bench(path: str, flag: str = "--calibrate") -> list[dict]:
     return rows
 
 
-def read_benches(paths: str, flag: str = "--calibrate") -> list[dict]:
+def read_benches(paths: str, flag: str = "BENCH.json") -> list[dict]:
     """Rows of one or more bench files (comma-separated); several -> the median time per (algo, grid, size).
 
     On a shared machine one run's noise can be as large as the band a prediction is held to: record the grids
@@ -273,84 +146,61 @@ def read_benches(paths: str, flag: str = "--calibrate") -> list[dict]:
     return out
 
 
-def _llc(llc_bytes: int | None) -> int:
-    if llc_bytes is None:
-        llc_bytes = machine_llc_bytes()
-        if llc_bytes is None:
-            raise UserError("--llc-mib: the OS does not say this machine's last-level cache size; give it")
-    if not llc_bytes > 0:
-        raise UserError(f"--llc-mib: {llc_bytes / 2**20:g} must be > 0")
-    return int(llc_bytes)
-
-
 def calibrate(
-    rows: Sequence[dict],
-    algo: str | None = None,
-    grid: str | None = None,
-    cores: int | None = None,
-    background: float = 0.0,
-    llc_bytes: int | None = None,
-    flag: str = "--calibrate",
+    rows: Sequence[dict], algo: str | None = None, grid: str | None = None, flag: str = "BENCH.json"
 ) -> Calibration:
-    """Fit alpha, beta_cache and beta_extra (all >= 0) of the model above to the rows of one algorithm on one
-    grid (the first present unless named) with wrong == 0, minimising the relative error of the time.
-
-    Relative, not absolute: bench rows span several decades of time, and a fit on seconds would follow the
-    largest rows alone and leave alpha undetermined. llc_bytes: default this machine's. flag: what errors about
-    the rows name (the option or argument that gave them).
-    """
-    cores = cores or os.cpu_count() or 1
-    if background < 0:
-        raise UserError(f"--background: {background} must be >= 0")
-    llc = _llc(llc_bytes)
-    algo, grid, used = _rows_to_fit(rows, algo, grid, flag)
-    backends = sorted({str(r.get("backend", "?")) for r in used})
+    """Fit alpha and beta (both >= 0) of the model above to the rows of one algorithm on one grid (the first
+    present unless named) with wrong == 0, minimising the relative error of the time. flag: what errors about
+    the rows name (the option or argument that gave them)."""
+    algo, grid, used = rows_to_fit(rows, algo, grid, flag)
     g = host_grid(grid)
+    steps, coeff = local_coefficients(algo, g)
     t = np.array([r["time_us"] * 1e-6 for r in used])
     n = np.array([float(r["size_bytes"]) for r in used])
-    a = np.stack([fit_terms(algo, g, s, cores, background, llc) for s in n])
-    alpha, beta_c, extra = _fit(a, t, f"{flag}: {algo} on {grid}")
-    if beta_c <= 0 or not np.isfinite(1.0 / beta_c):
-        raise UserError(
-            f"{flag}: times of {algo} on {grid} do not grow with size "
-            f"({', '.join(f'{int(s)} B: {x * 1e6:.0f} us' for s, x in zip(n, t, strict=True))}); "
-            f"cannot fit a bandwidth: rerun the bench with more iterations (-n) on a quieter machine"
-        )
-    beyond = int((a[:, 2] > 0).sum())
-    fit = a @ np.array([alpha, beta_c, extra])
-    rms = float(np.sqrt(np.mean(((fit - t) / t) ** 2)))
+    a = np.stack([np.array([float(steps), coeff * s]) for s in n])
+    alpha, beta = fit_relative(a, t, f"{flag}: {algo} on {grid}")
+    check_bandwidth(beta, n, t, f"{flag}: {algo} on {grid}")
+    fit = a @ np.array([alpha, beta])
     return Calibration(
         algo,
         grid,
-        ",".join(backends),
+        ",".join(sorted({str(r.get("backend", "?")) for r in used})),
         float(alpha * 1e6),
-        float(1.0 / beta_c / 1e9),
-        float(1.0 / (beta_c + extra) / 1e9),
-        llc,
-        cores,
-        background,
+        float(1.0 / beta / 1e9),
         [(int(r["size_bytes"]), float(r["time_us"])) for r in used],
         len(rows) - len(used),
-        beyond,
-        rms,
+        float(np.sqrt(np.mean(((fit - t) / t) ** 2))),
     )
 
 
-def _fit(a: np.ndarray, t: np.ndarray, where: str) -> np.ndarray:
-    """(alpha, beta_cache, beta_extra) >= 0 minimising the relative error of a @ x against t; one line when
-    the rows give no finite fit (times and sizes too far apart for floating point)."""
+def check_bandwidth(beta: float, n: np.ndarray, t: np.ndarray, where: str) -> None:
+    """One line when the fitted cost per byte is 0: the times do not grow with size, so no bandwidth is fitted."""
+    if beta <= 0 or not np.isfinite(1.0 / beta):
+        raise UserError(
+            f"{where}: times do not grow with size "
+            f"({', '.join(f'{int(s)} B: {x * 1e6:.0f} us' for s, x in zip(n, t, strict=True))}); "
+            f"cannot fit a bandwidth: rerun the bench with more iterations (-n) on a quieter machine"
+        )
+
+
+def fit_relative(a: np.ndarray, t: np.ndarray, where: str) -> np.ndarray:
+    """x >= 0 minimising the relative error of a @ x against t (a: one row of seconds per unit of each
+    figure per bench row); one line when the rows give no finite fit (times and sizes too far apart)."""
+    # scipy.optimize takes 0.4 to 1.2 s to import: only a fit pays it, not every `torus-train plan`
+    from scipy.optimize import nnls
+
     try:
         with np.errstate(all="ignore"):
-            x = nonnegative_lstsq(a / t[:, None], np.ones_like(t))
-    except np.linalg.LinAlgError as e:
+            x, _ = nnls(a / t[:, None], np.ones_like(t))
+    except (ValueError, RuntimeError, np.linalg.LinAlgError) as e:  # non-finite terms; no convergence
         raise UserError(f"{where}: the fit failed ({e}); check the rows' times and sizes") from None
     if not np.isfinite(x).all():
         raise UserError(f"{where}: the fit gave no finite figures; check the rows' times and sizes")
     return x
 
 
-def _rows_to_fit(
-    rows: Sequence[dict], algo: str | None, grid: str | None, flag: str = "--calibrate"
+def rows_to_fit(
+    rows: Sequence[dict], algo: str | None, grid: str | None, flag: str = "BENCH.json"
 ) -> tuple[str, str, list[dict]]:
     """(algo, grid, rows) that calibrate fits: torus (else the first algorithm) unless named, its first grid
     unless named, the rows with wrong == 0; raise UserError unless they hold two sizes or more."""
@@ -395,11 +245,17 @@ class Comparison:
         return self.predicted_busbw / self.measured_busbw
 
 
-def compare(
-    cal: Calibration, rows: Sequence[dict], min_bytes: int = 0, background: float | None = None
-) -> list[Comparison]:
+class Fitted(Protocol):
+    """What compare holds against bench rows: a Calibration, or another model fitted on them."""
+
+    algo: str
+
+    def predict_busbw(self, grid: Grid, nbytes: int) -> float: ...
+
+
+def compare(cal: Fitted, rows: Sequence[dict], min_bytes: int = 0) -> list[Comparison]:
     """The rows of cal's algorithm with wrong == 0 and size >= min_bytes, measured against predicted busbw,
-    sorted by grid and size. background: of the compared bench (default: the fit's)."""
+    sorted by grid and size."""
     out = []
     for r in rows:
         if r["algo"] != cal.algo or r["size_bytes"] < max(min_bytes, 1) or int(r.get("wrong", 0)) != 0:
@@ -412,7 +268,7 @@ def compare(
                 str(g),
                 int(r["size_bytes"]),
                 measured,
-                cal.predict_busbw(g, r["size_bytes"], background=background),
+                cal.predict_busbw(g, r["size_bytes"]),
             )
         )
     return sorted(out, key=lambda c: (c.grid, c.size_bytes))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid
-from torus_train.plan.calibrate import Calibration, calibrate, check_host_options, compare, host_grid, read_benches
+from torus_train.plan.calibrate import Calibration, calibrate, compare, host_grid, read_benches
 
 BENCH_ARG = "BENCH.json"
 """What errors about the fitted bench file name: the command's argument."""
@@ -20,29 +20,16 @@ DEFAULT_TARGET = "2x4"
 
 @dataclass(frozen=True)
 class CalibrateRequest:
-    """What `plan calibrate` takes; checked when made."""
+    """What `plan calibrate` takes."""
 
     bench: str
     """`bench allreduce --json` file(s) to fit, comma-separated: the median time per point."""
     grid: str | None = None
-    """XxY to predict (all ranks on this host); None: DEFAULT_TARGET unless `compare` is given."""
+    """XxY to predict (all ranks on this machine); None: DEFAULT_TARGET unless `compare` is given."""
     algo: str | None = None
     """Which algorithm's rows to fit; None: torus if present, else the first."""
-    cores: int | None = None
-    """CPU cores for the oversubscription term; None: this machine's."""
-    background: float = 0.0
-    """Other runnable processes that shared the cores during the bench."""
-    llc_mib: float | None = None
-    """Last-level cache (MiB) the ranks' buffers share; None: this machine's, from /sys."""
     compare: str | None = None
     """Bench file(s) of another grid whose measured busbw is printed beside the predicted one."""
-
-    def __post_init__(self) -> None:
-        check_host_options(self.background, self.llc_mib)
-
-    @property
-    def llc_bytes(self) -> int | None:
-        return None if self.llc_mib is None else int(self.llc_mib * 2**20)
 
 
 def calibrate_report(req: CalibrateRequest, echo: Callable[[str], None] = print) -> dict:
@@ -50,9 +37,7 @@ def calibrate_report(req: CalibrateRequest, echo: Callable[[str], None] = print)
     --compare) and the comparison (--compare). Returns {calibration, predictions?, comparison?} for JSON."""
     rows = read_benches(req.bench, BENCH_ARG)
     other = read_benches(req.compare, "--compare") if req.compare else None
-    cal = calibrate(
-        rows, algo=req.algo, cores=req.cores, background=req.background, llc_bytes=req.llc_bytes, flag=BENCH_ARG
-    )
+    cal = calibrate(rows, algo=req.algo, flag=BENCH_ARG)
     for line in fit_lines(cal, req.bench):
         echo(line)
     out: dict = {"calibration": cal.__dict__}

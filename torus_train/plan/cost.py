@@ -41,8 +41,8 @@ from torus_train.errors import UserError
 from torus_train.job.algorithms import ALGORITHMS as ALGORITHM_TABLE
 from torus_train.job.algorithms import modelled
 from torus_train.job.topology import Grid, parse_grid
-from torus_train.plan.nccl import NcclEstimate, NcclHardware, NcclModel
-from torus_train.plan.networks import Network
+from torus_train.plan.nccl import NcclEstimate, NcclModel
+from torus_train.plan.networks import NcclHardware, Network
 from torus_train.registry import load
 
 ALGORITHMS = modelled()

@@ -42,12 +42,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from torus_train.errors import UserError
-
-if TYPE_CHECKING:
-    from torus_train.plan.networks import Network
+from torus_train.plan.networks import NcclHardware, Network
 
 NCCL_SOURCE = (
     "NCCL 2.30.7 (NVIDIA/nccl commit 5067397, June 2026): src/graph/tuning.cc (ncclTopoTuneModel: base "
@@ -62,9 +58,6 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 
 ALGOS = ("ring", "tree", "nvls", "collnet")
 """NCCL algorithms the model knows (planner names nccl-<algo>)."""
-
-GENERATIONS = ("pascal", "volta", "ampere", "hopper")
-"""GPU generations: they select NCCL's per-architecture constants (pascal shares Volta's, without LL128)."""
 
 # --------------------------------------------------------------------------------------------------
 # NCCL's constants (tuning.cc), arranged by us: {algo: (LL, LL128, Simple)} in microseconds or GB/s.
@@ -209,36 +202,6 @@ INTER_SPEEDS = {
 }
 IB_LATENCY_US = 2.0
 """Network latency NCCL's constants already contain (InfiniBand); a preset's excess is NCCL's latencyInter."""
-
-
-@dataclass(frozen=True)
-class NcclHardware:
-    """What NCCL's model needs beyond links and NICs: the GPU generation and the switches."""
-
-    generation: str = "volta"
-    """pascal | volta | ampere | hopper: selects NCCL's per-architecture constants and LL128."""
-    nvswitch: bool = False
-    """GPUs of a node meet in an NVSwitch (NVLS needs it, with hopper)."""
-    sharp: bool = False
-    """The network switches reduce in-network (SHARP): CollNet is possible (off in NCCL by default)."""
-    intra: str = "nvlink"
-    """nvlink | pci: the intra-node link's kind (LL128 needs NVLink)."""
-
-    def check(self, where: str = "nccl") -> NcclHardware:
-        """Raise UserError naming the field when a value is unknown; return self."""
-        if self.generation not in GENERATIONS:
-            raise UserError(f"{where}.generation: {self.generation!r}; use one of {', '.join(GENERATIONS)}")
-        if self.intra not in ("nvlink", "pci"):
-            raise UserError(f"{where}.intra: {self.intra!r}; use nvlink or pci")
-        for name in ("nvswitch", "sharp"):
-            if not isinstance(getattr(self, name), bool):
-                raise UserError(f"{where}.{name}: {getattr(self, name)!r} must be true or false")
-        return self
-
-    @property
-    def gen_index(self) -> int:
-        """Index into NCCL's per-architecture tables: Volta (and older), Ampere, Hopper."""
-        return {"pascal": 0, "volta": 0, "ampere": 1, "hopper": 2}[self.generation]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """Cluster descriptions for the cost model: links, networks, the presets with their sources, TOML files (pure).
 
 A Network is what the cost model needs to know of a cluster: GPUs per node, the intra-node link per GPU, the
-NICs of a node, the GPU's reduction rate and single-GPU training throughput. The presets describe the clusters
-of the works the paper compares with; every figure is from a datasheet or a paper, named in ``sources``.
+NICs of a node, the GPU's reduction rate and single-GPU training throughput, and what NCCL's tuning model reads
+of the hardware (``NcclHardware``: the GPU generation, NVSwitch, SHARP; plan/nccl.py models NCCL over it). The
+presets describe the clusters of the works the paper compares with; every figure is from a datasheet or a
+paper, named in ``sources``.
 """
 
 from __future__ import annotations
@@ -14,11 +16,44 @@ from pathlib import Path
 from typing import Any
 
 from torus_train.errors import UserError
-from torus_train.plan.nccl import NcclHardware
 
 
 class NetworkError(UserError):
     """A network description (preset name or TOML file) that cannot be used; the message names the field."""
+
+
+GENERATIONS = ("pascal", "volta", "ampere", "hopper")
+"""GPU generations: they select NCCL's per-architecture constants (pascal shares Volta's, without LL128)."""
+
+
+@dataclass(frozen=True)
+class NcclHardware:
+    """What NCCL's model needs beyond links and NICs: the GPU generation and the switches."""
+
+    generation: str = "volta"
+    """pascal | volta | ampere | hopper: selects NCCL's per-architecture constants and LL128."""
+    nvswitch: bool = False
+    """GPUs of a node meet in an NVSwitch (NVLS needs it, with hopper)."""
+    sharp: bool = False
+    """The network switches reduce in-network (SHARP): CollNet is possible (off in NCCL by default)."""
+    intra: str = "nvlink"
+    """nvlink | pci: the intra-node link's kind (LL128 needs NVLink)."""
+
+    def check(self, where: str = "nccl") -> NcclHardware:
+        """Raise UserError naming the field when a value is unknown; return self."""
+        if self.generation not in GENERATIONS:
+            raise UserError(f"{where}.generation: {self.generation!r}; use one of {', '.join(GENERATIONS)}")
+        if self.intra not in ("nvlink", "pci"):
+            raise UserError(f"{where}.intra: {self.intra!r}; use nvlink or pci")
+        for name in ("nvswitch", "sharp"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"{where}.{name}: {getattr(self, name)!r} must be true or false")
+        return self
+
+    @property
+    def gen_index(self) -> int:
+        """Index into NCCL's per-architecture tables: Volta (and older), Ampere, Hopper."""
+        return {"pascal": 0, "volta": 0, "ampere": 1, "hopper": 2}[self.generation]
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ from torus_train.job.topology import Grid, check_world_size, parse_grid
 from torus_train.outfiles import check_plot_output
 from torus_train.plan.checks import MAX_CHECKED_RANKS, check_groups, simulate_grid
 from torus_train.plan.cost import STEP_OVERHEAD
-from torus_train.plan.host import check_module_seconds
 from torus_train.plan.networks import Network, load_network
 from torus_train.plan.plots import WRITER, plot_curves, plot_timeline, require_matplotlib
 from torus_train.plan.printout import bucket_caps_line, mb, plan_lines
-from torus_train.plan.search import Plan, bucket_sweep, make_plan, verdict
-from torus_train.userfiles import read_json
+from torus_train.plan.search import Plan, bucket_sweep, make_plan
+from torus_train.plan.verdict import verdict
+from torus_train.userfiles import Field, check, read_json
 
 MAX_BUCKET_MIB = 1 << 20
 """--bucket-cap-mb: 1 TiB, far above any model's gradients (one bucket then holds them all)."""
@@ -29,6 +29,8 @@ MAX_STEP_OVERHEAD = 100.0
 """--step-overhead: at most 100 times the compute unhidden per step."""
 MAX_PER_GPU_BATCH = 1 << 30
 """--per-gpu-batch: at most 2**30 images per GPU per step."""
+MAX_PROFILE_SECONDS = 1e6
+"""A module's backward seconds in a profile: at most 1e6 s, so that sums and shares stay finite."""
 
 
 @dataclass(frozen=True)
@@ -157,9 +159,20 @@ def read_layer_profile(path: str) -> dict:
     """--layer-profile: {module name: backward seconds} from a JSON file (or a step profile's modules)."""
     where = f"--layer-profile: {path}"
     d = read_json(path, where)
-    if isinstance(d, dict) and isinstance(d.get("modules"), dict):  # a step profile (torus_train.plan.host)
+    if isinstance(d, dict) and isinstance(d.get("modules"), dict):  # a step profile, whose modules are these
         return check_module_seconds(d["modules"], f"{where}: modules")
     return check_module_seconds(d, where)
+
+
+def check_module_seconds(d: object, where: str) -> dict:
+    """{module name: backward seconds}: finite, in [0, MAX_PROFILE_SECONDS], not all zero."""
+    if not isinstance(d, dict) or not d:
+        raise UserError(f"{where}: must hold {{module name: seconds >= 0}}, not an empty or other value")
+    for name, v in d.items():
+        check({"seconds": v}, (Field("seconds", "number", 0, MAX_PROFILE_SECONDS),), f"{where}: {name!r}")
+    if not sum(d.values()) > 0:
+        raise UserError(f"{where}: every module's seconds are 0; measure the profile again")
+    return {k: float(v) for k, v in d.items()}
 
 
 def _verdict(p: Plan, echo: Callable[[str], None]) -> dict | None:

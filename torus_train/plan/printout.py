@@ -4,7 +4,7 @@ In the order plan prints them: the inputs with their sources (header_lines), the
 choice compared (candidate_lines), one row per algorithm (table_lines), what each algorithm stands for
 (algorithm_notes), each DDP bucket's exchange per algorithm with what NCCL picks for it (bucket_lines), the
 torus's buckets and summary (torus_lines), the sources (source_lines); then the bucket caps (bucket_caps_line)
-and the verdict against NCCL (search.verdict's text).
+and the verdict against NCCL (verdict.verdict's text).
 """
 
 from __future__ import annotations

@@ -1,89 +1,34 @@
-"""Grid choice by predicted time, and a whole plan: every algorithm's cost at one point, or over GPU counts (pure).
+"""A whole plan: every algorithm's cost at one point, or over GPU counts (pure).
 
-The torus's grid decides its cost, so rank_grids evaluates every factor pair X x Y = N with the cost model and
-best_grid takes the fastest. make_plan predicts every algorithm's all-reduce, step time and scaling efficiency
-at one (GPUs, grid, network, model, batch) point; sweep gives the curves of all-reduce time over GPU counts.
+make_plan predicts every algorithm's all-reduce, step time and scaling efficiency at one (GPUs, grid, network,
+model, batch) point, on the grid given or chosen (torus_train.plan.grids); bucket_sweep gives the plan's step at
+each DDP bucket cap; sweep gives the curves of all-reduce time over GPU counts. The verdict against NCCL is
+torus_train.plan.verdict.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 from torus_train.errors import UserError
 from torus_train.job.algorithms import ALGORITHMS, DEFAULT
-from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pairs
+from torus_train.job.topology import Grid, factor_pairs
 from torus_train.plan.cost import (
     ALGORITHM_LABELS,
     BACKWARD_FRACTION,
     DTYPE_BYTES,
     MODELS,
     STEP_OVERHEAD,
-    AllreduceCost,
     algorithms_for,
     allreduce_cost,
     allreduce_seconds_fn,
     step_cost,
 )
+from torus_train.plan.grids import BUCKET_CAPS_MB, StepWork, choose_grid
 from torus_train.plan.networks import Network
-from torus_train.plan.timeline import (
-    DDP_BUCKET_CAP,
-    DDP_FIRST_BUCKET_CAP,
-    Layer,
-    Timeline,
-    layers_with_profile,
-    model_layers,
-    timeline,
-)
-
-
-def rank_grids(n: int, net: Network, nbytes: int, placement: str = "rows") -> list[tuple[Grid, AllreduceCost]]:
-    """Every factor pair X x Y = n with its predicted torus all-reduce, fastest first (ties: fewer steps)."""
-    out = []
-    for x, y in factor_pairs(n):
-        g = Grid(x, y, net.gpus_per_node)
-        out.append((g, allreduce_cost(DEFAULT, g, net, nbytes, placement)))
-    out.sort(key=lambda gc: (round(gc[1].seconds, 12), gc[1].steps, -gc[0].x))
-    return out
-
-
-def best_grid(n: int, net: Network, nbytes: int, placement: str = "rows") -> tuple[Grid, str]:
-    """The grid with the fastest predicted torus all-reduce for n ranks, and why (against the runner-up and
-    against the grid with the fewest steps)."""
-    if not isinstance(n, int) or n < 1:
-        raise GridError(f"--gpus must be a positive integer, got {n!r}")
-    ranked = rank_grids(n, net, nbytes, placement)
-    g, c = ranked[0]
-    why = (
-        f"fastest predicted torus of the {len(ranked)} factor pairs, {c.seconds * 1e3:.3f} ms, {c.steps} steps, "
-        f"{_fit_to_nodes(g, n, net.gpus_per_node, placement)}"
-    )
-    if len(ranked) > 1:
-        g2, c2 = ranked[1]
-        why += f"; next best {g2} {c2.seconds * 1e3:.3f} ms"
-    fewest = min(ranked, key=lambda gc: (gc[1].steps, -gc[0].x))
-    if fewest[0] != g:
-        why += (
-            f"; the fewest-steps grid {fewest[0]} ({fewest[1].steps} steps) is predicted "
-            f"{fewest[1].seconds * 1e3:.3f} ms: bandwidth, not step count, decides at this size"
-        )
-    return g, why
-
-
-def _fit_to_nodes(g: Grid, n: int, k: int, placement: str) -> str:
-    """How the rings that lie along the nodes (rows, or columns) meet nodes of k GPUs: what decides their links."""
-    ring, side, what = (g.x, "rows", "horizontal") if placement == "rows" else (g.y, "columns", "vertical")
-    return (
-        "the whole job fits on one node"
-        if n <= k
-        else f"{side} inside one node: {what} rings on the intra-node links"
-        if ring <= k and k % ring == 0
-        else f"{side} span {math.ceil(ring / k)} nodes"
-        if ring % k == 0
-        else f"{side} and nodes do not line up"
-    )
+from torus_train.plan.timeline import DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP, layers_with_profile, model_layers
 
 
 @dataclass
@@ -169,6 +114,17 @@ class Plan:
         return (self.step_overhead or 0.0) * self.compute_seconds
 
     @property
+    def work(self) -> StepWork:
+        """The step as the bucket timeline weighs it; the model's layers by FLOPs where --overlap left them out."""
+        return StepWork(
+            self.layers or tuple(model_layers(self.model)),
+            self.compute_seconds,
+            self.gradient_dtype,
+            self.overhead_seconds,
+            self.placement,
+        )
+
+    @property
     def step_overhead_source(self) -> str | None:
         """Where step_overhead comes from: the fitted constant or --step-overhead (None with --overlap)."""
         if self.step_overhead is None:
@@ -196,28 +152,6 @@ def _layers(model: str, overlap: float | None, layer_profile: dict | None) -> tu
     return layers_with_profile(layers, layer_profile) if layers and layer_profile is not None else layers
 
 
-def _step_timeline(
-    layers: tuple,
-    compute: float,
-    gradient_dtype: str,
-    bucket_cap: int,
-    overhead: float,
-    algo: str,
-    cost: Callable[[float], float],
-) -> Timeline:
-    """One algorithm's step on the bucket timeline: the backward pass's buckets, each exchanged at ``cost``."""
-    return timeline(
-        layers,
-        compute,
-        BACKWARD_FRACTION,
-        cost,
-        DTYPE_BYTES[gradient_dtype],
-        algo,
-        bucket_cap,
-        overhead_seconds=overhead,
-    )
-
-
 def make_plan(
     gpus: int,
     net: Network,
@@ -233,7 +167,7 @@ def make_plan(
     step_overhead: float = STEP_OVERHEAD,
 ) -> Plan:
     """Predict every algorithm at `gpus` GPUs; with no grid, choose the torus grid (and, with bucket_cap None,
-    the bucket cap) by the predicted step (choose_grid_and_cap; with --overlap, by the fused all-reduce).
+    the bucket cap) by the predicted step (grids.choose_grid; with --overlap, by the fused all-reduce).
 
     overlap None (the default): each algorithm's step comes from the bucket timeline (DDP's buckets of the
     model, each all-reduced with that algorithm, queued; torus_train.plan.timeline). A number: the old stated
@@ -243,26 +177,10 @@ def make_plan(
     nbytes = MODELS[model].gradient_bytes(gradient_dtype)
     images_per_second = _throughput(net, model, images_per_second)
     compute = per_gpu_batch / images_per_second
-    overhead = step_overhead * compute
     layers = _layers(model, overlap, layer_profile)
-    grid, bucket_cap, why, candidates = _grid_and_cap(
-        gpus,
-        net,
-        grid,
-        nbytes,
-        placement,
-        overlap,
-        bucket_cap,
-        lambda caps: choose_grid_and_cap(
-            gpus, net, model, per_gpu_batch, gradient_dtype, compute, placement, layers, caps, overhead
-        ),
-    )
-
-    step_timeline = functools.partial(_step_timeline, layers, compute, gradient_dtype, bucket_cap, overhead)
-    algos = {
-        algo: _algo_plan(algo, grid, net, nbytes, placement, compute, overlap, step_timeline)
-        for algo in algorithms_for(net, gpus)
-    }
+    work = StepWork(layers, compute, gradient_dtype, step_overhead * compute, placement)
+    grid, bucket_cap, why, candidates = choose_grid(gpus, net, grid, nbytes, work, overlap, bucket_cap)
+    algos = {a: _algo_plan(a, grid, net, nbytes, work, overlap, bucket_cap) for a in algorithms_for(net, gpus)}
     return Plan(
         gpus,
         str(grid),
@@ -285,56 +203,15 @@ def make_plan(
     )
 
 
-def _grid_and_cap(
-    gpus: int,
-    net: Network,
-    grid: Grid | None,
-    nbytes: int,
-    placement: str,
-    overlap: float | None,
-    bucket_cap: int | None,
-    choose: Callable[[Sequence[float]], list[Candidate]],
-) -> tuple[Grid, int, str, list[Candidate]]:
-    """(grid, bucket cap, why, candidates): the grid given; else with --overlap the fastest fused all-reduce;
-    else the (grid, cap) pair of the fastest step that choose(caps) ranks first (the cap fixed when given)."""
-    if grid is not None:
-        check_grid_size(grid, gpus)
-        grid = Grid(grid.x, grid.y, net.gpus_per_node)
-        return grid, _cap(bucket_cap), f"given by --grid ({grid.torus_steps} torus steps)", []
-    if overlap is not None:
-        grid, why = best_grid(gpus, net, nbytes, placement)
-        return grid, _cap(bucket_cap), why, []
-    candidates = choose(BUCKET_CAPS_MB if bucket_cap is None else (bucket_cap / 2**20,))
-    best = candidates[0]
-    x, y = map(int, best.grid.split("x"))
-    return (
-        Grid(x, y, net.gpus_per_node),
-        int(best.cap_mb * 2**20),
-        why_chosen(candidates),
-        candidates,
-    )
-
-
-def _cap(bucket_cap: int | None) -> int:
-    return DDP_BUCKET_CAP if bucket_cap is None else bucket_cap
-
-
 def _algo_plan(
-    algo: str,
-    grid: Grid,
-    net: Network,
-    nbytes: int,
-    placement: str,
-    compute: float,
-    overlap: float | None,
-    step_timeline: Callable[[str, Callable[[float], float]], Timeline],
+    algo: str, grid: Grid, net: Network, nbytes: int, work: StepWork, overlap: float | None, bucket_cap: int
 ) -> AlgoPlan:
-    """One algorithm's line: its fused all-reduce, and its step from the stated overlap or from
-    step_timeline(algo, seconds per bucket size)."""
-    c = allreduce_cost(algo, grid, net, nbytes, placement)
+    """One algorithm's line: its fused all-reduce, and its step from the stated overlap or from the bucket
+    timeline of `work` with buckets of bucket_cap bytes."""
+    c = allreduce_cost(algo, grid, net, nbytes, work.placement)
     label = ALGORITHM_LABELS[algo]
     if overlap is not None:
-        s = step_cost(compute, c.seconds, overlap)
+        s = step_cost(work.compute_seconds, c.seconds, overlap)
         return AlgoPlan(
             algo,
             c.steps,
@@ -347,7 +224,7 @@ def _algo_plan(
             nccl_choice=c.nccl_choice,
             label=label,
         )
-    t = step_timeline(algo, allreduce_seconds_fn(algo, grid, net, placement))
+    t = work.timeline(algo, allreduce_seconds_fn(algo, grid, net, work.placement), bucket_cap)
     return AlgoPlan(
         algo,
         c.steps,
@@ -364,28 +241,14 @@ def _algo_plan(
     )
 
 
-BUCKET_CAPS_MB = (1, 2, 5, 10, 25, 50, 100, 200)
-"""Bucket caps (MiB) that bucket_sweep tries."""
-
-
 def bucket_sweep(p: Plan, algo: str = DEFAULT, caps_mb: Sequence[float] = BUCKET_CAPS_MB) -> list[dict]:
     """The plan's step with each DDP bucket cap for one algorithm (its grid, network, model and batch), from
     the bucket timeline: [{cap_mb, buckets, exposed_seconds, step_seconds, scaling_efficiency}], in caps order."""
     x, y = map(int, p.grid.split("x"))
     g = Grid(x, y, p.network.gpus_per_node)
-    layers = p.layers or model_layers(p.model)
-    out, cost = [], allreduce_seconds_fn(algo, g, p.network, p.placement)
+    out, cost, work = [], allreduce_seconds_fn(algo, g, p.network, p.placement), p.work
     for cap in caps_mb:
-        t = timeline(
-            layers,
-            p.compute_seconds,
-            BACKWARD_FRACTION,
-            cost,
-            DTYPE_BYTES[p.gradient_dtype],
-            algo,
-            int(cap * 2**20),
-            overhead_seconds=p.overhead_seconds,
-        )
+        t = work.timeline(algo, cost, int(cap * 2**20))
         out.append(
             {
                 "cap_mb": cap,
@@ -396,91 +259,6 @@ def bucket_sweep(p: Plan, algo: str = DEFAULT, caps_mb: Sequence[float] = BUCKET
             }
         )
     return out
-
-
-@dataclass
-class Candidate:
-    """One (grid, bucket cap) pair that choose_grid_and_cap compared, with its predicted torus step."""
-
-    grid: str
-    """XxY."""
-    cap_mb: float
-    """DDP bucket cap, MiB."""
-    buckets: int
-    """Buckets the model's gradients make at this cap."""
-    allreduce_seconds: float
-    """The fused all-reduce of the whole gradient on this grid (what the grid alone decides)."""
-    exposed_seconds: float
-    """Communication after the end of the backward pass, from the bucket timeline."""
-    step_seconds: float
-    """Predicted training step."""
-    scaling_efficiency: float
-    """compute / step."""
-
-
-def choose_grid_and_cap(
-    gpus: int,
-    net: Network,
-    model: str,
-    per_gpu_batch: int,
-    gradient_dtype: str,
-    compute_seconds: float,
-    placement: str = "rows",
-    layers: Sequence[Layer] | None = None,
-    caps_mb: Sequence[float] = BUCKET_CAPS_MB,
-    overhead_seconds: float = 0.0,
-) -> list[Candidate]:
-    """The torus step on the bucket timeline for every (grid, bucket cap) pair, fastest first: every factor pair
-    X x Y = gpus with every cap of caps_mb (each grid's links worked out once: allreduce_seconds_fn); every
-    step also pays overhead_seconds unhidden."""
-    layers = layers or model_layers(model)
-    nbytes = MODELS[model].gradient_bytes(gradient_dtype)
-    out = []
-    for x, y in factor_pairs(gpus):
-        g = Grid(x, y, net.gpus_per_node)
-        cost = allreduce_seconds_fn(DEFAULT, g, net, placement)
-        fused = cost(nbytes)
-        for cap in caps_mb:
-            t = timeline(
-                layers,
-                compute_seconds,
-                BACKWARD_FRACTION,
-                cost,
-                DTYPE_BYTES[gradient_dtype],
-                DEFAULT,
-                int(cap * 2**20),
-                overhead_seconds=overhead_seconds,
-            )
-            out.append(
-                Candidate(
-                    f"{x}x{y}", cap, len(t.buckets), fused, t.exposed_seconds, t.step_seconds, t.scaling_efficiency
-                )
-            )
-    # ties (within a nanosecond): fewer buckets, then longer rows
-    return sorted(out, key=lambda c: (round(c.step_seconds, 9), c.buckets, -int(c.grid.split("x")[0])))
-
-
-def why_chosen(cands: list[Candidate]) -> str:
-    """Why the first candidate: its step, the runner-up's, the grid with the fastest fused all-reduce."""
-    best = cands[0]
-    grids = len({c.grid for c in cands})
-    caps = len({c.cap_mb for c in cands})
-    why = (
-        f"fastest predicted step of {len(cands)} (grid, bucket cap) pairs ({grids} factor pairs x {caps} caps): "
-        f"{best.step_seconds * 1e3:.3f} ms with "
-        f"{best.cap_mb:g} MiB buckets ({best.buckets}), exposed {best.exposed_seconds * 1e3:.3f} ms"
-    )
-    other = next((c for c in cands[1:] if (c.grid, c.cap_mb) != (best.grid, best.cap_mb)), None)
-    if other is not None:
-        why += f"; next best {other.grid} at {other.cap_mb:g} MiB {other.step_seconds * 1e3:.3f} ms"
-    fused = min(cands, key=lambda c: (c.allreduce_seconds, -int(c.grid.split("x")[0])))
-    if fused.grid != best.grid:
-        step = min(c.step_seconds for c in cands if c.grid == fused.grid)
-        why += (
-            f"; the grid with the fastest single all-reduce, {fused.grid} ({fused.allreduce_seconds * 1e3:.3f} "
-            f"ms), gives {step * 1e3:.3f} ms per step: the timeline, not the fused all-reduce, decides"
-        )
-    return why
 
 
 def _check_plan_inputs(
@@ -542,143 +320,3 @@ def sweep(
             pool = _grid_pool(a, grids, per_node)
             out[a].append((n, min(allreduce_cost(a, g, net, nbytes, placement).seconds for g in pool)))
     return out
-
-
-VERDICT_COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 2176, 4096)
-"""GPU counts the verdict scans for where the torus starts (or stops) beating NCCL."""
-
-TIE = 0.005
-"""Step times within this fraction of each other are a tie: the model cannot tell them apart."""
-
-
-def torus_vs_nccl_step(gpus: int, net: Network, p: Plan) -> dict:
-    """At `gpus` GPUs with p's model, batch, dtype, bucket cap and overhead: the torus on its fastest grid
-    against what NCCL's tuning chooses, both on the bucket timeline. {gpus, grid, torus_step_seconds,
-    nccl_step_seconds, torus_efficiency, nccl_efficiency, outcome: torus | nccl | tie}."""
-    layers = p.layers or model_layers(p.model)
-    cap_mb = p.bucket_cap_bytes / 2**20
-    best = choose_grid_and_cap(
-        gpus,
-        net,
-        p.model,
-        p.per_gpu_batch,
-        p.gradient_dtype,
-        p.compute_seconds,
-        p.placement,
-        layers,
-        (cap_mb,),
-        p.overhead_seconds,
-    )[0]
-    g = Grid(gpus, 1, net.gpus_per_node)
-    t = timeline(
-        layers,
-        p.compute_seconds,
-        BACKWARD_FRACTION,
-        allreduce_seconds_fn("nccl", g, net),
-        DTYPE_BYTES[p.gradient_dtype],
-        "nccl",
-        p.bucket_cap_bytes,
-        overhead_seconds=p.overhead_seconds,
-    )
-    return _outcome(
-        {
-            "gpus": gpus,
-            "grid": best.grid,
-            "torus_step_seconds": best.step_seconds,
-            "nccl_step_seconds": t.step_seconds,
-            "torus_efficiency": best.scaling_efficiency,
-            "nccl_efficiency": t.scaling_efficiency,
-        }
-    )
-
-
-def _outcome(row: dict) -> dict:
-    """Add who wins the step (a tie within TIE) and the margin: nccl step - torus step, and over nccl's step."""
-    gain = row["nccl_step_seconds"] - row["torus_step_seconds"]
-    row["torus_gain_seconds"] = gain
-    row["torus_gain_fraction"] = gain / row["nccl_step_seconds"]
-    row["outcome"] = "tie" if abs(row["torus_gain_fraction"]) < TIE else (DEFAULT if gain > 0 else "nccl")
-    return row
-
-
-def verdict(p: Plan, counts: Iterable[int] = VERDICT_COUNTS) -> dict:
-    """Whether the torus beats NCCL's own choice on p's network: at p's point (its grid), and over GPU counts,
-    from which count on it starts (or stops) to. Returns {here, scan, text}; text is what plan prints."""
-    t, n = p.algorithms[DEFAULT], p.algorithms["nccl"]
-    here = _outcome(
-        {
-            "gpus": p.gpus,
-            "grid": p.grid,
-            "torus_step_seconds": t.step_seconds,
-            "nccl_step_seconds": n.step_seconds,
-            "torus_efficiency": t.scaling_efficiency,
-            "nccl_efficiency": n.scaling_efficiency,
-            "torus_allreduce_seconds": t.allreduce_seconds,
-            "nccl_allreduce_seconds": n.allreduce_seconds,
-            "nccl_choice": n.nccl_choice,
-            "cap_mb": p.bucket_cap_bytes / 2**20,
-        }
-    )
-    if p.overlap is None:
-        best = min(bucket_sweep(p, "nccl"), key=lambda c: c["step_seconds"])
-        here["nccl_best_cap_mb"], here["nccl_best_cap_step_seconds"] = best["cap_mb"], best["step_seconds"]
-    counts = sorted({c for c in counts if c > 1} | {p.gpus})
-    scan = [here if c == p.gpus else torus_vs_nccl_step(c, p.network, p) for c in counts]
-    return {"here": here, "scan": scan, "text": verdict_text(here, scan, p.network.name)}
-
-
-def verdict_text(here: dict, scan: list[dict], network: str) -> list[str]:
-    """The verdict in words: who wins at this point and by how much per step, then where that changes."""
-    ms = abs(here["torus_gain_seconds"]) * 1e3
-    pct = abs(here["torus_gain_fraction"]) * 100
-    who = {
-        DEFAULT: f"the torus beats NCCL by {ms:.2f} ms per step ({pct:.1f}% of NCCL's step)",
-        "nccl": f"NCCL beats the torus by {ms:.2f} ms per step ({pct:.1f}% of NCCL's step): the torus LOSES here",
-        "tie": f"the torus and NCCL tie ({ms:.2f} ms per step apart, under {TIE * 100:g}%)",
-    }[here["outcome"]]
-    lines = [
-        f"verdict on {network} at {here['gpus']} GPUs, grid {here['grid']}: {who} "
-        f"(torus {here['torus_step_seconds'] * 1e3:.2f} ms, {here['torus_efficiency'] * 100:.2f}%; NCCL "
-        f"{here['nccl_step_seconds'] * 1e3:.2f} ms, {here['nccl_efficiency'] * 100:.2f}%)"
-    ]
-    if "torus_allreduce_seconds" in here:
-        ratio = here["torus_allreduce_seconds"] / here["nccl_allreduce_seconds"]
-        lines.append(
-            f"one fused all-reduce of the gradient: torus {here['torus_allreduce_seconds'] * 1e3:.3f} ms, "
-            f"NCCL ({here['nccl_choice']}) {here['nccl_allreduce_seconds'] * 1e3:.3f} ms, torus/NCCL "
-            f"{ratio:.2f}; the step hides most of either behind the backward pass"
-        )
-    if "nccl_best_cap_mb" in here:
-        lines.append(
-            f"NCCL at its own best bucket cap ({here['nccl_best_cap_mb']:g} MiB): "
-            f"{here['nccl_best_cap_step_seconds'] * 1e3:.2f} ms per step (the comparison above gives both "
-            f"the plan's cap, {here.get('cap_mb', 0):g} MiB)"
-        )
-    lines.append("over GPU counts: " + _where_it_changes(scan))
-    return lines
-
-
-def _where_it_changes(scan: list[dict]) -> str:
-    """From which GPU count the torus starts (or stops) to beat NCCL, in words."""
-    wins = [(r["gpus"], r["outcome"]) for r in scan]
-    lo, hi = wins[0][0], wins[-1][0]
-    kinds = {o for _, o in wins}
-    if kinds == {DEFAULT}:
-        return f"the torus wins at every count scanned ({lo}..{hi})"
-    if kinds == {"nccl"}:
-        return f"NCCL wins at every count scanned ({lo}..{hi}): the torus never pays off on this network"
-    if DEFAULT not in kinds:
-        return f"the torus never wins ({lo}..{hi}): NCCL wins or ties"
-    first = next(n for n, o in wins if o == DEFAULT)
-    last = max(n for n, o in wins if o == DEFAULT)
-    after = [f"{n} {o}" for n, o in wins if n > last]
-    contiguous = all(o == DEFAULT for n, o in wins if first <= n <= last)
-    text = (
-        f"the torus starts to win at {first} GPUs"
-        if contiguous
-        else f"the torus first wins at {first} GPUs, not at every count after"
-    )
-    text += f" and wins up to {last}" + (
-        f", then stops ({', '.join(after)})" if after else " (the largest count scanned)"
-    )
-    return text + "; per count: " + ", ".join(f"{n} {o}" for n, o in wins)
