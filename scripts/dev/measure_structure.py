@@ -5,8 +5,10 @@
 
 Prints, from the source alone (nothing is imported):
 - imports that run from a lower package up to a higher one, in the order written in docs/extending.md;
+- import circles between files (a module that, import by import, reaches itself; TYPE_CHECKING imports count);
 - imports written inside functions (all, and those of torch);
-- the largest module and the largest function, in lines;
+- the largest module and the largest function, in lines, and every module over MAX_MODULE_LINES and function
+  over MAX_FUNCTION_LINES;
 - for every algorithm, launcher and data-source name: the modules of torus_train that spell it as a string
   literal (the registry's own module is where it belongs);
 - the files a contributor touches for each worked example of docs/extending.md ("Files touched:" lines).
@@ -23,6 +25,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "torus_train"
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+"""The house's sizes: a module a reader takes in at one sitting, a function that fits a screen."""
 
 # Lowest first. A module may import from its own package and from any package before it in this list.
 ORDER = (
@@ -142,6 +148,87 @@ def upward_imports(trees: dict[Path, ast.AST]) -> list[str]:
     return found
 
 
+def module_files() -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its own, for its __init__.py)."""
+    return {"torus_train." + module_name(p) if module_name(p) else "torus_train": p for p in modules()}
+
+
+def import_edges(trees: dict[Path, ast.AST]) -> dict[Path, set[Path]]:
+    """file -> the files of torus_train it imports by name, wherever the import stands (a function, a
+    TYPE_CHECKING block): ``from a.b import c`` is a.b.c's file when c is a module, else a.b's."""
+    files = module_files()
+    edges: dict[Path, set[Path]] = {p: set() for p in trees}
+    for path, tree in trees.items():
+        for node, _ in import_sites(tree):
+            names = imported(node)
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module for a in node.names
+                ]
+            for name in names:
+                if name in files and files[name] != path:
+                    edges[path].add(files[name])
+    return edges
+
+
+def import_circles(trees: dict[Path, ast.AST]) -> list[str]:
+    """Each set of files that import one another in a circle (a strongly connected component of more than
+    one file, Tarjan's algorithm), as 'a.py -> b.py -> a.py' along one circle through its first file."""
+    edges = import_edges(trees)
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    on: set[Path] = set()
+    found: list[list[Path]] = []
+
+    def visit(v: Path) -> None:  # recursion depth is bounded by the package's import depth
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(_circle_text(comp, edges) for comp in found)
+
+
+def _circle_text(comp: list[Path], edges: dict[Path, set[Path]]) -> str:
+    """One circle through the component's first file, by a breadth-first search inside the component."""
+    start, members = comp[0], set(comp)
+    prev: dict[Path, Path] = {}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(edges[v] & members):
+            if w == start:
+                path = [v]
+                while path[-1] != start:
+                    path.append(prev[path[-1]])
+                names = [str(p.relative_to(ROOT)) for p in reversed(path)] + [str(start.relative_to(ROOT))]
+                extra = f" (with {len(comp) - len(path)} more files)" if len(comp) > len(path) else ""
+                return " -> ".join(names) + extra
+            if w not in prev:
+                prev[w] = v
+                queue.append(w)
+    return " <-> ".join(str(p.relative_to(ROOT)) for p in comp)
+
+
 def module_name(path: Path) -> str:
     return ".".join(path.relative_to(PKG).with_suffix("").parts).removesuffix(".__init__")
 
@@ -187,6 +274,31 @@ def largest(trees: dict[Path, ast.AST], sources: dict[Path, str]) -> dict:
         "function": best[1],
         "function_lines": best[0],
     }
+
+
+def oversized(trees: dict[Path, ast.AST], sources: dict[Path, str]) -> dict:
+    """The modules over MAX_MODULE_LINES and the functions over MAX_FUNCTION_LINES (a method by Class.name),
+    as {"modules": {path: lines}, "functions": {path:qualified name: lines}}."""
+    mods = {str(p.relative_to(ROOT)): n for p, s in sources.items() if (n := len(s.splitlines())) > MAX_MODULE_LINES}
+    funcs = {}
+    for path, tree in trees.items():
+        for qual, node in _functions(tree, ""):
+            n = node.end_lineno - node.lineno + 1
+            if n > MAX_FUNCTION_LINES:
+                funcs[f"{path.relative_to(ROOT)}:{qual}"] = n
+    return {"modules": mods, "functions": funcs}
+
+
+def _functions(node: ast.AST, prefix: str):
+    """(qualified name, node) of every function and method below ``node``, nested ones included."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            qual = f"{prefix}{child.name}"
+            if not isinstance(child, ast.ClassDef):
+                yield qual, child
+            yield from _functions(child, qual + ".")
+        else:
+            yield from _functions(child, prefix)
 
 
 def docstring_nodes(tree: ast.AST) -> set[int]:
@@ -235,8 +347,10 @@ def measure() -> dict:
     return {
         "package_order": list(ORDER),
         "upward_imports": upward_imports(trees),
+        "import_circles": import_circles(trees),
         "imports_in_functions": imports_in_functions(trees),
         "largest": largest(trees, sources),
+        "oversized": oversized(trees, sources),
         "name_spellings": spell,
         "modules_spelling_names": sorted({m for ms in spell.values() for m in ms}),
         "files_touched": files_touched(),
@@ -251,6 +365,9 @@ def main() -> int:
     print(f"upward imports: {len(m['upward_imports'])}")
     for line in m["upward_imports"]:
         print(f"  {line}")
+    print(f"import circles between files: {len(m['import_circles'])}")
+    for line in m["import_circles"]:
+        print(f"  {line}")
     f = m["imports_in_functions"]
     print(
         f"imports inside functions: {f['all']} (optional extras {f['optional']}, the torch boundary "
@@ -261,6 +378,13 @@ def main() -> int:
     lg = m["largest"]
     print(f"largest module: {lg['module']} ({lg['module_lines']} lines)")
     print(f"largest function: {lg['function']} ({lg['function_lines']} lines)")
+    big = m["oversized"]
+    print(f"modules over {MAX_MODULE_LINES} lines: {len(big['modules'])}")
+    for name, n in big["modules"].items():
+        print(f"  {name} ({n})")
+    print(f"functions over {MAX_FUNCTION_LINES} lines: {len(big['functions'])}")
+    for name, n in big["functions"].items():
+        print(f"  {name} ({n})")
     print(f"modules spelling a registry's name: {len(m['modules_spelling_names'])}")
     for key, where in m["name_spellings"].items():
         print(f"  {key:24} {len(where):2}  {', '.join(where)}")
