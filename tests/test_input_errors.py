@@ -17,7 +17,8 @@ from clihelp import assert_one_line_error, invoke
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torus_train.job.spec import CLASSIFICATION_ARCHS, SpecError, load_spec, parse_override
+from torus_train.job.models import CLASSIFICATION_ARCHS
+from torus_train.job.spec import SpecError, load_spec, parse_override
 from torus_train.job.topology import MAX_WORLD, GridError, choose_grid, factor_pairs, parse_grid
 
 

@@ -10,7 +10,7 @@ import pytest
 from clihelp import assert_one_line_error, invoke
 from datahelp import make_index_set
 
-from torus_train.job.spec import FIXED_INPUT, MIN_INPUT
+from torus_train.job.models import FIXED_INPUT, MIN_INPUT
 
 STAGES = 'schedule.stages=[{until_epoch=1,global_batch=32,grid="2x1"},{until_epoch=2,global_batch=256,grid="%s"}]'
 BASE = ["run", "--data", "synthetic", "--model", "resnet18", "--image-size", "32", "--epochs", "2"]

@@ -1,4 +1,4 @@
-"""Model architectures by name and what one image costs them (pure: no torch import).
+"""Model architectures by name, the input sizes they take, and what one image costs them (pure: no torch import).
 
 Two kinds of names are accepted in ``model.arch``: torchvision's classification models, and the house models of
 ``HOUSE_ARCHS`` (ResNets narrower than torchvision's, built in train/models.py from torchvision's own blocks),
@@ -97,3 +97,133 @@ def forward_flops(arch: str, image_size: int, num_classes: int) -> int | None:
     """FLOPs (2 x multiply-adds) of one forward pass on one image; None where the layout is not known here."""
     lay = HOUSE_ARCHS.get(arch) or TORCHVISION_RESNETS.get(arch)
     return None if lay is None else 2 * resnet_macs(lay, image_size, num_classes)
+
+
+# torchvision.models.list_models(module=torchvision.models) of torchvision 0.29, kept here so that validating a
+# spec never imports torch; tests/test_input_errors.py compares it with the installed torchvision.
+CLASSIFICATION_ARCHS = (
+    "alexnet",
+    "convnext_base",
+    "convnext_large",
+    "convnext_small",
+    "convnext_tiny",
+    "densenet121",
+    "densenet161",
+    "densenet169",
+    "densenet201",
+    "efficientnet_b0",
+    "efficientnet_b1",
+    "efficientnet_b2",
+    "efficientnet_b3",
+    "efficientnet_b4",
+    "efficientnet_b5",
+    "efficientnet_b6",
+    "efficientnet_b7",
+    "efficientnet_v2_l",
+    "efficientnet_v2_m",
+    "efficientnet_v2_s",
+    "googlenet",
+    "inception_v3",
+    "maxvit_t",
+    "mnasnet0_5",
+    "mnasnet0_75",
+    "mnasnet1_0",
+    "mnasnet1_3",
+    "mobilenet_v2",
+    "mobilenet_v3_large",
+    "mobilenet_v3_small",
+    "regnet_x_16gf",
+    "regnet_x_1_6gf",
+    "regnet_x_32gf",
+    "regnet_x_3_2gf",
+    "regnet_x_400mf",
+    "regnet_x_800mf",
+    "regnet_x_8gf",
+    "regnet_y_128gf",
+    "regnet_y_16gf",
+    "regnet_y_1_6gf",
+    "regnet_y_32gf",
+    "regnet_y_3_2gf",
+    "regnet_y_400mf",
+    "regnet_y_800mf",
+    "regnet_y_8gf",
+    "resnet101",
+    "resnet152",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnext101_32x8d",
+    "resnext101_64x4d",
+    "resnext50_32x4d",
+    "shufflenet_v2_x0_5",
+    "shufflenet_v2_x1_0",
+    "shufflenet_v2_x1_5",
+    "shufflenet_v2_x2_0",
+    "squeezenet1_0",
+    "squeezenet1_1",
+    "swin_b",
+    "swin_s",
+    "swin_t",
+    "swin_v2_b",
+    "swin_v2_s",
+    "swin_v2_t",
+    "vgg11",
+    "vgg11_bn",
+    "vgg13",
+    "vgg13_bn",
+    "vgg16",
+    "vgg16_bn",
+    "vgg19",
+    "vgg19_bn",
+    "vit_b_16",
+    "vit_b_32",
+    "vit_h_14",
+    "vit_l_16",
+    "vit_l_32",
+    "wide_resnet101_2",
+    "wide_resnet50_2",
+)
+
+
+FIXED_INPUT = {**dict.fromkeys(("vit_b_16", "vit_b_32", "vit_h_14", "vit_l_16", "vit_l_32"), 224), "maxvit_t": 224}
+"""Models built for exactly one input size (torchvision's default; their position embeddings or window grid fix it)."""
+MIN_INPUT = {
+    "inception_v3": 75,
+    "alexnet": 64,
+    **dict.fromkeys(
+        (
+            "convnext_base",
+            "convnext_large",
+            "convnext_small",
+            "convnext_tiny",
+            "densenet121",
+            "densenet161",
+            "densenet169",
+            "densenet201",
+            "vgg11",
+            "vgg11_bn",
+            "vgg13",
+            "vgg13_bn",
+            "vgg16",
+            "vgg16_bn",
+            "vgg19",
+            "vgg19_bn",
+        ),
+        32,
+    ),
+    "squeezenet1_0": 24,
+    "squeezenet1_1": 24,
+    "googlenet": 16,
+}
+"""The smallest input side, of 8, 16, 24, 32, 48, 64, 75, that each model's forward pass takes (the others take
+8 px); tests/test_preflight.py checks the table against torchvision."""
+
+
+def input_size_problem(arch: str, size: int) -> str:
+    """Why ``arch`` cannot take ``size`` px images ('' when it can), naming data.image_size."""
+    fixed, low = FIXED_INPUT.get(arch), MIN_INPUT.get(arch, 8)
+    if fixed and size != fixed:
+        return f"data.image_size: {arch} takes only {fixed} px images, not {size}; set --image-size {fixed}"
+    if size < low:
+        return f"data.image_size: {arch} needs images of at least {low} px, not {size}"
+    return ""

@@ -31,7 +31,7 @@ from torus_train.registry import Registry, load
 from torus_train.userfiles import special_kind
 
 if TYPE_CHECKING:
-    from torus_train.job.spec import JobSpec
+    from torus_train.job.sections import JobSpec
 
 SYNTHETIC_SAMPLES = 10_000
 """Images per epoch of synthetic data when data.synthetic_samples is 0 (ImageNet has 1,281,167)."""
@@ -245,9 +245,6 @@ def register(source: DataSource) -> DataSource:
     """Add ``source`` to the table under its name (SOURCES.remove(name) takes it out again)."""
     return SOURCES.add(source.name, source)
 
-
-DEFAULT_SOURCE = "synthetic"
-"""data.source when a spec names none (the embedded default job names demo)."""
 
 # In the order --help and the docs list them. A path goes to the path source that claims it, else to the
 # folder (which claims none: it takes every other path).

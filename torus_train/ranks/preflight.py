@@ -21,8 +21,9 @@ from pathlib import Path
 
 from torus_train.errors import UserError
 from torus_train.job.legs import Leg, leg_spec
+from torus_train.job.models import input_size_problem
 from torus_train.job.sources import class_difference, source_of
-from torus_train.job.spec import JobSpec, input_size_problem
+from torus_train.job.spec import JobSpec
 from torus_train.job.stagedir import check_stage_base
 
 
