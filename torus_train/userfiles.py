@@ -1,9 +1,19 @@
-"""Reading the files a user hands to a command (run folders, bench JSON, step and layer profiles): one reader
-per format, each field checked for type, range and finiteness, every error one line that names the flag, the
-file and the field. No torch import.
+"""The one door for the files a user names: every such file is opened here, refused by name when it is not a
+regular file (a FIFO would block the open or the read, a device never end it, a socket not open) and read up to
+a cap (a file larger than any of its kind is refused, not read into memory); each error is one line that names
+the flag or the part, and the file. No torch import.
 
-A reader describes its format as a tuple of ``Field``s and calls ``check``; values come back converted
-(``int`` for counts, ``float`` for times), so no caller meets a string where a number belongs.
+    check_regular   a path is a regular file (links followed), before anything opens it
+    open_regular    a regular file opened to read (without blocking, checked again on the open descriptor);
+                    for archives and shards that are read in parts, never whole
+    open_fd         the same as a raw descriptor, for ``os.pread``
+    read_bytes, read_text, read_json, read_json_lines
+                    a whole file, at most ``limit`` bytes
+
+Beside them, the JSON readers' checks: a reader describes its format as a tuple of ``Field``s and calls
+``check``; values come back converted (``int`` for counts, ``float`` for times), so no caller meets a string
+where a number belongs. tests/test_userfiles_door.py fails when code under torus_train/ opens a user's file
+any other way.
 """
 
 from __future__ import annotations
@@ -14,9 +24,13 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from torus_train.errors import UserError, shown_path
+
+MAX_READ_BYTES = 1 << 30
+"""The most a whole-file read takes when its caller names no smaller cap (a run's metrics.jsonl of a long job
+is megabytes; a file past this is no input of ours, and is not read into memory)."""
 
 
 @dataclass(frozen=True)
@@ -79,37 +93,58 @@ def check_regular(path: str | os.PathLike, where: str) -> None:
         raise UserError(f"{where}: {shown_path(p)} is {file_type(mode)}, not a regular file")
 
 
-def read_bytes(path: str | os.PathLike, where: str) -> bytes:
-    """The bytes of a regular user file; one line (prefixed ``where``) when missing, not a regular file or
-    unreadable."""
+def open_regular(path: str | os.PathLike, where: str) -> BinaryIO:
+    """A regular user file opened to read in binary. Refused by name before the open when it is not a regular
+    file; opened without blocking (a FIFO put there since does not wait for a writer) and checked again on the
+    open descriptor, so what is read is the regular file that was checked."""
+    return os.fdopen(open_fd(path, where), "rb")
+
+
+def open_fd(path: str | os.PathLike, where: str) -> int:
+    """``open_regular`` as a raw descriptor (for ``os.pread``); the caller closes it."""
     check_regular(path, where)
     try:
-        return Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError) as e:
         raise UserError(f"{where}: {shown_path(path)}: {getattr(e, 'strerror', None) or e}") from None
-
-
-def read_text(path: str | os.PathLike, where: str) -> str:
-    """The UTF-8 text of a user file; one line (prefixed ``where``) when missing, a folder, not a regular file
-    or unreadable."""
-    p = Path(path)
-    check_regular(p, where)
     try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{where}: {shown_path(p)} does not exist") from None
-    except IsADirectoryError:
-        raise UserError(f"{where}: {shown_path(p)} is a folder, not a file") from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UserError(f"{where}: {shown_path(path)} is {file_type(mode)}, not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bytes(path: str | os.PathLike, where: str, limit: int = MAX_READ_BYTES) -> bytes:
+    """The bytes of a regular user file of at most ``limit`` bytes; one line (prefixed ``where``) when missing,
+    not a regular file, larger or unreadable."""
+    try:
+        with open_regular(path, where) as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise UserError(f"{where}: {shown_path(path)}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise UserError(f"{where}: {shown_path(path)} is larger than {limit:,} bytes, more than such a file holds")
+    return data
+
+
+def read_text(path: str | os.PathLike, where: str, limit: int = MAX_READ_BYTES) -> str:
+    """The UTF-8 text of a user file (at most ``limit`` bytes); one line (prefixed ``where``) when missing, a
+    folder, not a regular file, larger, unreadable or not UTF-8."""
+    data = read_bytes(path, where, limit)
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"{where}: {shown_path(p)}: byte {e.start} is not UTF-8 text") from None
-    except (OSError, ValueError) as e:  # ValueError: a NUL in the name
-        raise UserError(f"{where}: {shown_path(p)}: {getattr(e, 'strerror', None) or e}") from None
+        raise UserError(f"{where}: {shown_path(path)}: byte {e.start} is not UTF-8 text") from None
 
 
-def read_json(path: str | os.PathLike, where: str) -> Any:
+def read_json(path: str | os.PathLike, where: str, limit: int = MAX_READ_BYTES) -> Any:
     """A user file's JSON value; one line when it is not JSON (empty, truncated, NaN literals allowed by
     Python's parser are kept and caught by the field checks)."""
-    text = read_text(path, where)
+    text = read_text(path, where, limit)
     try:
         return json.loads(text)
     except ValueError as e:
