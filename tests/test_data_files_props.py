@@ -24,7 +24,8 @@ from test_file_inputs_props import mutated
 
 from torus_train.data.index import ARRAYS as INDEX_ARRAYS
 from torus_train.data.packed import ARRAYS as PACKED_ARRAYS
-from torus_train.data.packed import SPLITS, check_shards, load_packed, own_files, pack
+from torus_train.data.packed import SPLITS, check_shards, load_packed, own_files
+from torus_train.data.packer import pack
 
 SETTINGS = settings(
     max_examples=30,

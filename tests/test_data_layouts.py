@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 from clihelp import assert_one_line_error, invoke
 
-from torus_train.data.layouts import LAYOUTS, parse_meta_mat
-from torus_train.data.packed import ShardReader, load_packed, pack
+from torus_train.data.layouts import LAYOUTS
+from torus_train.data.layouts.archives import parse_meta_mat
+from torus_train.data.packed import ShardReader, load_packed
+from torus_train.data.packer import pack
 from torus_train.data.samples import samples
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,8 @@ import pytest
 from clihelp import assert_one_line_error, invoke, tree_digest
 from datahelp import make_index_set
 
-from torus_train.data.packed import is_packed, pack
+from torus_train.data.packed import is_packed
+from torus_train.data.packer import pack
 
 
 @contextlib.contextmanager

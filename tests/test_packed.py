@@ -17,7 +17,8 @@ from datahelp import decode_indices, make_index_set
 
 from torus_train.data import make_loader
 from torus_train.data.checks import DataError
-from torus_train.data.packed import check_shards, epoch_order, is_packed, load_packed, pack, split_classes
+from torus_train.data.packed import check_shards, epoch_order, is_packed, load_packed, split_classes
+from torus_train.data.packer import pack
 from torus_train.data.sharding import shard
 from torus_train.errors import UserError
 
@@ -195,7 +196,7 @@ def test_pack_target_rules(folder, packed, tmp_path):
 
 
 def test_interrupted_pack_leaves_no_set(folder, tmp_path, monkeypatch):
-    import torus_train.data.layouts as L
+    import torus_train.data.layouts.base as L
 
     calls = []
 
@@ -205,7 +206,7 @@ def test_interrupted_pack_leaves_no_set(folder, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return path.read_bytes()
 
-    monkeypatch.setattr(L, "_read_file", boom)  # how the packer reads a file
+    monkeypatch.setattr(L, "read_image", boom)  # how the packer reads a file
     with pytest.raises(KeyboardInterrupt):
         pack(folder, tmp_path / "s")
     assert list(tmp_path.iterdir()) == []  # no target, no temporary

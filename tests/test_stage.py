@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from datahelp import make_index_set
 
-from torus_train.data.packed import load_packed, pack
+from torus_train.data.packed import load_packed
+from torus_train.data.packer import pack
 from torus_train.data.stage import NodesWait, stage, stage_key, stage_on_node, stage_target, valid_copy
 from torus_train.errors import RunFailed, UserError
 from torus_train.job.stagedir import stage_base

@@ -70,7 +70,8 @@ def prepare(work: Path, per_class: int) -> tuple[Path, Path, int]:
             check=True,
         )
     from torus_train.data.index import ensure_index
-    from torus_train.data.packed import is_packed, pack
+    from torus_train.data.packed import is_packed
+    from torus_train.data.packer import pack
 
     ensure_index(folder, log=say)
     if not is_packed(packed):

@@ -48,7 +48,7 @@ PACKED_RUN = [
 
 
 def test_packed_runs_agree_and_staging_is_reused(tmp_path):
-    from torus_train.data.packed import pack
+    from torus_train.data.packer import pack
 
     shards = pack(make_index_set(tmp_path / "d", n_train=48, n_val=6, size=24), tmp_path / "shards", shard_mb=0.02)
     a, b = tmp_path / "a", tmp_path / "b"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torus_train.data.packed import pack
+from torus_train.data.packer import pack
 from torus_train.ranks.bootstrap import free_port
 from torus_train.ranks.localrun import run_local_ranks
 

@@ -13,7 +13,7 @@ from torus_train.data.demo import generate, read_manifest
 from torus_train.data.index import build_index, load_index, resolve_data
 from torus_train.data.layouts import LAYOUTS
 from torus_train.data.packed import load_packed
-from torus_train.data.packed import pack as pack_set
+from torus_train.data.packer import pack as pack_set
 from torus_train.errors import UserError, check_output_folder
 from torus_train.job.launch import usable_cpus
 from torus_train.job.sources import CheckRequest, path_source
