@@ -11,7 +11,6 @@ interrupted half-way leaves only its temporary, whose name never looks like a fi
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Callable, Iterable
@@ -19,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torus_train.errors import UserError, shown_path
-from torus_train.userfiles import refuse_special, special_kind
+from torus_train.userfiles import read_json, refuse_special
+
+MAX_MARKER_BYTES = 64 << 20
+"""The largest marker file read to recognise a folder (a packed set's, listing its shards, is ~150 KB)."""
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,9 @@ class FolderKind:
     def read_marker(self, folder: Path) -> dict | None:
         """The marker's content when ``folder`` is a folder of this kind; None otherwise (also when the marker
         is a FIFO or a device: refused before opening, so nothing blocks)."""
-        path = folder / self.marker
-        if special_kind(path):
-            return None
-        try:
-            meta = json.loads(path.read_text())
-        except (OSError, ValueError, RecursionError):
+        try:  # through the door: a FIFO or a device is refused unopened, a huge file unread
+            meta = read_json(folder / self.marker, self.name, MAX_MARKER_BYTES)
+        except UserError:
             return None
         return meta if isinstance(meta, dict) and self.recognise(meta) else None
 

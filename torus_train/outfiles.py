@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from torus_train.errors import UserError, check_output_file, shown_path
-from torus_train.userfiles import file_type
+from torus_train.userfiles import file_type, read_bytes
 
 MARKER_FIELD = "written_by"
 """The field of a JSON output that names its writer."""
@@ -210,11 +210,7 @@ def _existing(path, writer: Writer, flag: str) -> bytes | None:
         _refuse(path, writer, flag, f"it is {file_type(st.st_mode)}")
     if st.st_size > MAX_RECOGNISED_BYTES:
         _refuse(path, writer, flag, "it is larger than any output of ours")
-    try:
-        with open(os.fspath(path), "rb") as f:
-            return f.read(MAX_RECOGNISED_BYTES + 1)
-    except OSError as e:
-        raise UserError(f"{flag} {shown_path(path)}: {e.strerror or e}") from None
+    return read_bytes(path, flag, MAX_RECOGNISED_BYTES)  # the door: checked again on the open descriptor
 
 
 def _refuse(path, writer: Writer, flag: str, why: str) -> None:

@@ -12,8 +12,8 @@ the flag or the part, and the file. No torch import.
 
 Beside them, the JSON readers' checks: a reader describes its format as a tuple of ``Field``s and calls
 ``check``; values come back converted (``int`` for counts, ``float`` for times), so no caller meets a string
-where a number belongs. tests/test_userfiles_door.py fails when code under torus_train/ opens a user's file
-any other way.
+where a number belongs. tests/test_floors.py fails when code under torus_train/ opens a file to read outside
+this module without a reason in scripts/dev/measure_structure.py's NOT_USER_FILES.
 """
 
 from __future__ import annotations
@@ -31,6 +31,16 @@ from torus_train.errors import UserError, shown_path
 MAX_READ_BYTES = 1 << 30
 """The most a whole-file read takes when its caller names no smaller cap (a run's metrics.jsonl of a long job
 is megabytes; a file past this is no input of ours, and is not read into memory)."""
+
+
+class UserFileError(UserError):
+    """A user file the door refuses or cannot read: one line naming ``where`` and the file; ``why`` is what is
+    wrong with it without its name, for a caller that names the file itself."""
+
+    def __init__(self, where: str, path: str | os.PathLike, why: str):
+        self.why = why
+        sep = " " if why.startswith(("is ", "does ")) else ": "
+        super().__init__(f"{where}: {shown_path(path)}{sep}{why}")
 
 
 @dataclass(frozen=True)
@@ -84,13 +94,13 @@ def check_regular(path: str | os.PathLike, where: str) -> None:
     try:
         mode = p.stat().st_mode
     except FileNotFoundError:
-        raise UserError(f"{where}: {shown_path(p)} does not exist") from None
+        raise UserFileError(where, p, "does not exist") from None
     except (OSError, ValueError) as e:  # ValueError: a NUL in the name
-        raise UserError(f"{where}: {shown_path(p)}: {getattr(e, 'strerror', None) or e}") from None
+        raise UserFileError(where, p, str(getattr(e, "strerror", None) or e)) from None
     if stat.S_ISDIR(mode):
-        raise UserError(f"{where}: {shown_path(p)} is a folder, not a file")
+        raise UserFileError(where, p, "is a folder, not a file")
     if not stat.S_ISREG(mode):
-        raise UserError(f"{where}: {shown_path(p)} is {file_type(mode)}, not a regular file")
+        raise UserFileError(where, p, f"is {file_type(mode)}, not a regular file")
 
 
 def open_regular(path: str | os.PathLike, where: str) -> BinaryIO:
@@ -106,11 +116,11 @@ def open_fd(path: str | os.PathLike, where: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError) as e:
-        raise UserError(f"{where}: {shown_path(path)}: {getattr(e, 'strerror', None) or e}") from None
+        raise UserFileError(where, path, str(getattr(e, "strerror", None) or e)) from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise UserError(f"{where}: {shown_path(path)} is {file_type(mode)}, not a regular file")
+            raise UserFileError(where, path, f"is {file_type(mode)}, not a regular file")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -125,9 +135,9 @@ def read_bytes(path: str | os.PathLike, where: str, limit: int = MAX_READ_BYTES)
         with open_regular(path, where) as f:
             data = f.read(limit + 1)
     except OSError as e:
-        raise UserError(f"{where}: {shown_path(path)}: {e.strerror or e}") from None
+        raise UserFileError(where, path, str(e.strerror or e)) from None
     if len(data) > limit:
-        raise UserError(f"{where}: {shown_path(path)} is larger than {limit:,} bytes, more than such a file holds")
+        raise UserFileError(where, path, f"is larger than {limit:,} bytes, more than such a file holds")
     return data
 
 
@@ -138,7 +148,7 @@ def read_text(path: str | os.PathLike, where: str, limit: int = MAX_READ_BYTES) 
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"{where}: {shown_path(path)}: byte {e.start} is not UTF-8 text") from None
+        raise UserFileError(where, path, f"byte {e.start} is not UTF-8 text") from None
 
 
 def read_json(path: str | os.PathLike, where: str, limit: int = MAX_READ_BYTES) -> Any:

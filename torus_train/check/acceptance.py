@@ -30,6 +30,7 @@ from torus_train.check.shrunk import ROOT, Shrunk
 from torus_train.errors import UserError, shown_path
 from torus_train.outfiles import write_json
 from torus_train.registry import Registry
+from torus_train.userfiles import read_json
 
 SCHEMA = 3
 """The JSON document's "gpu_check" field: its version."""
@@ -150,9 +151,9 @@ def claim_out(out: str | None, flag: str = "--out") -> Path:
 
 
 def ours(summary: Path) -> bool:
-    try:
-        doc = json.loads(summary.read_text())
-    except (OSError, ValueError):
+    try:  # through the door: OUT is the user's folder; a FIFO at summary.json is refused, not opened
+        doc = read_json(summary, "--out", 64 << 20)
+    except UserError:
         return False
     return WRITER.owns_json(doc) and doc.get("gpu_check") == SCHEMA
 

@@ -27,6 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from torus_train.data.index import IMAGE_EXTENSIONS, DataError, Split, list_split  # noqa: F401  (re-exported)
+from torus_train.userfiles import UserFileError, read_bytes
+
+MAX_IMAGE_BYTES = 256 << 20
+"""The largest image file read (ImageNet's largest is about 15 MB): a file past it is refused unread."""
 
 KINDS = {
     "empty": "0 bytes",
@@ -209,11 +213,10 @@ def decode_problem(data: bytes | np.ndarray) -> Problem | None:
 
 def file_problem(path: str, decode: bool = False) -> Problem | None:
     """The file at ``path`` read and checked: the cheap check, or with ``decode`` the full one."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        return Problem("unreadable", f"cannot read ({e.strerror or e})")
+    try:  # through the door: a FIFO or a device put among the images since they were listed is not opened
+        data = read_bytes(path, "--data", MAX_IMAGE_BYTES)
+    except UserFileError as e:
+        return Problem("unreadable", f"cannot read ({e.why})")
     return decode_problem(data) if decode else content_problem(data)
 
 

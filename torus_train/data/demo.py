@@ -29,6 +29,7 @@ from torus_train.data import folder
 from torus_train.data.base import LoaderRequest
 from torus_train.data.index import ensure_index
 from torus_train.errors import UserError
+from torus_train.userfiles import read_json
 
 VERSION = 4
 CLASSES = ("disk", "ring", "triangle", "square", "bar", "star", "cross", "crescent", "frame", "ell")
@@ -228,10 +229,11 @@ def generate(
 
 def read_manifest(path: str | os.PathLike) -> dict | None:
     """The manifest of a finished demo set at ``path``, or None."""
-    try:
-        return json.loads((Path(path) / "demo.json").read_text())
-    except (OSError, ValueError):
+    try:  # through the door: a FIFO put at demo.json is refused unopened, and reads as no manifest
+        manifest = read_json(Path(path) / "demo.json", "demo set", 1 << 20)
+    except UserError:
         return None
+    return manifest if isinstance(manifest, dict) else None
 
 
 def ensure_demo_dataset(

@@ -36,6 +36,7 @@ from torus_train.data.packed import ARRAYS, MARKER, PACKED_KIND, Packed, is_pack
 from torus_train.errors import RunFailed, UserError, shown_path
 from torus_train.job.stagedir import stage_base
 from torus_train.outdir import write_folder
+from torus_train.userfiles import open_regular
 
 CHUNK = 8 << 20
 
@@ -80,7 +81,7 @@ def check_room(base: Path, needed: int) -> None:
 
 def _copy_checked(src: Path, dst: Path, sha256: str) -> None:
     h = hashlib.sha256()
-    with open(src, "rb") as fi, open(dst, "wb") as fo:
+    with open_regular(src, "a shard of the packed set") as fi, open(dst, "wb") as fo:
         while True:
             b = fi.read(CHUNK)
             if not b:

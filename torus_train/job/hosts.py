@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torus_train.errors import UserError
+from torus_train.userfiles import read_bytes
+
+MAX_HOSTFILE_BYTES = 16 << 20
+"""The largest hostfile read: a node file of 2,176 slots is some 50 KB."""
 
 HOSTFILE_FORMAT = "one host per line as 'host slots=K' (OpenMPI) or one line per slot (PBS node file)"
 
@@ -65,10 +69,17 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
 
 def read_hostfile(path: str | Path, what: str = "hostfile") -> list[Host]:
     """Read and parse a hostfile or node file; a missing file is a HostsError naming it."""
-    p = Path(path)
-    if not p.is_file():
+    if not Path(path).exists():
         raise HostsError(f"{what} {path}: no such file")
-    return parse_hostfile(p.read_text(), str(path))
+    try:  # through the door: a FIFO or a device is refused by name, never opened to block
+        raw = read_bytes(path, what, MAX_HOSTFILE_BYTES)
+    except UserError as e:
+        raise HostsError(str(e)) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise HostsError(f"{what} {path}: not UTF-8 text (byte {e.start})") from None
+    return parse_hostfile(text, str(path))
 
 
 def _split_top(text: str) -> list[str]:

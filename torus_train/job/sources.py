@@ -18,7 +18,6 @@ docs/extending.md ("Adding a data source") walks through adding an entry.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from torus_train.errors import UserError
 from torus_train.outdir import FolderKind
 from torus_train.registry import Registry, load
-from torus_train.userfiles import special_kind
+from torus_train.userfiles import read_json
 
 if TYPE_CHECKING:
     from torus_train.job.sections import JobSpec
@@ -47,6 +46,8 @@ PACKED_KIND = FolderKind(
 )
 """How a packed set (data/packed.py) is recognised: its packed.json says our format (the rest is checked when it is
 opened, so a damaged one is named, not taken for a folder), and lists its shards."""
+MAX_META_BYTES = 64 << 20
+"""The largest meta.json or packed.json read (ImageNet's packed.json, listing ~600 shards, is ~150 KB)."""
 INDEX_DIR = ".torus-train-index"
 """A data folder's index, at its default place inside the folder (data/index.py)."""
 
@@ -192,11 +193,9 @@ def _demo_images(spec: JobSpec) -> tuple[int | None, str]:
 def _meta_count(path: Path) -> int | None:
     """splits.train.count of an index's meta.json or a packed set's packed.json; None when it does not read
     (a FIFO or a device is not opened: the launcher's check names it)."""
-    if special_kind(path):
-        return None
     try:
-        count = json.loads(path.read_text())["splits"]["train"]["count"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        count = read_json(path, "data.source", MAX_META_BYTES)["splits"]["train"]["count"]
+    except (UserError, KeyError, TypeError):
         return None
     return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
 

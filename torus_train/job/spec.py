@@ -33,6 +33,7 @@ from torus_train.job.schedule import ScheduleError
 from torus_train.job.sections import JobSpec
 from torus_train.job.sources import DECODERS, choices_text
 from torus_train.job.topology import MAX_WORLD, parse_grid
+from torus_train.userfiles import read_bytes
 
 
 class SpecError(UserError):
@@ -317,13 +318,15 @@ def read_spec_table(path: str | Path | None) -> dict[str, Any]:
             raise SpecError(f"{source}: the file name contains a NUL character")
         p = Path(path)
         try:
-            if not p.is_file():
+            if not p.exists():
                 raise SpecError(f"{source}: no such file")
             if p.stat().st_size > MAX_SPEC_BYTES:
                 raise SpecError(f"{source}: {p.stat().st_size:,} bytes; a job spec is at most {MAX_SPEC_BYTES:,}")
-            text = p.read_bytes().decode("utf-8")
+            text = read_bytes(p, source, MAX_SPEC_BYTES).decode("utf-8")  # the door: refuses a FIFO, a device
         except UnicodeDecodeError as e:
             raise SpecError(f"{source}: not UTF-8 text (byte {e.start})") from None
+        except UserError as e:
+            raise SpecError(str(e)) from None
         except OSError as e:
             raise SpecError(f"{source}: {e.strerror or e}") from None
     try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torus_train.data.checks import MAX_IMAGE_BYTES
 from torus_train.data.index import IMAGE_EXTENSIONS, DataError
 from torus_train.userfiles import read_bytes
 
@@ -25,8 +26,6 @@ PROGRESS_SECONDS = 5.0
 """How often a long listing says how far it got."""
 WHERE = "--data"
 """How a file of the data set is named in the door's messages: the flag that named the set."""
-MAX_IMAGE_BYTES = 256 << 20
-"""The largest image a pack reads (ImageNet's largest is about 15 MB): a file past it is refused unread."""
 MAX_TEXT_BYTES = 64 << 20
 """The largest label or name file a layout reads (LOC_val_solution.csv, the largest, is about 5 MB)."""
 
