@@ -162,15 +162,9 @@ def bench_input(
     rows, skipped = variants(kinds, device)
     for line in skipped:
         click.echo(line, err=True)
-    per_round: dict[tuple[str, str], list[dict]] = {v: [] for v in rows}
-    for r in range(rounds):
-        for v in rows if r % 2 == 0 else rows[::-1]:
-            m = _measure(*v, root, split, batch_size, image_size, threads, warmup, batches, device, channels_last)
-            per_round[v].append(m)
-            click.echo(
-                f"  round {r + 1}/{rounds}: {label(m['loader'], m['decoder']):<19} {m['images_per_s']:8.1f} img/s",
-                err=True,
-            )
+    per_round = _rounds(
+        rows, rounds, (root, split, batch_size, image_size, threads, warmup, batches, device, channels_last)
+    )
     results = [summarize(per_round[v]) for v in rows]
     base_row = next((v for v in rows if v == ("torchvision", "cpu")), None)
     base = summarize(per_round[base_row])["images_per_s"] if base_row else None
@@ -196,6 +190,21 @@ def bench_input(
         }
         write_json(json_path, doc, WRITER)
         click.echo(f"wrote {json_path}", err=True)
+
+
+def _rounds(rows: list[tuple[str, str]], rounds: int, args: tuple) -> dict[tuple[str, str], list[dict]]:
+    """Each variant's measurement per round (``_measure(*variant, *args)``), the variants in alternating order
+    round by round, so that every one sees the same drift in the machine's load; a line per measurement."""
+    per_round: dict[tuple[str, str], list[dict]] = {v: [] for v in rows}
+    for r in range(rounds):
+        for v in rows if r % 2 == 0 else rows[::-1]:
+            m = _measure(*v, *args)
+            per_round[v].append(m)
+            click.echo(
+                f"  round {r + 1}/{rounds}: {label(m['loader'], m['decoder']):<19} {m['images_per_s']:8.1f} img/s",
+                err=True,
+            )
+    return per_round
 
 
 def _loader_names(loaders: str) -> list[str]:

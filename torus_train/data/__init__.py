@@ -54,18 +54,11 @@ def make_loader(
     folder or a packed set, told apart by the data sources' table; or ``kind`` names a data source that takes
     no path (synthetic, demo) and ``root`` is None.
 
-    ``kind``: dali | torchvision | auto (the file pipeline), or such a source's name. ``batch_size`` is the
-    PER-RANK batch; ``rank`` the GLOBAL rank. ``num_classes``: for files, None or the expected count (an error
-    if the set has another); for synthetic data, the label range. ``index``: the folder's file index
-    (data/index.py), opened as it is; None = its default place, built there when missing. ``verify`` checks
-    every JPEG's markers before the first step (a full pass over the files: for tools, never for ranks).
-    ``dtype``: the images' dtype (float32, float16, bfloat16), the model's autocast dtype on GPUs, so that no
-    full-size float32 batch is made and cast. ``on_corrupt``: an image that does not decode is a DataError
-    naming it (fail) or is replaced by the next readable file (skip); ``corrupt``: the base.CorruptLog that
-    counts the skipped files (kept across the loaders of a run; a new one when None), also
-    ``loader.corrupt``. ``io_workers``: reader threads; ``prefetch``: batches prepared ahead;
-    ``shuffle_buffer``: a packed set's in-buffer shuffle (data/packed.py). ``decoder``: where the torchvision
-    pipeline decodes (auto, cpu, gpu: job/sources.py's DECODERS).
+    ``kind``: dali | torchvision | auto (the file pipeline), or such a source's name. The other arguments are
+    the fields of base.LoaderConfig (``batch_size`` PER-RANK, ``rank`` GLOBAL; checked by ``loader_config``) and
+    of base.LoaderRequest, each documented there; here the index is built at its default place when missing,
+    ``verify`` (a full pass over the files before the first step) is on, and ``corrupt`` is also
+    ``loader.corrupt`` (a new base.CorruptLog when None).
     """
     import torch
 

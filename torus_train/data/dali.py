@@ -78,13 +78,8 @@ def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
     gpu = device_id is not None
     decoder_device = "mixed" if gpu else "cpu"
     op_device = "gpu" if gpu else "cpu"
-    layout = "HWC" if cfg.channels_last else "CHW"
-    mean = [m * 255 for m in MEAN]
-    std = [s * 255 for s in STD]
     size = cfg.image_size
-    # DALI has no bfloat16: bf16 models get float16 (its 10-bit mantissa holds every bf16 value of a normalized
-    # pixel) and the loader casts on the device, a half-size copy instead of a full float32 one.
-    out_type = types.DALIDataType.FLOAT if cfg.dtype == "float32" else types.DALIDataType.FLOAT16
+    normalize = _normalize(cfg, types)
 
     @pipeline_def
     def pipe():
@@ -106,20 +101,12 @@ def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
                 img, device=op_device, resize_x=size, resize_y=size, interp_type=types.INTERP_LINEAR, antialias=False
             )
             img = fn.crop_mirror_normalize(
-                img,
-                device=op_device,
-                dtype=out_type,
-                output_layout=layout,
-                mean=mean,
-                std=std,
-                mirror=fn.random.coin_flip(probability=0.5),
+                img, device=op_device, mirror=fn.random.coin_flip(probability=0.5), **normalize
             )
         else:
             img = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB)
             img = fn.resize(img, device=op_device, resize_shorter=val_resize(size), antialias=True)
-            img = fn.crop_mirror_normalize(
-                img, device=op_device, dtype=out_type, output_layout=layout, crop=(size, size), mean=mean, std=std
-            )
+            img = fn.crop_mirror_normalize(img, device=op_device, crop=(size, size), **normalize)
         return img, lab
 
     p = pipe(
@@ -131,6 +118,19 @@ def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
     )
     p.build()
     return p
+
+
+def _normalize(cfg: LoaderConfig, types) -> dict:
+    """crop_mirror_normalize's arguments that both splits share: ImageNet's mean and std on 0..255 pixels, the
+    layout and the output dtype."""
+    return {
+        "mean": [m * 255 for m in MEAN],
+        "std": [s * 255 for s in STD],
+        "output_layout": "HWC" if cfg.channels_last else "CHW",
+        # DALI has no bfloat16: bf16 models get float16 (its 10-bit mantissa holds every bf16 value of a
+        # normalized pixel) and the loader casts on the device, a half-size copy instead of a full float32 one.
+        "dtype": types.DALIDataType.FLOAT if cfg.dtype == "float32" else types.DALIDataType.FLOAT16,
+    }
 
 
 def _decode_problem(data: np.ndarray | None) -> str | None:
