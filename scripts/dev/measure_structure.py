@@ -11,7 +11,9 @@ Prints, from the source alone (nothing is imported):
   over MAX_FUNCTION_LINES;
 - for every algorithm, launcher and data-source name: the modules of torus_train that spell it as a string
   literal (the registry's own module is where it belongs);
-- the files a contributor touches for each worked example of docs/extending.md ("Files touched:" lines).
+- the files a contributor touches for each worked example of docs/extending.md ("Files touched:" lines);
+- every call that opens a file to read it outside the door (torus_train/userfiles.py), and which of them
+  NOT_USER_FILES does not name with its reason.
 """
 
 from __future__ import annotations
@@ -102,6 +104,48 @@ NAMES = {
     "algorithm": ("flat", "torus", "hierarchical", "torus-sync", "ddp"),
     "launcher": ("local", "mpirun", "srun"),
     "data source": ("synthetic", "demo", "folder", "packed"),
+}
+
+
+# The door: the one module that opens the files a user names (it refuses special files by name and caps reads).
+DOOR = ("userfiles",)
+
+# Calls outside the door that open a file to read it, by "module:function": each opens a file no user names (the
+# reason beside it), so it needs no door. Everything else that opens a file to read goes through the door.
+NOT_USER_FILES = {
+    "check.accept_loop:deterministic_run": "summary.json of the run this check started in its own folder",
+    "check.accept_production:production": "summary.json and metrics.jsonl of the run this check started",
+    "check.acceptance:merged": "parts/NAME.json, written by the part this check started",
+    "check.acceptance:run_part": "the result file of the part this check started",
+    "check.environment:driver_version": "/proc/driver/nvidia/version, the kernel's",
+    "comm.groups:_host_id": "/proc/sys/kernel/random/boot_id, the kernel's",
+    "comm.mpi.native:_load": "the package's own C source",
+    "comm.shm:ShmRow.__init__": "the wake-up FIFO this job's row made in /dev/shm (opened without blocking)",
+    "comm.shm:ShmRow._open_existing": "the shared-memory row this job made in /dev/shm",
+    "comm.shm:ShmRow.connect": "the peers' wake-up FIFOs this job made in /dev/shm (opened without blocking)",
+    "data.index:load_arrays": "an index's arrays, memory-mapped by name (numpy cannot map an open file); "
+    "refuse_special refuses a FIFO or a device first",
+    "job.launch:usable_cpus": "the cgroup's CPU quota files under /sys/fs/cgroup, the kernel's",
+    "job.launchers.rendezvous:ephemeral_range": "/proc/sys/net/ipv4/ip_local_port_range, the kernel's",
+    "job.spec:read_spec_table": "the embedded default spec, the package's own (a user's --spec goes through the door)",
+    "plan.calibrate:machine_llc_bytes": "/sys/devices/system/cpu/cpu0/cache, the kernel's",
+    "plan.rehearse:_run_rank": "the log and trace of a rehearsal rank this command started",
+    "plan.rehearse.rank:_delivered.wrapped": "the checkpoint the rehearsal chose for its ranks",
+    "plan.rehearse.rank:main": "the job file the rehearsal wrote for its ranks",
+    "plan.rehearse.rank:rehearse_rank": "the pickled oracle rank 0 of this rehearsal wrote",
+    "ranks.diagnosis:failure_kind": "the failure record a rank of this run wrote",
+    "ranks.diagnosis:failure_message": "the failure record a rank of this run wrote",
+    "ranks.diagnosis:process_state": "/proc/PID/stat of a rank this launcher started",
+    "ranks.diagnosis:tail": "a rank's log, written by the rank into the run's logs/",
+    "ranks.heartbeat:read_beats": "a rank's heartbeat file of this run",
+    "ranks.rundir:read_summary": "summary.json the ranks of this run wrote",
+    "ranks.rundir:resume_epoch": "the checkpoint manifest this run wrote",
+    "ranks.worker:read_job": "job.json the launcher wrote for its ranks",
+    "train.checkpoint:_fsync_dir": "a folder opened to fsync it, not read",
+    "train.checkpoint:_sha256": "a checkpoint this run wrote (its manifest holds the hash it is checked against)",
+    "train.checkpoint:read_manifest": "a checkpoint manifest this run wrote",
+    "train.checkpoint:read_verified": "a checkpoint this run wrote, checked against its manifest's hash",
+    "train.report:truncate_metrics": "metrics.jsonl this run wrote, cut back on resume",
 }
 
 
@@ -229,6 +273,89 @@ def _circle_text(comp: list[Path], edges: dict[Path, set[Path]]) -> str:
     return " <-> ".join(str(p.relative_to(ROOT)) for p in comp)
 
 
+def _is_bytesio(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "BytesIO"
+
+
+def _read_mode(call: ast.Call, at: int) -> bool:
+    """Whether an open() call opens to read: its mode (positional ``at`` or mode=) absent or without w, a, x, +."""
+    mode = call.args[at] if len(call.args) > at else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    if mode is None:
+        return True
+    return not (isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax+"))
+
+
+def reads_a_file(call: ast.Call) -> bool:
+    """Whether ``call`` opens a file by name to read it: open() and Path.open() to read, os.open() without
+    O_WRONLY or O_CREAT, Path.read_bytes()/read_text(), tarfile.open() of a name, numpy.load(), scipy's loadmat()
+    and PIL's Image.open() of anything but an in-memory buffer."""
+    f = call.func
+    if isinstance(f, ast.Name):
+        if f.id == "open":
+            return _read_mode(call, 1)
+        return f.id == "loadmat" and not (call.args and _is_bytesio(call.args[0]))
+    if not isinstance(f, ast.Attribute):
+        return False
+    owner = ast.unparse(f.value)
+    if f.attr in ("read_bytes", "read_text"):
+        return owner != "userfiles"
+    if f.attr == "load":
+        return owner in ("np", "numpy")
+    if f.attr != "open":
+        return False
+    if owner == "os":
+        flags = ast.unparse(call.args[1]) if len(call.args) > 1 else ""
+        return "O_WRONLY" not in flags and "O_CREAT" not in flags
+    if owner == "tarfile":
+        return bool(call.args) or any(k.arg == "name" for k in call.keywords)
+    if owner == "Image":
+        return not (call.args and _is_bytesio(call.args[0]))
+    if owner in ("io", "builtins"):
+        return _read_mode(call, 1)
+    # Path.open([mode]): no argument, or a mode string first (another class's open takes other arguments)
+    first = call.args[0] if call.args else None
+    return (first is None or (isinstance(first, ast.Constant) and isinstance(first.value, str))) and _read_mode(call, 0)
+
+
+def file_reads(trees: dict[Path, ast.AST]) -> dict[str, list[str]]:
+    """ "module:function" -> the calls in it that open a file to read (reads_a_file), outside the door."""
+    found: dict[str, list[str]] = {}
+    for path, tree in trees.items():
+        name = module_name(path)
+        if name in DOOR:
+            continue
+        for qual, node in [("<module>", tree), *_functions(tree, "")]:
+            for call in _calls(node.body):
+                if reads_a_file(call):
+                    found.setdefault(f"{name}:{qual}", []).append(f"{call.lineno}: {ast.unparse(call)[:80]}")
+    return found
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _calls(body: list[ast.stmt]):
+    """The calls in ``body`` that are not inside a nested function or class (those are scopes of their own)."""
+    stack: list[ast.AST] = [n for n in body if not isinstance(n, _SCOPES)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Call):
+            yield node
+        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, _SCOPES))
+
+
+def door_bypasses(trees: dict[Path, ast.AST]) -> dict:
+    """The reads outside the door that NOT_USER_FILES does not name, and its entries that name no read (stale:
+    the function is gone or no longer opens a file; an entry of a module that is gone is dropped silently)."""
+    found = file_reads(trees)
+    names = {module_name(p) for p in trees}
+    return {
+        "reads": found,
+        "unnamed": {k: v for k, v in sorted(found.items()) if k not in NOT_USER_FILES},
+        "stale": sorted(k for k in NOT_USER_FILES if k.split(":")[0] in names and k not in found),
+    }
+
+
 def module_name(path: Path) -> str:
     return ".".join(path.relative_to(PKG).with_suffix("").parts).removesuffix(".__init__")
 
@@ -354,6 +481,7 @@ def measure() -> dict:
         "name_spellings": spell,
         "modules_spelling_names": sorted({m for ms in spell.values() for m in ms}),
         "files_touched": files_touched(),
+        "door": door_bypasses(trees),
     }
 
 
@@ -388,6 +516,15 @@ def main() -> int:
     print(f"modules spelling a registry's name: {len(m['modules_spelling_names'])}")
     for key, where in m["name_spellings"].items():
         print(f"  {key:24} {len(where):2}  {', '.join(where)}")
+    door = m["door"]
+    print(
+        f"reads outside the door (userfiles.py): {sum(map(len, door['reads'].values()))} in "
+        f"{len(door['reads'])} functions, {len(door['unnamed'])} of them not in NOT_USER_FILES"
+    )
+    for key, calls in door["unnamed"].items():
+        print(f"  {key}: {'; '.join(calls)}")
+    for key in door["stale"]:
+        print(f"  stale NOT_USER_FILES entry: {key}")
     for section, files in m["files_touched"].items():
         print(f"files touched, {section}: {len(files)} ({', '.join(files)})")
     if args.json:
