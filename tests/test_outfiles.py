@@ -163,3 +163,57 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
 def test_two_flags_naming_one_file_are_refused():
     check_distinct({"--json": "a.json", "--png": "a.png", "--plot": None})
     refused(check_distinct, {"--json": "x.png", "--png": "./x.png"}, match="--json and --png name the same file")
+
+
+def _commands():
+    """(the command as typed, the click command) of every command and subcommand of the CLI."""
+    from torus_train.cli import COMMANDS
+    from torus_train.registry import load
+
+    def walk(cmd, path):
+        yield path, cmd
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            yield from walk(sub, f"{path} {name}")
+
+    for name in COMMANDS.names():
+        yield from walk(load(COMMANDS.get(name)[0]), name)
+
+
+OUTPUT_OPTIONS = {"--json", "--plot", "--png", "--out", "--keep"}
+"""The options that name a path a command writes (and `data index --index`, the index it writes)."""
+
+
+def _output_options() -> list[tuple[str, str, object]]:
+    import click
+
+    found = []
+    for path, cmd in _commands():
+        for p in cmd.params:
+            outputs = set(p.opts) & (OUTPUT_OPTIONS | ({"--index"} if path == "data index" else set()))
+            if isinstance(p, click.Option) and outputs:
+                found.append((path, sorted(outputs)[0], p.type))
+    return found
+
+
+def test_every_output_path_option_is_one_of_the_writer_types():
+    """Every option naming a path a command writes is commands/outputs.py's OutputFile or OutputFolder: the
+    writer rule is applied as it is parsed, the same for every command."""
+    from torus_train.commands.outputs import OutputFile, OutputFolder
+
+    found = _output_options()
+    assert len(found) >= 17, found
+    wrong = [(path, opt, type(t).__name__) for path, opt, t in found if not isinstance(t, (OutputFile, OutputFolder))]
+    assert wrong == []
+
+
+@pytest.mark.parametrize(("command", "option"), [(path, opt) for path, opt, _ in _output_options()])
+def test_an_empty_output_name_is_refused_in_one_line(tmp_path, monkeypatch, command, option):
+    """`--json ''` is not `--json` left out (check took it so): every output option refuses it, exit 2, and
+    nothing is written."""
+    from clihelp import assert_one_line_error, invoke, tree_digest
+
+    monkeypatch.chdir(tmp_path)
+    before = tree_digest(tmp_path)
+    code, _, err = invoke(*command.split(), option, "")
+    assert_one_line_error(code, err, f"{option}: empty ")
+    assert tree_digest(tmp_path) == before

@@ -10,12 +10,13 @@ import click
 
 from torus_train.bench import allreduce as B
 from torus_train.commands.bench_input import bench_input
+from torus_train.commands.outputs import OutputFile
 from torus_train.errors import UserError, check_number
 from torus_train.job import gpus
 from torus_train.job.algorithms import runnable
 from torus_train.job.launch import inside_launched_rank, launcher_here, plan_here, usable_cpus
 from torus_train.job.topology import Grid, parse_grid
-from torus_train.outfiles import check_distinct, check_json_output, check_plot_output
+from torus_train.outfiles import check_distinct
 from torus_train.ranks.bootstrap import free_port, rank_info
 from torus_train.ranks.diagnosis import rank_failure
 from torus_train.ranks.localrun import run_local_ranks
@@ -67,11 +68,11 @@ bench.add_command(bench_input, "input")
     default=None,
     help="Spawn this many local ranks (default: the grid's size, else 4). Ignored under mpirun/srun.",
 )
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write rows as JSON.")
+@click.option("--json", "json_path", type=OutputFile(B.WRITER), default=None, help="Write rows as JSON.")
 @click.option(
     "--plot",
     "plot_path",
-    type=click.Path(dir_okay=False),
+    type=OutputFile(B.WRITER, "plot"),
     default=None,
     help="Write a PNG of busbw against size (needs matplotlib).",
 )
@@ -105,10 +106,6 @@ def allreduce_cmd(
             "start more with mpirun or srun)"
         )
     check_number(timeout, "--timeout")
-    if json_path is not None:
-        check_json_output(json_path, B.WRITER)
-    if plot_path is not None:
-        check_plot_output(plot_path, B.WRITER, "--plot")
     check_distinct({"--json": json_path, "--plot": plot_path})
     cfg = B.BenchConfig(
         B.parse_size(minbytes, "-b"),
@@ -213,10 +210,10 @@ def _run_rank(cfg, grid, why, backend, backend_why, timeout, json_path, plot_pat
     if ratios:
         click.echo("")
         click.echo(ratios)
-    if json_path:
+    if json_path is not None:
         B.write_json(rows, json_path)
         click.echo(f"# wrote {len(rows)} rows to {json_path}")
-    if plot_path:
+    if plot_path is not None:
         B.plot(rows, plot_path, f"all-reduce busbw, {backend}, grid {grid}")
         click.echo(f"# wrote {plot_path}")
     bad = sum(r.wrong for r in rows)

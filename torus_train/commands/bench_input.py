@@ -10,11 +10,12 @@ import time
 
 import click
 
+from torus_train.commands.outputs import OutputFile
 from torus_train.data import make_loader
 from torus_train.data.checks import scan
 from torus_train.errors import UserError
 from torus_train.job.sources import DECODERS
-from torus_train.outfiles import Writer, check_json_output, write_json
+from torus_train.outfiles import Writer, write_json
 
 WRITER = Writer("bench input")
 
@@ -131,7 +132,7 @@ def _measure(
     help="cpu, or cuda / cuda:N (DALI then decodes on the GPU, and torchvision is measured with each decoder).",
 )
 @click.option("--channels-last/--no-channels-last", default=False, show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results here.")
+@click.option("--json", "json_path", type=OutputFile(WRITER), help="Write the results here.")
 def bench_input(
     root, split, batch_size, image_size, threads, warmup, batches, rounds, loaders, device, channels_last, json_path
 ):
@@ -148,8 +149,6 @@ def bench_input(
         raise UserError("--batches, --rounds, --batch-size and --image-size must be positive, --warmup >= 0")
     if threads < 0:
         raise UserError(f"--threads: {threads} must be >= 0")
-    if json_path is not None:
-        check_json_output(json_path, WRITER)
     check_device(device)
     threads = threads or os.cpu_count() or 1
     s = scan(root, split)  # fail early, naming the path, before any pipeline starts
@@ -173,7 +172,7 @@ def bench_input(
     click.echo(format_table(results))
     if base and base_row:
         _echo_ratios(rows, results, per_round, base_row, base)
-    if json_path:
+    if json_path is not None:
         doc = {
             "data": str(s.root),
             "images_in_split": len(s),

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import click
 
+from torus_train.commands.outputs import OutputFolder
 from torus_train.data.demo import generate, read_manifest
-from torus_train.data.index import build_index, load_index, resolve_data
+from torus_train.data.index import INDEX_KIND, build_index, load_index, resolve_data
 from torus_train.data.layouts import LAYOUTS
 from torus_train.data.packed import load_packed
 from torus_train.data.packer import pack as pack_set
 from torus_train.errors import UserError, check_output_folder
 from torus_train.job.launch import usable_cpus
-from torus_train.job.sources import CheckRequest, path_source
+from torus_train.job.sources import PACKED_KIND, CheckRequest, path_source
 
 
 @click.group()
@@ -29,7 +30,7 @@ def data() -> None:
     "--out",
     "out",
     required=True,
-    type=click.Path(file_okay=False),
+    type=OutputFolder(),
     help="Folder to create (ImageNet layout: train/CLASS/*.JPEG, val/CLASS/*.JPEG).",
 )
 @click.option("--seed", default=0, show_default=True, help="Every image is a function of the seed and its index.")
@@ -97,7 +98,7 @@ INDEX_HELP = "Index folder (default: DATA/.torus-train-index, or the cache where
 
 @data.command("index")
 @click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder.")
-@click.option("--index", "location", default=None, type=click.Path(), help=INDEX_HELP)
+@click.option("--index", "location", default=None, type=OutputFolder(INDEX_KIND), help=INDEX_HELP)
 def index(root: str, location: str | None) -> None:
     """Scan a data folder once and write its file index, which every rank of a run reads instead of the folder."""
     dest = build_index(root, location, log=lambda m: click.echo(m, err=True))
@@ -151,7 +152,7 @@ PACK_DATA_HELP = (
     "--out",
     "out",
     required=True,
-    type=click.Path(),
+    type=OutputFolder(PACKED_KIND),
     help="New folder for the packed set (or an older packed set to replace).",
 )
 @click.option("--shard-mb", default=256.0, show_default=True, type=float, help="Target size of a tar shard in MB.")

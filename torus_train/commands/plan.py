@@ -10,9 +10,10 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
+from torus_train.commands.outputs import OutputFile
 from torus_train.commands.rehearse import rehearse_command
 from torus_train.errors import UserError
-from torus_train.outfiles import Writer, check_distinct, check_json_output, write_json
+from torus_train.outfiles import Writer, check_distinct, write_json
 from torus_train.plan.calibrate_report import CalibrateRequest, calibrate_report
 from torus_train.plan.plots import WRITER
 from torus_train.plan.predict import PlanRequest, predict
@@ -40,29 +41,19 @@ class PlanGroup(click.Group):
             ) from None
 
 
-def _json_option(f):
-    return click.option(
-        "--json",
-        "json_path",
-        type=click.Path(dir_okay=False),
-        default=None,
-        metavar="FILE",
-        help="Write the result as JSON.",
-    )(f)
-
-
 CALIBRATE_WRITER = Writer("plan calibrate")
 """Each plan command's --json (and the main plan's pictures, plots.WRITER) replaces only its own earlier output."""
 
 
-def _check_json(path: str | None, writer: Writer) -> None:
-    """Before any work: the --json file can be written (absent, or an earlier output of the same command)."""
-    if path is not None:
-        check_json_output(path, writer)
+def _json_option(writer: Writer):
+    """--json FILE of a plan command: refused as parsed unless free or ``writer``'s own earlier output."""
+    return click.option(
+        "--json", "json_path", type=OutputFile(writer), default=None, metavar="FILE", help="Write the result as JSON."
+    )
 
 
 def _write_json(path: str | None, doc: dict, writer: Writer) -> None:
-    if path:
+    if path is not None:
         write_json(path, doc, writer)
         click.echo(f"# wrote {path}")
 
@@ -144,17 +135,17 @@ def _write_json(path: str | None, doc: dict, writer: Writer) -> None:
     is_flag=True,
     help="Build every row and column process group of the grid on torch's one-process fake backend.",
 )
-@_json_option
+@_json_option(WRITER)
 @click.option(
     "--plot",
-    type=click.Path(dir_okay=False),
+    type=OutputFile(WRITER, "plot"),
     default=None,
     metavar="FILE.png",
     help="PNG of predicted all-reduce time against GPU count (64..4096) per algorithm.",
 )
 @click.option(
     "--png",
-    type=click.Path(dir_okay=False),
+    type=OutputFile(WRITER, "plot"),
     default=None,
     metavar="FILE.png",
     help="PNG of one step's bucket timeline: backward per bucket, each bucket's exchange per algorithm.",
@@ -174,7 +165,6 @@ def plan(ctx: click.Context, json_path, **options) -> None:
     if ctx.invoked_subcommand is not None:
         _no_plan_options(ctx)
         return
-    _check_json(json_path, WRITER)
     check_distinct({"--json": json_path, "--plot": options["plot"], "--png": options["png"]})
     _write_json(json_path, predict(PlanRequest(**options), click.echo), WRITER)
 
@@ -205,7 +195,7 @@ def _no_plan_options(ctx: click.Context) -> None:
     metavar="OTHER.json",
     help="A bench file (or comma-separated files) of another grid: its measured busbw beside the predicted one.",
 )
-@_json_option
+@_json_option(CALIBRATE_WRITER)
 def calibrate(json_path, **options) -> None:
     """Fit this machine's alpha and beta from `bench allreduce --json` rows (several comma-separated files: the
     median time per point), then predict --grid or hold --compare against the fit.
@@ -215,7 +205,6 @@ def calibrate(json_path, **options) -> None:
       torus-train plan calibrate bench_2x2.json --grid 2x4
       torus-train plan calibrate bench_2x2.json --compare bench_2x4.json
     """
-    _check_json(json_path, CALIBRATE_WRITER)
     _write_json(json_path, calibrate_report(CalibrateRequest(**options), click.echo), CALIBRATE_WRITER)
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
+from torus_train.commands.outputs import OutputFile, OutputFolder
 from torus_train.errors import RunFailed, UserError
 from torus_train.job.spec import load_spec, parse_override
-from torus_train.outfiles import Writer, check_json_output, write_json
+from torus_train.outfiles import Writer, write_json
 from torus_train.plan.rehearse import IMAGE_SIZE, RehearsalRequest, job_grid, parse_ranks, rehearse
 from torus_train.plan.rehearse.summary import report_text
 
@@ -44,7 +45,7 @@ DEFAULT_RANKS = "0,31,32,1087,2175"
 @click.option(
     "--keep",
     "keep",
-    type=click.Path(file_okay=False),
+    type=OutputFolder(),
     default=None,
     metavar="DIR",
     help="Keep the traces and logs in DIR (a new folder) [default: a temporary folder, removed].",
@@ -52,7 +53,7 @@ DEFAULT_RANKS = "0,31,32,1087,2175"
 @click.option(
     "--json",
     "json_path",
-    type=click.Path(dir_okay=False),
+    type=OutputFile(WRITER),
     default=None,
     metavar="FILE",
     help="Write the result as JSON.",
@@ -71,15 +72,13 @@ def rehearse_command(spec_path, ranks, sets, image_size, gpu_memory_gib, keep, j
     spec = load_spec(spec_path, [parse_override(s) for s in sets])
     grid = job_grid(spec)
     chosen = parse_ranks(ranks or ",".join(r for r in DEFAULT_RANKS.split(",") if int(r) < grid.size), grid.size)
-    if json_path is not None:
-        check_json_output(json_path, WRITER)
     if keep is not None and Path(keep).exists() and any(Path(keep).iterdir()):
         raise UserError(f"--keep {keep}: the folder is not empty; name a new one")
     with tempfile.TemporaryDirectory(prefix="torus-rehearse-") as tmp:
-        folder = Path(keep) if keep else Path(tmp)
+        folder = Path(keep) if keep is not None else Path(tmp)
         result = rehearse(RehearsalRequest(spec, chosen, folder, image_size, gpu_memory_gib=gpu_memory_gib), click.echo)
     click.echo(report_text(result))
-    if json_path:
+    if json_path is not None:
         write_json(json_path, result, WRITER)
         click.echo(f"# wrote {json_path}")
     if not result["ok"]:

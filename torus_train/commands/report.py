@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
+from torus_train.commands.outputs import OutputFile
 from torus_train.errors import UserError
-from torus_train.outfiles import check_distinct, check_json_output, check_plot_output
+from torus_train.outfiles import check_distinct, check_plot_output
 from torus_train.train import results
 
 
@@ -16,12 +17,18 @@ from torus_train.train import results
 @click.argument("outs", nargs=-1, required=True, metavar="OUT [OUT2 ...]")
 @click.option(
     "--png",
+    type=OutputFile(results.WRITER, "plot"),
     default=None,
     metavar="FILE",
     help="Write the plot here. Default: OUT/report.png for one run, report.png here for several.",
 )
 @click.option(
-    "--json", "json_path", default=None, metavar="FILE", help="Also write every figure read (checked) as JSON."
+    "--json",
+    "json_path",
+    type=OutputFile(results.WRITER),
+    default=None,
+    metavar="FILE",
+    help="Also write every figure read (checked) as JSON.",
 )
 @click.option("--no-png", is_flag=True, help="Write no PNG (with --json: the figures only; no matplotlib needed).")
 def report(outs, png, json_path, no_png) -> None:
@@ -36,14 +43,12 @@ def report(outs, png, json_path, no_png) -> None:
     torus-train report runs/default
     torus-train report runs/a runs/b --png compare.png --json compare.json
     """
-    if no_png and png:
+    if no_png and png is not None:
         raise UserError("--png and --no-png exclude each other")
-    if not no_png:
-        png = png or (str(Path(outs[0]) / "report.png") if len(outs) == 1 else "report.png")
+    if not no_png and png is None:  # the default place, checked as a given --png is when parsed
+        png = str(Path(outs[0]) / "report.png") if len(outs) == 1 else "report.png"
         _require_matplotlib()
         check_plot_output(png, results.WRITER, "--png")
-    if json_path is not None:
-        check_json_output(json_path, results.WRITER)
     check_distinct({"--png": png, "--json": json_path})
     runs, notes = results.report(list(outs), None if no_png else png, json_path)
     for run in runs:

@@ -6,6 +6,7 @@ import os
 
 import click
 
+from torus_train.commands.outputs import OutputFolder
 from torus_train.errors import UserError
 from torus_train.job import gpus
 from torus_train.job.gpus import BACKENDS
@@ -72,7 +73,7 @@ FLAG_FIELDS = {
 @click.option("--image-size", type=int, default=None, help="Training crop side (data.image_size).")
 @click.option("--steps", type=int, default=None, help="Stop after this many optimizer steps (schedule.steps).")
 @click.option("--epochs", type=int, default=None, help="Epochs to train (schedule.epochs).")
-@click.option("--out", default=None, help="Output folder (job.out). Default: runs/<job.name>.")
+@click.option("--out", type=OutputFolder(), default=None, help="Output folder (job.out). Default: runs/<job.name>.")
 @click.option(
     "--set",
     "sets",
