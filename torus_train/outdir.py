@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterable
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,15 +135,37 @@ def write_folder(target: Path, kind: FolderKind, flag: str, fill: Callable[[Path
     tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
     try:
-        tmp.mkdir(parents=True, exist_ok=False)
-        fill(tmp)
-        check_target(target, kind, flag)  # something may have appeared there while we wrote
-        _swap(tmp, target, old)
+        with _terminate_unwinds():
+            tmp.mkdir(parents=True, exist_ok=False)
+            fill(tmp)
+            check_target(target, kind, flag)  # something may have appeared there while we wrote
+            _swap(tmp, target, old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+@contextmanager
+def _terminate_unwinds() -> Iterator[None]:
+    """SIGTERM (a scheduler's time limit, `kill`) raised as SystemExit(143) while a folder is written, so the
+    temporary is removed as on any failure: Python's default for SIGTERM ends the process unwound, leaving it.
+    Only in the main thread and only where nothing else handles SIGTERM (a rank's own handler is kept)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not (
+        signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _swap(tmp: Path, target: Path, old: Path) -> None:
