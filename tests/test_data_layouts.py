@@ -1,4 +1,4 @@
-"""The layouts ImageNet ships in (data/layouts.py): `data pack` from image-net.org's archives (a tar of per-class
+"""The layouts ImageNet ships in (data/layouts/): `data pack` from image-net.org's archives (a tar of per-class
 tars, the validation tar and the devkit) and from Kaggle's layout gives the set packed from the same images in an
 ImageNet-layout folder, byte for byte; validation labels come from the ground truth; nothing is extracted (peak
 disk, every file the pack opens to write); a missing or malformed part is one line, exit 2; the class names reach

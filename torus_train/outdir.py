@@ -135,7 +135,7 @@ def write_folder(target: Path, kind: FolderKind, flag: str, fill: Callable[[Path
     tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
     try:
-        with _terminate_unwinds():
+        with terminate_unwinds():
             tmp.mkdir(parents=True, exist_ok=False)
             fill(tmp)
             check_target(target, kind, flag)  # something may have appeared there while we wrote
@@ -148,7 +148,7 @@ def write_folder(target: Path, kind: FolderKind, flag: str, fill: Callable[[Path
 
 
 @contextmanager
-def _terminate_unwinds() -> Iterator[None]:
+def terminate_unwinds() -> Iterator[None]:
     """SIGTERM (a scheduler's time limit, `kill`) raised as SystemExit(143) while a folder is written, so the
     temporary is removed as on any failure: Python's default for SIGTERM ends the process unwound, leaving it.
     Only in the main thread and only where nothing else handles SIGTERM (a rank's own handler is kept)."""

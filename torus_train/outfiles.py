@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from torus_train.errors import UserError, check_output_file, shown_path
+from torus_train.outdir import terminate_unwinds
 from torus_train.userfiles import file_type, read_bytes
 
 MARKER_FIELD = "written_by"
@@ -189,9 +190,10 @@ def _replace(path, writer: Writer, fill: Callable[[str], object], recheck: Calla
     # beside the target (one file system: the rename is atomic); a short name, whatever the target's length
     tmp = target.with_name(f".{writer.marker.replace(' ', '-')}.partial-{os.getpid()}")
     try:
-        fill(str(tmp))
-        recheck()
-        os.replace(tmp, target)
+        with terminate_unwinds():  # a SIGTERM while writing removes the temporary too
+            fill(str(tmp))
+            recheck()
+            os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -194,7 +194,7 @@ def pack(
     log=None,
     flag: str = "--out",
 ) -> Path:
-    """Pack the data set at ``data_root`` (in any of the layouts of data/layouts.py) into ``out`` (written beside
+    """Pack the data set at ``data_root`` (in any of the layouts of data/layouts/) into ``out`` (written beside
     it and renamed in: a pack interrupted half-way leaves no folder that looks like a packed set); the packed
     set's folder."""
     check_shard_mb(shard_mb)
