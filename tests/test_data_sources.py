@@ -44,6 +44,10 @@ def test_source_of_names_and_paths(tmp_path):
     # a path source's name is not a value of data.source: "packed" is a folder called packed
     assert source_of("packed").name == "folder" and source_of("folder").name == "folder"
     assert choices_text() == "synthetic | demo | an ImageNet-layout folder | a packed set"
+    # the spec's default (job/sections.py, below the table) is a source that takes no path
+    from torus_train.job.sections import DEFAULT_SOURCE
+
+    assert source_of(DEFAULT_SOURCE).name == DEFAULT_SOURCE and not SOURCES.get(DEFAULT_SOURCE).takes_path
 
 
 def test_stage_and_missing_folder_are_asked_of_the_entry(tmp_path):
