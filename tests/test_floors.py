@@ -16,11 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # Being split in issue 45 (other branches): modules over 500 lines, or holding a function over 60. The lead empties
-# this set after merging those branches.
-BEING_SPLIT = {"torus_train/plan/search.py", "torus_train/plan/host.py", "torus_train/train/results.py"}
-# Being cut in issue 45 (other branches): files in an import circle (plan/nccl.py <-> plan/networks.py through
-# NcclHardware). Emptied after the merge.
-CIRCLES_BEING_CUT = {"torus_train/plan/nccl.py", "torus_train/plan/networks.py"}
+# this set after merging those branches (plan/search.py, plan/host.py and train/results.py were; none is left).
+BEING_SPLIT: set[str] = set()
+# Being cut in issue 45 (other branches): files in an import circle. Emptied after the merge (plan/nccl.py <->
+# plan/networks.py was cut; none is left).
+CIRCLES_BEING_CUT: set[str] = set()
 # Being routed through the door in issue 45 (other branches): a file a user names, still read another way
 # ("module:function"). Emptied after the merge.
 USER_FILES_BEING_ROUTED = {
