@@ -23,10 +23,7 @@ BEING_SPLIT: set[str] = set()
 CIRCLES_BEING_CUT: set[str] = set()
 # Being routed through the door in issue 45 (other branches): a file a user names, still read another way
 # ("module:function"). Emptied after the merge.
-USER_FILES_BEING_ROUTED = {
-    "plan.networks:_read_toml",  # plan --network FILE
-    "ranks.rundir:check_user_paths",  # run --hostfile FILE: a FIFO there blocks before the launcher's door
-}
+USER_FILES_BEING_ROUTED: set[str] = set()
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -57,3 +59,21 @@ def test_a_link_to_a_regular_file_is_followed_and_a_dangling_one_named(tmp_path)
     assert read_json(tmp_path / "l", "--x") == {}
     with pytest.raises(UserFileError, match="does not exist"):
         read_json(tmp_path / "d", "--x")
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (
+            ["run", "--dry-run", "--launcher", "mpirun", "--hostfile", "{fifo}"],
+            "--hostfile {fifo}: a FIFO, not a regular file",
+        ),
+        (["plan", "--gpus", "8", "--network", "{fifo}"], "--network: {fifo} is a FIFO, not a regular file"),
+    ],
+)
+def test_a_hostfile_or_network_file_that_is_a_fifo_is_refused_without_blocking(tmp_path, args, said):
+    fifo = tmp_path / "named.toml"
+    os.mkfifo(fifo)
+    cmd = [sys.executable, "-m", "torus_train", *(a.format(fifo=fifo) for a in args)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr == f"torus-train: error: {said.format(fifo=fifo)}\n", done.stderr

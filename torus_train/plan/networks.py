@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torus_train.errors import UserError
+from torus_train.userfiles import read_text
 
 
 class NetworkError(UserError):
@@ -247,9 +248,13 @@ def load_network(name_or_path: str) -> Network:
         raise NetworkError(
             f"--network: unknown network {name_or_path!r}; presets: {', '.join(PRESETS)}, or a path to a .toml file"
         )
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise NetworkError(f"--network: file {name_or_path} does not exist")
     return network_from_dict(_read_toml(path), where=f"{path}", default_name=path.stem)
+
+
+MAX_NETWORK_BYTES = 1 << 20
+"""A network description is a few hundred bytes; more is not one."""
 
 
 def _read_toml(path: Path) -> dict:
@@ -262,7 +267,7 @@ def _read_toml(path: Path) -> dict:
         except ModuleNotFoundError:
             raise NetworkError("reading a network TOML file needs Python 3.11 or `pip install tomli`") from None
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(read_text(path, "--network", MAX_NETWORK_BYTES))  # through the door: never a FIFO
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise NetworkError(f"{path}: not valid TOML: {e}") from None
 

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from torus_train.errors import RunFailed, UserError, check_output_folder, shown_path
+from torus_train.job.hosts import MAX_HOSTFILE_BYTES
 from torus_train.job.spec import JobSpec
 from torus_train.train.checkpoint import list_checkpoints
+from torus_train.userfiles import UserFileError, read_bytes
 
 RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "tensorboard")
 RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "report.png", "report.json"}
@@ -30,14 +32,14 @@ def check_user_paths(spec: JobSpec) -> None:
     check_not_foreign(spec.out_dir, flag)
     if spec.launch.hostfile:
         hf = spec.launch.hostfile
-        try:
-            Path(hf).read_bytes().decode("utf-8")
+        try:  # through the door: a FIFO named here would block the read for ever
+            raw = read_bytes(hf, "--hostfile", MAX_HOSTFILE_BYTES)
+            raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise UserError(f"--hostfile {shown_path(hf)}: not UTF-8 text (byte {e.start})") from None
-        except FileNotFoundError:
-            raise UserError(f"--hostfile {shown_path(hf)}: no such file") from None
-        except OSError as e:
-            raise UserError(f"--hostfile {shown_path(hf)}: {e.strerror or e}") from None
+        except UserFileError as e:
+            why = "no such file" if e.why == "does not exist" else e.why.removeprefix("is ")
+            raise UserError(f"--hostfile {shown_path(hf)}: {why}") from None
 
 
 def check_not_foreign(out: Path, flag: str) -> None:
