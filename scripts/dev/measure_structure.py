@@ -68,6 +68,7 @@ TORCH_SIDE = (
     "comm.algos",
     "comm.arith",
     "comm.buckets",
+    "comm.collectives",
     "comm.consensus",
     "comm.groups",
     "comm.hooks",

@@ -8,7 +8,7 @@ CHECK=future: the hook called directly on one bucket while rank 1 joins a second
 Future must still be pending when the hook returns, and complete with the average (a hook that returned a
 completed Future before the exchange, or completed it early, fails here).
 CHECK=layout: exchange_cuda, the NCCL path's chunk layout (X equal chunks, zero padding, compression,
-reduce_scatter_tensor / all_reduce / all_gather_into_tensor), called on CPU tensors over gloo, which has the
+reduce-scatter / all_reduce / all-gather), called on CPU tensors over gloo, which has the
 same three collectives: lengths that X divides and that it does not, with and without a wire dtype, against
 the exact mean of every rank's values.
 """

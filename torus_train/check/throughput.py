@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch.distributed as dist
 
 from torus_train.check.parts import Context
 from torus_train.check.smallrun import loop_run, small_spec
+from torus_train.comm import collectives
 from torus_train.train.build import build_model
 from torus_train.verdict import Verdict
 
@@ -105,22 +105,20 @@ def bare_img_s(boot, batch: int, s: Setting, graphed: bool) -> float:
         for b, flat in zip(buckets, flats, strict=True):
             torch.cat([p.grad.reshape(-1) for p in b], out=flat)
             piece = torch.empty_like(flat)  # a world of one: the row's piece is the whole bucket
-            dist.reduce_scatter_tensor(piece, flat)
+            collectives.reduce_scatter(piece, flat)
             dist.all_reduce(piece)
-            dist.all_gather_into_tensor(flat, piece)
+            collectives.all_gather(flat, piece)
             pieces = torch.split(flat, [p.numel() for p in b])
             torch._foreach_copy_([p.grad for p in b], [t.view(p.shape) for t, p in zip(pieces, b, strict=True)])
         opt.step()
 
     t = 0.0
-    with warnings.catch_warnings():  # torch >= 2.13 names these collectives *_single; older ones lack the new names
-        warnings.simplefilter("ignore", FutureWarning)
-        run = graph_of(step, dev) if graphed and dev.type == "cuda" else step
-        for i in range(s.warm + s.steps):
-            if i == s.warm:
-                sync(dev)
-                t = time.perf_counter()
-            run()
+    run = graph_of(step, dev) if graphed and dev.type == "cuda" else step
+    for i in range(s.warm + s.steps):
+        if i == s.warm:
+            sync(dev)
+            t = time.perf_counter()
+        run()
     sync(dev)
     return s.steps * batch / (time.perf_counter() - t)
 

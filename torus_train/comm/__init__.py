@@ -5,7 +5,8 @@ its transport needs, cost-model phases and simulator in torus_train.job.algorith
 groups.py: the contract on torch.distributed (gloo on CPU, NCCL on GPU) row and column groups;
 shm.py: rows inside one host through shared memory (the row exchange of a gloo GridGroups);
 mpi/: the contract on MPI communicators through mpi4py (CPU buffers), with its C replay; serves the benchmark;
-chunks.py: how a tensor is cut into chunks; hooks.py: the DDP communication hook.
+chunks.py: how a tensor is cut into chunks; collectives.py: the row collectives under this torch's names;
+hooks.py: the DDP communication hook.
 """
 
 BACKENDS = ("gloo", "mpi", "nccl")

@@ -28,6 +28,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from torus_train.comm import collectives
 from torus_train.comm.shm import DEFAULT_CAPACITY, ShmRow
 from torus_train.comm.transport import RowExchange
 from torus_train.errors import UserError
@@ -128,7 +129,7 @@ class GroupRow:
         for i, (a, b) in enumerate(bounds):
             buf[i * m : i * m + (b - a)].copy_(flat[a:b])
         chunk = flat.new_empty(m)
-        dist.reduce_scatter_tensor(chunk, buf, group=self.group)
+        collectives.reduce_scatter(chunk, buf, group=self.group)
         a, b = bounds[self.index]
         flat[a:b].copy_(chunk[: b - a])
 
@@ -139,7 +140,7 @@ class GroupRow:
         chunk = flat.new_zeros(m)
         chunk[: b - a].copy_(flat[a:b])
         buf = flat.new_empty(m * x)
-        dist.all_gather_into_tensor(buf, chunk, group=self.group)
+        collectives.all_gather(buf, chunk, group=self.group)
         for i, (a, b) in enumerate(bounds):
             flat[a:b].copy_(buf[i * m : i * m + (b - a)])
 

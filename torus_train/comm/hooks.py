@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
+from torus_train.comm import collectives
 from torus_train.comm.algos import algorithm, allreduce
 from torus_train.job.algorithms import ALGORITHMS, DEFAULT
 from torus_train.registry import load
@@ -126,9 +127,9 @@ def exchange_torus_nccl(state: TorusHookState, buffer: torch.Tensor) -> None:
 
     The bucket (compressed if asked) is laid out as X equal chunks of one buffer, padded with zeros at the end
     when X does not divide its length, so each phase is one collective on whole aligned tensors:
-      1. reduce_scatter_tensor along the row -> my chunk of the row's sum;
+      1. reduce-scatter along the row (comm/collectives.py) -> my chunk of the row's sum;
       2. all_reduce of that chunk along the column;
-      3. all_gather_into_tensor along the row -> the whole sum; one copy back into the bucket.
+      3. all-gather along the row -> the whole sum; one copy back into the bucket.
     Without padding or compression the bucket itself is the buffer and nothing is copied but the chunk.
     """
     g = state.groups
@@ -143,10 +144,10 @@ def exchange_torus_nccl(state: TorusHookState, buffer: torch.Tensor) -> None:
     else:
         padded = flat
     chunk = torch.empty(m, dtype=dtype, device=buffer.device)
-    dist.reduce_scatter_tensor(chunk, padded, group=g.row_group)  # 1.
+    collectives.reduce_scatter(chunk, padded, group=g.row_group)  # 1.
     if g.col_group is not None:
         dist.all_reduce(chunk, group=g.col_group)  # 2.
-    dist.all_gather_into_tensor(padded, chunk, group=g.row_group)  # 3.
+    collectives.all_gather(padded, chunk, group=g.row_group)  # 3.
     if padded is not flat:
         flat.copy_(padded[:n])  # the one copy back
 
