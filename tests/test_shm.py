@@ -80,3 +80,42 @@ def test_a_hung_peer_times_out_naming_it():
     assert time.monotonic() - t < 5
     a.close()
     b.close()
+
+
+def _pipelined(row: ShmRow, pieces: list[torch.Tensor], delay: float) -> None:
+    """The pipelined exchange's row order (comm/pipeline.py): reduce-scatter of piece u+1 before the all-gather
+    of piece u, so two pieces are in flight; ``delay`` makes this member slow between the two."""
+    bounds = [chunk_bounds(len(p), row.size) for p in pieces]
+    for u, piece in enumerate(pieces):
+        row.reduce_scatter(piece, bounds[u])
+        if u:
+            time.sleep(delay)
+            row.all_gather(pieces[u - 1], bounds[u - 1])
+    row.all_gather(pieces[-1], bounds[-1])
+
+
+def test_two_pieces_in_flight_in_the_pipelined_order():
+    """Three members, one slow: every piece's sum is exact, though a fast member writes the next pieces while
+    the slow one still reads (the three slot sets of shm.py's docstring)."""
+    name = f"torus-train-test-{uuid.uuid4().hex[:8]}"
+    rows = [ShmRow(name, i, [0, 1, 2], capacity=4096, timeout=10) for i in range(3)]
+    for r in rows:
+        r.connect()
+    rows[0].unlink()
+    sizes = (1024, 7, 1000, 1, 999, 1024, 3)
+    mine = [[torch.full((n,), float(10**i)) + torch.arange(n) for n in sizes] for i in range(3)]
+    threads = [
+        threading.Thread(target=_pipelined, args=(r, m, 0.002 if r.index == 1 else 0.0))
+        for r, m in zip(rows[1:], mine[1:], strict=True)
+    ]
+    for t in threads:
+        t.start()
+    _pipelined(rows[0], mine[0], 0.0)
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    for i, n in enumerate(sizes):
+        expect = 111.0 + 3 * torch.arange(n, dtype=torch.float32)
+        assert all(torch.equal(mine[m][i], expect) for m in range(3)), i
+    for r in rows:
+        r.close()

@@ -73,6 +73,7 @@ TORCH_SIDE = (
     "comm.groups",
     "comm.hooks",
     "comm.mpi.transport",
+    "comm.pipeline",
     "comm.shm",
     "data.batch_decode",
     "data.decode_probe",

@@ -18,7 +18,9 @@ so that the whole step can be captured in one CUDA graph (DDP's reducer cannot b
    rank issues the same collectives in the same order, whatever order backward finished them in.
 3. The exchange is the torus hook's (torus_train.comm.hooks): divide by the world size first, then the
    algorithm; CUDA buckets on NCCL on a side stream that waits for backward (the current stream waits for it
-   in finish(), no host wait: capturable), CPU buckets on the hook state's one background thread.
+   in finish(), no host wait: capturable), CPU buckets on the hook state's one background thread. Where the
+   torus has rows and columns, two lanes instead (torus_train.comm.pipeline): bucket k+1's row phase runs
+   beside bucket k's column phase, on two threads (CPU) or two streams (NCCL, where NCCL allows it).
 ``no_sync()`` skips the exchange (micro-batches before the last of a step accumulate locally, as in DDP).
 """
 
@@ -32,6 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from torus_train.comm.hooks import TorusHookState, exchange_cuda, reduce_bucket
+from torus_train.comm.pipeline import torus_lanes
 
 FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket: small, so that the exchange starts early in backward
 
@@ -92,6 +95,7 @@ class BucketedModel:
         # NCCL's exchange: CUDA buckets on a side stream; CPU buckets only in a full-world rehearsal (plan/rehearse),
         # where the fake backend plays NCCL and the same collectives run inline
         self._nccl = state is not None and state.groups.backend == "nccl"
+        self._lanes = torus_lanes(state, self._nccl, self._cuda)  # None: each bucket's phases one after another
         self.zero_grad()
         if state is not None and dist.is_initialized():
             broadcast_state(module)  # every rank starts from rank 0's parameters and buffers, as DDP does
@@ -122,6 +126,8 @@ class BucketedModel:
         """Back to the start of a step: counts and futures cleared, exchanging on (a capture that stopped midway,
         train/graphs.py, leaves them half-counted)."""
         self._syncing = True
+        if self._lanes is not None:
+            self._lanes.reset()
         self._reset()
 
     def _reset(self) -> None:
@@ -152,6 +158,9 @@ class BucketedModel:
         state = self.torus_hook_state
         if state is None:
             return
+        if self._lanes is not None:  # bucket k's row phase beside bucket k-1's column phase (comm/pipeline.py)
+            self._lanes.launch(b.flat)
+            return
         if self._nccl:
             if not (state.asynchronous and self._cuda):
                 exchange_cuda(state, b.flat)
@@ -179,6 +188,8 @@ class BucketedModel:
         if self._syncing:
             for b in self.buckets[self._launched :]:
                 self._launch(b)
+            if self._lanes is not None:
+                self._lanes.join()
             for b in self.buckets:
                 for f in b.futures:
                     f.result()  # an exchange's error surfaces here, in the training thread
@@ -193,6 +204,8 @@ class BucketedModel:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if self._lanes is not None:
+            self._lanes.close()
         if self.torus_hook_state is not None:
             self.torus_hook_state.close()
 

@@ -49,6 +49,7 @@ class TorusHookState:
         compression: str | None = None,
         asynchronous: bool = True,
         timeline: bool = False,
+        pipelined: bool | None = None,
     ):
         algorithm(algo)  # ValueError unless a rank can run it
         if compression not in _COMPRESS:
@@ -67,6 +68,9 @@ class TorusHookState:
         """Return before the exchange is done (side stream / background thread); False: exchange in the hook."""
         self.timeline: list[dict] | None = [] if timeline else None
         """Per bucket: when it was ready, when its exchange started and ended (perf_counter seconds), if kept."""
+        self.pipelined = pipelined
+        """comm/buckets.py: bucket k+1's row phase beside bucket k's column phase (comm/pipeline.py); None: the
+        TORUS_TRAIN_PIPELINE variable decides, unset = wherever it can run. The DDP hook stays serial."""
         self._pool: ThreadPoolExecutor | None = None
         self._stream: torch.cuda.Stream | None = None
         self._lock = threading.Lock()
@@ -133,7 +137,18 @@ def exchange_torus_nccl(state: TorusHookState, buffer: torch.Tensor) -> None:
     Without padding or compression the bucket itself is the buffer and nothing is copied but the chunk.
     """
     g = state.groups
-    x, n = g.grid.x, buffer.numel()
+    padded, chunk = nccl_layout(state, buffer)
+    collectives.reduce_scatter(chunk, padded, group=g.row_group)  # 1.
+    if g.col_group is not None:
+        dist.all_reduce(chunk, group=g.col_group)  # 2.
+    collectives.all_gather(padded, chunk, group=g.row_group)  # 3.
+    copy_back(buffer, padded)
+
+
+def nccl_layout(state: TorusHookState, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(padded, chunk) for the torus on NCCL: the bucket in the wire dtype as X equal chunks of one buffer
+    (zeros after its end; the bucket itself when X divides it and nothing is compressed), and my chunk's buffer."""
+    x, n = state.groups.grid.x, buffer.numel()
     m = -(-n // x)
     dtype = state.wire_dtype or buffer.dtype
     flat = buffer.view(-1)
@@ -143,13 +158,14 @@ def exchange_torus_nccl(state: TorusHookState, buffer: torch.Tensor) -> None:
         padded[n:].zero_()
     else:
         padded = flat
-    chunk = torch.empty(m, dtype=dtype, device=buffer.device)
-    collectives.reduce_scatter(chunk, padded, group=g.row_group)  # 1.
-    if g.col_group is not None:
-        dist.all_reduce(chunk, group=g.col_group)  # 2.
-    collectives.all_gather(padded, chunk, group=g.row_group)  # 3.
-    if padded is not flat:
-        flat.copy_(padded[:n])  # the one copy back
+    return padded, torch.empty(m, dtype=dtype, device=buffer.device)
+
+
+def copy_back(buffer: torch.Tensor, padded: torch.Tensor) -> None:
+    """The summed bucket from the layout's buffer into the bucket (nothing when it is the bucket itself)."""
+    flat = buffer.view(-1)
+    if padded.data_ptr() != flat.data_ptr() or padded.dtype != flat.dtype:
+        flat.copy_(padded[: flat.numel()])  # the one copy back
 
 
 def _reduce_through_host(state: TorusHookState, buffer: torch.Tensor, ready) -> torch.Tensor:

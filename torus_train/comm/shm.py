@@ -8,12 +8,16 @@ use the network backend.
 
 Layout of a segment (one per row, created by the row's first rank, unlinked as soon as all members mapped it):
     header: one 64-byte line per member: [arrival counter, pid]
-    two sets (used by alternate pieces) of X slots of `capacity` bytes, one slot per member.
+    SETS (3) sets of X slots of `capacity` bytes, one slot per member; piece u uses set u mod 3.
 Tensors larger than a slot go through in pieces. Each member writes only into its own slot, and only what the
 others need: for the reduce-scatter, the chunks the others own (not its own); for the all-gather, its reduced
 chunk, into the place of its own chunk. So a member copies (X-1)/X of a piece in and out, never the whole.
-Between two uses of one slot set lies a barrier of the other piece that every member passes only after
-reading the first, so the sets need no other synchronisation.
+Two pieces may be in flight: the pipelined exchange (torus_train.comm.pipeline) runs piece u+1's reduce-scatter
+before piece u's all-gather, so a piece's closing operation takes the oldest open set (first in, first out).
+Why three sets: between the last read of a set (piece u's all-gather) and its next write (piece u+3's
+reduce-scatter) lie the barriers of piece u+2's reduce-scatter and piece u+1's all-gather, in either order,
+and every member passes a barrier only after reading what came before; with two sets the next write would
+follow piece u's all-gather directly in the pipelined order.
 Every phase is bracketed by a row barrier on the counters.
 A rank that arrives bumps its counter and writes one byte into each peer's wake-up FIFO; a waiting rank
 checks the counters a few times, then sleeps in select() on its own FIFO, so waiting ranks give their core to
@@ -28,6 +32,7 @@ import mmap
 import os
 import select
 import time
+from collections import deque
 
 import numpy as np
 import torch
@@ -40,6 +45,8 @@ from torus_train.errors import PeerLost, RunFailed
 _LINE = 64  # bytes per header line: keeps each member's counter on its own cache line
 _NO_SLOTS = np.empty((0, 0), dtype=np.int64)  # in place of a view of the mapping before there is one, or after
 DEFAULT_CAPACITY = 8 << 20
+SETS = 3
+"""Slot sets of a row segment: enough for two pieces in flight (the module docstring says why three)."""
 
 
 def shm_dir() -> str:
@@ -66,7 +73,7 @@ class ShmRow:
         self.path = os.path.join(shm_dir(), name)
         header = _LINE * self.size
         self._data_offset = header
-        total = header + 2 * self.size * self.capacity
+        total = header + SETS * self.size * self.capacity
         create = (index == 0) if create is None else create
         if create:
             # Build under a temporary name and rename, so a joining member never sees a short file.
@@ -98,7 +105,7 @@ class ShmRow:
         self._peer_fds: list[int] = []
         self._typed: dict = {}
         self._pieces = 0  # pieces exchanged so far: selects the slot set
-        self._current: np.ndarray = _NO_SLOTS  # the slot set of the piece in flight
+        self._open: deque[np.ndarray] = deque()  # slot sets of the pieces in flight, oldest first
 
     def connect(self) -> None:
         """Open every peer's wake-up FIFO; call once all members are constructed (after a row barrier)."""
@@ -138,6 +145,7 @@ class ShmRow:
                 pass
         self._peer_fds = []
         self._typed = {}
+        self._open.clear()
         self._hdr = _NO_SLOTS  # drops the view of the mapping, which could not close under it
         try:
             self._mm.close()
@@ -208,16 +216,16 @@ class ShmRow:
         numpy slicing costs a fraction of torch's, which matters for small messages; the views are built once
         per dtype and set.
         """
-        parity = self._pieces & 1
+        which = self._pieces % SETS
         self._pieces += 1
-        key = (dtype, parity)
+        key = (dtype, which)
         view = self._typed.get(key)
         if view is None:
             npt = _STORAGE[dtype]
             per = self.capacity // npt().itemsize
             span = self.size * self.capacity
             view = np.frombuffer(
-                self._mm, dtype=npt, count=self.size * per, offset=self._data_offset + parity * span
+                self._mm, dtype=npt, count=self.size * per, offset=self._data_offset + which * span
             ).reshape(self.size, per)
             self._typed[key] = view
         return view
@@ -239,10 +247,12 @@ class ShmRow:
     def reduce_scatter(self, piece: torch.Tensor, bounds) -> None:
         """Sum the row's pieces; my chunk `bounds[me]` of the sum lands in my own piece.
 
-        The slot set stays reserved for the all_gather() of the same piece, which must follow.
+        The slot set stays reserved for the all_gather() of the same piece, which must follow (at most one other
+        piece's reduce-scatter between them).
         """
         p = _np(piece)
-        slots = self._current = self._slots(piece.dtype)
+        slots = self._slots(piece.dtype)
+        self._open.append(slots)
         me = self.index
         mine = slots[me]
         for i, (a, b) in enumerate(bounds):  # the chunks the others reduce
@@ -256,7 +266,7 @@ class ShmRow:
     def all_gather(self, piece: torch.Tensor, bounds) -> None:
         """Every member holds its chunk `bounds[me]` of the piece; afterwards all hold the whole piece."""
         p = _np(piece)
-        slots = self._current
+        slots = self._open.popleft()
         me = self.index
         a, b = bounds[me]
         if b > a:  # my chunk's place in my slot: nobody read it during the reduce-scatter
@@ -273,7 +283,8 @@ class ShmRow:
         """
         p = _np(piece)
         n = p.shape[0]
-        slots = self._current = self._slots(piece.dtype)
+        slots = self._slots(piece.dtype)
+        self._open.append(slots)
         if self.index != 0:
             slots[self.index, :n] = p
         self.barrier("reduce")
@@ -284,7 +295,7 @@ class ShmRow:
         """Copy the first member's piece to every member (through the leader's slot, unread so far)."""
         p = _np(piece)
         n = p.shape[0]
-        slots = self._current
+        slots = self._open.popleft()
         if self.index == 0:
             slots[0, :n] = p
         self.barrier("broadcast")
