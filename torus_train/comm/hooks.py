@@ -70,7 +70,7 @@ class TorusHookState:
         """Per bucket: when it was ready, when its exchange started and ended (perf_counter seconds), if kept."""
         self.pipelined = pipelined
         """comm/buckets.py: bucket k+1's row phase beside bucket k's column phase (comm/pipeline.py); None: the
-        TORUS_TRAIN_PIPELINE variable decides, unset = wherever it can run. The DDP hook stays serial."""
+        TORUS_TRAIN_PIPELINE variable decides (unset: on for CPU buckets, off on NCCL). The DDP hook stays serial."""
         self._pool: ThreadPoolExecutor | None = None
         self._stream: torch.cuda.Stream | None = None
         self._lock = threading.Lock()

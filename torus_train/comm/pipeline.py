@@ -22,7 +22,11 @@ Where the lanes run:
   which orders them by the host's issue order (the same on every rank here); before that, concurrent kernels
   of two communicators may deadlock (NCCL's "Using multiple NCCL communicators concurrently"). Without it the
   exchange stays on one stream (hooks.exchange_cuda).
-The exchange divides each bucket by the world size first, as hooks.reduce_bucket does.
+The exchange divides each bucket by the world size first, as hooks.reduce_bucket does, and sums in the same
+order as the serial exchange: the gradients are the same bits.
+Whether the lanes pay depends on the buckets and the links (the all-gather of u waits for unit u+1): `torus-train
+plan` shows the two schedules side by side. By default (TORUS_TRAIN_PIPELINE unset) CPU buckets take the lanes,
+NCCL does not; torus_lanes says why.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from torus_train.comm.chunks import chunk_bounds
 from torus_train.comm.hooks import TorusHookState, copy_back, nccl_layout
 
 PIPELINE_ENV = "TORUS_TRAIN_PIPELINE"
-"""0: the serial exchange; 1: the two lanes (refused where they cannot run); unset or auto: lanes where they can."""
+"""0: the serial exchange; 1: the two lanes (refused where they cannot run); unset or auto: the lanes for CPU
+buckets (measured to pay on gloo), the serial exchange on NCCL (the plan's timeline shows where they pay there)."""
 NCCL_ORDERED = (2, 26)
 """The first NCCL that orders two communicators' kernels by the host's issue order (NCCL_LAUNCH_ORDER_IMPLICIT)."""
 
@@ -76,8 +81,11 @@ def why_serial(state: TorusHookState, nccl: bool, cuda: bool) -> str | None:
 
 
 def torus_lanes(state: TorusHookState | None, nccl: bool, cuda: bool) -> ThreadLanes | StreamLanes | None:
-    """The two lanes for this exchange, or None for the serial one: state.pipelined (None: TORUS_TRAIN_PIPELINE,
-    unset = auto) decides; auto takes the lanes wherever they can run, a request for them that cannot is refused."""
+    """The two lanes for this exchange, or None for the serial one. state.pipelined decides (None: the
+    TORUS_TRAIN_PIPELINE variable, unset = auto); a request for the lanes where they cannot run is refused.
+    auto: the lanes for CPU buckets, where they can run (on gloo they beat the serial exchange: docs/comm.md);
+    on NCCL the serial exchange, because the plan's timeline has them lose where the row phase needs the NICs
+    too or buckets are large (the production grid, 32x68 with 25 MiB buckets), and win only on some grids."""
     if state is None:
         return None
     request = state.pipelined
@@ -86,7 +94,7 @@ def torus_lanes(state: TorusHookState | None, nccl: bool, cuda: bool) -> ThreadL
         if env not in ("auto", "", "0", "1"):
             raise ValueError(f"{PIPELINE_ENV}={env!r}: use 0, 1 or auto")
         request = None if env in ("auto", "") else env == "1"
-    if request is False:
+    if request is False or (request is None and nccl):
         return None
     why = why_serial(state, nccl, cuda)
     if why is not None:
