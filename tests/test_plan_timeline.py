@@ -7,7 +7,17 @@ import socket
 import pytest
 
 from torus_train.plan.cost import STEP_OVERHEAD
-from torus_train.plan.timeline import Layer, bucket_plan, ddp_buckets, model_layers, timeline
+from torus_train.plan.timeline import (
+    Layer,
+    bucket_plan,
+    ddp_buckets,
+    lanes,
+    links_shared,
+    model_layers,
+    timeline,
+    torus_lanes,
+    torus_phase_seconds,
+)
 
 
 def test_ddp_bucket_caps_close_when_reached():
@@ -282,3 +292,55 @@ def test_measured_profile_replaces_flops(tmp_path):
     assert r.exit_code == 0, r.output
     assert "measured --layer-profile" in r.output
     assert json.loads(out.read_text())["backward_share"] == "measured profile"
+
+
+def test_two_lanes_by_hand():
+    """comm/pipeline.py's schedule: lane R reduce-scatter k, then all-gather k-1; lane C the column of k."""
+    # (ready, row reduce-scatter, column all-reduce, row all-gather) seconds
+    two = [(0.0, 1.0, 2.0, 1.0), (1.0, 1.0, 2.0, 1.0)]
+    ln = lanes(two, backward_seconds=1.0, compute_seconds=1.5)
+    b0, b1 = ln.buckets
+    # R: rs0 0..1, rs1 1..2, ag0 3..4 (after column 0), ag1 5..6; C: column 0 1..3, column 1 3..5
+    assert (b0["row_reduce_scatter"], b0["column_allreduce"], b0["row_all_gather"]) == ((0, 1), (1, 3), (3, 4))
+    assert (b1["row_reduce_scatter"], b1["column_allreduce"], b1["row_all_gather"]) == ((1, 2), (3, 5), (5, 6))
+    # serial: bucket 0 0..4, bucket 1 4..8; exposed 7 against 5
+    assert ln.end_seconds == 6 and ln.exposed_seconds == 5 and ln.step_seconds == pytest.approx(6.5)
+    assert ln.serial_step_seconds == pytest.approx(8.5) and ln.gain_seconds == pytest.approx(2.0)
+    # sharing the NICs no two phases overlap: every phase in issue order, the same end as serial here
+    shared = lanes(two, 1.0, 1.5, shared_links=True)
+    assert shared.buckets[1]["row_reduce_scatter"] == (3, 4) and shared.end_seconds == 8 and shared.gain_seconds == 0
+    # the all-gather of bucket 0 waits for bucket 1's reduce-scatter: with bucket 1 ready late, the lanes lose
+    late = lanes([(0.0, 1.0, 1.0, 5.0), (10.0, 1.0, 1.0, 1.0)], 10.0, 15.0)
+    assert late.buckets[0]["row_all_gather"] == (11, 16) and late.end_seconds == 17
+    assert late.gain_seconds == pytest.approx(-4.0)  # serial: 0..7, then 10..13
+
+
+def test_two_lanes_on_a_plan_and_where_they_pay():
+    from torus_train.job.topology import parse_grid
+    from torus_train.plan.networks import load_network
+    from torus_train.plan.search import make_plan
+
+    net = load_network("abci-v100")
+    for grid, cap, shared, pays in (("32x34", 25, True, False), ("4x272", 5, False, True)):
+        g = parse_grid(grid, net.gpus_per_node)
+        p = make_plan(g.size, net, grid=g, bucket_cap=cap * 2**20)
+        assert links_shared(g, net.gpus_per_node) is shared
+        ln = torus_lanes(p.torus.timeline, torus_phase_seconds(g, net), shared)
+        # each bucket's three phases add up to its all-reduce: the serial schedule is the plan's own step
+        assert ln.serial_step_seconds == pytest.approx(p.torus.step_seconds)
+        assert len(ln.buckets) == len(p.torus.timeline["buckets"]) and (ln.gain_seconds > 0) is pays
+    assert links_shared(parse_grid("32x34", 4), 4, "columns") and not links_shared(parse_grid("4x2", 4), 4)
+
+
+@pytest.mark.timeout(300)
+def test_plan_prints_the_two_lanes():
+    from click.testing import CliRunner
+
+    from torus_train.commands.plan import plan
+
+    for grid, cap, verdict in (("32x34", "25", "they lose"), ("4x272", "5", "they pay")):
+        r = CliRunner().invoke(plan, ["--gpus", "1088", "--grid", grid, "--bucket-cap-mb", cap])
+        assert r.exit_code == 0, r.output
+        assert "# torus lanes bucket 0: row reduce-scatter 0.01.." in r.output
+        (line,) = [x for x in r.output.splitlines() if x.startswith("# torus in two lanes")]
+        assert verdict in line, line

@@ -13,6 +13,7 @@ from torus_train.job.topology import parse_grid
 from torus_train.plan.cost import BACKWARD_FRACTION, MODELS, allreduce_cost, step_cost
 from torus_train.plan.nccl import NCCL_SOURCE
 from torus_train.plan.search import Plan
+from torus_train.plan.timeline import links_shared, torus_lanes, torus_phase_seconds
 
 CANDIDATES_SHOWN = 8
 """Rows of the (grid, bucket cap) comparison that plan prints (JSON holds them all)."""
@@ -36,6 +37,7 @@ def plan_lines(p: Plan) -> list[str]:
         *(f"# {line}" for line in algorithm_notes(p)),
         *bucket_lines(p),
         *torus_lines(p),
+        *lanes_lines(p),
         *source_lines(p),
     ]
 
@@ -167,6 +169,40 @@ def torus_lines(p: Plan) -> list[str]:
         f"# torus efficiency with no overlap {lo * 100:.2f}%, with the whole backward pass overlapped {hi * 100:.2f}%"
     )
     return lines
+
+
+LANES_TIE = 0.005
+"""Steps within this fraction of each other: the two lanes neither pay nor lose (search.TIE's margin)."""
+
+
+def lanes_lines(p: Plan) -> list[str]:
+    """The torus's buckets in two lanes (comm/pipeline.py: bucket k+1's row phase beside bucket k's column
+    phase) against one bucket's phases after another's, on the same timeline; none without a timeline."""
+    t = p.torus.timeline
+    if t is None:
+        return []
+    grid = parse_grid(p.grid, p.network.gpus_per_node)
+    shared = links_shared(grid, p.network.gpus_per_node, p.placement)
+    ln = torus_lanes(t, torus_phase_seconds(grid, p.network, p.placement), shared)
+    ms = [
+        f"# torus lanes bucket {b['index']}: row reduce-scatter {_span(b['row_reduce_scatter'])}, column "
+        f"all-reduce {_span(b['column_allreduce'])}, row all-gather {_span(b['row_all_gather'])} ms"
+        for b in ln.buckets
+    ]
+    gain = ln.gain_seconds / ln.serial_step_seconds
+    verdict = "they pay" if gain > LANES_TIE else "they lose" if gain < -LANES_TIE else "a tie"
+    links = "share the NICs, so no two phases run at once" if shared else "use separate links"
+    return [
+        *ms,
+        f"# torus in two lanes (comm/pipeline.py; rows and columns {links}): exposed {ln.exposed_seconds * 1e3:.3f} "
+        f"ms, {ln.step_seconds * 1e3:.2f} ms per step, efficiency {ln.scaling_efficiency * 100:.2f}%, against "
+        f"{ln.serial_step_seconds * 1e3:.2f} ms with each bucket's phases in turn: {verdict} "
+        f"({ln.gain_seconds * 1e3:+.3f} ms)",
+    ]
+
+
+def _span(se: tuple[float, float]) -> str:
+    return f"{se[0] * 1e3:.2f}..{se[1] * 1e3:.2f}"
 
 
 def source_lines(p: Plan) -> list[str]:

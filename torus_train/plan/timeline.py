@@ -21,6 +21,11 @@ What it computes, for one model, one all-reduce algorithm and one network:
   overhead + exposed (overhead: what the caller says every step pays unhidden, 0 by default); scaling
   efficiency = compute / step; the derived overlap = (sum of exchanges - exposed) / backward,
   the fraction of the backward pass that hid communication (what the old ``--overlap`` knob set by hand).
+
+For the torus it also gives the schedule of the training exchange's two lanes (``lanes``, ``torus_lanes``;
+torus_train.comm.pipeline): bucket k+1's row reduce-scatter beside bucket k's column all-reduce, bucket k's
+all-gather after bucket k+1's reduce-scatter, each phase's time from the cost model; where the rows and the
+columns both leave their nodes the two lanes share the NICs and no two phases overlap.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from torus_train.errors import UserError
+from torus_train.job.algorithms import DEFAULT
+from torus_train.job.topology import Grid
+from torus_train.plan.cost import allreduce_cost, node_map
+from torus_train.plan.networks import Network
 
 if TYPE_CHECKING:
     import torch  # annotations only: this module imports torch inside the functions that build a model
@@ -271,6 +280,105 @@ def timeline(
         buckets,
         overhead_seconds,
     )
+
+
+@dataclass
+class Lanes:
+    """One step's torus exchange in two lanes (torus_train.comm.pipeline): bucket k+1's row phase beside bucket k's
+    column phase. Seconds from the start of the backward pass, as Timeline's."""
+
+    shared_links: bool
+    """The row and the column phases both cross nodes: they share the NICs, so no two of them overlap."""
+    buckets: list
+    """Per bucket: index, and start and end of its row reduce-scatter, column all-reduce and row all-gather."""
+    end_seconds: float
+    """When the last all-gather ends."""
+    exposed_seconds: float
+    """Communication after the end of the backward pass."""
+    step_seconds: float
+    """compute + overhead + exposed."""
+    scaling_efficiency: float
+    """compute / step."""
+    serial_step_seconds: float
+    """The same buckets' step with each bucket's three phases one after another (the Timeline's step)."""
+
+    @property
+    def gain_seconds(self) -> float:
+        """serial step - this step: positive where the two lanes pay."""
+        return self.serial_step_seconds - self.step_seconds
+
+
+def lanes(
+    buckets: Sequence[tuple[float, ...]],
+    backward_seconds: float,
+    compute_seconds: float,
+    overhead_seconds: float = 0.0,
+    shared_links: bool = False,
+) -> Lanes:
+    """The two-lane schedule of buckets given as (ready, row reduce-scatter, column all-reduce, row all-gather)
+    seconds, in the order comm/pipeline.py issues them: lane R: reduce-scatter k, then all-gather k-1 (after
+    column k-1); lane C: column k (after reduce-scatter k); the last all-gather at the end. A phase starts when
+    its lane is free and what it follows has ended; with shared_links also when the NICs are free."""
+    free = {"row": 0.0, "column": 0.0, "nic": 0.0}
+    out: list[dict[str, Any]] = []
+
+    def run(lane: str, after: float, seconds: float) -> tuple[float, float]:
+        start = max(after, free[lane], free["nic"] if shared_links else 0.0)
+        free[lane] = start + seconds
+        if shared_links:
+            free["nic"] = start + seconds
+        return start, start + seconds
+
+    for k, (ready, scatter, column, gather) in enumerate(buckets):
+        scattered = run("row", ready, scatter)
+        b: dict[str, Any] = {"index": k, "ready_seconds": ready, "row_reduce_scatter": scattered}
+        b["column_allreduce"] = run("column", scattered[1], column)
+        if out:
+            out[-1]["row_all_gather"] = run("row", out[-1]["column_allreduce"][1], out[-1]["gather_seconds"])
+        out.append({**b, "gather_seconds": gather})
+    if out:
+        out[-1]["row_all_gather"] = run("row", out[-1]["column_allreduce"][1], out[-1]["gather_seconds"])
+    end = max((b["row_all_gather"][1] for b in out), default=0.0)
+    serial = 0.0
+    for ready, scatter, column, gather in buckets:
+        serial = max(ready, serial) + scatter + column + gather
+    exposed, serial_exposed = max(0.0, end - backward_seconds), max(0.0, serial - backward_seconds)
+    step = compute_seconds + overhead_seconds + exposed
+    return Lanes(
+        shared_links,
+        [{k: v for k, v in b.items() if k != "gather_seconds"} for b in out],
+        end,
+        exposed,
+        step,
+        compute_seconds / step if step else 1.0,
+        compute_seconds + overhead_seconds + serial_exposed,
+    )
+
+
+def torus_phase_seconds(grid: Grid, net: Network, placement: str = "rows") -> Callable[[float], tuple[float, ...]]:
+    """phases(nbytes) = (row reduce-scatter, column all-reduce, row all-gather) seconds of the torus on the cost
+    model (allreduce_cost's phases; the column all-reduce is its reduce-scatter and all-gather)."""
+
+    def phases(nbytes: float) -> tuple[float, ...]:
+        ph = allreduce_cost(DEFAULT, grid, net, int(nbytes), placement).phases
+        row = [q.seconds for q in ph if q.name.startswith("row ")]
+        column = sum(q.seconds for q in ph if q.name.startswith("column "))
+        return (row[0], column, row[-1]) if row else (0.0, column, 0.0)
+
+    return phases
+
+
+def links_shared(grid: Grid, gpus_per_node: int, placement: str = "rows") -> bool:
+    """Whether some row and some column both leave their node (then both lanes use the NICs)."""
+    node = node_map(grid, gpus_per_node, placement).reshape(grid.y, grid.x)
+    return bool((node != node[:, :1]).any() and (node != node[:1, :]).any())
+
+
+def torus_lanes(t: dict, phase_seconds: Callable[[float], tuple[float, ...]], shared_links: bool) -> Lanes:
+    """The two-lane schedule of a torus Timeline's buckets (its to_json()), each bucket's phases from
+    phase_seconds(nbytes) = (row reduce-scatter, column all-reduce, row all-gather) seconds."""
+    rows = [(b["ready_seconds"], *phase_seconds(b["nbytes"])) for b in t["buckets"]]
+    return lanes(rows, t["backward_seconds"], t["compute_seconds"], t["overhead_seconds"], shared_links)
 
 
 def measure_backward_profile(
