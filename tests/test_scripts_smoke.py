@@ -165,6 +165,20 @@ def test_bench_rehearse_one_rank_against_two(tmp_path):
     assert "seconds per rank, 2 ranks against 1" in text
 
 
+@pytest.mark.dist  # four gloo ranks
+def test_bench_pipeline_toy_round(tmp_path):
+    out = tmp_path / "pipeline.json"
+    args = ["--grids", "2x2", "--rounds", "1", "--scale", "0.003", "--json", str(out)]
+    text = ok(run_py("bench/bench_pipeline.py", *args, timeout=300))
+    doc = json.loads(out.read_text())
+    (row,) = doc["results"]
+    (run,) = doc["runs"]
+    assert (row["grid"], row["rows"], run["lanes"]) == ("2x2", "shm", "ThreadLanes")
+    assert row["ratio"] > 0 and len(run["seconds"]["serial"]) == len(run["seconds"]["pipelined"]) == 1
+    assert {s["phase"] for s in run["spans"]} >= {"row reduce-scatter", "column all-reduce", "row all-gather"}
+    assert "serial/pipelined" in text
+
+
 def test_bench_groups_fake_backend(tmp_path):
     out = tmp_path / "groups.json"
     text = ok(run_py("bench/bench_groups.py", "--grids", "2x2", "--rounds", "1", "--json", str(out)))
