@@ -24,23 +24,23 @@ def one_rank(tmp_path):
         dist.destroy_process_group()
 
 
-PHASES = [(hooks.collectives, "reduce_scatter"), (hooks.dist, "all_reduce"), (hooks.collectives, "all_gather")]
-"""Where the hook finds each phase's collective (comm/collectives.py picks the row ones' names for this torch)."""
+PHASES = [hooks.collectives.REDUCE_SCATTER, "all_reduce", hooks.collectives.ALL_GATHER]
+"""torch.distributed's names of the three phases' collectives here (comm/collectives.py picks the row ones')."""
 
 
-@pytest.mark.parametrize("singletons, phases", [(True, ["reduce_scatter", "all_reduce", "all_gather"]), (False, [])])
+@pytest.mark.parametrize("singletons, phases", [(True, PHASES), (False, [])])
 def test_three_phases_on_a_1x1_grid(one_rank, monkeypatch, singletons, phases):
     groups = build_grid_groups(parse_grid("1x1"), use_shm=False, singletons=singletons)
     assert (groups.row_group is not None, groups.col_group is not None) == (singletons, singletons)
     called = []
-    for module, name in PHASES:
-        real = getattr(module, name)
+    for name in PHASES:
+        real = getattr(dist, name)
 
         def spy(*args, _real=real, _name=name, **kwargs):
             called.append(_name)
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(module, name, spy)
+        monkeypatch.setattr(dist, name, spy)
     state = hooks.TorusHookState(groups, algo="torus", compression="bf16")
     bucket = torch.arange(7, dtype=torch.float32) / 4  # 7 values: bf16 holds them exactly
     got = hooks.exchange_cuda(state, bucket.clone())

@@ -44,6 +44,7 @@ from torus_train.comm import collectives
 from torus_train.comm.algos import algorithm, torus_allreduce
 from torus_train.comm.chunks import chunk_bounds
 from torus_train.comm.hooks import TorusHookState, copy_back, nccl_layout
+from torus_train.errors import UserError
 
 PIPELINE_ENV = "TORUS_TRAIN_PIPELINE"
 """0: the serial exchange; 1: the two lanes (refused where they cannot run); unset or auto: the lanes for CPU
@@ -82,24 +83,26 @@ def why_serial(state: TorusHookState, nccl: bool, cuda: bool) -> str | None:
 
 def torus_lanes(state: TorusHookState | None, nccl: bool, cuda: bool) -> ThreadLanes | StreamLanes | None:
     """The two lanes for this exchange, or None for the serial one. state.pipelined decides (None: the
-    TORUS_TRAIN_PIPELINE variable, unset = auto); a request for the lanes where they cannot run is refused.
-    auto: the lanes for CPU buckets, where they can run (on gloo they beat the serial exchange: docs/comm.md);
-    on NCCL the serial exchange, because the plan's timeline has them lose where the row phase needs the NICs
-    too or buckets are large (the production grid, 32x68 with 25 MiB buckets), and win only on some grids."""
+    TORUS_TRAIN_PIPELINE variable, unset = auto); a request for the lanes (True, or the variable's 1) where they
+    cannot run is refused with the reason. auto: the lanes for CPU buckets where they can run (on gloo they beat
+    the serial exchange: docs/comm.md); on NCCL the serial exchange, because the plan's timeline has them lose
+    where the row phase needs the NICs too or buckets are large (the production grid, 32x68 with 25 MiB
+    buckets), and win only on some grids."""
     if state is None:
         return None
     request = state.pipelined
     if request is None:
         env = os.environ.get(PIPELINE_ENV, "auto").strip().lower()
         if env not in ("auto", "", "0", "1"):
-            raise ValueError(f"{PIPELINE_ENV}={env!r}: use 0, 1 or auto")
+            raise UserError(f"{PIPELINE_ENV}={env!r}: use 0, 1 or auto")
         request = None if env in ("auto", "") else env == "1"
     if request is False or (request is None and nccl):
         return None
     why = why_serial(state, nccl, cuda)
     if why is not None:
         if request:
-            raise ValueError(f"the pipelined torus exchange cannot run here: {why}")
+            asked = f"{PIPELINE_ENV}=1" if state.pipelined is None else "pipelined=True"
+            raise UserError(f"{asked}: the two-lane torus exchange cannot run here: {why}")
         return None
     return StreamLanes(state) if nccl else ThreadLanes(state)
 
@@ -136,6 +139,8 @@ class ThreadLanes:
         """Issue bucket's units (the training thread; returns at once)."""
         s, k = self.state, self._buckets
         self._buckets += 1
+        if bucket.numel() == 0:
+            return
         wire = bucket if s.wire_dtype in (None, bucket.dtype) else torch.empty_like(bucket, dtype=s.wire_dtype)
         self._submit(self._row, k, -1, "divide", None, _divide, bucket, wire, s.world_size)
         pieces = list(s.groups.pieces(s.groups.buffer(wire)))
