@@ -31,6 +31,7 @@ def test_by_default_cpu_buckets_take_the_lanes_and_nccl_does_not(monkeypatch):
     assert kind(state()) == "ThreadLanes" and kind(state("3x2")) == "ThreadLanes"
     assert kind(state(), nccl=True, cuda=True) is None
     assert kind(state(pipelined=True), nccl=True, cuda=True) == "StreamLanes"
+    assert kind(state(pipelined=True), nccl=True, cuda=False) == "StreamLanes"  # a rehearsal's CPU buckets: inline
     assert kind(state(), cuda=True) is None  # CUDA buckets on gloo go through host memory
     assert kind(None) is None
 

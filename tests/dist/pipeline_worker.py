@@ -6,14 +6,13 @@ crosses the row in many pieces and two are in flight). For each row transport (s
 precision: the pipelined exchange (comm/pipeline.py, two threads) gives bit for bit the serial exchange's
 gradients, and both the plain all-reduce's mean; a step under no_sync and one after it accumulate. Then the
 NCCL lanes (StreamLanes: the issue order, chunk layout and copy back of the two-stream path) run on CPU tensors
-over gloo, with torch.cuda's streams and events stood in for by no-ops: every call there is synchronous, so
-the order of issue is the order of execution, and it must match on every rank or a collective pairs wrongly.
+over gloo, inline as a rehearsal runs them: every call is synchronous, so the order of issue is the order of
+execution, and it must match on every rank or a collective pairs wrongly.
 Writes the number of checks passed to CHECK_OUT.RANK.
 """
 
 import os
 import sys
-from contextlib import nullcontext
 from datetime import timedelta
 from unittest import mock
 
@@ -113,38 +112,16 @@ def thread_lanes_check(grid, rank, world, want) -> int:
     return checks
 
 
-class _Stream:
-    """What StreamLanes asks of a CUDA stream or event, as no-ops (every CPU collective is synchronous)."""
-
-    def __init__(self, *args, **kwargs):
-        self.device = torch.device("cpu")
-
-    def wait_stream(self, other):
-        pass
-
-    def wait_event(self, event):
-        pass
-
-    def record(self, stream=None):
-        pass
-
-
 def stream_lanes_check(grid, rank, want) -> int:
+    """The NCCL lanes on CPU buckets: the rehearsal's path (plan/rehearse), the same collectives in the same order
+    as on the GPU's two streams, inline."""
     groups = build_grid_groups(grid, use_shm=False, timeout=60)
-    fake_cuda = mock.patch.multiple(
-        torch.cuda,
-        Stream=_Stream,
-        Event=_Stream,
-        stream=lambda s: nullcontext(),
-        current_stream=lambda device=None: _Stream(),
-    )
     checks = 0
-    with fake_cuda, mock.patch.object(pipeline, "nccl_orders_launches", return_value=True):
+    with mock.patch.object(pipeline, "nccl_orders_launches", return_value=True):
         for compression, rtol in ((None, 1e-5), ("bf16", 2e-2)):
             state = TorusHookState(groups, algo="torus", compression=compression, pipelined=True)
             dp = BucketedModel(model(), state, BUCKET_MB)
-            dp._nccl = True  # a CPU model taken for a CUDA one on NCCL: the two-stream lanes
-            dp._lanes = pipeline.torus_lanes(state, nccl=True, cuda=True)
+            dp._lanes = pipeline.torus_lanes(state, nccl=True, cuda=False)  # what a rehearsed NCCL rank gets
             got = []
             for step in range(2):
                 dp.zero_grad()

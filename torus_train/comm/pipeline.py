@@ -31,6 +31,7 @@ NCCL does not; torus_lanes says why.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -202,7 +203,9 @@ def _divide(bucket: torch.Tensor, wire: torch.Tensor, world: int) -> None:
 
 
 class StreamLanes:
-    """The lanes on NCCL: two CUDA streams with events between them (module docstring). No host waits."""
+    """The lanes on NCCL: two CUDA streams with events between them (module docstring). No host waits.
+    CPU buckets on NCCL (a rehearsal, plan/rehearse, where the fake backend plays NCCL) go through the same
+    collectives in the same order, inline."""
 
     def __init__(self, state: TorusHookState):
         self.state = state
@@ -211,39 +214,40 @@ class StreamLanes:
         self._buckets = 0
         self.spans: list[dict] = []  # host times are not GPU times: none kept on CUDA
 
-    def _lanes(self, device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+    def _lanes(self, bucket: torch.Tensor) -> tuple[torch.cuda.Stream | None, torch.cuda.Stream | None]:
+        if not bucket.is_cuda:
+            return None, None
         if self._streams is None:
-            self._streams = (torch.cuda.Stream(device=device), torch.cuda.Stream(device=device))
+            self._streams = (torch.cuda.Stream(device=bucket.device), torch.cuda.Stream(device=bucket.device))
         return self._streams
 
     def launch(self, bucket: torch.Tensor) -> None:
         """Queue the bucket's reduce-scatter on lane R, its all-reduce on lane C, the previous all-gather on R."""
         s, g = self.state, self.state.groups
-        row, col = self._lanes(bucket.device)
-        row.wait_stream(torch.cuda.current_stream(bucket.device))  # backward wrote the bucket
-        with torch.cuda.stream(row):
+        row, col = self._lanes(bucket)
+        if row is not None:
+            row.wait_stream(torch.cuda.current_stream(bucket.device))  # backward wrote the bucket
+        with _on(row):
             bucket.div_(s.world_size)  # divide first, in the bucket's precision
             padded, chunk = nccl_layout(s, bucket)
             collectives.reduce_scatter(chunk, padded, group=g.row_group)
-            scattered = torch.cuda.Event()
-            scattered.record(row)
-        col.wait_event(scattered)
-        with torch.cuda.stream(col):
+            scattered = _mark(row)
+        _after(col, scattered)
+        with _on(col):
             if g.col_group is not None:
                 dist.all_reduce(chunk, group=g.col_group)
-            summed = torch.cuda.Event()
-            summed.record(col)
+            summed = _mark(col)
         self._close()
         self._open = (bucket, padded, chunk, summed)
         self._buckets += 1
 
     def _close(self) -> None:
-        if self._open is None or self._streams is None:
+        if self._open is None:
             return
         (bucket, padded, chunk, summed), self._open = self._open, None
-        row = self._streams[0]
-        row.wait_event(summed)
-        with torch.cuda.stream(row):
+        row = self._lanes(bucket)[0]
+        _after(row, summed)
+        with _on(row):
             collectives.all_gather(padded, chunk, group=self.state.groups.row_group)
             copy_back(bucket, padded)
 
@@ -262,3 +266,23 @@ class StreamLanes:
 
     def close(self) -> None:
         pass
+
+
+def _on(stream: torch.cuda.Stream | None):
+    """Work queued on `stream`; inline without one (CPU buckets)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _mark(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+    """An event at the end of what `stream` has queued so far (None without a stream)."""
+    if stream is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
+
+
+def _after(stream: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> None:
+    """`stream`'s next work waits for `event` (a GPU-side wait: the host goes on)."""
+    if stream is not None and event is not None:
+        stream.wait_event(event)
