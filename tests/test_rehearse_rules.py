@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from torus_train.comm import collectives
 from torus_train.plan.rehearse.record import Recorder, span_text
 from torus_train.plan.rehearse.rules import check_traces
 
@@ -37,7 +38,7 @@ def steps(rank: int, rec: Recorder, extra=None) -> None:
     row = rows[rank // 2]
     rec.phase = "steps (stage 1)"
     for _ in range(2):
-        dist.reduce_scatter_tensor(torch.zeros(3), torch.zeros(6), group=row)
+        collectives.reduce_scatter(torch.zeros(3), torch.zeros(6), group=row)  # the name this torch gives it
         dist.all_reduce(torch.zeros(2))
     if extra:
         extra(rank, rec)
