@@ -165,3 +165,16 @@ def test_a_fan_in_at_full_size_is_weighed_against_the_gpu():
 )
 def test_a_group_is_named_in_a_few_characters(members, text):
     assert span_text(members) == text
+
+
+def test_every_recorded_collective_names_what_this_rank_sends():
+    """The recorder's table names each collective's input argument as torch spells it (a wrong name records 0)."""
+    from torus_train.comm.collectives import all_gather, reduce_scatter
+
+    def workload(rank, rec):
+        rec.phase = "steps (stage 1)"
+        reduce_scatter(torch.zeros(3), torch.zeros(6))
+        all_gather(torch.zeros(6), torch.zeros(3))
+
+    events = traces_of(workload, world=2, ranks=[0])[0]["events"]
+    assert [(e["numel"], e["dtype"]) for e in events] == [(6, "float32"), (3, "float32")], events

@@ -33,7 +33,7 @@ COLLECTIVES: dict[str, tuple[str, str | None, str | None]] = {
     "reduce": ("collective", "tensor", "dst"),
     "all_gather": ("collective", "tensor", None),
     "all_gather_into_tensor": ("collective", "input_tensor", None),
-    "all_gather_single": ("collective", "input", None),
+    "all_gather_single": ("collective", "input_tensor", None),
     "reduce_scatter": ("collective", "input_list", None),
     "reduce_scatter_tensor": ("collective", "input", None),
     "reduce_scatter_single": ("collective", "input", None),
