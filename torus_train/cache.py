@@ -1,4 +1,4 @@
-"""Where torus-train keeps what it makes once and reuses (pure, no torch): the demo set, the native replay."""
+"""Where torus-train keeps what it makes once and reuses (pure, no torch): the demo set."""
 
 from __future__ import annotations
 

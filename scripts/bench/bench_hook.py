@@ -1,23 +1,25 @@
 #!/usr/bin/env python3
-"""Side by side: DDP's own all-reduce, the synchronous torus hook and the asynchronous one, on `torus-train run`.
+"""Side by side: the backend's own all-reduce, the synchronous torus exchange and the asynchronous one, on `torus-train run`.
 
     python scripts/bench/bench_hook.py --grid 2x2 --rounds 3 --json hook-2x2.json
     python scripts/bench/bench_hook.py --grid 2x4 --gpus 8 --rounds 3 --json hook-2x4.json
 
-Hooks: ddp (comm.algo = ddp), torus-sync (comm.algo = torus-sync: the exchange inside the hook, no overlap),
-torus-async (comm.algo = torus: the hook returns a pending Future, the exchange runs while backward goes on).
+Hooks (the names of the recorded results): ddp (comm.algo = ddp: the backend's all-reduce per bucket),
+torus-sync (comm.algo = torus-sync: each bucket exchanged at its launch, no overlap), torus-async (comm.algo =
+torus: the exchange runs on a background thread while backward goes on).
 Each round runs every hook once, the order reversed every other round (so drift and noisy neighbours hurt all
 alike). A run's speed is the median images/s of its metrics.jsonl intervals after the first (warm-up) one; a
 hook's figure is the median over its rounds. Ratios: async / ddp and async / sync.
-Then a timeline of one training step per hook (rank 0; ResNet at the same size and per-rank batch, DDP's
-default 25 MiB buckets): for each bucket when it was ready (the hook was called), when its exchange started and
-when it ended, relative to the start of the backward pass; written as JSON next to --json and drawn as a PNG.
+Then a timeline of one training step per hook (rank 0; ResNet at the same size and per-rank batch, the owned
+buckets of comm/buckets.py at 25 MiB, serial): for each bucket when it was ready (its last gradient in), when
+its exchange started and when it ended, relative to the start of the backward pass; written as JSON next to
+--json and drawn as a PNG.
 
 On one host an exchange is the cores copying bytes: with more ranks than cores there is no idle time for it to
 hide in, so the three hooks can only tie. `--cluster HOSTFILE` runs every job on the namespace cluster of
 scripts/dev/cluster.sh instead (root; bring it up first with its node links shaped, e.g.
 `TTC_RATE=1gbit scripts/dev/cluster.sh up 2`), launched from node1 with `--launcher mpirun --hostfile HOSTFILE`:
-rows inside a node (shared memory), the columns and DDP's ring across the node links, whose bytes take wire
+rows inside a node (shared memory), the columns and the flat all-reduce's ring across the node links, whose bytes take wire
 time as on a cluster, so the overlap of exchange and backward pass becomes measurable. The timeline's ranks
 run there too, started by mpirun.
 """
@@ -97,10 +99,10 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
     import torchvision
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from torus_train.comm.groups import build_grid_groups
-    from torus_train.comm.hooks import TorusHookState, allreduce_hook
+    from torus_train.comm.hooks import TorusHookState
+    from torus_train.job.algorithms import ALGORITHMS
     from torus_train.job.topology import parse_grid
 
     env = os.environ  # started by run_local_ranks (RANK) or, on the cluster, by mpirun (OMPI_COMM_WORLD_RANK)
@@ -118,33 +120,24 @@ def worker(args) -> None:
     x = torch.randn(batch, 3, args.image_size, args.image_size, generator=torch.Generator().manual_seed(rank))
     y = torch.randint(0, 1000, (batch,), generator=torch.Generator().manual_seed(rank))
     steps = {}
-    import inspect  # as train/build.py: torch >= 2.14 names the switch forward_sync_buffers
-
-    no_buffer_sync = {
-        "forward_sync_buffers"
-        if "forward_sync_buffers" in inspect.signature(DDP).parameters
-        else "broadcast_buffers": False
-    }
     for hook in args.hooks.split(","):
         torch.manual_seed(0)
-        ddp = DDP(torchvision.models.get_model(args.model, num_classes=1000), **no_buffer_sync)
-        if hook == "ddp":
-            state = {"timeline": []}
-            ddp.register_comm_hook(state, _timed_ddp_hook)
-        else:
-            state = TorusHookState(groups, algo="torus", asynchronous=hook == "torus-async", timeline=True)
-            ddp.register_comm_hook(state, allreduce_hook)
-        timeline = state["timeline"] if hook == "ddp" else state.timeline
+        mode = ALGORITHMS.get(HOOKS[hook])  # the state train/build.py's wrap_ddp makes for this comm.algo
+        state = TorusHookState(
+            groups, algo=mode.same_as or mode.name, asynchronous=mode.asynchronous, pipelined=False
+        )  # serial: one ready, start and end per bucket (the two lanes have bench_pipeline.py)
+        dp = _timed_buckets(torchvision.models.get_model(args.model, num_classes=1000), state)
         loss_fn = torch.nn.CrossEntropyLoss()
-        for _step in range(args.timeline_step + 1):  # the first steps rebuild the buckets and warm up
+        for _step in range(args.timeline_step + 1):  # the first steps warm up
             dist.barrier()
-            timeline.clear()
+            dp.timeline.clear()
             t_fwd = time.perf_counter()
-            loss = loss_fn(ddp(x), y)
+            loss = loss_fn(dp(x), y)
             t0 = time.perf_counter()
-            loss.backward()  # returns after DDP waited for every bucket's Future
+            loss.backward()
+            dp.finish()  # every bucket's exchange joined
             t_end = time.perf_counter()
-            ddp.zero_grad(set_to_none=True)
+            dp.zero_grad()
         steps[hook] = {
             "forward_s": t0 - t_fwd,
             "backward_and_exchange_s": t_end - t0,
@@ -153,11 +146,10 @@ def worker(args) -> None:
                     **{k: v for k, v in row.items() if k in ("bucket", "numel")},
                     **{k: row[k] - t0 for k in ("ready", "start", "end")},
                 }
-                for row in sorted(timeline, key=lambda r: r["ready"])
+                for row in sorted(dp.timeline, key=lambda r: r["ready"])
             ],
         }
-        if hook != "ddp":
-            state.close()
+        dp.close()
     if rank == 0:
         Path(args.worker_out).write_text(
             json.dumps(
@@ -175,21 +167,32 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
-def _timed_ddp_hook(state, bucket):
-    """DDP's own all-reduce (gloo, asynchronous), with the times the timeline needs."""
-    import torch.distributed as dist
+def _timed_buckets(model, state):
+    """comm/buckets.py's BucketedModel (25 MiB buckets, as `run`) on CPU, recording for each bucket when it was
+    ready (its last gradient in), when its exchange started and when it ended."""
+    from torus_train.comm.buckets import BucketedModel
+    from torus_train.comm.hooks import reduce_bucket
 
-    ready = time.perf_counter()
-    buf = bucket.buffer().div_(dist.get_world_size())
-    fut = dist.all_reduce(buf, async_op=True).get_future()
-    row = {"bucket": bucket.index(), "numel": buf.numel(), "ready": ready, "start": ready}
+    class Timed(BucketedModel):
+        timeline: list
 
-    def done(f):
-        row["end"] = time.perf_counter()
-        state["timeline"].append(row)
-        return f.value()[0]
+        def _launch(self, b) -> None:
+            row = {"bucket": b.index, "numel": b.flat.numel(), "ready": time.perf_counter()}
 
-    return fut.then(done)
+            def exchange():
+                row["start"] = time.perf_counter()
+                reduce_bucket(state, b.flat)
+                row["end"] = time.perf_counter()
+                self.timeline.append(row)
+
+            if state.asynchronous:  # on the state's one background thread, in launch order, as BucketedModel
+                b.futures.append(state.pool().submit(exchange))
+            else:
+                exchange()
+
+    dp = Timed(model, state, 25)
+    dp.timeline = []
+    return dp
 
 
 def timeline(args, path: Path) -> dict:

@@ -121,7 +121,6 @@ NOT_USER_FILES = {
     "check.acceptance:run_part": "the result file of the part this check started",
     "check.environment:driver_version": "/proc/driver/nvidia/version, the kernel's",
     "comm.groups:_host_id": "/proc/sys/kernel/random/boot_id, the kernel's",
-    "comm.mpi.native:_load": "the package's own C source",
     "comm.shm:ShmRow.__init__": "the wake-up FIFO this job's row made in /dev/shm (opened without blocking)",
     "comm.shm:ShmRow._open_existing": "the shared-memory row this job made in /dev/shm",
     "comm.shm:ShmRow.connect": "the peers' wake-up FIFOs this job made in /dev/shm (opened without blocking)",

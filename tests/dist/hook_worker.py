@@ -1,12 +1,10 @@
-"""One rank of the DDP hook checks (started by tests/dist/test_hook.py).
+"""One rank of the bucket exchange checks (started by tests/dist/test_hook.py).
 
-CHECK=grads (default): two copies of a model with the same initial weights, one under DDP's default all-reduce and one under
-torus_train's hook; every rank feeds different data, so the gradients differ per rank and a wrong
-reduction (a missing rank, a sum instead of a mean, a misplaced chunk) cannot pass by accident. Each
-algorithm and wire precision runs with the asynchronous hook and with the synchronous one.
-CHECK=future: the hook called directly on one bucket while rank 1 joins a second late; on every other rank the
-Future must still be pending when the hook returns, and complete with the average (a hook that returned a
-completed Future before the exchange, or completed it early, fails here).
+CHECK=grads (default): two copies of a model with the same initial weights, one under DDP's default all-reduce and
+one under comm/buckets.py's BucketedModel with the torus exchange (comm/hooks.py); every rank feeds different
+data, so the gradients differ per rank and a wrong reduction (a missing rank, a sum instead of a mean, a
+misplaced chunk) cannot pass by accident. Each algorithm and wire precision runs asynchronously (the
+background thread) and synchronously, serial (the two lanes have tests/dist/pipeline_worker.py).
 CHECK=layout: exchange_cuda, the NCCL path's chunk layout (X equal chunks, zero padding, compression,
 reduce-scatter / all_reduce / all-gather), called on CPU tensors over gloo, which has the
 same three collectives: lengths that X divides and that it does not, with and without a wire dtype, against
@@ -15,7 +13,6 @@ the exact mean of every rank's values.
 
 import os
 import sys
-import time
 from datetime import timedelta
 
 import torch
@@ -23,8 +20,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from torus_train.comm.buckets import BucketedModel
 from torus_train.comm.groups import build_grid_groups
-from torus_train.comm.hooks import TorusHookState, allreduce_hook, exchange_cuda
+from torus_train.comm.hooks import TorusHookState, exchange_cuda
 from torus_train.job.algorithms import runnable
 from torus_train.job.topology import parse_grid
 
@@ -37,54 +35,18 @@ def model():
 
 
 def grads(ddp, rank, steps=2):
+    owned = isinstance(ddp, BucketedModel)
+    module = ddp.module if owned else ddp
     out = []
     for step in range(steps):
-        ddp.zero_grad(set_to_none=True)
+        ddp.zero_grad() if owned else ddp.zero_grad(set_to_none=True)
         g = torch.Generator().manual_seed(100 * rank + step)
         x = torch.randn(5, 3, 8, 8, generator=g) * (rank + 1)
         ddp(x).pow(2).sum().backward()
-        out.append(torch.cat([p.grad.flatten() for p in ddp.parameters()]))
+        if owned:
+            ddp.finish()  # join the exchange (DDP's reducer joins inside backward)
+        out.append(torch.cat([p.grad.flatten() for p in module.parameters()]))
     return out
-
-
-class Bucket:
-    """What the hook reads of DDP's GradBucket."""
-
-    def __init__(self, buffer):
-        self._buffer = buffer
-
-    def buffer(self):
-        return self._buffer
-
-    def index(self):
-        return 0
-
-
-def future_check(groups, rank, world) -> int:
-    checks = 0
-    for algo in runnable():
-        for asynchronous in (True, False):
-            state = TorusHookState(groups, algo=algo, asynchronous=asynchronous, timeline=True)
-            dist.barrier()
-            buffer = torch.full((1001,), float(rank + 1))
-            if rank == 1:
-                time.sleep(1.0)  # the exchange cannot finish before this rank joins
-            fut = allreduce_hook(state, Bucket(buffer))
-            pending = not fut.done()
-            value = fut.wait()
-            expected = (world + 1) / 2  # mean of 1..world
-            if rank != 1 and asynchronous and not pending:
-                sys.exit(f"rank {rank}: {algo}: the hook returned a completed Future before the exchange")
-            if not asynchronous and not fut.done():
-                sys.exit(f"rank {rank}: {algo}: the synchronous hook returned a pending Future")
-            if value is not buffer or not torch.allclose(buffer, torch.full_like(buffer, expected)):
-                sys.exit(f"rank {rank}: {algo}: Future completed with {value[:3].tolist()}, expected {expected}")
-            row = state.timeline[0]
-            if not row["ready"] <= row["start"] <= row["end"]:
-                sys.exit(f"rank {rank}: timeline out of order: {row}")
-            state.close()
-            checks += 1
-    return checks
 
 
 def layout_check(groups, rank, world) -> int:
@@ -114,7 +76,7 @@ def layout_check(groups, rank, world) -> int:
 
 
 def grads_check(groups, rank) -> int:
-    # small buckets so the model spans several (the hook runs per bucket, buckets finish out of order)
+    # small buckets so the model spans several (exchanged per bucket, buckets finish out of order)
     ref = grads(DDP(model(), bucket_cap_mb=0.002), rank)
     local = grads(model(), rank)
     if all(torch.allclose(a, b) for a, b in zip(ref, local, strict=True)):
@@ -123,18 +85,19 @@ def grads_check(groups, rank) -> int:
     for algo in runnable():
         for compression, rtol in ((None, 1e-5), ("fp16", 2e-3), ("bf16", 2e-2)):
             for asynchronous in (True, False):
-                ddp = DDP(model(), bucket_cap_mb=0.002)
-                state = TorusHookState(groups, algo=algo, compression=compression, asynchronous=asynchronous)
-                ddp.register_comm_hook(state, allreduce_hook)
-                got = grads(ddp, rank)
-                state.close()
-                what = f"hook {algo}/{compression}/{'async' if asynchronous else 'sync'}"
+                state = TorusHookState(
+                    groups, algo=algo, compression=compression, asynchronous=asynchronous, pipelined=False
+                )
+                dp = BucketedModel(model(), state, bucket_mb=0.002)
+                got = grads(dp, rank)
+                dp.close()
+                what = f"buckets {algo}/{compression}/{'async' if asynchronous else 'sync'}"
                 for a, b in zip(got, ref, strict=True):
                     err = ((a - b).abs() / (b.abs().max() + 1e-12)).max().item()
                     if err > rtol:
                         sys.exit(f"rank {rank}: {what}: relative error {err:.2e} > {rtol}")
                 if state.buckets_reduced < 3:  # 2 steps, the second with rebuilt (several) buckets
-                    sys.exit(f"rank {rank}: {what}: only {state.buckets_reduced} buckets went through the hook")
+                    sys.exit(f"rank {rank}: {what}: only {state.buckets_reduced} buckets were exchanged")
                 checks += 1
     return checks
 
@@ -152,13 +115,7 @@ def main():
     )
     groups = build_grid_groups(grid, timeout=60)
     check = os.environ.get("CHECK", "grads")
-    checks = (
-        future_check(groups, rank, world)
-        if check == "future"
-        else layout_check(groups, rank, world)
-        if check == "layout"
-        else grads_check(groups, rank)
-    )
+    checks = layout_check(groups, rank, world) if check == "layout" else grads_check(groups, rank)
     dist.destroy_process_group()
     with open(os.environ["CHECK_OUT"] + f".{rank}", "w") as f:
         f.write(str(checks))

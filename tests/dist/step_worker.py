@@ -3,7 +3,7 @@
 Two copies of a small model (conv, BatchNorm, linear: channels_last weights, several buckets) with the same
 initial weights take the same steps on data that differs per rank, so the gradients differ per rank and a
 wrong reduction cannot pass by accident:
-- the reference: DDP (its reducer and buckets) with the torus hook as comm hook, or DDP's own all-reduce for
+- the reference: DDP (its reducer and buckets) with comm/hooks.py's reduce_bucket as comm hook, or DDP's own all-reduce for
   comm.algo = ddp, and the optimizer step of train/step.py (no_sync on the micro-batches before the last);
 - step.step_body, the step the loop runs eagerly and captures on CUDA, over comm/buckets.py's BucketedModel.
 Both take LARS with the LR in a device tensor. Writes how many (algo, accumulation) cases ended with bit-equal
@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from torus_train.comm.buckets import BucketedModel
 from torus_train.comm.groups import build_grid_groups
-from torus_train.comm.hooks import TorusHookState, allreduce_hook
+from torus_train.comm.hooks import TorusHookState, reduce_bucket
 from torus_train.job.algorithms import ALGORITHMS
 from torus_train.job.spec import JobSpec
 from torus_train.job.topology import parse_grid
@@ -63,6 +63,13 @@ def hook_state(groups, algo):
     return TorusHookState(groups, algo=mode.same_as or mode.name, asynchronous=mode.asynchronous)
 
 
+def reduce_hook(state, bucket):
+    """A DDP comm hook averaging the bucket with comm/hooks.py's reduce_bucket, inside the hook."""
+    fut = torch.futures.Future()
+    fut.set_result(reduce_bucket(state, bucket.buffer()))
+    return fut
+
+
 def optimizer(m):
     opt = build_optimizer(m, "lars", 0.5, weight_decay=5e-4)
     opt.use_device_lr("cpu")
@@ -76,7 +83,7 @@ def reference(groups, algo, accumulation, rank):
     state = None
     if ALGORITHMS.get(algo).hook:
         state = hook_state(groups, algo)
-        ddp.register_comm_hook(state, allreduce_hook)
+        ddp.register_comm_hook(state, reduce_hook)
     opt, loss_fn = optimizer(m), nn.CrossEntropyLoss()
     for step in range(STEPS):
         set_lr(opt, 0.5 / (step + 1))

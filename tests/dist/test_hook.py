@@ -1,6 +1,6 @@
-"""The DDP hook: its gradients equal DDP's default all-reduce on a model whose gradients differ per rank (the
-asynchronous and the synchronous hook), its Future completes only when the exchange has, and the NCCL path's
-chunk layout averages exactly."""
+"""The bucket exchange (comm/hooks.py through comm/buckets.py): its gradients equal DDP's default all-reduce on a
+model whose gradients differ per rank (asynchronous and synchronous), and the NCCL path's chunk layout averages
+exactly."""
 
 import sys
 from pathlib import Path
@@ -35,16 +35,9 @@ def run_check(check: str, grid: str, out: Path) -> list[int]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("grid", [pytest.param("2x2", marks=pytest.mark.slow), "3x2"])  # 3x2 (ragged) covers 2x2
-def test_hook_matches_ddp_default(grid, tmp_path):
+def test_buckets_match_ddp_default(grid, tmp_path):
     world = int(grid[0]) * int(grid[2])
     assert run_check("grads", grid, tmp_path / "checks") == [18] * world  # 3 algos x 3 precisions x async/sync
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("grid", [pytest.param("2x2", marks=pytest.mark.slow), "3x2"])  # 3x2 (ragged) covers 2x2
-def test_future_completes_with_the_exchange(grid, tmp_path):
-    world = int(grid[0]) * int(grid[2])
-    assert run_check("future", grid, tmp_path / "checks") == [6] * world  # 3 algos x async/sync
 
 
 @pytest.mark.timeout(120)

@@ -2,7 +2,7 @@
 
 Runs every runnable algorithm of torus_train.job.algorithms over each transport named in TRANSPORTS
 (gloo: GridGroups with rows on their process group; shm: GridGroups with rows in shared memory; mpi: MpiGrid,
-the Python replay and, with NATIVE=1, the C one), for ragged sizes and three dtypes, and checks:
+the Python replay; mpi-native: scripts/experiments/mpi_native.py's C replay), for ragged sizes and three dtypes, and checks:
 - exact: small integer inputs, whose sums every dtype holds exactly, give the plain sum, bit for bit;
 - rounding: fractional inputs land within tolerance of a float64 sum and are bitwise equal on every rank
   (MPI: the C replay equal to the Python one, and replayed by C for float32, Python for half types);
@@ -19,6 +19,7 @@ import os
 import runpy
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -69,11 +70,12 @@ def _build(name: str, grid):
     if name == "mpi":
         from torus_train.comm.mpi.transport import MpiGrid
 
-        return MpiGrid(grid, native=False)  # the Python replay
-    if name == "mpi-native":
-        from torus_train.comm.mpi.transport import MpiGrid
+        return MpiGrid(grid)  # the Python replay
+    if name == "mpi-native":  # the C replay, kept in scripts/experiments/ for the recorded figures
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "experiments"))
+        from mpi_native import NativeMpiGrid
 
-        return MpiGrid(grid, native=True)
+        return NativeMpiGrid(grid, required=True)
     from torus_train.comm.groups import build_grid_groups
 
     comm = build_grid_groups(grid, use_shm=name == "shm", timeout=60)

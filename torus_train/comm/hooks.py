@@ -1,31 +1,23 @@
-"""A DDP communication hook that averages each gradient bucket with the torus (or flat, or hierarchical) all-reduce.
+"""The exchange of one gradient bucket with the torus (or flat, or hierarchical) all-reduce, and its state.
 
     state = TorusHookState(groups, algo="torus", compression=None)   # or "fp16" / "bf16"; asynchronous=False
-    ddp_model.register_comm_hook(state, allreduce_hook)
+    dp = BucketedModel(model, state, bucket_mb=25)                    # comm/buckets.py launches the buckets
 
-DDP keeps doing what it is good at (bucketing gradients in reverse order, launching a bucket as soon as it is
-ready); the hook only replaces the exchange, and returns at once with a Future that completes when the bucket's
-exchange does, so the backward pass of bucket k+1 runs while bucket k is on the wire:
+The steps of one bucket's exchange (reduce_bucket; exchange_cuda for CUDA buckets on NCCL):
   1. divide the bucket by the world size first, in its own precision (the average of the gradients can never
      overflow where the sum could: fp16 tops out at 65504);
   2. compress to fp16 or bf16 if asked (what crosses the wire is then half the bytes);
   3. sum with the chosen algorithm (torus_train.comm.algos; on NCCL the torus runs as three collectives on equal
      chunks, see exchange_torus_nccl, its table entry's `nccl`);
   4. decompress into the bucket.
-Where the exchange runs:
-- CUDA tensors on NCCL: on a side stream that first waits for the backward stream (the bucket is written
-  there). NCCL calls only queue kernels, so the hook returns at once; the Future is completed on the side
-  stream (a CUDA-aware Future: DDP's stream waits on its event, the host never waits).
-- CPU tensors (gloo, shared-memory rows): on one background thread per process, buckets in submission order.
-  One thread, not chained async_op callbacks: every rank must issue the row and column collectives in the same
-  order, and the shared-memory rows are host code anyway. gloo and the shared-memory copies release the GIL.
-- CUDA tensors on gloo (several ranks sharing one GPU): the same thread, staging the bucket through host memory.
-`asynchronous=False` runs the exchange inside the hook and returns a completed Future (the synchronous hook the
-benchmark compares against). Every rank submits the same buckets in the same order, so the collectives match.
+The state holds where an asynchronous exchange runs: CUDA buckets on NCCL on one side stream, CPU buckets on one
+background thread per process, buckets in submission order (every rank must issue the row and column
+collectives in the same order; gloo and the shared-memory copies release the GIL). The package's owned buckets
+replaced a DDP comm hook here: they overlap with the backward pass as DDP does and can be captured in a CUDA
+graph, which DDP's reducer cannot.
 """
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -65,17 +57,17 @@ class TorusHookState:
         """dtype exchanged, or None to exchange the bucket's own dtype."""
         self.world_size = groups.grid.size
         self.asynchronous = asynchronous
-        """Return before the exchange is done (side stream / background thread); False: exchange in the hook."""
+        """Launch the exchange and go on (side stream / background thread); False: exchange at the launch."""
         self.timeline: list[dict] | None = [] if timeline else None
-        """Per bucket: when it was ready, when its exchange started and ended (perf_counter seconds), if kept."""
+        """The two-lane exchange's phase runs (comm/pipeline.py: bucket, piece, phase, start, end), if kept."""
         self.pipelined = pipelined
         """comm/buckets.py: bucket k+1's row phase beside bucket k's column phase (comm/pipeline.py); None: the
-        TORUS_TRAIN_PIPELINE variable decides (unset: on for CPU buckets, off on NCCL). The DDP hook stays serial."""
+        TORUS_TRAIN_PIPELINE variable decides (unset: on for CPU buckets, off on NCCL)."""
         self._pool: ThreadPoolExecutor | None = None
         self._stream: torch.cuda.Stream | None = None
         self._lock = threading.Lock()
         self.buckets_reduced = 0
-        """How many buckets went through the hook (for tests and logs)."""
+        """How many buckets were exchanged (for tests and logs)."""
 
     def pool(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -166,79 +158,3 @@ def copy_back(buffer: torch.Tensor, padded: torch.Tensor) -> None:
     flat = buffer.view(-1)
     if padded.data_ptr() != flat.data_ptr() or padded.dtype != flat.dtype:
         flat.copy_(padded[: flat.numel()])  # the one copy back
-
-
-def _reduce_through_host(state: TorusHookState, buffer: torch.Tensor, ready) -> torch.Tensor:
-    """A CUDA bucket on a host backend (gloo): wait for the backward stream's event, reduce a host copy, copy back."""
-    ready.synchronize()
-    host = buffer.to("cpu")
-    reduce_bucket(state, host)
-    stream = state.stream(buffer.device)
-    with torch.cuda.stream(stream):
-        buffer.copy_(host, non_blocking=False)
-    stream.synchronize()
-    return buffer
-
-
-def _record(state: TorusHookState, bucket, ready: float, start: float) -> None:
-    if state.timeline is not None:
-        state.timeline.append(
-            {
-                "bucket": bucket.index(),
-                "numel": bucket.buffer().numel(),
-                "ready": ready,
-                "start": start,
-                "end": time.perf_counter(),
-            }
-        )
-
-
-def allreduce_hook(state: TorusHookState, bucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: average the bucket with state.algo; returns a Future of the reduced buffer that
-    completes when the exchange does (at once when state.asynchronous is False)."""
-    buffer = bucket.buffer()
-    ready = time.perf_counter()
-    if buffer.is_cuda and state.groups.backend == "nccl":
-        if not state.asynchronous:
-            fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buffer.device])
-            fut.set_result(exchange_cuda(state, buffer))
-            _record(state, bucket, ready, ready)
-            return fut
-        side = state.stream(buffer.device)
-        side.wait_stream(torch.cuda.current_stream(buffer.device))  # the backward stream wrote the bucket
-        with torch.cuda.stream(side):
-            fut = torch.futures.Future(devices=[buffer.device])
-            fut.set_result(exchange_cuda(state, buffer))  # records an event on the side stream; DDP waits on it
-        _record(state, bucket, ready, ready)  # host times: when the work was queued (GPU times need a profiler)
-        return fut
-
-    fut = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
-    if buffer.is_cuda:
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(buffer.device))
-
-        def exchange():
-            return _reduce_through_host(state, buffer, event)
-    else:
-
-        def exchange():
-            return reduce_bucket(state, buffer)
-
-    if not state.asynchronous:
-        start = time.perf_counter()
-        fut.set_result(exchange())
-        _record(state, bucket, ready, start)
-        return fut
-
-    def work():
-        start = time.perf_counter()
-        try:
-            result = exchange()
-        except BaseException as exc:  # surface the error in the training thread, at DDP's wait
-            fut.set_exception(exc)
-            return
-        _record(state, bucket, ready, start)
-        fut.set_result(result)
-
-    state.pool().submit(work)
-    return fut

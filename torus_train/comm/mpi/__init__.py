@@ -1,4 +1,4 @@
-"""The MPI transport (mpi4py communicators, rows and columns by Comm.Split) and its C replay.
+"""The MPI transport (mpi4py communicators, rows and columns by Comm.Split; calls recorded once, then replayed).
 
 It serves `torus-train bench allreduce --backend mpi`; training itself runs on torch.distributed groups.
 """

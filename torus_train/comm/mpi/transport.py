@@ -13,7 +13,6 @@ MPI has no standard float16/bfloat16 sum).
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -21,7 +20,6 @@ import numpy as np
 import torch
 
 from torus_train.comm.arith import accumulate, as_numpy
-from torus_train.comm.mpi import native as N
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid
 
@@ -29,7 +27,8 @@ _HALF = (torch.float16, torch.bfloat16)
 _OPS: dict = {}
 _TAG_RS, _TAG_AG = 11, 12
 _CACHED_VIEWS = 8
-_INT_MAX = 2**31 - 1  # MPI counts are C ints
+# The step kinds (the C replay in scripts/experiments/mpi_native.c numbers its ops the same way)
+SENDRECV, ISEND, IRECV, WAITALL, ALLREDUCE, REDUCE, BCAST, ADD = range(8)
 
 
 def _MPI():
@@ -95,7 +94,7 @@ def _words(a: np.ndarray) -> np.ndarray:
 class _Step(NamedTuple):
     """One recorded operation: an MPI call on communicator `comm` (0 world, 1 row, 2 column) or a local add."""
 
-    kind: int  # torus_train.comm.mpi.native's op kinds, or _HALF_ADD
+    kind: int  # one of the step kinds above, or _HALF_ADD
     comm: int = 0
     a: np.ndarray | None = None  # what is sent / reduced in place / added to (None: MPI_IN_PLACE at a root)
     b: np.ndarray | None = None  # what is received / the addend
@@ -120,12 +119,9 @@ class _Program:
 
 
 class MpiGrid:
-    """This rank's view of the grid on MPI: row and column communicators.
+    """This rank's view of the grid on MPI: row and column communicators."""
 
-    native: None tries the C replay (torus_train.comm.mpi.native) and falls back to Python, saying why in
-    `notes`; False never tries it; True requires it (ValueError when it cannot be had)."""
-
-    def __init__(self, grid: Grid, comm=None, native: bool | None = None):
+    def __init__(self, grid: Grid, comm=None):
         MPI = _MPI()
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         if self.comm.Get_size() != grid.size:
@@ -143,17 +139,7 @@ class MpiGrid:
         self._IN_PLACE = MPI.IN_PLACE
         self._views: dict = {}  # (data_ptr, numel, dtype) -> _Buf, see buffer()
         self._recording: list | None = None  # see run()
-        self.native, why = None, "native replay off"
-        if native is not False:
-            self.native, why = N.load(MPI.Get_library_version())
-            if native and self.native is None:
-                raise ValueError(why)
-        self.notes: list[str] = [
-            "rows: MPI point-to-point (pairwise exchange); columns: MPI_Allreduce",
-            f"replay: C for float32/float64 ({why}), Python for half types"
-            if self.native
-            else f"replay: Python; {why}",
-        ]
+        self.notes: list[str] = ["rows: MPI point-to-point (pairwise exchange); columns: MPI_Allreduce"]
 
     # --- the transport contract (torus_train.comm.transport.Transport) ------------------------------
     def buffer(self, tensor: torch.Tensor) -> _Buf:
@@ -178,10 +164,7 @@ class MpiGrid:
 
         The methods below emit steps (MPI calls and local adds); while recording they are only collected. An
         algorithm's steps depend on the buffer's length and dtype and on the grid, never on its values, so a
-        buffer reduced again (a DDP bucket, the bench) replays them: in C when the native library is loaded
-        and the dtype is float32 or float64 (one ctypes call for the whole all-reduce), else in Python
-        without rebuilding slices or plans. Both issue the same MPI calls and adds in the same order, so
-        they give bitwise-identical results and ranks may even mix them."""
+        buffer reduced again (a DDP bucket, the bench) replays them without rebuilding slices or plans."""
         prog = buf.plans.get(algorithm)
         if prog is None:
             self._recording = []
@@ -191,11 +174,12 @@ class MpiGrid:
             finally:
                 self._recording = None
             prog = buf.plans[algorithm] = self._compile(steps)
-        for call, args in prog.calls:
-            call(*args)
+        with np.errstate(over="ignore"):  # a sum past the dtype's range is inf, silently, as in MPI's own sum
+            for call, args in prog.calls:
+                call(*args)
 
     def replay_kind(self, algorithm, buf: _Buf) -> str | None:
-        """'native' or 'python' once `algorithm` has run on `buf`, else None (for the tests)."""
+        """How `algorithm` is replayed on `buf` ('python' here) once it has run, else None (for the tests)."""
         prog = buf.plans.get(algorithm)
         return prog.how if prog is not None else None
 
@@ -207,45 +191,29 @@ class MpiGrid:
                 call(*args)
 
     def _compile(self, steps: list[_Step]) -> _Program:
-        if self.native is not None and steps:
-            ops = _native_ops(steps)
-            if ops is not None:
-                return _Program([(self._native_call(ops), ())], steps, "native")
         return _Program(self._python_calls(steps), steps, "python")
-
-    def _native_call(self, ops):
-        fcomms = (ctypes.c_int32 * len(self._comms))(*[c.py2f() for c in self._comms])
-        run, n, nc = self.native.tt_run, len(ops), len(self._comms)
-        arr = (N.Op * n)(*ops)
-
-        def call():
-            rc = run(arr, n, fcomms, nc)
-            if rc:
-                raise RuntimeError(f"native all-reduce replay failed: {_error_string(rc)}")
-
-        return call
 
     def _python_calls(self, steps) -> list:
         calls: list[tuple[Callable, tuple]] = []
         pending: list[tuple[Callable, tuple]] = []
         for s in steps:
             c = self._comms[s.comm]
-            if s.kind == N.SENDRECV:
+            if s.kind == SENDRECV:
                 calls.append((c.Sendrecv, (s.a, s.peer, s.tag, s.b, s.src, s.tag)))
-            elif s.kind == N.ISEND:
+            elif s.kind == ISEND:
                 pending.append((c.Isend, (s.a, s.peer, s.tag)))
-            elif s.kind == N.IRECV:
+            elif s.kind == IRECV:
                 pending.append((c.Irecv, (s.b, s.src, s.tag)))
-            elif s.kind == N.WAITALL:
+            elif s.kind == WAITALL:
                 calls.append((_start_and_wait, (tuple(pending),)))
                 pending = []
-            elif s.kind == N.ALLREDUCE:
+            elif s.kind == ALLREDUCE:
                 calls.append((c.Allreduce, (self._IN_PLACE, s.a, s.op)))
-            elif s.kind == N.REDUCE:
+            elif s.kind == REDUCE:
                 calls.append((c.Reduce, (self._IN_PLACE if s.a is None else s.a, s.b, s.op, s.peer)))
-            elif s.kind == N.BCAST:
+            elif s.kind == BCAST:
                 calls.append((c.Bcast, (s.a, s.peer)))
-            elif s.kind == N.ADD:
+            elif s.kind == ADD:
                 calls.append((np.add, (s.a, s.b, s.a)))
             elif s.kind == _HALF_ADD:
                 calls.append((accumulate, (s.a, list(s.summands), s.dtype)))
@@ -261,14 +229,14 @@ class MpiGrid:
         return (buf,)
 
     def world_allreduce(self, buf: _Buf) -> None:
-        self._emit(_Step(N.ALLREDUCE, 0, buf.wire, op=buf.op))
+        self._emit(_Step(ALLREDUCE, 0, buf.wire, op=buf.op))
 
     def world_max(self, buf: _Buf) -> None:
         self.comm.Allreduce(self._IN_PLACE, buf.values, op=_MPI().MAX)  # never recorded: bench bookkeeping
 
     def col_allreduce(self, buf: _Buf) -> None:
         if self.grid.y > 1:
-            self._emit(_Step(N.ALLREDUCE, 2, buf.wire, op=buf.op))
+            self._emit(_Step(ALLREDUCE, 2, buf.wire, op=buf.op))
 
     def row_reduce_scatter(self, buf: _Buf, bounds) -> None:
         """Chunk `col` of the row's sum lands in flat[bounds[col]]; the other chunks are left as they were."""
@@ -285,7 +253,7 @@ class MpiGrid:
             if buf.dtype in _HALF:
                 self._emit(_Step(_HALF_ADD, a=mine, summands=tuple(summands), dtype=buf.dtype))
             else:
-                self._emit(*[_Step(N.ADD, a=mine, b=s) for s in summands])
+                self._emit(*[_Step(ADD, a=mine, b=s) for s in summands])
 
     def row_all_gather(self, buf: _Buf, bounds) -> None:
         """Every member holds chunk `col` in flat[bounds[col]]; afterwards all hold every chunk."""
@@ -298,22 +266,22 @@ class MpiGrid:
         """Send each (peer, words) of `sends` and receive each of `recvs` along the row, all at once."""
         if len(sends) == 1:  # a 2-rank row: one paired exchange
             (dst, out), (src, into) = sends[0], recvs[0]
-            self._emit(_Step(N.SENDRECV, 1, out, into, peer=dst, src=src, tag=tag))
+            self._emit(_Step(SENDRECV, 1, out, into, peer=dst, src=src, tag=tag))
             return
         self._emit(
-            *[_Step(N.IRECV, 1, b=w, src=src, tag=tag) for src, w in recvs],
-            *[_Step(N.ISEND, 1, a=w, peer=dst, tag=tag) for dst, w in sends],
-            _Step(N.WAITALL, 1),
+            *[_Step(IRECV, 1, b=w, src=src, tag=tag) for src, w in recvs],
+            *[_Step(ISEND, 1, a=w, peer=dst, tag=tag) for dst, w in sends],
+            _Step(WAITALL, 1),
         )
 
     def row_reduce_to_leader(self, buf: _Buf) -> None:
         if self.col == 0:
-            self._emit(_Step(N.REDUCE, 1, None, buf.wire, peer=0, op=buf.op))
+            self._emit(_Step(REDUCE, 1, None, buf.wire, peer=0, op=buf.op))
         else:
-            self._emit(_Step(N.REDUCE, 1, buf.wire, None, peer=0, op=buf.op))
+            self._emit(_Step(REDUCE, 1, buf.wire, None, peer=0, op=buf.op))
 
     def row_broadcast_from_leader(self, buf: _Buf) -> None:
-        self._emit(_Step(N.BCAST, 1, buf.wire, peer=0))
+        self._emit(_Step(BCAST, 1, buf.wire, peer=0))
 
     def close(self) -> None:
         self._views = {}
@@ -321,41 +289,3 @@ class MpiGrid:
 
 def _start_and_wait(starts) -> None:
     _MPI().Request.Waitall([start(*args) for start, args in starts])
-
-
-def _native_ops(steps: list[_Step]) -> list | None:
-    """The steps as native.c ops, or None when one of them is not float32/float64 with MPI_SUM."""
-    MPI = _MPI()
-    codes = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
-    ops, open_reqs = [], 0
-    for s in steps:
-        arrays = [x for x in (s.a, s.b) if x is not None]
-        if s.kind == _HALF_ADD or (s.op is not None and s.op != MPI.SUM):
-            return None
-        if any(x.dtype not in codes or x.shape[0] > _INT_MAX for x in arrays):
-            return None
-        open_reqs = 0 if s.kind == N.WAITALL else open_reqs + (s.kind in (N.ISEND, N.IRECV))
-        if open_reqs > N.MAX_REQS:
-            return None
-        ops.append(
-            N.Op(
-                s.kind,
-                s.comm,
-                codes[arrays[0].dtype] if arrays else 0,
-                s.peer,
-                s.src,
-                s.tag,
-                s.a.shape[0] if s.a is not None else (s.b.shape[0] if s.b is not None else 0),
-                s.b.shape[0] if s.b is not None else 0,
-                s.a.ctypes.data if s.a is not None else None,
-                s.b.ctypes.data if s.b is not None else None,
-            )
-        )
-    return ops
-
-
-def _error_string(rc: int) -> str:
-    try:
-        return _MPI().Get_error_string(rc)
-    except Exception:
-        return f"code {rc} (a malformed program)" if rc == -1 else f"MPI error code {rc}"

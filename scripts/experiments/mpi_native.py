@@ -1,8 +1,10 @@
-"""The native replay of recorded MPI all-reduces: native.c, built on first use with mpicc and loaded by ctypes.
+"""A C replay of the MPI transport's recorded all-reduces: mpi_native.c, built with mpicc and loaded by ctypes.
 
-Why: with ranks outnumbering cores, every Python-side step between two MPI calls costs many times its own
-duration, and a torus makes three to four dependent MPI calls where OpenMPI's own Allreduce makes one C call.
-Replaying the recorded calls from C removes the Python between them (figures in docs/comm.md).
+An experiment, not part of the package: with ranks outnumbering cores (this project's 2-core test hosts),
+every Python-side step between two MPI calls costs many times its own duration, and replaying the recorded
+calls from C removed that (figures in docs/comm.md). With a core per rank the Python between the calls is
+noise, so the package replays in Python only; this file keeps the recorded C figures reproducible
+(`NativeMpiGrid`, used by mpi_replay_bench.py beside it and by tests/dist/test_transports.py).
 
 The library is built once per (source, MPI library, mpicc, machine) into $TORUS_TRAIN_CACHE/native (default
 ~/.cache/torus-train/native), under a file lock so that the ranks of one node build it once, and loaded only if
@@ -27,11 +29,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from torus_train.cache import cache_root
+from torus_train.comm.mpi import transport as T
 
-SOURCE = Path(__file__).with_name("native.c")
+SOURCE = Path(__file__).with_name("mpi_native.c")
 
-# the op kinds of native.c
+# the op kinds of mpi_native.c (the same numbers as torus_train.comm.mpi.transport's step kinds)
 SENDRECV, ISEND, IRECV, WAITALL, ALLREDUCE, REDUCE, BCAST, ADD = range(8)
 MAX_COMMS, MAX_REQS = 4, 256
 
@@ -92,7 +97,7 @@ def _load(mpi_version: str) -> tuple[ctypes.CDLL | None, str]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return None, f"native replay unavailable: {first[:200]}"
     if lib.tt_op_size() != ctypes.sizeof(Op):
-        return None, "native replay unavailable: op layout differs between native.c and native.py"
+        return None, "native replay unavailable: op layout differs between mpi_native.c and mpi_native.py"
     text = ctypes.create_string_buffer(8192)
     lib.tt_library_version(text, len(text))
     if text.value.decode(errors="replace").strip() != mpi_version:
@@ -127,7 +132,7 @@ def trusted_folder() -> tuple[Path, str]:
 
 
 def _build(mpicc: str, lib_path: Path) -> None:
-    """Compile native.c into lib_path, once per node: the other ranks wait on the lock, then find it built."""
+    """Compile mpi_native.c into lib_path, once per node: the other ranks wait on the lock, then find it built."""
     with open(lib_path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if lib_path.exists():
@@ -145,3 +150,73 @@ def _build(mpicc: str, lib_path: Path) -> None:
             raise OSError(f"{mpicc} failed: {(proc.stderr or proc.stdout).strip()}")
         os.chmod(tmp, 0o755)  # whatever the umask: writable by this user only (see private)
         os.replace(tmp, lib_path)
+
+
+_INT_MAX = 2**31 - 1  # MPI counts are C ints
+
+
+class NativeMpiGrid(T.MpiGrid):
+    """MpiGrid whose recorded float32/float64 all-reduces replay from C (one ctypes call), the rest in Python.
+
+    Both replays issue the same MPI calls and adds in the same order, so their results are bitwise identical.
+    required: raise ValueError when the library cannot be had, instead of replaying in Python."""
+
+    def __init__(self, grid, comm=None, required: bool = False):
+        super().__init__(grid, comm)
+        self.native, why = load(T._MPI().Get_library_version())
+        if required and self.native is None:
+            raise ValueError(why)
+        self.notes.append(f"replay: C for float32/float64 ({why})" if self.native else f"replay: Python; {why}")
+
+    def _compile(self, steps):
+        ops = _native_ops(steps) if self.native is not None and steps else None
+        if ops is None:
+            return super()._compile(steps)
+        fcomms = (ctypes.c_int32 * len(self._comms))(*[c.py2f() for c in self._comms])
+        run, n, nc = self.native.tt_run, len(ops), len(self._comms)
+        arr = (Op * n)(*ops)
+
+        def call():
+            rc = run(arr, n, fcomms, nc)
+            if rc:
+                raise RuntimeError(f"native all-reduce replay failed: {_error_string(rc)}")
+
+        return T._Program([(call, ())], steps, "native")
+
+
+def _native_ops(steps) -> list | None:
+    """The steps as mpi_native.c ops, or None when one of them is not float32/float64 with MPI_SUM."""
+    MPI = T._MPI()
+    codes = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
+    ops, open_reqs = [], 0
+    for s in steps:
+        arrays = [x for x in (s.a, s.b) if x is not None]
+        if s.kind == T._HALF_ADD or (s.op is not None and s.op != MPI.SUM):
+            return None
+        if any(x.dtype not in codes or x.shape[0] > _INT_MAX for x in arrays):
+            return None
+        open_reqs = 0 if s.kind == WAITALL else open_reqs + (s.kind in (ISEND, IRECV))
+        if open_reqs > MAX_REQS:
+            return None
+        ops.append(
+            Op(
+                s.kind,
+                s.comm,
+                codes[arrays[0].dtype] if arrays else 0,
+                s.peer,
+                s.src,
+                s.tag,
+                s.a.shape[0] if s.a is not None else (s.b.shape[0] if s.b is not None else 0),
+                s.b.shape[0] if s.b is not None else 0,
+                s.a.ctypes.data if s.a is not None else None,
+                s.b.ctypes.data if s.b is not None else None,
+            )
+        )
+    return ops
+
+
+def _error_string(rc: int) -> str:
+    try:
+        return T._MPI().Get_error_string(rc)
+    except Exception:
+        return f"code {rc} (a malformed program)" if rc == -1 else f"MPI error code {rc}"

@@ -1,7 +1,7 @@
-"""Side by side under mpirun: OpenMPI's Allreduce and the torus replayed in Python and in C (comm/native.c).
+"""Side by side under mpirun: OpenMPI's Allreduce and the torus replayed in Python and in C (mpi_native.c).
 
-    mpirun -np 4 --oversubscribe python scripts/bench/mpi_replay_bench.py --grid 2x2
-    mpirun -np 8 --oversubscribe python scripts/bench/mpi_replay_bench.py --grid 2x4 --sizes 64K,1M
+    mpirun -np 4 --oversubscribe python scripts/experiments/mpi_replay_bench.py --grid 2x2
+    mpirun -np 8 --oversubscribe python scripts/experiments/mpi_replay_bench.py --grid 2x4 --sizes 64K,1M
 
 Every variant runs on the same float32 tensor through torus_train.comm.algos.allreduce; the variants take turns
 in shuffled order, `--rounds` blocks of `--iters` calls each (after a barrier), and the median block is printed
@@ -16,12 +16,16 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # mpi_native.py, beside this script
 
 
 def main() -> None:
     from mpi4py import MPI
+    from mpi_native import NativeMpiGrid
 
     from torus_train.bench.allreduce import parse_size
     from torus_train.comm.algos import allreduce
@@ -36,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     grid = parse_grid(args.grid)
     comm = MPI.COMM_WORLD
-    grids = {"python": MpiGrid(grid, native=False), "native": MpiGrid(grid)}
+    grids = {"python": MpiGrid(grid), "native": NativeMpiGrid(grid)}
     if grids["native"].native is None:
         sys.exit(f"no native replay here: {grids['native'].notes[-1]}")
     rng = random.Random(1)

@@ -1,5 +1,5 @@
 /* Replays a recorded all-reduce (torus_train.comm.mpi) in one call: MPI calls and local adds, no Python
- * between them. Built on first use with the mpicc of the MPI that mpi4py runs on (torus_train.comm.mpi.native).
+ * between them. Built on first use with the mpicc of the MPI that mpi4py runs on (scripts/experiments/mpi_native.py).
  *
  * A program is an array of tt_op, executed in order. Communicators are Fortran handles (portable across MPI
  * ABIs) converted once per call. Only float32 and float64 with MPI_SUM are supported; the Python side never
