@@ -151,6 +151,17 @@ def test_bench_data_check_two_toy_sets(tmp_path):
 
 
 @pytest.mark.slow
+def test_before_after_compares_a_checkout_with_itself(tmp_path):
+    out = tmp_path / "ba.json"
+    run_args = " ".join(TOY_RUN)
+    args = ["--before", ".", "--after", ".", "--rounds", "1", "--run-args", run_args]
+    text = ok(run_py("bench/before_after.py", *args, "--bench-args", "-b 1K -e 4K", "--json", str(out), timeout=600))
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) == {"before", "after"} and "# default run: after/before wall time" in text
+    assert "# bench allreduce torus busbw" in text
+
+
+@pytest.mark.slow
 def test_bench_rehearse_one_rank_against_two(tmp_path):
     out = tmp_path / "rehearse.json"
     sets = ["grid.gpus=2", "grid.grid=2x1", "schedule.epochs=1", "schedule.stages=[{until_epoch=1,per_rank_batch=4}]"]
