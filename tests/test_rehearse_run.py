@@ -2,7 +2,7 @@
 
 A small world (8 ranks, 4x2, 2 per node) rehearses in well under a minute and must pass every rule, with the
 phases and the graphed step's captures in its tables; the production spec at its full 2,176 ranks is the slow
-test (the figures of docs/bench/rehearse.md)."""
+test (the figures of docs/bench/2026-12-06-rehearse/)."""
 
 from __future__ import annotations
 
