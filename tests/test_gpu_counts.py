@@ -75,6 +75,10 @@ class FakeNvml:
         assert self.started and self.uuids is not None
         return len(self.uuids)
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        assert self.started
+        return "580.95.05"
+
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
@@ -87,6 +91,7 @@ def test_the_driver_is_asked_through_nvml_and_left_shut(monkeypatch):
     nvml = FakeNvml(["GPU-aaaa-0", "GPU-bbbb-1", "GPU-cccc-2"])
     monkeypatch.setattr(gpus, "pynvml", nvml)
     assert gpus.driver_gpus() == 3 and gpus.driver_uuids() == nvml.uuids and nvml.started == 0
+    assert gpus.driver_version() == "580.95.05" and nvml.started == 0
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb,GPU-cccc")
     assert gpus.local_gpus() == gpus.GpuCount(2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb,GPU-dddd")
@@ -94,7 +99,7 @@ def test_the_driver_is_asked_through_nvml_and_left_shut(monkeypatch):
         1, "CUDA_VISIBLE_DEVICES=GPU-bbbb,GPU-dddd stops at GPU-dddd, which no GPU here has"
     )
     monkeypatch.setattr(gpus, "pynvml", FakeNvml(None))
-    assert gpus.driver_gpus() is None and gpus.driver_uuids() is None
+    assert gpus.driver_gpus() is None and gpus.driver_uuids() is None and gpus.driver_version() is None
     assert gpus.local_gpus() == gpus.GpuCount(0, gpus.NO_DRIVER)
 
 

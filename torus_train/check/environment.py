@@ -27,7 +27,7 @@ def environment(ctx: Any) -> Verdict:
         "dali": dali_version(),
         "mpi4py": mpi_version(),
         "mpirun": mpirun_version(),
-        "driver": driver_version(),
+        "driver": job_gpus.driver_version(),
     }
     build = f"CUDA {cuda} build" if cuda else "CPU build"
     words = [f"python {found['python']}", f"torch {found['torch']} ({build})"]
@@ -78,26 +78,6 @@ def mpirun_version() -> str | None:
         return f"at {path} (its --version did not answer)"
     first = next((line for line in out.splitlines() if line.strip()), "")
     return f"{first.strip()} at {path}"
-
-
-def driver_version() -> str | None:
-    """The NVIDIA driver's version (its /proc file, else nvidia-smi), None without a driver."""
-    try:
-        with open("/proc/driver/nvidia/version") as f:
-            words = f.readline().split()
-        return next((w for w in words if w[:1].isdigit() and "." in w), None)
-    except OSError:
-        pass
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def gpus(ctx: Any) -> Verdict:

@@ -98,7 +98,7 @@ def read_visible(value: str) -> Visible:
     return Visible(tuple(taken))
 
 
-def _nvml(query: Callable[[], T]) -> T | None:
+def nvml_query(query: Callable[[], T]) -> T | None:
     """``query()`` between nvmlInit and nvmlShutdown; None when NVML does not start (no driver) or fails."""
     try:
         pynvml.nvmlInit()
@@ -112,9 +112,15 @@ def _nvml(query: Callable[[], T]) -> T | None:
         pynvml.nvmlShutdown()
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (`torus-train check`'s environment part); None without a driver."""
+    version = nvml_query(pynvml.nvmlSystemGetDriverVersion)
+    return None if version is None else str(version)
+
+
 def driver_gpus() -> int | None:
     """GPUs the NVIDIA driver lists, or None when there is no driver to ask."""
-    return _nvml(pynvml.nvmlDeviceGetCount)
+    return nvml_query(pynvml.nvmlDeviceGetCount)
 
 
 def driver_uuids() -> list[str] | None:
@@ -124,7 +130,7 @@ def driver_uuids() -> list[str] | None:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         return [str(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
 
-    return _nvml(uuids)
+    return nvml_query(uuids)
 
 
 def gpu_count(environ: Mapping[str, str], driver: int | Sequence[str] | None) -> GpuCount:
