@@ -198,7 +198,10 @@ def test_bench_groups_fake_backend(tmp_path):
         ("per-group", 4, 4),
         ("enumerate", 2, 4),
         ("split", 2, 2),
+        ("mesh", 1, 2),
+        ("mesh-unbound", 1, 4),
     ]
+    assert [r["timeout_got_s"] for r in rows if r["method"] == "split"] == [60.0]  # the job's, asked by --timeout
     assert "per-group/this" in text
 
 

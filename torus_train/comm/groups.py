@@ -15,6 +15,15 @@ How the groups are made (``method``):
 - ``per-group``: one ``dist.new_group`` per row and per column, the fallback for a torch without the others.
 ``auto`` takes the first that the backend allows; every rank decides alike (same torch, backend and device
 binding), which matters because the group calls are collective.
+
+Why not torch's DeviceMesh (``init_device_mesh(device, (Y, X), mesh_dim_names=...)``, weighed in issue 45):
+it makes the same groups the same way (torch's ``DeviceMesh._init_one_process_group``: one ``split_group``
+per dimension with a bound device, else one ``new_group`` per group; 2 or 100 at 32x68, as here), so it saves
+no communicator, and it lacks what this module does: the job's timeout on each group (torch 2.8's
+``init_device_mesh`` takes none; 2.11 and 2.14 only inside the backend's own Options class through
+``backend_override``), a row group of its own on a one-row grid (2.11 and 2.14 hand back the world's group
+for a dimension that spans the world, so the exchange would share the world's communicator), and groups
+along one dimension only (the nodes' groups at resume, partition_groups). docs/extending.md has the figures.
 """
 
 from __future__ import annotations
