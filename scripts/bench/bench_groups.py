@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Time one rank's creation of all row and column groups, one group at a time against two calls, on torch's
-one-process fake backend (what `torus-train plan --check-groups` uses), at 8 and 2,176 ranks side by side.
+one-process fake backend (on which `torus-train plan rehearse` builds them), at 8 and 2,176 ranks side by side.
 
     python scripts/bench/bench_groups.py                                 # grids 2x4 and 32x68, 20 rounds each
     python scripts/bench/bench_groups.py --grids 2x4,32x68 --rounds 20 --json bench_groups.json
