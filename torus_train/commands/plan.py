@@ -129,8 +129,8 @@ def _write_json(path: str | None, doc: dict, writer: Writer) -> None:
     type=click.Path(dir_okay=False),
     default=None,
     metavar="FILE.json",
-    help="Backward seconds per module ({module: seconds}, from `python -m torus_train.plan.timeline "
-    "MODEL OUT.json`) to share the backward pass by, instead of layer FLOPs.",
+    help="Backward seconds per module ({module: seconds}, or a step profile whose `modules` holds them) to "
+    "share the backward pass by, instead of layer FLOPs.",
 )
 @click.option(
     "--simulate",

@@ -30,8 +30,6 @@ columns both leave their nodes the two lanes share the NICs and no two phases ov
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -381,51 +379,10 @@ def torus_lanes(t: dict, phase_seconds: Callable[[float], tuple[float, ...]], sh
     return lanes(rows, t["backward_seconds"], t["compute_seconds"], t["overhead_seconds"], shared_links)
 
 
-def measure_backward_profile(
-    model: str, image_size: int = 64, batch: int = 16, repeats: int = 3, warmup: int = 1
-) -> dict[str, float]:
-    """Seconds of backward per module with parameters, measured here on CPU: the time at which each module's
-    last parameter gradient is accumulated (post-accumulate-grad hooks), from the call of backward(); a
-    module's seconds = its time minus the previous module's in that order, so the profile's sum is the
-    backward pass up to the last gradient and parameter-free layers' time goes to the next module ready.
-    Median over `repeats` steps after `warmup`."""
-    import torch
-    import torchvision
-
-    m = getattr(torchvision.models, model)()
-    m.train()
-    runs: list[dict[str, float]] = []
-    names = [n for n, mod in m.named_modules() if any(True for _ in mod.parameters(recurse=False))]
-    mods = dict(m.named_modules())
-
-    def acc(name: str) -> Callable[[torch.Tensor], None]:
-        def f(param: torch.Tensor) -> None:
-            runs[-1][name] = time.perf_counter()
-
-        return f
-
-    for n in names:
-        for p in mods[n].parameters(recurse=False):
-            p.register_post_accumulate_grad_hook(acc(n))
-    x = torch.randn(batch, 3, image_size, image_size)
-    for _ in range(warmup + repeats):
-        m.zero_grad(set_to_none=True)
-        loss = m(x).sum()
-        runs.append({})
-        t0 = time.perf_counter()
-        loss.backward()
-        stamps = sorted(runs[-1].items(), key=lambda kv: kv[1])
-        prev, d = t0, {}
-        for n, t in stamps:
-            d[n], prev = t - prev, t
-        runs[-1] = d
-    kept = runs[warmup:]
-    return {n: statistics.median(r.get(n, 0.0) for r in kept) for n in names}
-
-
 def layers_with_profile(layers: Sequence[Layer], profile: dict[str, float]) -> tuple[Layer, ...]:
-    """The layers with their backward share taken from a measured profile ({module name: seconds}) instead of
-    FLOPs: a module's seconds split evenly over its parameter tensors. Every module must be in the profile."""
+    """The layers with their backward share taken from a measured profile ({module name: seconds}: a GPU
+    profiler's, or scripts/experiments/step_profile.py's on a CPU) instead of FLOPs: a module's seconds split
+    evenly over its parameter tensors. Every module must be in the profile."""
     per_module: dict[str, int] = {}
     for layer in layers:
         mod = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
@@ -438,26 +395,3 @@ def layers_with_profile(layers: Sequence[Layer], profile: dict[str, float]) -> t
         mod = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
         out.append(Layer(layer.name, layer.numel, float(profile[mod]) / per_module[mod]))
     return tuple(out)
-
-
-if __name__ == "__main__":
-    import argparse
-    import json
-
-    ap = argparse.ArgumentParser(
-        description="Measure a torchvision model's backward seconds per module on CPU "
-        "(JSON for `torus-train plan --layer-profile`)."
-    )
-    ap.add_argument("model")
-    ap.add_argument("out")
-    ap.add_argument("--image-size", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
-    a = ap.parse_args()
-    prof = measure_backward_profile(a.model, a.image_size, a.batch, a.repeats)
-    with open(a.out, "w") as f:
-        json.dump(prof, f, indent=1)
-    print(
-        f"# {a.model} at {a.image_size} px, batch {a.batch}: {len(prof)} modules, backward of them "
-        f"{sum(prof.values()) * 1e3:.1f} ms; wrote {a.out}"
-    )
