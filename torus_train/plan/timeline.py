@@ -9,10 +9,11 @@ What it computes, for one model, one all-reduce algorithm and one network:
   ``first_bucket_cap`` (DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB), every later one ``bucket_cap``
   (``bucket_cap_mb`` = 25 MiB); the caps count the parameters' own bytes (fp32), whatever dtype the exchange
   uses (a compression hook casts a bucket, it does not re-bucket);
-* each parameter's share of the backward time: its module's forward FLOPs at one image (convolutions and
-  linear layers: 2 x multiply-adds; BatchNorm: 4 per output value) over the model's total, split evenly over the
-  module's parameter tensors. Stated simplification: elementwise layers without parameters (ReLU, pooling, the
-  residual add) cost nothing, and the backward of every layer is its forward FLOPs times the same factor;
+* each parameter's share of the backward time: its module's forward FLOPs at one image as torch's
+  FlopCounterMode counts them (convolutions and linear layers: 2 x multiply-adds) over the model's total, split
+  evenly over the module's parameter tensors. Stated simplification: elementwise layers (BatchNorm, ReLU,
+  pooling, the residual add: 0.5% of ResNet-50's FLOPs counted at 4 per output value) cost nothing, and the
+  backward of every layer is its forward FLOPs times the same factor;
 * bucket k is ready when its last gradient is (the backward time summed over the parameters up to it);
 * its exchange starts at max(ready_k, end_{k-1}) (exchanges queue one after another on the network) and lasts
   ``allreduce_cost(algo, grid, net, bucket bytes)`` (the same alpha-beta-gamma model as the fused all-reduce,
@@ -68,7 +69,7 @@ class Layer:
 def model_layers(model: str, image_size: int = 224, num_classes: int = 1000) -> tuple[Layer, ...]:
     """The parameters of torchvision `model` (with `num_classes` outputs) in parameter order with their forward
     FLOPs at one image, from the model built on the meta device (no memory, no weights) and one meta forward
-    pass that records every module's output shape."""
+    pass under torch's FLOP counter."""
     m = _meta_model(model, num_classes)
     flops = _forward_flops(m, model, image_size)
     layers = []
@@ -103,27 +104,16 @@ def _meta_model(model: str, num_classes: int) -> torch.nn.Module:
 
 
 def _forward_flops(m: torch.nn.Module, model: str, image_size: int) -> dict[str, float]:
-    """Forward FLOPs at one image of every module of m that owns parameters, from one meta forward pass."""
+    """Forward FLOPs at one image of every module of m that owns parameters, its children's left out: torch's
+    FlopCounterMode over one meta forward pass (2 per multiply-add of the convolutions and matrix products;
+    elementwise layers, BatchNorm among them, count nothing)."""
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
-    flops: dict[str, float] = {}
-
-    def hook(name: str) -> Callable[[torch.nn.Module, Any, Any], None]:
-        def record(mod: torch.nn.Module, inputs: Any, output: Any) -> None:
-            if isinstance(output, (tuple, list)):  # attention returns (output, weights)
-                output = output[0]
-            flops[name] = _module_flops(mod, output.numel())
-
-        return record
-
-    handles = [
-        mod.register_forward_hook(hook(name))
-        for name, mod in m.named_modules()
-        if any(True for _ in mod.parameters(recurse=False))
-    ]
+    counter = FlopCounterMode(display=False)
     m.eval()  # one image: BatchNorm in training mode refuses a 1x1 map of one value per channel
     try:
-        with torch.no_grad():
+        with counter, torch.no_grad():
             m(torch.empty(1, 3, image_size, image_size, device="meta"))
     except (RuntimeError, ValueError, AssertionError, NotImplementedError) as e:
         reason = " ".join(str(e).split())[:160]
@@ -131,21 +121,17 @@ def _forward_flops(m: torch.nn.Module, model: str, image_size: int) -> dict[str,
             f"the bucket timeline cannot trace {model} at {image_size} px ({reason}); plan's --overlap F "
             f"skips the timeline"
         ) from None
-    for h in handles:
-        h.remove()
-    return flops
-
-
-def _module_flops(mod: torch.nn.Module, out: int) -> float:
-    """Forward FLOPs of one module with `out` output elements: 2 per multiply-add, 4 per element otherwise."""
-    import torch
-
-    if isinstance(mod, torch.nn.Conv2d):
-        k = mod.kernel_size[0] * mod.kernel_size[1] * mod.in_channels // mod.groups
-        return 2.0 * k * out
-    if isinstance(mod, torch.nn.Linear):
-        return 2.0 * mod.in_features * out
-    return 4.0 * out  # BatchNorm and other parameterised elementwise layers
+    root = type(m).__name__  # the counter names a module by its path under the model's class name
+    total = {
+        name.removeprefix(root).removeprefix("."): sum(ops.values()) for name, ops in counter.get_flop_counts().items()
+    }
+    return {
+        name: float(
+            total.get(name, 0) - sum(total.get(f"{name}.{c}" if name else c, 0) for c, _ in mod.named_children())
+        )
+        for name, mod in m.named_modules()
+        if any(True for _ in mod.parameters(recurse=False))
+    }
 
 
 def ddp_buckets(
