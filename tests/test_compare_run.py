@@ -244,12 +244,21 @@ def test_the_loops_own_work_is_added_when_measured(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_step_profile_measures_a_toy_step_that_compare_run_reads(tmp_path):
-    """scripts/experiments/step_profile.py at toy size: one thread, CPU time, every module with parameters."""
+    """scripts/experiments/step_profile.py at toy size: one thread, CPU time, every module with parameters; its
+    `modules` is a profile `plan --layer-profile` reads."""
+    from click.testing import CliRunner
+
+    from torus_train.commands.plan import plan
+
     prof = tmp_path / "p.json"
     r = script("step_profile.py", "resnet18", str(prof), "--image-size", "32", "--batch", "2", "--repeats", "1")
     assert r.returncode == 0 and f"wrote {prof}" in r.stdout, r.stderr
     p = compare_run.read_step_profile(str(prof))
     assert (p.model, p.image_size, p.batch, p.clock, p.colocated) == ("resnet18", 32, 2, "cpu", 1)
     assert p.forward_seconds > 0 and p.backward_seconds > 0 and {"conv1", "fc"} <= set(p.modules)
+    assert {layer.name.rsplit(".", 1)[0] for layer in model_layers("resnet18")} == set(p.modules)
+    args = ["--grid", "2x2", "--model", "resnet18", "--network", "dgx-h100", "--images-per-second", "500"]
+    r = CliRunner().invoke(plan, [*args, "--layer-profile", str(prof)])
+    assert r.exit_code == 0 and "measured --layer-profile" in r.output, r.output
     bad = script("step_profile.py", "resnet18", str(prof), "--colocated", "2", "--threads", "2")
     assert bad.returncode == 2 and "--colocated needs --threads 1" in bad.stderr

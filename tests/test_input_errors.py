@@ -113,7 +113,7 @@ def test_parse_override_keeps_plain_strings():
         (["run", "--dry-run", "--gpus", "9" * 400], "grid.gpus: 999999999999999999"),
         (["plan", "--gpus", "1000000007"], "--gpus: 1,000,000,007 ranks is more than"),
         (["plan", "--grid", "99999x99999"], "9,999,800,001 ranks"),
-        (["plan", "--gpus", "1000000", "--simulate"], "--simulate and --check-groups run on at most"),
+        (["plan", "--gpus", "1000000", "--simulate"], "--simulate runs on at most 65,536 virtual ranks, not 1,000,000"),
         (["bench", "allreduce", "--nprocs", "0"], "--nprocs 0 must be at least 1"),
         (["bench", "allreduce", "--nprocs", "1000000007"], "--nprocs 1000000007 must be at least 1 and at most"),
         (["bench", "allreduce", "--grid", "99999x99999"], "9,999,800,001 ranks"),

@@ -258,12 +258,11 @@ def test_measured_profile_replaces_flops(tmp_path):
     from click.testing import CliRunner
 
     from torus_train.commands.plan import plan
-    from torus_train.plan.timeline import layers_with_profile, measure_backward_profile
+    from torus_train.plan.timeline import layers_with_profile
 
-    prof = measure_backward_profile("resnet18", image_size=32, batch=2, repeats=1)
     layers = model_layers("resnet18")
     modules = {layer.name.rsplit(".", 1)[0] for layer in layers}
-    assert set(prof) == modules and all(v >= 0 for v in prof.values()) and sum(prof.values()) > 0
+    prof = {m: 1e-3 * (i + 1) for i, m in enumerate(sorted(modules))}  # a measured profile's shape (step_profile.py)
     # a profile that puts all the time in fc: the share of every other tensor is 0, fc's two tensors split it
     fake = dict.fromkeys(modules, 0.0) | {"fc": 1.0}
     with_p = layers_with_profile(layers, fake)

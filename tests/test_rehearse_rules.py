@@ -178,3 +178,27 @@ def test_every_recorded_collective_names_what_this_rank_sends():
 
     events = traces_of(workload, world=2, ranks=[0])[0]["events"]
     assert [(e["numel"], e["dtype"]) for e in events] == [(6, "float32"), (3, "float32")], events
+
+
+def test_a_rank_whose_row_or_column_group_is_not_the_grids_is_named():
+    """The groups build_grid_groups makes at the full world size hold the grid's row and column; a row group that
+    holds a column is named with the rank and both member lists."""
+    from torus_train.comm.groups import build_grid_groups
+    from torus_train.job.topology import Grid
+    from torus_train.plan.rehearse.rank import note_grid_groups
+
+    grid = Grid(32, 68, 4)
+
+    def workload(swap):
+        def run(rank, rec):
+            g = build_grid_groups(grid)
+            if swap:
+                g.row_group, g.col_group = g.col_group, g.row_group
+            note_grid_groups(rec, g)
+
+        return run
+
+    assert check_traces(traces_of(workload(False), world=grid.size, ranks=[0, 2175])) == []
+    found = check_traces(traces_of(workload(True), world=grid.size, ranks=[33]))
+    assert [(f["rule"], f["rank"]) for f in found] == [("grid-groups", 33), ("grid-groups", 33)]
+    assert "its row group holds 1,33,...,2145 (68), not row 1 of the grid (32-63)" in found[0]["text"]

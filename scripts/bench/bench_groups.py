@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time one rank's creation of all row and column groups, one group at a time against two calls, and against
-torch's DeviceMesh, on torch's one-process fake backend (what `torus-train plan --check-groups` uses), at 8 and
-2,176 ranks side by side, with a one-row grid (8x1) where the mesh differs.
+torch's DeviceMesh, on torch's one-process fake backend (on which `torus-train plan rehearse` builds them), at 8
+and 2,176 ranks side by side, with a one-row grid (8x1) where the mesh differs.
 
     python scripts/bench/bench_groups.py                                 # grids 2x4, 32x68 and 8x1, 20 rounds
     python scripts/bench/bench_groups.py --grids 2x4,32x68 --rounds 20 --json bench_groups.json

@@ -276,7 +276,8 @@ class StepProfile:
     optimizer_seconds: float
     """Optimizer step (SGD with momentum and weight decay), median."""
     modules: dict = field(default_factory=dict)
-    """Backward seconds per module with parameters (timeline.measure_backward_profile's convention)."""
+    """Backward seconds per module with parameters: from the stamp of the module's last gradient back to the
+    previous module's (what `plan --layer-profile` reads)."""
     cores: int = 1
     """CPU cores of the machine when measured."""
     background: float = 0.0

@@ -16,7 +16,7 @@ Assumptions (where the published setting is unknown or differs from what the mod
 * every work is modelled with PyTorch DDP's bucketing (1 MiB first bucket, then 25 MiB by fp32 bytes); Sony used
   NNL, Goyal et al. Caffe2 + Gloo, Jia et al. TensorFlow with tensor fusion: their real bucket sizes are unknown;
 * the backward pass is 2/3 of the single-GPU step (cost.BACKWARD_FRACTION), shared over layers by their forward
-  FLOPs; parameter-free layers (ReLU, pooling, adds) get no share;
+  FLOPs as torch.utils.flop_counter counts them; elementwise layers (BatchNorm, ReLU, pooling, adds) get no share;
 * single-GPU throughput is the preset's figure (V100 1,376 img/s mixed precision; P100 219 img/s fp32; P40
   200 img/s, an estimate);
 * Sony v2's grid is not published in the sources we have: 48x72 (X = 48 GPUs per row = 12 nodes) is assumed;

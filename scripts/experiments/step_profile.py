@@ -43,7 +43,7 @@ def measure_step_profile(
 ) -> StepProfile:
     """One rank's step measured here with `threads` torch threads: forward + loss, backward, SGD step
     (momentum 0.9, weight decay 5e-5) as medians over `repeats` steps after `warmup`, and the backward per
-    module (timeline.measure_backward_profile's hooks, on the same steps). With one thread the clock is the
+    module (post-accumulate-grad hooks, on the same steps). With one thread the clock is the
     thread's CPU time (the backward pass runs on the calling thread on CPU), so other jobs on the machine do
     not stretch it; with more, wall time."""
     import torch

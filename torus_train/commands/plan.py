@@ -2,7 +2,7 @@
 machine from a bench file) and `plan rehearse` (torus_train.commands.rehearse).
 
 Each command parses its options, builds its request, calls one function of torus_train.plan and writes --json.
-No torch here: only `plan --check-groups` imports it, inside torus_train.plan.checks.
+No torch here: the bucket timeline imports it inside torus_train.plan.timeline, `plan rehearse` in its ranks.
 """
 
 from __future__ import annotations
@@ -24,21 +24,28 @@ MOVED = {
     "--compare": "calibrate BENCH.json --compare OTHER.json",
 }
 """Options of the main plan that became subcommands' options: a usage error names the new spelling."""
+REPLACED = {
+    "--check-groups": "`torus-train plan rehearse --spec JOB.toml`: it builds the grid's groups inside each "
+    "rehearsed rank at the job's full world size and checks every collective (docs/rehearse.md)",
+}
+"""Options of the main plan that another command does better: a usage error names that command."""
 
 
 class PlanGroup(click.Group):
     """The main plan's options on the group itself (so `plan --gpus N ...` is the main plan), and a usage error
-    that names the subcommand an old option moved to."""
+    that names the subcommand an old option moved to, or the command that replaced it."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as e:
-            if e.option_name not in MOVED:
-                raise
-            raise click.UsageError(
-                f"{e.option_name} belongs to a subcommand: torus-train plan {MOVED[e.option_name]}", ctx
-            ) from None
+            if e.option_name in MOVED:
+                raise click.UsageError(
+                    f"{e.option_name} belongs to a subcommand: torus-train plan {MOVED[e.option_name]}", ctx
+                ) from None
+            if e.option_name in REPLACED:
+                raise click.UsageError(f"{e.option_name} was replaced by {REPLACED[e.option_name]}", ctx) from None
+            raise
 
 
 CALIBRATE_WRITER = Writer("plan calibrate")
@@ -122,18 +129,13 @@ def _write_json(path: str | None, doc: dict, writer: Writer) -> None:
     type=click.Path(dir_okay=False),
     default=None,
     metavar="FILE.json",
-    help="Backward seconds per module ({module: seconds}, from `python -m torus_train.plan.timeline "
-    "MODEL OUT.json`) to share the backward pass by, instead of layer FLOPs.",
+    help="Backward seconds per module ({module: seconds}, or a step profile whose `modules` holds them) to "
+    "share the backward pass by, instead of layer FLOPs.",
 )
 @click.option(
     "--simulate",
     is_flag=True,
     help="Run the torus's exact data movement on N virtual ranks with ragged integer tensors.",
-)
-@click.option(
-    "--check-groups",
-    is_flag=True,
-    help="Build every row and column process group of the grid on torch's one-process fake backend.",
 )
 @_json_option(WRITER)
 @click.option(
@@ -158,7 +160,7 @@ def plan(ctx: click.Context, json_path, **options) -> None:
     \b
     Examples:
       torus-train plan --gpus 1088 --network abci-v100 --per-gpu-batch 32
-      torus-train plan --gpus 2176 --grid 32x68 --simulate --check-groups
+      torus-train plan --gpus 2176 --grid 32x68 --simulate
       torus-train plan calibrate bench_2x2.json --grid 2x4
       torus-train plan calibrate bench_2x2.json --compare bench_2x4.json
     """

@@ -12,8 +12,7 @@ simulate         the torus's exact data movement on virtual ranks
 
 What each `plan` command calls, one function each:
 
-predict          `plan`: PlanRequest -> predict (printout: its text; checks: --simulate, --check-groups;
-                 plots: --plot, --png)
+predict          `plan`: PlanRequest -> predict (printout: its text; simulate: --simulate; plots: --plot, --png)
 calibrate_report `plan calibrate`: CalibrateRequest -> calibrate_report
 rehearse/        `plan rehearse`: the whole job at full scale against NCCL's rules (docs/rehearse.md)
 """

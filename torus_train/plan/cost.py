@@ -115,25 +115,20 @@ def _flow_bandwidth(net: Network, flows: int) -> float:
     return net.nics_per_node * net.inter.bandwidth_gbytes_per_s * 1e9 / flows
 
 
-def _edge_time(
-    net: Network, src: np.ndarray, dst: np.ndarray, chunk_bytes: float, node: np.ndarray
-) -> tuple[float, np.ndarray]:
-    """Seconds for one step in which every src[i] sends chunk_bytes to dst[i] at once.
-
-    Returns (seconds, inter) where inter[i] says whether edge i leaves its node. The step lasts as long as its
-    slowest edge: intra edges cost alpha_intra + chunk/bw_intra, inter edges alpha_inter + chunk/bw_flow with
-    the NICs of the busiest node shared by its outgoing flows.
-    """
+def _links(
+    net: Network, src: np.ndarray, dst: np.ndarray, node: np.ndarray
+) -> tuple[list[tuple[float, float]], np.ndarray]:
+    """The kinds of link a step in which every src[i] sends to dst[i] at once uses, as (alpha seconds, beta
+    seconds per byte), and which edges leave their node. The step lasts as long as its slowest edge: intra
+    edges pay the intra-node link, inter edges the NICs of the busiest node shared by its outgoing flows."""
     inter = node[src] != node[dst]
-    t = 0.0
-    if src.size == 0:
-        return 0.0, inter
+    links = []
     if (~inter).any():
-        t = max(t, net.intra.alpha + chunk_bytes * net.intra.beta)
+        links.append((net.intra.alpha, net.intra.beta))
     if inter.any():
         flows = int(np.bincount(node[src[inter]]).max())
-        t = max(t, net.inter.alpha + chunk_bytes / _flow_bandwidth(net, flows))
-    return t, inter
+        links.append((net.inter.alpha, 1.0 / _flow_bandwidth(net, flows)))
+    return links, inter
 
 
 @dataclass
@@ -179,12 +174,15 @@ class AllreduceCost:
 
 
 class _Phases:
-    """The phases of one all-reduce as they are added, and the bytes each rank sends across nodes."""
+    """The phases of one all-reduce as its algorithm adds them, per byte all-reduced (the algorithms are called
+    with n = 1): each step's links, bytes and bytes reduced, and the bytes each rank sends across nodes. The
+    cost at any size follows from them: allreduce_cost evaluates one size, allreduce_seconds_fn many."""
 
     def __init__(self, grid: Grid, node: np.ndarray):
         self.grid = grid
         self.node = node
-        self.phases: list[Phase] = []
+        self.terms: list[tuple[str, int, float, list[tuple[float, float]], float]] = []
+        """(phase name, repeats, bytes each sender sends per step, its links, bytes reduced), per byte."""
         self.inter_bytes = np.zeros(grid.size)
 
     def ring(
@@ -195,42 +193,52 @@ class _Phases:
         if p <= 1 or steps == 0:
             return
         src = rings.reshape(-1)
-        dst = np.roll(rings, -1, axis=1).reshape(-1)
-        chunk = nbytes / p
-        t, inter = _edge_time(net, src, dst, chunk, self.node)
-        self.inter_bytes[src[inter]] += steps * chunk
-        self.phases.append(Phase(name, steps, chunk, steps * t + reduce_bytes * net.gamma))
+        links, inter = _links(net, src, np.roll(rings, -1, axis=1).reshape(-1), self.node)
+        self.inter_bytes[src[inter]] += steps * nbytes / p
+        self.terms.append((name, steps, nbytes / p, links, reduce_bytes))
 
     def tree(self, name: str, groups: np.ndarray, nbytes: float, net: Network, reduce: bool) -> None:
         """Binomial reduce (to the group's first rank) or broadcast (from it) of nbytes within each group."""
         p = groups.shape[1]
         if p <= 1:
             return
-        rounds = math.ceil(math.log2(p))
-        total = 0.0
-        dists = [1 << i for i in range(rounds)]
+        dists = [1 << i for i in range(math.ceil(math.log2(p)))]
         for d in dists if reduce else dists[::-1]:
             idx = np.arange(p)
             sender = idx[(idx % (2 * d)) == d]  # reduce: sender -> sender - d
             far, near = groups[:, sender].reshape(-1), groups[:, sender - d].reshape(-1)
             src, dst = (far, near) if reduce else (near, far)
-            t, inter = _edge_time(net, src, dst, nbytes, self.node)
+            links, inter = _links(net, src, dst, self.node)
             self.inter_bytes[src[inter]] += nbytes
-            total += t + (nbytes * net.gamma if reduce else 0.0)
-        self.phases.append(Phase(name, rounds, nbytes, total))
+            self.terms.append((name, 1, nbytes, links, nbytes if reduce else 0.0))
 
-    def result(self, algo: str, nbytes: int) -> AllreduceCost:
-        """The all-reduce these phases make: their steps and seconds summed, the busiest rank's bytes."""
-        steps = sum(p.steps for p in self.phases)
+    def seconds(self, nbytes: float, gamma: float) -> float:
+        """The all-reduce of nbytes: every step as long as its slowest link, plus the reduction."""
+        return sum(_term_seconds(t, float(nbytes), gamma) for t in self.terms)
+
+    def result(self, algo: str, nbytes: int, gamma: float) -> AllreduceCost:
+        """The all-reduce of nbytes these phases make: each phase's steps and seconds, the busiest rank's bytes."""
+        phases: dict[str, Phase] = {}
+        for term in self.terms:
+            name, k, f = term[:3]
+            ph = phases.setdefault(name, Phase(name, 0, f * nbytes, 0.0))
+            ph.steps += k
+            ph.seconds += _term_seconds(term, nbytes, gamma)
         return AllreduceCost(
             algo,
             str(self.grid),
             nbytes,
-            steps,
-            float(self.inter_bytes.max()),
-            sum(p.seconds for p in self.phases),
-            self.phases,
+            sum(p.steps for p in phases.values()),
+            float(self.inter_bytes.max()) * nbytes,
+            sum(p.seconds for p in phases.values()),
+            list(phases.values()),
         )
+
+
+def _term_seconds(term: tuple[str, int, float, list[tuple[float, float]], float], n: float, gamma: float) -> float:
+    """One term of _Phases at n bytes: its repeats of the step (as long as its slowest link), and the reduction."""
+    _, k, f, links, r = term
+    return k * max(a + f * n * b for a, b in links) + r * n * gamma
 
 
 # Each algorithm as phases on ranks[row, col] (Y rows of X ranks) for n bytes; the formulas are in allreduce_cost.
@@ -340,51 +348,14 @@ def allreduce_cost(algo: str, grid: Grid, net: Network, nbytes: int, placement: 
     if algo in NCCL_ALGORITHMS:
         node_map(grid, net.gpus_per_node, placement)  # checks the placement
         return _nccl_cost(algo, grid, net, nbytes)
+    return _phases(algo, grid, net, placement).result(algo, int(nbytes), net.gamma)
+
+
+def _phases(algo: str, grid: Grid, net: Network, placement: str) -> _Phases:
+    """`algo`'s phases on `grid` per byte all-reduced (its phase function called on ranks[row, col] with n = 1)."""
     phases = _Phases(grid, node_map(grid, net.gpus_per_node, placement))
-    ranks = np.arange(grid.size).reshape(grid.y, grid.x)  # ranks[row, col]
-    _phases_of(algo)(phases, ranks, float(nbytes), net)
-    return phases.result(algo, int(nbytes))
-
-
-class _Recorder(_Phases):
-    """The phases of an algorithm run once on one byte, kept as (repeats, bytes per step per byte all-reduced,
-    [(alpha, beta) of each kind of link the step uses], bytes reduced per byte): the cost of every size follows."""
-
-    def __init__(self, grid: Grid, node: np.ndarray):
-        super().__init__(grid, node)
-        self.terms: list[tuple[int, float, list[tuple[float, float]], float]] = []
-
-    def _links(self, net: Network, src: np.ndarray, dst: np.ndarray) -> list[tuple[float, float]]:
-        inter = self.node[src] != self.node[dst]
-        links = []
-        if src.size and (~inter).any():
-            links.append((net.intra.alpha, net.intra.beta))
-        if src.size and inter.any():
-            flows = int(np.bincount(self.node[src[inter]]).max())
-            links.append((net.inter.alpha, 1.0 / _flow_bandwidth(net, flows)))
-        return links
-
-    def ring(
-        self, name: str, rings: np.ndarray, nbytes: float, net: Network, steps: int, reduce_bytes: float = 0.0
-    ) -> None:
-        p = rings.shape[1]
-        if p <= 1 or steps == 0:
-            return
-        src = rings.reshape(-1)
-        dst = np.roll(rings, -1, axis=1).reshape(-1)
-        self.terms.append((steps, nbytes / p, self._links(net, src, dst), reduce_bytes))
-
-    def tree(self, name: str, groups: np.ndarray, nbytes: float, net: Network, reduce: bool) -> None:
-        p = groups.shape[1]
-        if p <= 1:
-            return
-        for i in range(math.ceil(math.log2(p))):
-            d = 1 << i
-            idx = np.arange(p)
-            sender = idx[(idx % (2 * d)) == d]
-            far, near = groups[:, sender].reshape(-1), groups[:, sender - d].reshape(-1)
-            src, dst = (far, near) if reduce else (near, far)
-            self.terms.append((1, nbytes, self._links(net, src, dst), nbytes if reduce else 0.0))
+    _phases_of(algo)(phases, np.arange(grid.size).reshape(grid.y, grid.x), 1.0, net)
+    return phases
 
 
 def allreduce_seconds_fn(algo: str, grid: Grid, net: Network, placement: str = "rows") -> Callable[[float], float]:
@@ -401,15 +372,8 @@ def allreduce_seconds_fn(algo: str, grid: Grid, net: Network, placement: str = "
             return 0.0 if e is None or nbytes == 0 else e.seconds
 
         return nccl_seconds
-    rec = _Recorder(grid, node_map(grid, net.gpus_per_node, placement))
-    _phases_of(algo)(rec, np.arange(grid.size).reshape(grid.y, grid.x), 1.0, net)
-    terms, gamma = rec.terms, net.gamma
-
-    def seconds(nbytes: float) -> float:
-        n = float(nbytes)
-        return sum(k * max(a + f * n * b for a, b in links) + r * n * gamma for k, f, links, r in terms)
-
-    return seconds
+    phases, gamma = _phases(algo, grid, net, placement), net.gamma
+    return lambda nbytes: phases.seconds(nbytes, gamma)
 
 
 # ------------------------------------------------------------------------------------------------

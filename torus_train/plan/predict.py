@@ -1,7 +1,7 @@
 """`torus-train plan`'s main plan: what the command asks for (PlanRequest) and the one call that answers it
 (predict): every algorithm's all-reduce, step time and scaling efficiency on a described cluster, the grid and
-bucket cap chosen when none is given, the verdict against NCCL, and on request the virtual-rank checks and the
-pictures. Pure but for check_groups (torus_train.plan.checks imports torch there only).
+bucket cap chosen when none is given, the verdict against NCCL, and on request the virtual-rank check
+(--simulate) and the pictures. Pure: torch only where the bucket timeline builds the model (plan.timeline).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from torus_train.errors import UserError, check_number
 from torus_train.job.topology import Grid, check_world_size, parse_grid
 from torus_train.outfiles import check_plot_output
-from torus_train.plan.checks import MAX_CHECKED_RANKS, check_groups, simulate_grid
 from torus_train.plan.cost import STEP_OVERHEAD
 from torus_train.plan.networks import Network, load_network
 from torus_train.plan.plots import WRITER, plot_curves, plot_timeline, require_matplotlib
 from torus_train.plan.printout import bucket_caps_line, mb, plan_lines
 from torus_train.plan.search import Plan, bucket_sweep, make_plan
+from torus_train.plan.simulate import MAX_SIMULATED_RANKS, simulate_grid
 from torus_train.plan.verdict import verdict
 from torus_train.userfiles import Field, check, read_json
 
@@ -63,8 +63,6 @@ class PlanRequest:
     """JSON file of backward seconds per module, to share the backward pass by instead of layer FLOPs."""
     simulate: bool = False
     """Run the torus's exact data movement on the grid's virtual ranks."""
-    check_groups: bool = False
-    """Build every row and column process group on torch's fake backend."""
     plot: str | None = None
     """PNG of the predicted all-reduce time over GPU counts per algorithm."""
     png: str | None = None
@@ -107,7 +105,7 @@ class PlanRequest:
 
 def predict(req: PlanRequest, echo: Callable[[str], None] = print) -> dict:
     """The plan for req, echoed line by line as `plan` prints it; returns it as the JSON document (the plan's
-    inputs and algorithms, then bucket_caps, verdict, and simulation and check_groups when asked for)."""
+    inputs and algorithms, then bucket_caps, verdict, and simulation when asked for)."""
     net = load_network(req.network)
     gpus, grid = _world(req, net)
     p = make_plan(
@@ -132,15 +130,14 @@ def predict(req: PlanRequest, echo: Callable[[str], None] = print) -> dict:
         echo(bucket_caps_line(p, out["bucket_caps"]))
     out["verdict"] = _verdict(p, echo)
     if req.simulate:
-        out["simulation"] = simulate_grid(parse_grid(p.grid), echo)
-    if req.check_groups:
-        out["check_groups"] = check_groups(parse_grid(p.grid, net.gpus_per_node), echo)
+        g = parse_grid(p.grid)
+        out["simulation"] = simulate_grid(g.x, g.y, echo)
     _draw(req, p, echo)
     return out
 
 
 def _world(req: PlanRequest, net: Network) -> tuple[int, Grid | None]:
-    """(N, the grid or None): N from --gpus, else from --grid; the virtual-rank checks' size limit."""
+    """(N, the grid or None): N from --gpus, else from --grid; --simulate's size limit."""
     grid = parse_grid(req.grid, net.gpus_per_node) if req.grid else None
     if req.gpus is not None:
         gpus = req.gpus
@@ -148,10 +145,8 @@ def _world(req: PlanRequest, net: Network) -> tuple[int, Grid | None]:
         assert grid is not None  # PlanRequest refuses a request with neither --gpus nor --grid
         gpus = grid.size
     size = grid.size if grid else gpus
-    if (req.simulate or req.check_groups) and size > MAX_CHECKED_RANKS:
-        raise UserError(
-            f"--simulate and --check-groups run on at most {MAX_CHECKED_RANKS:,} virtual ranks, not {size:,}"
-        )
+    if req.simulate and size > MAX_SIMULATED_RANKS:
+        raise UserError(f"--simulate runs on at most {MAX_SIMULATED_RANKS:,} virtual ranks, not {size:,}")
     return gpus, grid
 
 

@@ -15,20 +15,26 @@ Sequential steps: 2(X-1) + 2(Y-1) (196 at 32x68); one flat ring over N ranks is 
 one row of N (2(N-1) steps: 4,350 at 2,176). Integers make "every rank holds the exact sum" an equality.
 Work is vectorised over all rings of a phase, and over all senders of a step whose chunks have one length
 (chunk lengths differ by at most one element, so there are at most two groups), so a full-scale grid runs in
-one process within a test's time (timings in docs/plan.md).
+one process within a test's time (timings in docs/plan.md). ``simulate_grid`` is `plan --simulate`: the check at
+ragged sizes on the planned grid.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from torus_train.comm.chunks import chunk_bounds
+from torus_train.errors import RunFailed
 from torus_train.job.algorithms import ALGORITHMS, DEFAULT, simulated
 from torus_train.registry import load
+
+MAX_SIMULATED_RANKS = 65_536
+"""`plan --simulate` holds every virtual rank's tensor in this process; beyond this it takes minutes and
+gigabytes."""
 
 
 @dataclass
@@ -207,3 +213,32 @@ def check(x: int, y: int, elements: int, seed: int = 0, algo: str = DEFAULT) -> 
     return CheckResult(
         name, n_ranks, elements, st.steps, want_steps, int(st.sent_elements.max(initial=0)), wrong, seconds
     )
+
+
+def simulate_grid(x: int, y: int, echo: Callable[[str], None]) -> dict:
+    """`plan --simulate`: the exact data movement on grid x by y at 1, 7, 97 and a prime above the rank count
+    elements (ragged chunks at every size); echoes one line per size; RunFailed unless every rank ends with the
+    exact sum."""
+    results = []
+    for n in (1, 7, 97, next_prime(x * y + 1)):
+        r = check(x, y, n, seed=n)
+        results.append(r.__dict__ | {"ok": r.ok})
+        echo(
+            f"# simulate {r.grid}: {r.ranks} virtual ranks, {n} int64 elements each: {r.steps} steps "
+            f"(expected {r.expected_steps}), {r.wrong_ranks} ranks wrong, {r.seconds:.2f} s "
+            f"-> {'exact sum on every rank' if r.ok else 'FAILED'}"
+        )
+    if not all(r["ok"] for r in results):
+        raise RunFailed(f"virtual-rank torus on {x}x{y} did not give every rank the exact sum")
+    return {"grid": f"{x}x{y}", "results": results}
+
+
+def next_prime(n: int) -> int:
+    """The smallest prime >= n."""
+
+    def is_prime(k: int) -> bool:
+        return k > 1 and all(k % d for d in range(2, int(k**0.5) + 1))
+
+    while not is_prime(n):
+        n += 1
+    return n

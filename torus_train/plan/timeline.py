@@ -9,10 +9,11 @@ What it computes, for one model, one all-reduce algorithm and one network:
   ``first_bucket_cap`` (DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB), every later one ``bucket_cap``
   (``bucket_cap_mb`` = 25 MiB); the caps count the parameters' own bytes (fp32), whatever dtype the exchange
   uses (a compression hook casts a bucket, it does not re-bucket);
-* each parameter's share of the backward time: its module's forward FLOPs at one image (convolutions and
-  linear layers: 2 x multiply-adds; BatchNorm: 4 per output value) over the model's total, split evenly over the
-  module's parameter tensors. Stated simplification: elementwise layers without parameters (ReLU, pooling, the
-  residual add) cost nothing, and the backward of every layer is its forward FLOPs times the same factor;
+* each parameter's share of the backward time: its module's forward FLOPs at one image as torch's
+  FlopCounterMode counts them (convolutions and linear layers: 2 x multiply-adds) over the model's total, split
+  evenly over the module's parameter tensors. Stated simplification: elementwise layers (BatchNorm, ReLU,
+  pooling, the residual add: 0.5% of ResNet-50's FLOPs counted at 4 per output value) cost nothing, and the
+  backward of every layer is its forward FLOPs times the same factor;
 * bucket k is ready when its last gradient is (the backward time summed over the parameters up to it);
 * its exchange starts at max(ready_k, end_{k-1}) (exchanges queue one after another on the network) and lasts
   ``allreduce_cost(algo, grid, net, bucket bytes)`` (the same alpha-beta-gamma model as the fused all-reduce,
@@ -30,8 +31,6 @@ columns both leave their nodes the two lanes share the NICs and no two phases ov
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -70,7 +69,7 @@ class Layer:
 def model_layers(model: str, image_size: int = 224, num_classes: int = 1000) -> tuple[Layer, ...]:
     """The parameters of torchvision `model` (with `num_classes` outputs) in parameter order with their forward
     FLOPs at one image, from the model built on the meta device (no memory, no weights) and one meta forward
-    pass that records every module's output shape."""
+    pass under torch's FLOP counter."""
     m = _meta_model(model, num_classes)
     flops = _forward_flops(m, model, image_size)
     layers = []
@@ -105,27 +104,16 @@ def _meta_model(model: str, num_classes: int) -> torch.nn.Module:
 
 
 def _forward_flops(m: torch.nn.Module, model: str, image_size: int) -> dict[str, float]:
-    """Forward FLOPs at one image of every module of m that owns parameters, from one meta forward pass."""
+    """Forward FLOPs at one image of every module of m that owns parameters, its children's left out: torch's
+    FlopCounterMode over one meta forward pass (2 per multiply-add of the convolutions and matrix products;
+    elementwise layers, BatchNorm among them, count nothing)."""
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
-    flops: dict[str, float] = {}
-
-    def hook(name: str) -> Callable[[torch.nn.Module, Any, Any], None]:
-        def record(mod: torch.nn.Module, inputs: Any, output: Any) -> None:
-            if isinstance(output, (tuple, list)):  # attention returns (output, weights)
-                output = output[0]
-            flops[name] = _module_flops(mod, output.numel())
-
-        return record
-
-    handles = [
-        mod.register_forward_hook(hook(name))
-        for name, mod in m.named_modules()
-        if any(True for _ in mod.parameters(recurse=False))
-    ]
+    counter = FlopCounterMode(display=False)
     m.eval()  # one image: BatchNorm in training mode refuses a 1x1 map of one value per channel
     try:
-        with torch.no_grad():
+        with counter, torch.no_grad():
             m(torch.empty(1, 3, image_size, image_size, device="meta"))
     except (RuntimeError, ValueError, AssertionError, NotImplementedError) as e:
         reason = " ".join(str(e).split())[:160]
@@ -133,21 +121,17 @@ def _forward_flops(m: torch.nn.Module, model: str, image_size: int) -> dict[str,
             f"the bucket timeline cannot trace {model} at {image_size} px ({reason}); plan's --overlap F "
             f"skips the timeline"
         ) from None
-    for h in handles:
-        h.remove()
-    return flops
-
-
-def _module_flops(mod: torch.nn.Module, out: int) -> float:
-    """Forward FLOPs of one module with `out` output elements: 2 per multiply-add, 4 per element otherwise."""
-    import torch
-
-    if isinstance(mod, torch.nn.Conv2d):
-        k = mod.kernel_size[0] * mod.kernel_size[1] * mod.in_channels // mod.groups
-        return 2.0 * k * out
-    if isinstance(mod, torch.nn.Linear):
-        return 2.0 * mod.in_features * out
-    return 4.0 * out  # BatchNorm and other parameterised elementwise layers
+    root = type(m).__name__  # the counter names a module by its path under the model's class name
+    total = {
+        name.removeprefix(root).removeprefix("."): sum(ops.values()) for name, ops in counter.get_flop_counts().items()
+    }
+    return {
+        name: float(
+            total.get(name, 0) - sum(total.get(f"{name}.{c}" if name else c, 0) for c, _ in mod.named_children())
+        )
+        for name, mod in m.named_modules()
+        if any(True for _ in mod.parameters(recurse=False))
+    }
 
 
 def ddp_buckets(
@@ -381,51 +365,10 @@ def torus_lanes(t: dict, phase_seconds: Callable[[float], tuple[float, ...]], sh
     return lanes(rows, t["backward_seconds"], t["compute_seconds"], t["overhead_seconds"], shared_links)
 
 
-def measure_backward_profile(
-    model: str, image_size: int = 64, batch: int = 16, repeats: int = 3, warmup: int = 1
-) -> dict[str, float]:
-    """Seconds of backward per module with parameters, measured here on CPU: the time at which each module's
-    last parameter gradient is accumulated (post-accumulate-grad hooks), from the call of backward(); a
-    module's seconds = its time minus the previous module's in that order, so the profile's sum is the
-    backward pass up to the last gradient and parameter-free layers' time goes to the next module ready.
-    Median over `repeats` steps after `warmup`."""
-    import torch
-    import torchvision
-
-    m = getattr(torchvision.models, model)()
-    m.train()
-    runs: list[dict[str, float]] = []
-    names = [n for n, mod in m.named_modules() if any(True for _ in mod.parameters(recurse=False))]
-    mods = dict(m.named_modules())
-
-    def acc(name: str) -> Callable[[torch.Tensor], None]:
-        def f(param: torch.Tensor) -> None:
-            runs[-1][name] = time.perf_counter()
-
-        return f
-
-    for n in names:
-        for p in mods[n].parameters(recurse=False):
-            p.register_post_accumulate_grad_hook(acc(n))
-    x = torch.randn(batch, 3, image_size, image_size)
-    for _ in range(warmup + repeats):
-        m.zero_grad(set_to_none=True)
-        loss = m(x).sum()
-        runs.append({})
-        t0 = time.perf_counter()
-        loss.backward()
-        stamps = sorted(runs[-1].items(), key=lambda kv: kv[1])
-        prev, d = t0, {}
-        for n, t in stamps:
-            d[n], prev = t - prev, t
-        runs[-1] = d
-    kept = runs[warmup:]
-    return {n: statistics.median(r.get(n, 0.0) for r in kept) for n in names}
-
-
 def layers_with_profile(layers: Sequence[Layer], profile: dict[str, float]) -> tuple[Layer, ...]:
-    """The layers with their backward share taken from a measured profile ({module name: seconds}) instead of
-    FLOPs: a module's seconds split evenly over its parameter tensors. Every module must be in the profile."""
+    """The layers with their backward share taken from a measured profile ({module name: seconds}: a GPU
+    profiler's, or scripts/experiments/step_profile.py's on a CPU) instead of FLOPs: a module's seconds split
+    evenly over its parameter tensors. Every module must be in the profile."""
     per_module: dict[str, int] = {}
     for layer in layers:
         mod = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
@@ -438,26 +381,3 @@ def layers_with_profile(layers: Sequence[Layer], profile: dict[str, float]) -> t
         mod = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
         out.append(Layer(layer.name, layer.numel, float(profile[mod]) / per_module[mod]))
     return tuple(out)
-
-
-if __name__ == "__main__":
-    import argparse
-    import json
-
-    ap = argparse.ArgumentParser(
-        description="Measure a torchvision model's backward seconds per module on CPU "
-        "(JSON for `torus-train plan --layer-profile`)."
-    )
-    ap.add_argument("model")
-    ap.add_argument("out")
-    ap.add_argument("--image-size", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
-    a = ap.parse_args()
-    prof = measure_backward_profile(a.model, a.image_size, a.batch, a.repeats)
-    with open(a.out, "w") as f:
-        json.dump(prof, f, indent=1)
-    print(
-        f"# {a.model} at {a.image_size} px, batch {a.batch}: {len(prof)} modules, backward of them "
-        f"{sum(prof.values()) * 1e3:.1f} ms; wrote {a.out}"
-    )

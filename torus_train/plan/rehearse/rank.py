@@ -27,13 +27,13 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from torus_train.comm import consensus as consensus_module
-from torus_train.comm.groups import build_grid_groups
+from torus_train.comm.groups import GridGroups, build_grid_groups
 from torus_train.data import stage
 from torus_train.job.rank import Bootstrap, RankInfo
 from torus_train.job.spec import JobSpec, spec_from_table
 from torus_train.job.topology import Grid
 from torus_train.plan.rehearse.cuda import CudaStandIn
-from torus_train.plan.rehearse.record import Recorder
+from torus_train.plan.rehearse.record import Recorder, span_text
 from torus_train.train import build, decoder, graphs, loop, state
 from torus_train.train.stop import StopRequest
 
@@ -162,6 +162,7 @@ def rehearse_rank(job: dict, rank: int, trace: Path, oracle: Path) -> None:
     try:
         with install_phases(rec):
             boot = bootstrap(spec, grid, rank)
+            note_grid_groups(rec, boot.groups)
             with bind_device():
                 loop.run_training(spec, boot, spec.out_dir, bool(job.get("resume")), StopRequest())
     finally:
@@ -184,6 +185,27 @@ def bootstrap(spec: JobSpec, grid: Grid, rank: int) -> Bootstrap:
     with bind_device():
         groups = build_grid_groups(grid, timeout=spec.comm.timeout_s)
     return Bootstrap(info, grid, torch.device("cpu"), "nccl", groups)
+
+
+def note_grid_groups(rec: Recorder, groups: GridGroups) -> None:
+    """This rank's row and column groups as torch made them, beside the grid's row and column (the grid-groups
+    rule), at the job's full world size, which the multi-process tests (4 to 6 ranks) never build."""
+    grid = groups.grid
+    for side, index, group, want in (
+        ("row", groups.row, groups.row_group, grid.row_ranks(groups.row)),
+        ("column", groups.col, groups.col_group, grid.col_ranks(groups.col)),
+    ):
+        got = dist.get_process_group_ranks(group) if group is not None else [groups.rank]
+        rec.note(
+            "grid-group",
+            f"{side} group",
+            where="comm/groups.py build_grid_groups",
+            side=side,
+            index=index,
+            got=span_text(got),
+            want=span_text(want),
+            ok=got == want,
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

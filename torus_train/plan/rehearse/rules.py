@@ -10,6 +10,8 @@ The rules (nccl-at-scale.md, NCCL's user guide):
   captured or not) in the same order, else the job hangs at scale;
 - same-groups: every rank makes the same groups in the same order; with a bound device torch may make even a
   group of members only (use_local_synchronization) by splitting the world's communicator, so that counts too;
+- grid-groups: each rank's row and column groups, as torch made them at the full world size, hold the grid's
+  row and column (record.py notes them; rank.py note_grid_groups);
 - no-fan-in: after start-up nothing gathers or scatters to one rank, moves objects, or sends point to point
   over the device backend; and the communicators a rank holds, with NCCL's buffers, fit beside the model;
 - timeouts: host work that can outlast the process group's timeout (staging) is followed by a wait on the
@@ -39,7 +41,7 @@ P2P_CHANNELS = 2
 
 def check_traces(traces: dict[int, dict], gpu_memory_gib: float = 16.0) -> list[dict]:
     found: list[dict] = []
-    for rule in (same_order, same_groups, no_fan_in, timeouts, capture):
+    for rule in (same_order, same_groups, grid_groups, no_fan_in, timeouts, capture):
         found += rule(traces)
     found += memory(traces, gpu_memory_gib)
     return found
@@ -160,6 +162,21 @@ def same_groups(traces: dict[int, dict]) -> list[dict]:
 
 def _made(e: dict) -> tuple:
     return (e["op"], e["groups"], e["sizes"], e["members"])
+
+
+def grid_groups(traces: dict[int, dict]) -> list[dict]:
+    """Each rehearsed rank's row and column groups hold the grid's row and column."""
+    return [
+        _finding(
+            "grid-groups",
+            r,
+            e,
+            f"its {e['side']} group holds {e['got']}, not {e['side']} {e['index']} of the grid ({e['want']})",
+        )
+        for r, t in traces.items()
+        for e in t["events"]
+        if e["kind"] == "grid-group" and not e["ok"]
+    ]
 
 
 def no_fan_in(traces: dict[int, dict]) -> list[dict]:
