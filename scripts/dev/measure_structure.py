@@ -119,7 +119,6 @@ NOT_USER_FILES = {
     "check.accept_production:production": "summary.json and metrics.jsonl of the run this check started",
     "check.acceptance:merged": "parts/NAME.json, written by the part this check started",
     "check.acceptance:run_part": "the result file of the part this check started",
-    "check.environment:driver_version": "/proc/driver/nvidia/version, the kernel's",
     "comm.groups:_host_id": "/proc/sys/kernel/random/boot_id, the kernel's",
     "comm.shm:ShmRow.__init__": "the wake-up FIFO this job's row made in /dev/shm (opened without blocking)",
     "comm.shm:ShmRow._open_existing": "the shared-memory row this job made in /dev/shm",
