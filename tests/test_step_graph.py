@@ -14,11 +14,10 @@ import pytest
 import torch
 from graphfake import install
 
-from torus_train.check.smallrun import loop_run, small_spec, world_of_one
+from torus_train.check.smallrun import force_precision, loop_run, small_spec, world_of_one
 from torus_train.errors import RunFailed
 from torus_train.ranks.distributed import shutdown
 from torus_train.train import graphs, loop
-from torus_train.train.syncs import force_precision
 
 pytestmark = pytest.mark.timeout(240)
 

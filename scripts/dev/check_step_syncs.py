@@ -6,9 +6,10 @@
 Runs the real loop of `torus-train run` (train/loop.py on a world of one, with the torus hook and its gloo
 exchange) for --steps steps in each of fp32, bf16 (CPU autocast) and fp16-scaler (CPU autocast in fp16 with
 torch.amp.GradScaler("cpu"): the code path a GPU's fp16 runs), and counts the reads of device values by the
-training thread (aten::_local_scalar_dense and friends, torus_train/train/syncs.py) in steps that are not
-logging steps (the loop reads on purpose at a logging interval, a replica check or a checkpoint; the first,
-warm-up step is not counted either). Writes
+training thread (aten::_local_scalar_dense and friends: tests/synccount.py, the CPU test hosts' counter; on a
+CUDA machine the loop runs on its GPU and torch's sync debug mode counts, torus_train/check/syncs.py) in steps
+that are not logging steps (the loop reads on purpose at a logging interval, a replica check or a checkpoint;
+the first, warm-up step is not counted either). Writes
 
     {"steps": N, "syncs_per_step": {"fp32": a, "bf16": b, "fp16-scaler": c}}
 
@@ -54,15 +55,17 @@ def small_spec(steps: int, optimizer: str, out: str, image_size: int = 32, batch
 
 def count_all(steps: int, optimizer: str, precisions=None, **size) -> dict:
     """{precision: count_loop_syncs(...)} on a world of one (gloo on CPU)."""
+    from torus_train.check.smallrun import PRECISIONS
+    from torus_train.check.syncs import count_loop_syncs, counter_for
     from torus_train.job.topology import parse_grid
     from torus_train.ranks.distributed import init_distributed, shutdown
-    from torus_train.train.syncs import PRECISIONS, count_loop_syncs
 
     with tempfile.TemporaryDirectory(prefix="step-syncs-") as out:
         spec = small_spec(steps, optimizer, out, **size)
         boot = init_distributed(parse_grid("1x1"), 60, environ={})
+        counter = counter_for(boot.device)[0]
         try:
-            return {p: count_loop_syncs(spec, boot, Path(out), p) for p in precisions or PRECISIONS}
+            return {p: count_loop_syncs(spec, boot, Path(out), p, counter) for p in precisions or PRECISIONS}
         finally:
             shutdown()
 

@@ -64,6 +64,7 @@ TORCH_SIDE = (
     "check.accept_loop",
     "check.device",
     "check.smallrun",
+    "check.syncs",
     "check.throughput",
     "comm.algos",
     "comm.arith",
@@ -93,7 +94,6 @@ TORCH_SIDE = (
     "train.report",
     "train.state",
     "train.step",
-    "train.syncs",
     "train.timing",
 )
 # Optional dependencies (extras), version fallbacks and heavy libraries one feature needs (scipy: the ImageNet

@@ -8,7 +8,7 @@ and the JSON document. docs/check.md says what each part does and what it needs.
 
 `--acceptance` (the acceptance test for one GPU): acceptance.py (pure) names its parts (a second registry), runs
 each in its own process (``python -m torus_train.check PART OUT``, __main__.py) and writes the schema-3 document;
-shrunk.py (pure) is the production spec shrunk to one GPU; accept_loop.py (torch) host syncs, speed against a
-bare loop, the deterministic digest; accept_production.py (pure) the production run; accept_graphs.py (torch)
+shrunk.py (pure) is the production spec shrunk to one GPU; accept_loop.py (torch) host syncs (counted by
+syncs.py), speed against a bare loop, the deterministic digest; accept_production.py (pure) the production run; accept_graphs.py (torch)
 the graphed and eager loop against the bare step.
 """

@@ -19,12 +19,13 @@ import torchvision
 
 from torus_train.check.shrunk import SPEC, Shrunk, stages
 from torus_train.check.smallrun import loop_run, world_of_one
+from torus_train.check.syncs import count_loop_syncs, counter_for
 from torus_train.check.throughput import fresh_memory, sync
 from torus_train.job.rank import Bootstrap
-from torus_train.train.syncs import count_loop_syncs
 
 SYNC_STEPS = 12
-"""The syncs part's steps: 8 counted (not the first, not a logging interval's). A rehearsal runs 7 (5 counted)
+"""The syncs part's steps: 7 counted (not the first, not a logging interval's, not the CUDA graph probe's at
+step 4: steps 2 and 3 eager, the rest replays). A rehearsal runs 7 (4 counted, all eager)
 at 32 px: on the CPU, fp16 autocast (forced, for the GradScaler's path) has no fast kernels, and its backward
 under the counter took 17 s a step at 64 px."""
 
@@ -83,11 +84,13 @@ def plain_img_s(s: Shrunk, dev: torch.device, batch: int, warm: int, steps: int,
 
 
 def syncs(s: Shrunk) -> dict[str, Any]:
-    """host_syncs: the loop in fp16 with the GradScaler (train/syncs.py), device-to-host reads per step."""
+    """host_syncs: the loop in fp16 with the GradScaler, host syncs per step (check/syncs.py): torch's sync
+    debug mode on CUDA; a rehearsal's CPU run counts with the CPU test hosts' counter (tests/synccount.py)."""
     out = s.out / "syncs"
     boot = world_of_one()
     steps, size = (7, 32) if s.rehearsal else (SYNC_STEPS, None)
-    r = count_loop_syncs(s.loop_spec(out, s.small, steps, image_size=size), boot, out, "fp16-scaler")
+    counter, counted_by = counter_for(boot.device)
+    r = count_loop_syncs(s.loop_spec(out, s.small, steps, image_size=size), boot, out, "fp16-scaler", counter)
     per_step = r["syncs"] / max(r["steps"], 1)
     ok = boot.backend == s.backend and r["steps"] > 0 and per_step == 0
     return {
@@ -96,6 +99,7 @@ def syncs(s: Shrunk) -> dict[str, Any]:
             "syncs_per_step": per_step,
             "where": r["where"],
             "backend": boot.backend,
+            "counter": counted_by,
             "ok": ok,
         }
     }

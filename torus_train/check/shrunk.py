@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 """The source checkout: the acceptance check runs the production spec and the photo-like set of its scripts/."""
 SPEC = ROOT / "scripts" / "specs" / "imagenet_2176.toml"
 PHOTO_LIKE_SET = ROOT / "scripts" / "photo_like_set.py"
+CPU_SYNC_COUNTER = ROOT / "tests" / "synccount.py"
+"""The host-read counter of the CPU test hosts: a rehearsal's syncs part counts with it (check/syncs.py)."""
 
 
 @dataclass(frozen=True)

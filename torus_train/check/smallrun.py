@@ -20,7 +20,17 @@ from torus_train.train import loop
 from torus_train.train.report import choices
 from torus_train.train.step import param_digest
 from torus_train.train.stop import StopRequest
-from torus_train.train.syncs import force_precision
+
+PRECISIONS = ("fp32", "bf16", "fp16-scaler")
+"""The precision paths force_precision sets: fp16-scaler is fp16 autocast with a GradScaler."""
+
+
+def force_precision(rs: Any, precision: str) -> None:
+    """The autocast dtype and loss scaler of ``precision`` on this rank's device, also on CPU (where
+    build.amp_settings runs fp32): the same code path as on a GPU."""
+    device = rs.boot.device.type
+    rs.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16-scaler": torch.float16}[precision]
+    rs.scaler = torch.amp.GradScaler(device) if precision == "fp16-scaler" else None
 
 
 def world_of_one(backend: str | None = None) -> Bootstrap:
@@ -100,7 +110,7 @@ def loop_run(
     around: Callable | None = None,
 ) -> LoopRun:
     """The loop's first epoch (``spec.schedule.steps`` steps) in this process. ``precision``: forced as
-    train/syncs.force_precision does (fp16-scaler: the GradScaler path, also on a CPU); ``graphs``: a
+    force_precision does (fp16-scaler: the GradScaler path, also on a CPU); ``graphs``: a
     train/graphs.StepGraph to use whatever the device (tests hand one whose torch.cuda calls are recorders);
     ``around(step)``: wraps each step (train_step's signature)."""
     Path(out).mkdir(parents=True, exist_ok=True)
