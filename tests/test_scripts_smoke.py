@@ -544,6 +544,14 @@ def test_bench_webdataset_toy_set(tmp_path):
         assert [e["read"] for e in row["epochs"]] == [18, 18], row
     for name in ("packed", "webdataset"):  # every sample every epoch, 2 read twice (padding)
         assert rows[name]["epochs"] == [{"read": 18, "distinct": 16, "missed": 0, "repeats": 2}] * 2, rows[name]
+    res = doc["resume"]  # DALI's reader resumes from its pipeline's checkpoint; without one it starts again
+    assert res["dali_from_checkpoint_same"] and res["dali_new_reader_repeats_epoch_0"] and res["ours_epochs_differ"]
+    assert res["dali_checkpoint_bytes"] > 0
+    for row in doc["corrupt"]:  # ours names the sample (fail) or replaces it (skip); DALI's has no skip
+        outcome, damage = row["outcome"], row["damage"]
+        assert "train-000001.tar:00000001: " in outcome["packed, on_corrupt fail"], row
+        assert outcome["packed, on_corrupt skip"] == "no error: 8 batches, 1 sample(s) replaced", row
+        assert outcome["webdataset"].startswith("no error" if damage == "altered" else "error: "), row
     rows = {(r["reader"], r["world"]): r for r in doc["startup"]}
     assert set(rows) == {("packed", 2), ("webdataset", 2)} and all(r["seconds"] > 0 for r in rows.values())
     if shutil.which("strace"):  # DALI's reader opens every shard and index file; ours packed.json and the arrays

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Our packed reader against DALI's fn.readers.webdataset on the same shards: images/s side by side, what each
-reads per epoch over several ranks, and a rank's start-up over an ImageNet-sized index.
+reads per epoch over several ranks, resuming, a damaged sample or shard, a rank's start-up over a large index.
 
     python scripts/bench/bench_webdataset.py --json OUT [--work DIR] [--per-class 50] [--shard-mb 4]
         [--rounds 8] [--batches 10] [--warmup 4] [--batch 32] [--threads 0] [--io-workers 4] [--split train]
@@ -20,18 +20,24 @@ own files.
   shuffle_after_epoch: the tar order redrawn every epoch, the same on every rank), validation in order. The
   loaders take turns in alternating order for --rounds rounds (each turn --warmup batches untimed, which drain
   what the idle loader prefetched, then --batches timed); each figure is the median of its rounds; ratio =
-  webdataset / packed (above 1: DALI's reader is faster).
+  webdataset / packed of the medians (above 1: DALI's reader is faster), and the median of the rounds' ratios.
 - sharding: --ranks ranks of each reader (DALI's shard_id/num_shards; our data/sharding.py) over --epochs
   epochs, undecoded (DALI's also without pad_last_batch): batches per rank; per epoch the distinct samples
   read, those missed, and the extra reads (padding); whether a second reader of the same seed reads the same.
+- resume: rank 0 resuming at batch 2 of epoch 1: our loader from (seed, epoch) alone; DALI's reader from a
+  checkpoint of its pipeline taken there (enable_checkpointing), and a new reader without one (which epoch it
+  reads).
+- corrupt: per damage of DAMAGES (to the first sample of shard 1, or to shard 1, of a copy of the set), one
+  epoch of our loader under data.on_corrupt fail and skip, and of DALI's reader (which has no such setting):
+  the error's reason, or the batches delivered and the samples replaced.
 - start-up (--index-samples N): a packed set's index and DALI's .idx files for N samples in --index-shards
   shards (sparse tar files: nothing is read from them), then per world size of --worlds the seconds the last
   rank takes before reading (ours: load the index, draw the epoch's order, cut the rank's shard; DALI: build
   the reader's pipeline), in a fresh process each, median of --startup-rounds alternating rounds; with strace,
   the index and shard files each opens (distinct files).
 
-JSON: {"images", "shards", "split", "batch", "threads", "io_workers", "rounds", "results", "ratio", "sharding",
-"startup"}.
+JSON: {"images", "shards", "split", "batch", "threads", "io_workers", "load", "rounds", "results", "ratio",
+"ratio_per_round", "sharding", "resume", "corrupt", "startup"}.
 """
 
 from __future__ import annotations
@@ -116,6 +122,7 @@ def reader_args(shards: list[Path], idx: Path, cfg) -> dict:
     """fn.readers.webdataset's arguments for this rank: the split's shards and their index files (in ``idx``),
     every rank an equal number of batches (pad_last_batch), training shuffled as the packed set is."""
     train = cfg.split == "train"
+    shuffle = {"shuffle_after_epoch": True, "shuffle_after_epoch_seed": cfg.seed} if train else {}
     return dict(
         paths=[str(s) for s in shards],
         index_paths=[str(idx / index_name(s.name)) for s in shards],
@@ -126,18 +133,17 @@ def reader_args(shards: list[Path], idx: Path, cfg) -> dict:
         pad_last_batch=True,  # without it a shuffled epoch spills into the next: samples missed, others repeated
         random_shuffle=train,
         initial_fill=cfg.shuffle_buffer,
-        shuffle_after_epoch=train,  # the tar order redrawn every epoch, the same on every rank
-        shuffle_after_epoch_seed=cfg.seed,
+        **shuffle,  # the tar order redrawn every epoch, the same on every rank
         seed=cfg.seed * 7919 + cfg.rank * 104729,
         name=READER,
     )
 
 
-def config(split: str, rank: int, world: int, args):
+def config(split: str, rank: int, world: int, args, on_corrupt: str = "fail"):
     from torus_train.data import loader_config
 
     return loader_config(
-        split, rank, world, args.batch, 224, 0, False, args.threads, "float32", "fail", args.io_workers, 2, 8192
+        split, rank, world, args.batch, 224, 0, False, args.threads, "float32", on_corrupt, args.io_workers, 2, 8192
     )
 
 
@@ -174,7 +180,7 @@ class WebdatasetLoader:
         del self.pipe
 
 
-def make(name: str, packed: Path, idx: Path, args):
+def make(name: str, packed: Path, idx: Path, args, on_corrupt: str = "fail"):
     if name == "webdataset":
         return WebdatasetLoader(packed, idx, config(args.split, 0, 1, args))
     from torus_train.data import make_loader
@@ -195,6 +201,7 @@ def make(name: str, packed: Path, idx: Path, args):
         verify=False,
         io_workers=args.io_workers,
         prefetch=2,
+        on_corrupt=on_corrupt,
     )
 
 
@@ -262,27 +269,53 @@ def dali_epochs(packed: Path, idx: Path, cfgs, epochs: int, **change) -> list[li
     for c in cfgs:
         pipe = reader_pipeline(reader_args(shard_paths(packed, c.split), idx, c) | change, c.batch_size)
         steps = math.ceil(pipe.reader_meta(READER)["epoch_size_padded"] / c.world_size / c.batch_size)
-        rank = []
-        for _ in range(epochs):
-            keys = []
-            for _ in range(steps):
-                (b,) = pipe.run()
-                keys += [int(b[i].source_info().rsplit(":", 1)[1].split(".")[0]) for i in range(len(b))]
-            rank.append(keys)
-        out.append(rank)
+        out.append([[k for batch in keys(pipe, steps) for k in batch] for _ in range(epochs)])
         del pipe
     return out
 
 
-def reader_pipeline(wds: dict, batch: int):
-    """A pipeline of fn.readers.webdataset alone: its images undecoded (each with its source_info), built."""
+def reader_pipeline(wds: dict, batch: int, **checkpoint):
+    """A pipeline of fn.readers.webdataset alone: its images undecoded (each with its source_info), built;
+    ``checkpoint``: DALI's checkpointing arguments (enable_checkpointing, checkpoint)."""
     from nvidia.dali import fn, pipeline_def
 
-    pipe = pipeline_def(lambda: fn.readers.webdataset(**wds)[0], batch_size=batch, num_threads=1)(
+    pipe = pipeline_def(lambda: fn.readers.webdataset(**wds)[0], batch_size=batch, num_threads=1, **checkpoint)(
         device_id=None, seed=wds["seed"] % 2**31
     )
     pipe.build()
     return pipe
+
+
+def keys(pipe, batches: int) -> list[list[int]]:
+    """The next ``batches`` batches of a reader pipeline, as sample indices (a sample's key is its index)."""
+    out = []
+    for _ in range(batches):
+        (b,) = pipe.run()
+        out.append([int(b[i].source_info().rsplit(":", 1)[1].split(".")[0]) for i in range(len(b))])
+    return out
+
+
+def resume(packed: Path, idx: Path, args) -> dict:
+    """Rank 0 of --ranks resuming at batch 2 of epoch 1: ours from (seed, epoch) alone; DALI's reader from a
+    checkpoint of its pipeline (enable_checkpointing) taken there, or as a new reader without one."""
+    cfg = config(args.split, 0, args.ranks, args)
+    b = cfg.batch_size
+    ours = ours_epochs(packed, [cfg], 2)[0]
+    wds = reader_args(shard_paths(packed, cfg.split), idx, cfg)
+    pipe = reader_pipeline(wds, b, enable_checkpointing=True)
+    steps = math.ceil(pipe.reader_meta(READER)["epoch_size_padded"] / cfg.world_size / b)
+    first = keys(pipe, steps)  # epoch 0
+    keys(pipe, 2)
+    blob = pipe.checkpoint()
+    rest = keys(pipe, steps - 2)  # the rest of epoch 1
+    restored = keys(reader_pipeline(wds, b, enable_checkpointing=True, checkpoint=blob), steps - 2)
+    fresh = keys(reader_pipeline(wds, b), steps)
+    return {
+        "ours_epochs_differ": ours[0] != ours[1],
+        "dali_checkpoint_bytes": len(blob),
+        "dali_from_checkpoint_same": restored == rest,
+        "dali_new_reader_repeats_epoch_0": fresh == first,
+    }
 
 
 def sharding(packed: Path, idx: Path, args) -> list[dict]:
@@ -316,6 +349,74 @@ def sharding(packed: Path, idx: Path, args) -> list[dict]:
             }
         )
     return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a damaged shard: what each reader does
+# ---------------------------------------------------------------------------------------------------------
+DAMAGES = {
+    "altered": "its JPEG data zeroed for 4,000 bytes from byte 1,000 (a bit rot the decoder may not see)",
+    "not an image": "its bytes zeroed whole",
+    "truncated shard": "the shard cut to half its bytes (its index left as it was)",
+}
+"""What is done to the first sample of shard 1 (or to shard 1) of a copy of the packed set."""
+
+
+def damaged(packed: Path, work: Path, split: str, damage: str) -> Path:
+    """A copy of the packed set with one of DAMAGES; DALI's index files (WORK/idx) still fit it."""
+    from torus_train.data.packed import load_packed
+
+    dest = work / f"damaged-{damage.replace(' ', '-')}"
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(packed, dest)
+    sp = load_packed(dest).split(split)
+    shard, i = Path(sp.shard_paths[1]), int(sp.starts[1])
+    if damage == "truncated shard":
+        os.truncate(shard, shard.stat().st_size // 2)
+        return dest
+    at, size = int(sp.offsets[i]), int(sp.sizes[i])
+    with open(shard, "r+b") as f:
+        f.seek(at + 1000 if damage == "altered" else at)
+        f.write(bytes(4000 if damage == "altered" else size))
+    return dest
+
+
+def one_epoch(ld) -> str:
+    """What one epoch of ``ld`` gives: the error's reason, or the batches and the samples replaced."""
+    try:
+        batches = sum(1 for _ in ld)
+    except Exception as e:  # DataError (ours) or DALI's RuntimeError
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        reason = next((lines[k + 1] for k, ln in enumerate(lines) if ln == "encountered:" and k + 1 < len(lines)), "")
+        return f"error: {(reason or lines[0])[:220]}"
+    finally:
+        ld.close()
+    replaced = getattr(getattr(ld, "corrupt", None), "samples", 0)
+    return f"no error: {batches} batches" + (f", {replaced} sample(s) replaced" if replaced else "")
+
+
+def corrupt_child(args) -> None:
+    """Per damage: one epoch of our loader (on_corrupt fail, then skip) and of DALI's reader; JSON on stdout."""
+    import logging
+
+    logging.getLogger("torus_train.data").setLevel(logging.ERROR)  # a line per replaced sample: counted instead
+    packed, idx, rows = Path(args.packed), Path(args.idx), []
+    for damage, what in DAMAGES.items():
+        copy = damaged(packed, Path(args.work), args.split, damage)
+        outcome = {f"packed, on_corrupt {p}": one_epoch(make("packed", copy, idx, args, p)) for p in ("fail", "skip")}
+        outcome["webdataset"] = one_epoch(make("webdataset", copy, idx, args))
+        rows.append({"damage": damage, "what": what, "outcome": outcome})
+        shutil.rmtree(copy)
+    print(json.dumps(rows))
+
+
+def corrupt(packed: Path, idx: Path, args) -> list[dict]:
+    cmd = [sys.executable, __file__, "--corrupt-child", "--packed", str(packed), "--idx", str(idx)]
+    cmd += [f"--{k}={getattr(args, k.replace('-', '_'))}" for k in ("batch", "threads", "io-workers", "split", "work")]
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=child_env(), timeout=1200)
+    if out.returncode != 0:
+        raise SystemExit(f"corrupt child failed ({out.returncode})")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -448,33 +549,56 @@ def startup_run(name: str, big: Path, world: int, args, trace: Path | None = Non
 
 
 # ---------------------------------------------------------------------------------------------------------
-def report(rates: dict[str, list[float]], shard_rows: list[dict], start_rows: list[dict], args) -> float:
+def per_round_ratios(rates: dict[str, list[float]]) -> list[float]:
+    return [w / p for p, w in zip(rates["packed"], rates["webdataset"], strict=True)]
+
+
+def report(doc: dict, args) -> None:
+    rates = doc["rounds"]
     med = {k: statistics.median(v) for k, v in rates.items()}
-    ratio = med["webdataset"] / med["packed"]
-    pairs = [w / p for p, w in zip(rates["packed"], rates["webdataset"], strict=True)]
+    pairs = per_round_ratios(rates)
     say(
         f"\nimages/s, {args.split}, batch {args.batch}, 224x224, {args.threads} decode thread(s), median of "
-        f"{args.rounds} alternating rounds (packed also has {args.io_workers} reader threads):"
+        f"{args.rounds} alternating rounds (packed also has {args.io_workers} reader threads), load "
+        f"{doc['load'][0]:.2f} before, {doc['load'][1]:.2f} after:"
     )
     for k in READERS:
         say(f"  {k:<10} {med[k]:8.1f} img/s   rounds: {', '.join(f'{x:.1f}' for x in rates[k])}")
-    say(f"  webdataset / packed: {ratio:.3f} (per round {', '.join(f'{x:.2f}' for x in pairs)})")
+    say(
+        f"  webdataset / packed: {doc['ratio']:.3f} (medians); per round {', '.join(f'{x:.2f}' for x in pairs)}, "
+        f"median {doc['ratio_per_round']:.3f}"
+    )
     say(f"\nsharding: {args.ranks} ranks, batch {args.batch}, {args.epochs} epochs of {args.split}")
-    for r in shard_rows:
+    for r in doc["sharding"]:
         ep = "; ".join(f"{e['distinct']} read, {e['missed']} missed, {e['repeats']} extra reads" for e in r["epochs"])
         say(f"  {r['reader']}: batches per rank {r['steps_per_rank']}; per epoch: {ep}; the same again: {r['again']}")
-    if start_rows:
+    r = doc["resume"]
+    say(f"\nresuming rank 0 of {args.ranks} at batch 2 of epoch 1:")
+    say(
+        "  packed: an epoch's order is drawn from (seed, epoch) alone: a new loader's set_epoch(1) reads it with no "
+        f"state saved, on any grid (each rank its part); epoch 1 differs from epoch 0: {r['ours_epochs_differ']}"
+    )
+    say(
+        f"  webdataset: from a checkpoint of the pipeline ({r['dali_checkpoint_bytes']} bytes, this rank's) the same: "
+        f"{r['dali_from_checkpoint_same']}; a new reader without one reads epoch 0 again: "
+        f"{r['dali_new_reader_repeats_epoch_0']}"
+    )
+    say(f"\none epoch of {args.split} from a damaged copy (the first sample of shard 1, or shard 1):")
+    for r in doc["corrupt"]:
+        say(f"  {r['damage']}: {r['what']}")
+        for reader, outcome in r["outcome"].items():
+            say(f"    {reader:<24} {outcome}")
+    if doc["startup"]:
         say(
             f"\nstart-up of the last rank over {args.index_samples:,} samples in {args.index_shards} shards "
             f"(median of {args.startup_rounds} rounds; index read from the page cache):"
         )
-        for r in start_rows:
+        for r in doc["startup"]:
             opens = f", {r['opens']} files opened" if r["opens"] is not None else ""
             say(
                 f"  {r['reader']:<10} world {r['world']:>5}: {r['seconds']:7.3f} s, {r['entries']:,} samples per rank, "
                 f"index {r['index_mb']} MB{opens}"
             )
-    return ratio
 
 
 def main() -> None:
@@ -498,6 +622,7 @@ def main() -> None:
     ap.add_argument("--startup-rounds", type=int, default=3, help="alternating rounds of the start-up comparison")
     ap.add_argument("--rates-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--startup-child", help=argparse.SUPPRESS)
+    ap.add_argument("--corrupt-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--packed", help=argparse.SUPPRESS)
     ap.add_argument("--idx", help=argparse.SUPPRESS)
@@ -508,6 +633,8 @@ def main() -> None:
         return rates_child(args)
     if args.startup_child:
         return startup_child(args)
+    if args.corrupt_child:
+        return corrupt_child(args)
     packed, idx = prepare(Path(args.work), args.per_class, args.shard_mb)
     meta = json.loads((packed / "packed.json").read_text())
     shards = len(meta["splits"][args.split]["shards"])
@@ -515,10 +642,8 @@ def main() -> None:
         f"{packed}: {meta['splits'][args.split]['count']} {args.split} samples in {shards} shards; DALI's index "
         f"files by wds2idx in {idx}"
     )
+    load = os.getloadavg()[0]  # the machine is shared: the 1-minute load before and after the timed rounds
     rates = run_rates(packed, idx, args)
-    shard_rows = sharding(packed, idx, args)
-    start_rows = startup(args) if args.index_samples else []
-    ratio = report(rates, shard_rows, start_rows, args)
     doc = {
         "images": meta["splits"][args.split]["count"],
         "shards": shards,
@@ -526,12 +651,17 @@ def main() -> None:
         "batch": args.batch,
         "threads": args.threads,
         "io_workers": args.io_workers,
+        "load": [round(load, 2), round(os.getloadavg()[0], 2)],
         "rounds": rates,
         "results": [{"reader": k, "images_per_s": round(statistics.median(v), 1)} for k, v in rates.items()],
-        "ratio": round(ratio, 3),
-        "sharding": shard_rows,
-        "startup": start_rows,
+        "ratio": round(statistics.median(rates["webdataset"]) / statistics.median(rates["packed"]), 3),
+        "ratio_per_round": round(statistics.median(per_round_ratios(rates)), 3),
+        "sharding": sharding(packed, idx, args),
+        "resume": resume(packed, idx, args),
+        "corrupt": corrupt(packed, idx, args),
+        "startup": startup(args) if args.index_samples else [],
     }
+    report(doc, args)
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
 
