@@ -521,6 +521,46 @@ def test_bench_input_scale_toy_set(tmp_path):
     assert json.loads(text.splitlines()[-1]) == doc
 
 
+def _wds2idx() -> bool:
+    return bool(shutil.which("wds2idx")) or os.access(Path(sys.executable).with_name("wds2idx"), os.X_OK)
+
+
+@pytest.mark.skipif(not _wds2idx(), reason="needs DALI's wds2idx (nvidia-dali)")
+def test_bench_webdataset_toy_set(tmp_path):
+    pytest.importorskip("nvidia.dali")
+    out = tmp_path / "wds.json"
+    toy = ["--per-class", "2", "--shard-mb", "0.1", "--rounds", "1", "--batches", "1", "--warmup", "1", "--batch", "2"]
+    index = ["--index-samples", "600", "--index-shards", "3", "--worlds", "2", "--startup-rounds", "1"]
+    args = [*toy, "--ranks", "3", "--epochs", "2", *index, "--work", str(tmp_path / "work"), "--json", str(out)]
+    text = ok(run_py("bench/bench_webdataset.py", *args, timeout=300))
+    doc = json.loads(out.read_text())
+    assert (doc["images"], doc["shards"]) == (16, 16) and [r["reader"] for r in doc["results"]] == [
+        "packed",
+        "webdataset",
+    ]
+    assert all(r["images_per_s"] > 0 for r in doc["results"]) and "webdataset / packed: " in text
+    assert len(list((tmp_path / "work" / "idx").glob("train-*.idx"))) == 16  # wds2idx's, beside no shard
+    rows = {r["reader"]: r for r in doc["sharding"]}
+    assert list(rows) == ["packed", "webdataset", "webdataset, no pad_last_batch"]
+    for row in rows.values():  # 16 samples over 3 ranks of batch 2: 3 batches each; the same order again
+        assert row["steps_per_rank"] == [3, 3, 3] and row["again"] is True, row
+        assert [e["read"] for e in row["epochs"]] == [18, 18], row
+    for name in ("packed", "webdataset"):  # every sample every epoch, 2 read twice (padding)
+        assert rows[name]["epochs"] == [{"read": 18, "distinct": 16, "missed": 0, "repeats": 2}] * 2, rows[name]
+    res = doc["resume"]  # DALI's reader resumes from its pipeline's checkpoint; without one it starts again
+    assert res["dali_from_checkpoint_same"] and res["dali_new_reader_repeats_epoch_0"] and res["ours_epochs_differ"]
+    assert res["dali_checkpoint_bytes"] > 0
+    for row in doc["corrupt"]:  # ours names the sample (fail) or replaces it (skip); DALI's has no skip
+        outcome, damage = row["outcome"], row["damage"]
+        assert "train-000001.tar:00000001: " in outcome["packed, on_corrupt fail"], row
+        assert outcome["packed, on_corrupt skip"] == "no error: 8 batches, 1 sample(s) replaced", row
+        assert outcome["webdataset"].startswith("no error" if damage == "altered" else "error: "), row
+    rows = {(r["reader"], r["world"]): r for r in doc["startup"]}
+    assert set(rows) == {("packed", 2), ("webdataset", 2)} and all(r["seconds"] > 0 for r in rows.values())
+    if shutil.which("strace"):  # DALI's reader opens every shard and index file; ours packed.json and the arrays
+        assert (rows[("webdataset", 2)]["opens"], rows[("packed", 2)]["opens"]) == (6, 11)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # job scripts: the scheduler's environment, then `torus-train run ... --dry-run`
 # ---------------------------------------------------------------------------------------------------------

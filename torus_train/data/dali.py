@@ -70,9 +70,11 @@ def available() -> bool:
     return True
 
 
-def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
+def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int, read=None):
     """The DALI pipeline for ``cfg.split`` fed by ``source`` (an iterator of (encoded samples, labels) batches,
-    read ahead by reader threads); GPU operators when device_id is a GPU, CPU ones when None."""
+    read ahead by reader threads); GPU operators when device_id is a GPU, CPU ones when None. ``read``: a
+    function giving the (encoded samples, labels) nodes in place of ``source`` (scripts/bench/
+    bench_webdataset.py puts DALI's fn.readers.webdataset there, before the same decode and augmentation)."""
     from nvidia.dali import fn, pipeline_def, types
 
     gpu = device_id is not None
@@ -84,7 +86,10 @@ def build_pipeline(source, cfg: LoaderConfig, device_id: int | None, seed: int):
     @pipeline_def
     def pipe():
         # ``source`` yields batches that reader threads read ahead: the training thread only takes them
-        jpegs, lab = fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32])
+        if read is not None:
+            jpegs, lab = read()
+        else:
+            jpegs, lab = fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32])
         if cfg.split == "train":
             img = fn.decoders.image_random_crop(
                 jpegs,
