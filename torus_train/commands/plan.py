@@ -121,8 +121,9 @@ def _write_json(path: str | None, doc: dict, writer: Writer) -> None:
     "--bucket-cap-mb",
     type=float,
     default=None,
-    help="DDP's bucket_cap_mb for the bucket timeline (MiB of fp32 parameters; the first bucket 1 MiB) "
-    "[default: 25 with --grid; without --grid, chosen with the grid by the predicted step].",
+    help="The run's bucket size, comm.bucket_mb, for the bucket timeline (MiB of fp32 parameters; the first "
+    "bucket at most 1 MiB) [default: the spec's 25 with --grid; without --grid, chosen with the grid by the "
+    "predicted step].",
 )
 @click.option(
     "--layer-profile",
