@@ -1,16 +1,19 @@
-"""The bucket timeline (torus_train.plan.timeline): a hand-computed two-bucket step, and DDP's own buckets."""
+"""The bucket timeline (torus_train.plan.timeline): the one bucket rule (comm/bucketing.py) that the run and the
+plan share, a hand-computed two-bucket step, and the plan's buckets against the run's own."""
 
 from __future__ import annotations
 
-import socket
+import random
 
 import pytest
 
+from torus_train.comm.bucketing import FIRST_BUCKET_BYTES, assign_buckets, parameter_buckets
+from torus_train.job.sections import CommSection
 from torus_train.plan.cost import STEP_OVERHEAD
 from torus_train.plan.timeline import (
+    BUCKET_BYTES,
     Layer,
     bucket_plan,
-    ddp_buckets,
     lanes,
     links_shared,
     model_layers,
@@ -20,9 +23,40 @@ from torus_train.plan.timeline import (
 )
 
 
-def test_ddp_bucket_caps_close_when_reached():
-    # caps 4 then 10: [3, 2] reaches 4 -> closes; [6, 4] reaches 10; [5] is the remainder
-    assert ddp_buckets([3, 2, 6, 4, 5], bucket_cap=10, first_bucket_cap=4) == [[0, 1], [2, 3], [4]]
+def test_bucket_rule_by_hand():
+    # caps 4 then 10: 3 fits the first bucket, 3 + 2 would pass 4; 2 + 6 fit, + 4 would pass 10; 4 + 5 fit.
+    # (DDP's reducer closes a bucket once it has reached its cap: [[0, 1], [2, 3], [4]], over the caps.)
+    assert assign_buckets([3, 2, 6, 4, 5], 10, 4) == [[0], [1, 2], [3, 4]]
+    # a tensor larger than the cap is a bucket of its own; a zero-byte tensor joins the bucket before it
+    assert assign_buckets([1, 30, 2, 0, 9], 10, 4) == [[0], [1], [2, 3], [4]]
+    # the first cap is never more than the others
+    assert assign_buckets([5, 5, 5], 5, 100) == [[0], [1], [2]]
+    # a new bucket where the key (the dtype) changes, whatever the room left
+    assert assign_buckets([1, 1, 1, 1], 100, 100, ["f32", "f32", "f16", "f32"]) == [[0, 1], [2], [3]]
+    assert assign_buckets([], 10) == []
+    # parameters in parameter order: the reverse cut, indices into the parameter list in gradient-ready order
+    assert parameter_buckets([5, 4, 6, 2, 3], 10, 4) == [[4], [3, 2], [1, 0]]  # the first case, reversed
+    # the run's defaults: the spec's comm.bucket_mb (25 MiB) and a 1 MiB first bucket
+    assert BUCKET_BYTES == CommSection().bucket_mb * 2**20 == 25 * 2**20 and FIRST_BUCKET_BYTES == 2**20
+
+
+def test_bucket_rule_never_passes_a_cap_and_cuts_only_where_it_must():
+    rng = random.Random(45)
+    for _ in range(2000):
+        n = rng.randint(0, 30)
+        sizes = [rng.choice([0, rng.randint(1, 40), rng.randint(1, 400)]) for _ in range(n)]
+        keys = [rng.choice("ab") for _ in range(n)] if rng.random() < 0.3 else None
+        cap, first = rng.randint(1, 120), rng.randint(1, 120)
+        buckets = assign_buckets(sizes, cap, first, keys)
+        assert [i for b in buckets for i in b] == list(range(n))  # every tensor once, in order
+        for k, b in enumerate(buckets):
+            limit = min(first, cap) if k == 0 else cap
+            assert len(b) == 1 or sum(sizes[i] for i in b) <= limit  # only a lone tensor passes its cap
+            if keys is not None:
+                assert len({keys[i] for i in b}) == 1
+            if k + 1 < len(buckets):  # a cut only where the next tensor would pass the cap, or its key differs
+                nxt = buckets[k + 1][0]
+                assert sum(sizes[i] for i in b) + sizes[nxt] > limit or (keys is not None and keys[nxt] != keys[b[0]])
 
 
 def test_two_bucket_timeline_by_hand():
@@ -58,48 +92,53 @@ def test_model_layers_resnet50_counts_and_flops():
 
 
 @pytest.mark.timeout(300)
-def test_buckets_equal_a_real_ddp_on_one_gloo_rank(monkeypatch):
+def test_plan_buckets_are_the_runs():
+    """The timeline's buckets are the run's: comm/buckets.py's plan_buckets on ResNet-50 (built on the meta device)
+    and BucketedModel on ResNet-18 hold the same tensors in the same order as bucket_plan of the same model."""
     torch = pytest.importorskip("torch")
     torchvision = pytest.importorskip("torchvision")
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torus_train.comm.buckets import BucketedModel, plan_buckets
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
+    with torch.device("meta"):
         m = torchvision.models.resnet50()
-        ddp = DDP(m)  # defaults: bucket_cap_mb 25, first bucket 1 MiB
-        names = {p: n for n, p in m.named_parameters()}
-        seen = {}
-
-        def record(state, bucket):
-            seen[bucket.index()] = ([names[p] for p in bucket.parameters()], bucket.buffer().numel())
-            fut = torch.futures.Future()
-            fut.set_result(bucket.buffer())
-            return fut
-
-        ddp.register_comm_hook(None, record)
-        x = torch.randn(2, 3, 64, 64)
-        for _ in range(2):  # DDP rebuilds its buckets in gradient-ready order after step 1
-            seen.clear()
-            ddp(x).sum().backward()
-    finally:
-        dist.destroy_process_group()
-    ddp_side = [seen[i] for i in sorted(seen)]
+    names = {id(p): n for n, p in m.named_parameters()}
+    params = [p for p in m.parameters() if p.requires_grad]
+    for cap in (BUCKET_BYTES, 5 * 2**20, 2**20, 200 * 2**20):
+        run = [[names[id(p)] for p in b] for b in plan_buckets(params, cap)]
+        assert run == [[layer.name for layer in b] for b in bucket_plan(model_layers("resnet50"), cap)]
     mine = bucket_plan(model_layers("resnet50"))
-    assert len(mine) == len(ddp_side) == 5
-    for ours, (theirs, numel) in zip(mine, ddp_side, strict=True):
-        # same members and sizes; inside a bucket DDP may list a BatchNorm's bias before its weight
-        assert {layer.name for layer in ours} == set(theirs)
-        assert sum(layer.numel for layer in ours) == numel
-    # and the order of the members agrees up to those weight/bias pairs
-    flat_ours = [layer.name.rsplit(".", 1)[0] for b in mine for layer in b]
-    flat_theirs = [n.rsplit(".", 1)[0] for names_, _ in ddp_side for n in names_]
-    assert flat_ours == flat_theirs
+    # fc.bias alone (fc.weight, 8.2 MB, would pass the 1 MiB first cap), then 5 buckets of at most 25 MiB
+    assert [len(b) for b in mine] == [1, 12, 9, 15, 48, 76] and [layer.name for layer in mine[0]] == ["fc.bias"]
+    assert max(sum(layer.numel for layer in b) * 4 for b in mine) <= BUCKET_BYTES
+
+    small = torchvision.models.resnet18(num_classes=10)
+    names = {id(p): n for n, p in small.named_parameters()}
+    dp = BucketedModel(small, None, CommSection().bucket_mb)
+    try:
+        run = [[names[id(p)] for p in b.params] for b in dp.buckets]
+    finally:
+        dp.close()
+    assert run == [[layer.name for layer in b] for b in bucket_plan(model_layers("resnet18", 224, 10))]
+
+
+@pytest.mark.timeout(120)
+def test_gradient_ready_order_is_the_reverse_parameter_order():
+    """The order backward makes ResNet-18's gradients ready (post-accumulate-grad hooks) is the reverse parameter
+    order the bucket rule assumes, up to a BatchNorm's weight and bias (the same module's backward: one time)."""
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    m = torchvision.models.resnet18(num_classes=10)
+    names = {id(p): n for n, p in m.named_parameters()}
+    ready: list[str] = []
+    hooks = [p.register_post_accumulate_grad_hook(lambda q: ready.append(names[id(q)])) for p in m.parameters()]
+    try:
+        m(torch.randn(2, 3, 64, 64)).sum().backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    reverse = [n for n, _ in reversed(list(m.named_parameters()))]
+    assert sorted(ready) == sorted(reverse)
+    assert [n.rsplit(".", 1)[0] for n in ready] == [n.rsplit(".", 1)[0] for n in reverse]
 
 
 def test_plan_json_carries_the_timeline_and_the_override_is_labelled(tmp_path):
@@ -223,8 +262,8 @@ def test_png_timeline_and_bucket_cap(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     d = json.loads(out.read_text())
     assert d["bucket_cap_bytes"] == 100 * 2**20 and "then 100 MiB" in r.output
-    # 1 MiB first bucket (fc), then everything else in one bucket of less than 100 MiB
-    assert [b["parameter_count"] for b in d["algorithms"]["torus"]["timeline"]["buckets"]] == [2, 159]
+    # the 1 MiB first bucket (fc.bias: fc.weight would pass it), then everything else in one bucket under 100 MiB
+    assert [b["parameter_count"] for b in d["algorithms"]["torus"]["timeline"]["buckets"]] == [1, 160]
     r = CliRunner().invoke(plan, ["--gpus", "64", "--png", str(png), "--overlap", "0.5"])
     assert r.exit_code != 0 and "--png" in str(r.exception)
     r = CliRunner().invoke(plan, ["--gpus", "64", "--bucket-cap-mb", "0"])
@@ -247,7 +286,7 @@ def test_plan_tries_bucket_caps_and_names_the_fastest(tmp_path):
     assert [c["cap_mb"] for c in caps] == list(BUCKET_CAPS_MB)
     at25 = next(c for c in caps if c["cap_mb"] == 25)
     assert at25["step_seconds"] == pytest.approx(d["algorithms"]["torus"]["step_seconds"])
-    assert at25["buckets"] == 5
+    assert at25["buckets"] == 6
     best = min(caps, key=lambda c: c["step_seconds"])
     assert f"the fastest is {best['cap_mb']:g} MiB" in r.output
 
@@ -340,6 +379,6 @@ def test_plan_prints_the_two_lanes():
     for grid, cap, verdict in (("32x34", "25", "they lose"), ("4x272", "5", "they pay")):
         r = CliRunner().invoke(plan, ["--gpus", "1088", "--grid", grid, "--bucket-cap-mb", cap])
         assert r.exit_code == 0, r.output
-        assert "# torus lanes bucket 0: row reduce-scatter 0.01.." in r.output
+        assert "# torus lanes bucket 0: row reduce-scatter 0.00.." in r.output  # fc.bias alone, ready at once
         (line,) = [x for x in r.output.splitlines() if x.startswith("# torus in two lanes")]
         assert verdict in line, line

@@ -7,8 +7,8 @@ bucket k+1's row phase beside bucket k's column phase, torus_train/comm/pipeline
 
 Each grid runs its ranks on this host (gloo; rows through shared memory unless --rows gloo). Every rank holds a
 model whose parameters have ResNet-50's shapes (--model; --scale shrinks every tensor, for a quick run) in
-BucketedModel with DDP's buckets (1 MiB first, then --bucket-mb), twice: once with the serial exchange, once
-pipelined. A round runs one step of each (the order swapped every other round): the gradients are set by a
+BucketedModel with the run's buckets (at most 1 MiB first, then --bucket-mb), twice: once with the serial
+exchange, once pipelined. A round runs one step of each (the order swapped every other round): the gradients are set by a
 backward pass that costs almost nothing (every gradient is ones), so the step's time is the exchange's; a step
 lasts from the start of backward to the end of finish() on the slowest rank. The first round warms up and is
 not counted; each figure is the median of the others, with the range. Ratio: serial / pipelined (above 1: the

@@ -59,7 +59,7 @@ class RunRecord:
 
 
 WARMUP_RECORDS = 1
-"""metrics.jsonl records skipped at the start of each stage: the first steps build DDP's buckets and warm caches."""
+"""metrics.jsonl records skipped at the start of each stage: the first steps warm caches (and a CUDA run captures its graph)."""
 
 
 JOB_FIELDS = (

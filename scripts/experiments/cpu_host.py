@@ -16,7 +16,7 @@ the share that does not fit costs beta_extra more (DRAM). llc is the machine's, 
 
 A training step of R ranks of one thread each on C cores with B other runnable threads (predict_host_step):
 forward, backward and optimizer from a one-rank step profile (StepProfile, measured in CPU time by
-step_profile.py), each stretched by o; DDP's buckets (torus_train.plan.timeline) exchanged in the calibrated
+step_profile.py), each stretched by o; the run's buckets (torus_train.plan.timeline) exchanged in the calibrated
 time; the step is the larger of the timeline (the critical path) and the cores' work, o x (forward + backward +
 optimizer) + the exchanges: with R + B >= C an exchange thread takes its core from the backward pass and
 nothing hides. The training loop's own work per step (StepProfile.loop_seconds) comes after the optimizer.
@@ -369,7 +369,7 @@ class HostPrediction:
     optimizer_seconds: float
     """o x the profile's optimizer step, and o x the loop's own work when measured (StepProfile.loop_seconds)."""
     bucket_bytes: list
-    """Bytes exchanged per bucket, in DDP's order."""
+    """Bytes exchanged per bucket, in exchange order."""
     bucket_seconds: list
     """Calibrated exchange time per bucket."""
     communication_seconds: float
@@ -399,7 +399,7 @@ def predict_host_step(
     """The step of R = grid.size ranks on this host (cal.cores cores, `background` other runnable threads).
 
     cal: a HostCalibration of the torus; layers: the model's parameter tensors
-    (timeline.model_layers) for DDP's buckets; exchange_bytes: bytes per gradient value on the wire (4 for fp32)."""
+    (timeline.model_layers) for the run's buckets; exchange_bytes: bytes per gradient value on the wire (4 for fp32)."""
     r, c = grid.size, cal.cores
     o = max(1.0, (r + background) / c)
     scale = per_rank_batch / profile.batch  # stated: compute linear in the batch around the profile's

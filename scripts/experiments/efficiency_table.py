@@ -5,7 +5,7 @@
     python scripts/experiments/efficiency_table.py --json OUT      # also [{"work", "reported_percent", "predicted_percent"}]
 
 One model for all four, no overlap given and no per-case knob: the step comes from torus_train.plan.timeline
-(DDP's buckets of ResNet-50 built on the meta device, backward shared by layer FLOPs, each bucket all-reduced
+(the run's buckets of ResNet-50 built on the meta device, backward shared by layer FLOPs, each bucket all-reduced
 with the work's algorithm on its network preset, exchanges queued) plus the model's ONE FITTED constant,
 cost.STEP_OVERHEAD: a share of the compute every step pays unhidden. Every network figure is a preset of
 torus_train.plan.networks with its sources. predicted_percent is what `plan` prints (the constant fitted on all
@@ -13,8 +13,9 @@ four); timeline_only_percent has no constant; loo_predicted_percent is each work
 fitted on the other three (leave-one-out), the out-of-sample test of the fit.
 
 Assumptions (where the published setting is unknown or differs from what the model can express):
-* every work is modelled with PyTorch DDP's bucketing (1 MiB first bucket, then 25 MiB by fp32 bytes); Sony used
-  NNL, Goyal et al. Caffe2 + Gloo, Jia et al. TensorFlow with tensor fusion: their real bucket sizes are unknown;
+* every work is modelled with torus-train's own buckets (comm/bucketing.py: at most 1 MiB first, then at most
+  25 MiB by fp32 bytes); Sony used NNL, Goyal et al. Caffe2 + Gloo, Jia et al. TensorFlow with tensor fusion:
+  their real bucket sizes are unknown;
 * the backward pass is 2/3 of the single-GPU step (cost.BACKWARD_FRACTION), shared over layers by their forward
   FLOPs as torch.utils.flop_counter counts them; elementwise layers (BatchNorm, ReLU, pooling, adds) get no share;
 * single-GPU throughput is the preset's figure (V100 1,376 img/s mixed precision; P100 219 img/s fp32; P40

@@ -6,7 +6,8 @@ groups.py: the contract on torch.distributed (gloo on CPU, NCCL on GPU) row and 
 shm.py: rows inside one host through shared memory (the row exchange of a gloo GridGroups);
 mpi/: the contract on MPI communicators through mpi4py (CPU buffers), with its C replay; serves the benchmark;
 chunks.py: how a tensor is cut into chunks; collectives.py: the row collectives under this torch's names;
-hooks.py: the DDP communication hook.
+hooks.py: the DDP communication hook; bucketing.py: the bucket rule (pure), by which buckets.py builds the run's
+gradient buckets and the plan's timeline predicts them.
 """
 
 BACKENDS = ("gloo", "mpi", "nccl")

@@ -10,9 +10,10 @@ so that the whole step can be captured in one CUDA graph (DDP's reducer cannot b
     optimizer.step()
 
 1. Buckets: the parameters in reverse order (the order backward produces their gradients), cut where a bucket
-   would pass its size (the first bucket 1 MiB, as DDP: the exchange starts early) or the dtype changes. Each
-   bucket is one flat tensor; every parameter's ``.grad`` is a view of it with the parameter's own strides
-   (channels_last weights too), so backward accumulates straight into the bucket and nothing is copied.
+   would pass its size (the first bucket 1 MiB, as DDP: the exchange starts early) or the dtype changes: the
+   bucket rule of comm/bucketing.py, which the plan's timeline also uses. Each bucket is one flat tensor; every
+   parameter's ``.grad`` is a view of it with the parameter's own strides (channels_last weights too), so
+   backward accumulates straight into the bucket and nothing is copied.
 2. A hook per parameter (register_post_accumulate_grad_hook) counts the bucket's gradients; when a bucket is
    complete, it and every complete bucket after the last one launched are exchanged, in bucket order: every
    rank issues the same collectives in the same order, whatever order backward finished them in.
@@ -33,10 +34,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from torus_train.comm.bucketing import FIRST_BUCKET_BYTES, parameter_buckets
 from torus_train.comm.hooks import TorusHookState, exchange_cuda, reduce_bucket
 from torus_train.comm.pipeline import torus_lanes
-
-FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket: small, so that the exchange starts early in backward
 
 
 @dataclass
@@ -54,22 +54,11 @@ class Bucket:
 
 
 def plan_buckets(params: list, bucket_bytes: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[list]:
-    """The parameters in reverse order, cut into buckets of at most ``bucket_bytes`` (the first at most
-    ``first_bytes``, and never more than the others) or where the dtype changes; a parameter larger than the cap is a bucket of its own."""
-    buckets: list[list] = []
-    cur: list = []
-    size = 0
-    for p in reversed(params):
-        nbytes = p.numel() * p.element_size()
-        cap = min(first_bytes, bucket_bytes) if not buckets else bucket_bytes
-        if cur and (size + nbytes > cap or p.dtype != cur[0].dtype):
-            buckets.append(cur)
-            cur, size = [], 0
-        cur.append(p)
-        size += nbytes
-    if cur:
-        buckets.append(cur)
-    return buckets
+    """The parameters in buckets by the bucket rule (comm/bucketing.py): reverse order, at most ``bucket_bytes``
+    each (the first at most ``first_bytes``), a new bucket where the dtype changes."""
+    sizes = [p.numel() * p.element_size() for p in params]
+    cut = parameter_buckets(sizes, bucket_bytes, first_bytes, [p.dtype for p in params])
+    return [[params[i] for i in b] for b in cut]
 
 
 class BucketedModel:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
+from torus_train.comm.bucketing import FIRST_BUCKET_BYTES
 from torus_train.commands.outputs import OutputFile
 from torus_train.commands.rehearse import rehearse_command
 from torus_train.errors import UserError
+from torus_train.job.sections import CommSection
 from torus_train.outfiles import Writer, check_distinct, write_json
 from torus_train.plan.calibrate_report import CalibrateRequest, calibrate_report
 from torus_train.plan.plots import WRITER
@@ -121,8 +123,9 @@ def _write_json(path: str | None, doc: dict, writer: Writer) -> None:
     "--bucket-cap-mb",
     type=float,
     default=None,
-    help="DDP's bucket_cap_mb for the bucket timeline (MiB of fp32 parameters; the first bucket 1 MiB) "
-    "[default: 25 with --grid; without --grid, chosen with the grid by the predicted step].",
+    help=f"The run's bucket size, comm.bucket_mb, for the bucket timeline (MiB of fp32 parameters; the first "
+    f"bucket at most {FIRST_BUCKET_BYTES / 2**20:g} MiB) [default: the spec's {CommSection.bucket_mb:g} with "
+    f"--grid; without --grid, chosen with the grid by the predicted step].",
 )
 @click.option(
     "--layer-profile",

@@ -153,7 +153,8 @@ class CommSection:
     compression: str = "none"
     """Gradient compression on the wire: none | fp16 | bf16."""
     bucket_mb: float = 25.0
-    """DDP gradient bucket size in MiB (fusion threshold)."""
+    """Gradient bucket size in MiB: a bucket holds at most this many bytes of gradients (the first at most 1 MiB),
+    the rule of comm/bucketing.py, which `plan --bucket-cap-mb` predicts with."""
     timeout_s: float = 600.0
     """Process-group timeout: a collective that cannot finish raises after this many seconds."""
     backend: str = "auto"

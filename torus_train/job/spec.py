@@ -52,6 +52,8 @@ million epochs is 10,000 times an ImageNet recipe (schedule.steps stops a run so
 MAX_CLASSES = 1_000_000
 """model.num_classes: a classifier of 1M classes over 2,048 features already holds 8 GB of fp32 weights."""
 MAX_BUCKET_MB = 1_048_576.0
+"""comm.bucket_mb (and plan's --bucket-cap-mb, the same size): 1 TiB, far above any model's gradients (one
+bucket then holds them all)."""
 MAX_TIMEOUT_S = 31_536_000.0
 """One year: torch turns timeout_s into a timedelta, which overflows far above this."""
 

@@ -3,7 +3,7 @@
 networks         clusters as the cost model sees them: links, presets with their sources, TOML files
 nccl             NCCL's own tuning model (ring, tree, NVLS, CollNet) for the cost model's NCCL rows
 cost             alpha-beta-gamma cost of one all-reduce per algorithm and of one training step
-timeline         DDP's buckets of a model and the step they make, each bucket all-reduced in turn
+timeline         the run's buckets of a model and the step they make, each bucket all-reduced in turn
 grids            grid choice by the predicted fused all-reduce, or by the step with a bucket cap
 search           a whole plan over algorithms, its bucket caps, curves over GPU counts
 verdict          the torus against NCCL's own choice, at the plan's point and over GPU counts

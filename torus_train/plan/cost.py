@@ -25,7 +25,7 @@ per-rank batch / single-GPU throughput; the backward pass is a stated fraction o
 about twice the forward); a stated fraction ``overlap`` of the backward pass hides one fused all-reduce; step =
 compute + max(0, allreduce - overlap * backward); scaling efficiency = compute / step (throughput(N) / (N *
 single-GPU throughput), the definition used in the paper's table). By default ``plan`` derives the overlap
-from DDP's buckets instead (torus_train.plan.timeline). Not modelled: stragglers, data loading, BatchNorm
+from the run's buckets instead (torus_train.plan.timeline). Not modelled: stragglers, data loading, BatchNorm
 statistics, optimizer time.
 """
 
@@ -381,7 +381,7 @@ def allreduce_seconds_fn(algo: str, grid: Grid, net: Network, placement: str = "
 # ------------------------------------------------------------------------------------------------
 BACKWARD_FRACTION = 2.0 / 3.0
 """Share of a training step's compute spent in the backward pass (backward costs about twice the forward)."""
-STEP_OVERHEAD = 0.0723
+STEP_OVERHEAD = 0.0755
 """FITTED, the one fitted constant of the model: every step on N GPUs also pays this fraction of the single-GPU
 compute with nothing hiding it (what the timeline leaves out: stragglers and jitter across nodes, the wait for
 the slowest rank, data loading, BatchNorm and optimizer work around the exchange). Least squares in efficiency

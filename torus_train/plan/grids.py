@@ -1,7 +1,7 @@
 """The torus's grid: every factor pair X x Y = N weighed by the cost model (pure).
 
 The grid decides the torus's cost. rank_grids and best_grid weigh every factor pair by its predicted fused
-all-reduce (what `plan --overlap` goes by); choose_grid_and_cap weighs every (grid, DDP bucket cap) pair by the
+all-reduce (what `plan --overlap` goes by); choose_grid_and_cap weighs every (grid, bucket size) pair by the
 predicted training step on the bucket timeline (StepWork: the step as the timeline sees it, whatever the grid),
 which is how `plan` chooses; choose_grid is that choice as a plan makes it (the grid given, or one of the two).
 """
@@ -16,7 +16,7 @@ from torus_train.job.algorithms import DEFAULT
 from torus_train.job.topology import Grid, GridError, check_grid_size, factor_pairs
 from torus_train.plan.cost import BACKWARD_FRACTION, DTYPE_BYTES, AllreduceCost, allreduce_cost, allreduce_seconds_fn
 from torus_train.plan.networks import Network
-from torus_train.plan.timeline import DDP_BUCKET_CAP, Layer, Timeline, timeline
+from torus_train.plan.timeline import BUCKET_BYTES, Layer, Timeline, timeline
 
 BUCKET_CAPS_MB = (1, 2, 5, 10, 25, 50, 100, 200)
 """Bucket caps (MiB) that choose_grid_and_cap and search.bucket_sweep try."""
@@ -28,7 +28,8 @@ class StepWork:
     and algorithm of a plan."""
 
     layers: Sequence[Layer]
-    """The model's parameter tensors in DDP's order (timeline.model_layers, a measured profile's times where given)."""
+    """The model's parameter tensors in parameter order (timeline.model_layers, a measured profile's times where
+    given)."""
     compute_seconds: float
     """Forward and backward on one GPU."""
     gradient_dtype: str
@@ -39,7 +40,8 @@ class StepWork:
     """How ranks fill nodes: rows or columns."""
 
     def timeline(self, algo: str, cost: Callable[[float], float], bucket_cap: int) -> Timeline:
-        """The step with DDP's buckets of at most bucket_cap bytes, each all-reduced with `algo` in cost(bytes)."""
+        """The step with the run's buckets of at most bucket_cap bytes, each all-reduced with `algo` in
+        cost(bytes)."""
         return timeline(
             self.layers,
             self.compute_seconds,
@@ -106,7 +108,7 @@ class Candidate:
     grid: str
     """XxY."""
     cap_mb: float
-    """DDP bucket cap, MiB."""
+    """Bucket size (the run's comm.bucket_mb), MiB."""
     buckets: int
     """Buckets the model's gradients make at this cap."""
     allreduce_seconds: float
@@ -175,7 +177,7 @@ def choose_grid(
 ) -> tuple[Grid, int, str, list[Candidate]]:
     """(grid, bucket cap, why, candidates) of a plan: the grid given; else with --overlap the fastest fused
     all-reduce; else the (grid, cap) pair of the fastest step (choose_grid_and_cap; the cap fixed when given)."""
-    cap = DDP_BUCKET_CAP if bucket_cap is None else bucket_cap
+    cap = BUCKET_BYTES if bucket_cap is None else bucket_cap
     if grid is not None:
         check_grid_size(grid, gpus)
         grid = Grid(grid.x, grid.y, net.gpus_per_node)

@@ -91,7 +91,7 @@ def plot_timeline(p: Plan, path: str) -> None:
     ax.set_xlabel("ms from the start of the backward pass (dotted: its end)")
     ax.set_title(
         f"{p.network.name}, {p.gpus} GPUs, grid {p.grid}: {p.model} {p.gradient_dtype}, "
-        f"{p.per_gpu_batch}/GPU, {len(first['buckets'])} DDP buckets"
+        f"{p.per_gpu_batch}/GPU, {len(first['buckets'])} buckets"
     )
     _save(plt, fig, path, "--png")
 

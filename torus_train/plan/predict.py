@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from torus_train.errors import UserError, check_number
+from torus_train.job.spec import MAX_BUCKET_MB
 from torus_train.job.topology import Grid, check_world_size, parse_grid
 from torus_train.outfiles import check_plot_output
 from torus_train.plan.cost import STEP_OVERHEAD
@@ -21,8 +22,6 @@ from torus_train.plan.simulate import MAX_SIMULATED_RANKS, simulate_grid
 from torus_train.plan.verdict import verdict
 from torus_train.userfiles import Field, check, read_json
 
-MAX_BUCKET_MIB = 1 << 20
-"""--bucket-cap-mb: 1 TiB, far above any model's gradients (one bucket then holds them all)."""
 IMAGES_PER_SECOND = (1e-3, 1e9)
 """--images-per-second: the range a GPU's training throughput can be given in (the step time stays finite)."""
 MAX_STEP_OVERHEAD = 100.0
@@ -58,7 +57,8 @@ class PlanRequest:
     placement: str = "rows"
     """How ranks fill nodes: rows or columns."""
     bucket_cap_mb: float | None = None
-    """DDP's bucket cap (MiB); None: 25 with a grid, else chosen with the grid."""
+    """The run's bucket size (comm.bucket_mb, MiB); None: the spec's default with a grid, else chosen with the
+    grid."""
     layer_profile: str | None = None
     """JSON file of backward seconds per module, to share the backward pass by instead of layer FLOPs."""
     simulate: bool = False
@@ -91,7 +91,7 @@ class PlanRequest:
             raise UserError(
                 f"--per-gpu-batch: {self.per_gpu_batch} must be a positive integer, at most {MAX_PER_GPU_BATCH:,}"
             )
-        check_number(self.bucket_cap_mb, "--bucket-cap-mb", 0.0, high=MAX_BUCKET_MIB)
+        check_number(self.bucket_cap_mb, "--bucket-cap-mb", 0.0, high=MAX_BUCKET_MB)
 
     def _check_outputs(self) -> None:
         """The pictures can be written and drawn (matplotlib installed); --png needs the timeline."""

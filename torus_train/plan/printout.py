@@ -2,13 +2,14 @@
 
 In the order plan prints them: the inputs with their sources (header_lines), the (grid, bucket cap) pairs the
 choice compared (candidate_lines), one row per algorithm (table_lines), what each algorithm stands for
-(algorithm_notes), each DDP bucket's exchange per algorithm with what NCCL picks for it (bucket_lines), the
+(algorithm_notes), each bucket's exchange per algorithm with what NCCL picks for it (bucket_lines), the
 torus's buckets and summary (torus_lines), the sources (source_lines); then the bucket caps (bucket_caps_line)
 and the verdict against NCCL (verdict.verdict's text).
 """
 
 from __future__ import annotations
 
+from torus_train.comm.bucketing import FIRST_BUCKET_BYTES
 from torus_train.job.topology import parse_grid
 from torus_train.plan.cost import BACKWARD_FRACTION, MODELS, allreduce_cost, step_cost
 from torus_train.plan.nccl import NCCL_SOURCE
@@ -73,9 +74,9 @@ def _overlap_how(p: Plan) -> str:
         return f"overlap OVERRIDE (--overlap) {p.overlap:g} of the backward pass hides communication"
     share = "layer FLOPs" if p.backward_share == "forward FLOPs" else "the measured --layer-profile"
     return (
-        f"overlap derived from the bucket timeline: DDP buckets (1 MiB first, then "
-        f"{p.bucket_cap_bytes / 2**20:g} MiB, reverse parameter order), backward shared by {share}, each "
-        f"bucket all-reduced in turn"
+        f"overlap derived from the bucket timeline: the run's buckets (at most {FIRST_BUCKET_BYTES / 2**20:g} MiB "
+        f"first, then {p.bucket_cap_bytes / 2**20:g} MiB, reverse parameter order), backward shared by {share}, "
+        f"each bucket all-reduced in turn"
     )
 
 
@@ -124,7 +125,7 @@ def algorithm_notes(p: Plan) -> list[str]:
 
 
 def bucket_lines(p: Plan) -> list[str]:
-    """Each DDP bucket's all-reduce time (ms) per algorithm, and the (algorithm/protocol) NCCL picks for it;
+    """Each bucket's all-reduce time (ms) per algorithm, and the (algorithm/protocol) NCCL picks for it;
     none with --overlap (one fused all-reduce, no buckets)."""
     first = next(iter(p.algorithms.values())).timeline
     if first is None:
@@ -147,12 +148,18 @@ def bucket_lines(p: Plan) -> list[str]:
     return lines
 
 
+def _members(b: dict) -> str:
+    """A bucket's tensors, first to last in parameter order (the reverse of its gradient-ready order)."""
+    if b["parameter_count"] == 1:
+        return f"1 tensor ({b['first_parameter']})"
+    return f"{b['parameter_count']} tensors ({b['last_parameter']} .. {b['first_parameter']})"
+
+
 def torus_lines(p: Plan) -> list[str]:
     """The torus's buckets on the timeline, its summary, and its efficiency with no and with full overlap."""
     t = p.torus
     lines = [
-        f"# torus bucket {b['index']}: {b['parameter_count']} tensors ({b['last_parameter']} .. "
-        f"{b['first_parameter']}), {mb(b['nbytes'])} MB, ready {b['ready_seconds'] * 1e3:.2f} ms, "
+        f"# torus bucket {b['index']}: {_members(b)}, {mb(b['nbytes'])} MB, ready {b['ready_seconds'] * 1e3:.2f} ms, "
         f"exchange {b['start_seconds'] * 1e3:.2f}..{b['end_seconds'] * 1e3:.2f} ms"
         for b in (t.timeline["buckets"] if t.timeline is not None else [])
     ]

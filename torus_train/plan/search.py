@@ -2,7 +2,7 @@
 
 make_plan predicts every algorithm's all-reduce, step time and scaling efficiency at one (GPUs, grid, network,
 model, batch) point, on the grid given or chosen (torus_train.plan.grids); bucket_sweep gives the plan's step at
-each DDP bucket cap; sweep gives the curves of all-reduce time over GPU counts. The verdict against NCCL is
+each bucket size; sweep gives the curves of all-reduce time over GPU counts. The verdict against NCCL is
 torus_train.plan.verdict.
 """
 
@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
+from torus_train.comm.bucketing import FIRST_BUCKET_BYTES
 from torus_train.errors import UserError
 from torus_train.job.algorithms import ALGORITHMS, DEFAULT
 from torus_train.job.topology import Grid, factor_pairs
@@ -28,7 +29,7 @@ from torus_train.plan.cost import (
 )
 from torus_train.plan.grids import BUCKET_CAPS_MB, StepWork, choose_grid
 from torus_train.plan.networks import Network
-from torus_train.plan.timeline import DDP_BUCKET_CAP, DDP_FIRST_BUCKET_CAP, layers_with_profile, model_layers
+from torus_train.plan.timeline import BUCKET_BYTES, layers_with_profile, model_layers
 
 
 @dataclass
@@ -91,8 +92,8 @@ class Plan:
     """Per-step compute on one GPU."""
     algorithms: dict
     """algo -> AlgoPlan."""
-    bucket_cap_bytes: int = DDP_BUCKET_CAP
-    """DDP's bucket cap used by the timeline (the first bucket's is DDP_FIRST_BUCKET_CAP)."""
+    bucket_cap_bytes: int = BUCKET_BYTES
+    """The run's bucket size (comm.bucket_mb) the timeline uses (the first bucket's cap is FIRST_BUCKET_BYTES)."""
     backward_share: str = "forward FLOPs"
     """What shares the backward pass over layers: "forward FLOPs" or "measured profile"."""
     layers: tuple = ()
@@ -140,7 +141,7 @@ class Plan:
         d["backward_fraction"] = BACKWARD_FRACTION
         d["overlap_source"] = "override (--overlap)" if self.overlap is not None else "bucket timeline"
         d["step_overhead_source"] = self.step_overhead_source
-        d["first_bucket_cap_bytes"] = DDP_FIRST_BUCKET_CAP
+        d["first_bucket_cap_bytes"] = FIRST_BUCKET_BYTES
         d["algorithms"] = {a: asdict(p) for a, p in self.algorithms.items()}
         return d
 
@@ -162,14 +163,14 @@ def make_plan(
     images_per_second: float | None = None,
     overlap: float | None = None,
     placement: str = "rows",
-    bucket_cap: int | None = DDP_BUCKET_CAP,
+    bucket_cap: int | None = BUCKET_BYTES,
     layer_profile: dict | None = None,
     step_overhead: float = STEP_OVERHEAD,
 ) -> Plan:
     """Predict every algorithm at `gpus` GPUs; with no grid, choose the torus grid (and, with bucket_cap None,
     the bucket cap) by the predicted step (grids.choose_grid; with --overlap, by the fused all-reduce).
 
-    overlap None (the default): each algorithm's step comes from the bucket timeline (DDP's buckets of the
+    overlap None (the default): each algorithm's step comes from the bucket timeline (the run's buckets of the
     model, each all-reduced with that algorithm, queued; torus_train.plan.timeline). A number: the old stated
     overlap, an override, with the whole gradient as one all-reduce. step_overhead: the fraction of the compute
     every timeline step also pays unhidden (the fitted STEP_OVERHEAD unless given; not used with overlap)."""
@@ -242,7 +243,7 @@ def _algo_plan(
 
 
 def bucket_sweep(p: Plan, algo: str = DEFAULT, caps_mb: Sequence[float] = BUCKET_CAPS_MB) -> list[dict]:
-    """The plan's step with each DDP bucket cap for one algorithm (its grid, network, model and batch), from
+    """The plan's step with each bucket size for one algorithm (its grid, network, model and batch), from
     the bucket timeline: [{cap_mb, buckets, exposed_seconds, step_seconds, scaling_efficiency}], in caps order."""
     x, y = map(int, p.grid.split("x"))
     g = Grid(x, y, p.network.gpus_per_node)

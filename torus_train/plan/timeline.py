@@ -3,12 +3,12 @@ torch at import; only ``model_layers`` imports torch and torchvision to build th
 
 What it computes, for one model, one all-reduce algorithm and one network:
 
-* the parameters in DDP's bucket order: DDP rebuilds its buckets after the first iteration in the order the
-  gradients became ready, which for a feed-forward model is the reverse of the parameter order
-  (``Reducer::rebuild_buckets``); a bucket closes as soon as its bytes reach its cap, the first cap
-  ``first_bucket_cap`` (DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB), every later one ``bucket_cap``
-  (``bucket_cap_mb`` = 25 MiB); the caps count the parameters' own bytes (fp32), whatever dtype the exchange
-  uses (a compression hook casts a bucket, it does not re-bucket);
+* the parameters in the run's buckets: the bucket rule of torus_train.comm.bucketing, the one
+  ``torus-train run`` builds its buckets by (comm/buckets.py, every comm.algo): the reverse parameter order
+  (the order backward makes the gradients ready), each bucket at most its cap, the first at most
+  ``first_bucket_cap`` (FIRST_BUCKET_BYTES, 1 MiB), every later one at most ``bucket_cap`` (the spec's
+  comm.bucket_mb, 25 MiB by default); the caps count the parameters' own bytes (fp32), whatever dtype the
+  exchange uses (comm.compression casts a bucket on the wire, it does not re-bucket);
 * each parameter's share of the backward time: its module's forward FLOPs at one image as torch's
   FlopCounterMode counts them (convolutions and linear layers: 2 x multiply-adds) over the model's total, split
   evenly over the module's parameter tensors. Stated simplification: elementwise layers (BatchNorm, ReLU,
@@ -36,8 +36,10 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from torus_train.comm.bucketing import FIRST_BUCKET_BYTES, parameter_buckets
 from torus_train.errors import UserError
 from torus_train.job.algorithms import DEFAULT
+from torus_train.job.sections import CommSection
 from torus_train.job.topology import Grid
 from torus_train.plan.cost import allreduce_cost, node_map
 from torus_train.plan.networks import Network
@@ -45,12 +47,10 @@ from torus_train.plan.networks import Network
 if TYPE_CHECKING:
     import torch  # annotations only: this module imports torch inside the functions that build a model
 
-DDP_BUCKET_CAP = 25 * 2**20
-"""DDP's default bucket_cap_mb = 25 (MiB)."""
-DDP_FIRST_BUCKET_CAP = 1 * 2**20
-"""DDP's default first bucket cap (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB)."""
+BUCKET_BYTES = int(CommSection.bucket_mb * 2**20)
+"""The run's bucket size by default: the spec's comm.bucket_mb (25 MiB) in bytes."""
 PARAM_BYTES = 4
-"""Bytes per parameter as DDP's caps count them (fp32 master parameters)."""
+"""Bytes per parameter as the run's bucket caps count them (its parameters are fp32)."""
 
 
 @dataclass(frozen=True)
@@ -134,29 +134,12 @@ def _forward_flops(m: torch.nn.Module, model: str, image_size: int) -> dict[str,
     }
 
 
-def ddp_buckets(
-    sizes_bytes: list[int], bucket_cap: int = DDP_BUCKET_CAP, first_bucket_cap: int = DDP_FIRST_BUCKET_CAP
-) -> list[list[int]]:
-    """DDP's bucket assignment (compute_bucket_assignment_by_size, one dtype and device) of tensors given in
-    gradient-ready order: indices into sizes_bytes per bucket. A bucket closes when its bytes reach its cap."""
-    buckets, cur, size, cap = [], [], 0, first_bucket_cap
-    for i, s in enumerate(sizes_bytes):
-        cur.append(i)
-        size += s
-        if size >= cap:
-            buckets.append(cur)
-            cur, size, cap = [], 0, bucket_cap
-    if cur:
-        buckets.append(cur)
-    return buckets
-
-
 @dataclass
 class Bucket:
     """One bucket of the step's timeline (seconds from the start of the backward pass)."""
 
     index: int
-    """Position in DDP's order (0 = first to be exchanged)."""
+    """Position in the exchange order (0 = first to be exchanged)."""
     parameters: list
     """Parameter names, in gradient-ready order."""
     numel: int
@@ -210,15 +193,12 @@ class Timeline:
 
 def bucket_plan(
     layers: Sequence[Layer],
-    bucket_cap: int = DDP_BUCKET_CAP,
-    first_bucket_cap: int = DDP_FIRST_BUCKET_CAP,
+    bucket_cap: int = BUCKET_BYTES,
+    first_bucket_cap: int = FIRST_BUCKET_BYTES,
 ) -> list[list[Layer]]:
-    """The layers in DDP's buckets: reverse parameter order, bucketed by their fp32 bytes."""
-    ready = list(reversed(list(layers)))
-    return [
-        [ready[i] for i in b]
-        for b in ddp_buckets([layer.numel * PARAM_BYTES for layer in ready], bucket_cap, first_bucket_cap)
-    ]
+    """The layers in the run's buckets (comm.bucketing: reverse parameter order, by their fp32 bytes)."""
+    cut = parameter_buckets([layer.numel * PARAM_BYTES for layer in layers], bucket_cap, first_bucket_cap)
+    return [[layers[i] for i in b] for b in cut]
 
 
 def timeline(
@@ -228,8 +208,8 @@ def timeline(
     allreduce_seconds_of: Callable[[float], float],
     exchange_bytes: int,
     algo: str = "",
-    bucket_cap: int = DDP_BUCKET_CAP,
-    first_bucket_cap: int = DDP_FIRST_BUCKET_CAP,
+    bucket_cap: int = BUCKET_BYTES,
+    first_bucket_cap: int = FIRST_BUCKET_BYTES,
     overhead_seconds: float = 0.0,
 ) -> Timeline:
     """The step's timeline. allreduce_seconds_of(nbytes) gives one bucket's exchange time; exchange_bytes is
