@@ -13,12 +13,12 @@ the exact mean of every rank's values.
 
 import os
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from workerenv import join_gloo
 
 from torus_train.comm.buckets import BucketedModel
 from torus_train.comm.groups import build_grid_groups
@@ -103,16 +103,8 @@ def grads_check(groups, rank) -> int:
 
 
 def main():
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = join_gloo()
     grid = parse_grid(os.environ["GRID"])
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
     groups = build_grid_groups(grid, timeout=60)
     check = os.environ.get("CHECK", "grads")
     checks = layout_check(groups, rank, world) if check == "layout" else grads_check(groups, rank)

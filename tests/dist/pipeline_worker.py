@@ -13,12 +13,12 @@ Writes the number of checks passed to CHECK_OUT.RANK.
 
 import os
 import sys
-from datetime import timedelta
 from unittest import mock
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from workerenv import join_gloo
 
 from torus_train.comm import pipeline
 from torus_train.comm.buckets import BucketedModel
@@ -137,16 +137,8 @@ def stream_lanes_check(grid, rank, want) -> int:
 
 
 def main():
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = join_gloo()
     grid = parse_grid(os.environ["GRID"])
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
     want = reference(rank, world)
     checks = thread_lanes_check(grid, rank, world, want) + stream_lanes_check(grid, rank, want)
     dist.destroy_process_group()

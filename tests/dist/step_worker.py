@@ -14,12 +14,12 @@ import contextlib
 import os
 import sys
 import types
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from workerenv import join_gloo
 
 from torus_train.comm.buckets import BucketedModel
 from torus_train.comm.groups import build_grid_groups
@@ -128,15 +128,7 @@ def owned(groups, algo, accumulation, rank):
 
 
 def main():
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
+    rank, _ = join_gloo()
     groups = build_grid_groups(parse_grid(os.environ["GRID"]), timeout=60)
     same = 0
     for algo in os.environ["ALGOS"].split(","):
