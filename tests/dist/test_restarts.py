@@ -20,27 +20,36 @@ pytestmark = pytest.mark.timeout(300)
 COMMON = [*TWO, "--steps", "10", "--set", "checkpoint.every_steps=2"]
 
 
+def kill_rank_after(argv: list[str], out, step: int, env: dict | None = None) -> tuple[int, str, str, dict]:
+    """Start the job argv, SIGKILL rank 1 once its heartbeat says ``step`` or later, wait for the job's end:
+    (exit code, stdout, stderr, the beat the kill read, with the kill's time as "killed_at")."""
+    p = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+    )
+    try:
+        deadline = time.time() + 120
+        while not ((b := beat(out, 1)) and b["step"] >= step):
+            assert time.time() < deadline and p.poll() is None, "the run did not start training"
+            time.sleep(0.05)
+        b["killed_at"] = time.time()
+        os.kill(b["pid"], signal.SIGKILL)
+        stdout, stderr = p.communicate(timeout=200)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return p.returncode, stdout, stderr, b
+
+
 @pytest.mark.slow
 def test_a_killed_rank_is_restarted_and_the_job_ends_as_if_undisturbed(tmp_path):
     straight, restarted = tmp_path / "straight", tmp_path / "restarted"
     r = run_cli(*COMMON, "--out", str(straight), timeout=150)
     assert r.returncode == 0, r.stderr
     argv = [sys.executable, "-m", "torus_train", "run", *COMMON, "--out", str(restarted), "--max-restarts", "2"]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 120
-        while not ((b := beat(restarted, 1)) and b["step"] >= 4):
-            assert time.time() < deadline and p.poll() is None, "the run did not start training"
-            time.sleep(0.1)
-        killed_at = time.time()
-        os.kill(b["pid"], signal.SIGKILL)
-        stdout, stderr = p.communicate(timeout=180)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    took = time.time() - killed_at
+    code, stdout, stderr, b = kill_rank_after(argv, restarted, 4)
+    took = time.time() - b["killed_at"]
     print(f"rank killed at step >= {b['step']}: job finished {took:.1f} s later")
-    assert p.returncode == 0, stdout + stderr
+    assert code == 0, stdout + stderr
     line = next(ln for ln in stderr.splitlines() if "restart 1 of 2" in ln)
     assert (
         line.startswith("rank 1 was killed by SIGKILL (last heartbeat at step ")
@@ -51,6 +60,27 @@ def test_a_killed_rank_is_restarted_and_the_job_ends_as_if_undisturbed(tmp_path)
     s, ref = summary(restarted), summary(straight)
     assert (s["steps"], s["param_digests_agree"]) == (10, True)
     assert s["param_digest"] == ref["param_digest"], "the restarted job ended with other parameters"
+    assert not leftover_workers(restarted)
+
+
+@pytest.mark.slow
+def test_a_restart_before_the_first_checkpoint_starts_again_and_writes_each_step_once(tmp_path):
+    """Rank 1 killed at step >= 3 of 10 with a checkpoint every 8: the restart starts from step 0, the first
+    attempt's metrics lines go, and the job ends as an undisturbed one."""
+    from .runhelp import metrics
+
+    straight, restarted = tmp_path / "straight", tmp_path / "restarted"
+    args = [*COMMON[:-1], "checkpoint.every_steps=8"]
+    r = run_cli(*args, "--out", str(straight), timeout=150)
+    assert r.returncode == 0, r.stderr
+    argv = [sys.executable, "-m", "torus_train", "run", *args, "--out", str(restarted), "--max-restarts", "1"]
+    code, stdout, stderr, _ = kill_rank_after(argv, restarted, 3)
+    assert code == 0, stdout + stderr
+    assert "restart 1 of 1 from the start (no checkpoint yet)" in stderr
+    assert "no checkpoint yet: started again (" in stdout and "metrics lines of the earlier attempt dropped" in stdout
+    steps = [m["step"] for m in metrics(restarted) if "loss" in m]
+    assert steps == [2, 4, 6, 8, 10], steps
+    assert summary(restarted)["param_digest"] == summary(straight)["param_digest"]
     assert not leftover_workers(restarted)
 
 

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from torus_train.comm.groups import build_grid_groups
 from torus_train.errors import RunFailed
+from torus_train.job.launchers.local import torchrun_attempt
 from torus_train.job.rank import Bootstrap
 from torus_train.job.topology import Grid
 from torus_train.ranks.bootstrap import gpu_arch_problem, rank_gpu, rank_info, rendezvous
@@ -53,17 +54,31 @@ def init_distributed(
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    addr, port = rendezvous(info, environ)
+    timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{addr}:{port}",
+        **_meeting_point(info, os.environ if environ is None else environ, timeout),
         rank=info.rank,
         world_size=info.world_size,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timeout,
         device_id=device if backend == "nccl" else None,
     )
     groups = build_grid_groups(grid, timeout=timeout_s)
     return Bootstrap(info, grid, device, backend, groups)
+
+
+def _meeting_point(info, environ: Mapping[str, str], timeout: timedelta) -> dict:
+    """init_process_group's rendezvous: rank 0's address, or under a restart by torchrun the agent's store with
+    a key space of this attempt's own. The agent keeps one store across its restarts and torch's keys do not
+    change between attempts, so a rank could read the address of an earlier attempt's rank and fail to connect
+    (seen in 4 of 6 `torchrun --max-restarts 1` runs here, gloo's "connectFullMesh failed ... Connection
+    refused"; NCCL's unique id is kept in the same store)."""
+    addr, port = rendezvous(info, environ)
+    attempt = torchrun_attempt(environ)
+    if not attempt or environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {"init_method": f"tcp://{addr}:{port}"}
+    store = dist.TCPStore(addr, port, info.world_size, is_master=False, timeout=timeout)
+    return {"store": dist.PrefixStore(f"torus-train/attempt{attempt}", store)}
 
 
 def shutdown() -> None:

@@ -21,6 +21,7 @@ from torus_train.job import gpus
 from torus_train.job.dryrun import dry_run_report
 from torus_train.job.elastic import shrink
 from torus_train.job.launch import fixed_grid, inside_launched_rank, plan_launch, usable_cpus
+from torus_train.job.launchers.local import torchrun_attempt
 from torus_train.job.legs import leg_at, leg_spec, legs_text, plan_legs
 from torus_train.job.sources import source_of
 from torus_train.job.spec import JobSpec
@@ -277,7 +278,10 @@ def run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
     spec.schedule.at(info.world_size)
     out = spec.out_dir.resolve()
     spec.job.out = str(out)
-    if info.rank == 0:  # the others wait for it in the rendezvous
+    # `torchrun --max-restarts`: a later attempt continues the folder the first one prepared, from its latest
+    # checkpoint (or from the start when there is none yet), as `run --max-restarts` does
+    restarted = torchrun_attempt(os.environ) > 0
+    if info.rank == 0 and not restarted:  # the others wait for it in the rendezvous
         prepare_out(out, resume, overwrite)
         prepare_data(spec)
-    execute(spec, grid, resume)
+    execute(spec, grid, resume or restarted)

@@ -83,8 +83,8 @@ def run_training(
             rs.choices["cuda_graphs"] = {"choice": "eager", "why": "an injected fault acts in Python per step"}
     choice = choose_decoder(spec, boot, rs.progress.say if rs.progress else None, fault)  # before any loader
     rs.decoder, rs.choices["decoder"] = choice.decoder, choice.summary()
-    if resume_run and resume(rs, regrid):
-        record_resume(rs)
+    if resume_run:
+        record_resume(rs, resume(rs, regrid))
     rs.t0 = time.time()
     rs.stop.in_loop = True
     for epoch in range(rs.pos.epoch, spec.schedule.end_epoch):  # end_epoch: where this grid's stages end

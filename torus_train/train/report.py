@@ -52,20 +52,23 @@ def truncate_metrics(path: Path, step: int) -> int:
     return dropped
 
 
-def record_resume(rs: RunState) -> None:
-    """After a resume: metrics.jsonl cut back to the checkpoint's step, a resume event, a progress line."""
+def record_resume(rs: RunState, resumed: bool) -> None:
+    """After a resume: metrics.jsonl cut back to the checkpoint's step, a resume event, a progress line. Without
+    a checkpoint yet (a restart before the first one) the run starts again, and every step line goes."""
     if not rs.rank0:
         return
-    dropped = truncate_metrics(rs.metrics, rs.pos.global_step)
+    kept = rs.pos.global_step if resumed else -1
+    dropped = truncate_metrics(rs.metrics, kept)
     write_jsonl(
         rs.metrics, {"event": "resume", "step": rs.pos.global_step, "epoch": rs.pos.epoch, "dropped_lines": dropped}
     )
     if rs.progress.board:
-        rs.progress.board.resume(rs.pos.global_step)
-    rs.progress.say(
-        f"resumed at epoch {rs.pos.epoch}, step {rs.pos.global_step}"
-        + (f" ({dropped} metrics lines after it dropped)" if dropped else "")
+        rs.progress.board.resume(kept)
+    where = (
+        f"resumed at epoch {rs.pos.epoch}, step {rs.pos.global_step}" if resumed else "no checkpoint yet: started again"
     )
+    whose = "after it" if resumed else "of the earlier attempt"
+    rs.progress.say(where + (f" ({dropped} metrics lines {whose} dropped)" if dropped else ""))
 
 
 def _fmt_time(s: float) -> str:

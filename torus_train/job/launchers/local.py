@@ -20,6 +20,16 @@ MAX_LOCAL_RANKS = 1024
 """Ranks started on one machine at most, whatever its GPUs or cores (`run` and `bench allreduce` alike): a larger
 world is started by mpirun or srun across nodes."""
 TORCHRUN = RankVars("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+"""Which attempt torchrun's agent started its ranks in (0 the first; `torchrun --max-restarts` counts up)."""
+
+
+def torchrun_attempt(environ: Mapping[str, str]) -> int:
+    """This rank's attempt under torchrun's restarts (0: the first, or not started by torchrun)."""
+    try:
+        return max(int(environ.get(RESTART_COUNT, "") or 0), 0)
+    except ValueError:
+        return 0
 
 
 class Local(Launcher):
