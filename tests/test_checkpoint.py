@@ -15,11 +15,11 @@ from torus_train.train.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     prune,
+    read_verified,
     ref_from_verdict,
     same_choice,
     save_checkpoint,
     verdict,
-    verify,
 )
 
 
@@ -73,7 +73,7 @@ def test_corrupt_newest_falls_back_with_a_warning(tmp_path, damage):
     assert ref.step == 5
     assert len(warnings) == 1 and "step-00000006.pt" in warnings[0]
     with pytest.raises(RunFailed, match=re.escape("step-00000006.pt")):
-        verify(tmp_path / "step-00000006.json")
+        read_verified(tmp_path / "step-00000006.json")
 
 
 def test_all_corrupt_is_an_error_not_a_fresh_start(tmp_path):
@@ -100,7 +100,7 @@ def test_verdict_names_the_choice_and_loads_without_hashing(tmp_path, monkeypatc
     assert len(json.dumps(v)) < 400  # small enough for one broadcast
     import torus_train.train.checkpoint as ckpt
 
-    monkeypatch.setattr(ckpt, "_sha256", lambda path: pytest.fail("a rank that loads a verdict must not hash"))
+    monkeypatch.setattr(ckpt, "read_verified", lambda path: pytest.fail("a rank that loads a verdict must not read"))
     ref = ref_from_verdict(tmp_path, v)
     assert ref.path == tmp_path / "step-00000007.pt"
     assert torch.equal(load_checkpoint(ref)["model"]["w"], state(7)["model"]["w"])
@@ -127,7 +127,7 @@ def test_the_sha256_is_taken_while_writing_and_one_read_verifies(tmp_path):
     assert ckpt.BYTES_READ[0] == before  # nothing read back to hash it
     manifest = json.loads(pt.with_suffix(".json").read_text())
     assert manifest["bytes"] == pt.stat().st_size and manifest["sha256"] == hashlib.sha256(pt.read_bytes()).hexdigest()
-    ref = find_latest(tmp_path, keep_data=True)
+    ref = find_latest(tmp_path)
     assert ckpt.BYTES_READ[0] == before + pt.stat().st_size and ref.data == pt.read_bytes()
     assert torch.equal(load_checkpoint(ref)["model"]["w"], state(7)["model"]["w"])
     assert ckpt.BYTES_READ[0] == before + pt.stat().st_size  # loaded from the bytes held, not the file

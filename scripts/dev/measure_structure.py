@@ -142,7 +142,6 @@ NOT_USER_FILES = {
     "ranks.rundir:resume_epoch": "the checkpoint manifest this run wrote",
     "ranks.worker:read_job": "job.json the launcher wrote for its ranks",
     "train.checkpoint:_fsync_dir": "a folder opened to fsync it, not read",
-    "train.checkpoint:_sha256": "a checkpoint this run wrote (its manifest holds the hash it is checked against)",
     "train.checkpoint:read_manifest": "a checkpoint manifest this run wrote",
     "train.checkpoint:read_verified": "a checkpoint this run wrote, checked against its manifest's hash",
     "train.report:truncate_metrics": "metrics.jsonl this run wrote, cut back on resume",

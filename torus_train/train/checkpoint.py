@@ -51,15 +51,6 @@ class CheckpointRef:
     """The file's verified bytes where this process read them (read_verified), else None."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-            BYTES_READ[0] += len(block)
-    return h.hexdigest()
-
-
 class _HashingFile:
     """A write-only file that hashes and counts what goes through it (torch.save writes sequentially)."""
 
@@ -222,33 +213,14 @@ def read_verified(manifest_path: Path) -> CheckpointRef:
     return CheckpointRef(manifest["step"], pt, manifest, data)
 
 
-def verify(manifest_path: Path) -> CheckpointRef:
-    """Check a checkpoint against its manifest; raise RunFailed naming the file when it does not match."""
-    manifest = read_manifest(manifest_path)
-    pt = manifest_path.with_name(manifest["file"])
-    try:
-        if not pt.is_file():
-            raise RunFailed(f"checkpoint {pt} is missing (its manifest {manifest_path.name} is there)")
-        size = pt.stat().st_size
-        if size != manifest["bytes"]:
-            raise RunFailed(f"checkpoint {pt} has {size} bytes, its manifest says {manifest['bytes']} (truncated?)")
-        if _sha256(pt) != manifest["sha256"]:
-            raise RunFailed(f"checkpoint {pt} does not match the sha256 in its manifest (corrupt)")
-    except OSError as e:
-        raise RunFailed(f"checkpoint {pt} cannot be read ({e.strerror or e})") from None
-    return CheckpointRef(manifest["step"], pt, manifest)
-
-
-def find_latest(
-    folder: str | Path, warn: Callable[[str], None] = print, keep_data: bool = False
-) -> CheckpointRef | None:
-    """The newest checkpoint that verifies; None if none was ever committed; RunFailed if all are corrupt.
-    keep_data: read each candidate whole once (read_verified) and keep the chosen one's bytes."""
+def find_latest(folder: str | Path, warn: Callable[[str], None] = print) -> CheckpointRef | None:
+    """The newest checkpoint that verifies, its bytes held (each candidate read whole once: read_verified); None
+    if none was ever committed; RunFailed if all are corrupt."""
     entries = list_checkpoints(folder)
     problems: list[str] = []
     for _, manifest_path in entries:
         try:
-            ref = read_verified(manifest_path) if keep_data else verify(manifest_path)
+            ref = read_verified(manifest_path)
         except RunFailed as e:
             problems.append(str(e))
             warn(f"skipping a bad checkpoint: {e}")
@@ -264,7 +236,7 @@ def verdict(folder: str | Path, warn: Callable[[str], None] = print, keep: list 
     chosen checkpoint, {"step": None} when none was ever committed, {"error": why} when none is intact.
     keep: a list that receives the chosen file's verified bytes (each candidate is then read once, whole)."""
     try:
-        ref = find_latest(folder, warn=warn, keep_data=keep is not None)
+        ref = find_latest(folder, warn=warn)
     except RunFailed as e:
         return {"error": str(e)}
     except OSError as e:  # an unreadable folder: a verdict too, so that no rank is left waiting
