@@ -256,7 +256,7 @@ def test_torch_record_writes_the_traceback_the_launcher_shows(tmp_path, monkeypa
         == f"NCCL's flight recorder dumped the last collectives of rank(s) 0: torchfrtrace {tmp_path / 'logs'} -p nccl_trace_rank_"
     )
     assert e.rank == 1 and e.restartable
-    reset_rank_files(tmp_path, 2)  # a new attempt: nothing of the last one speaks for it
+    reset_rank_files(tmp_path, range(2))  # a new attempt: nothing of the last one speaks for it
     assert not error_path(tmp_path, 1).exists() and not trace_path(tmp_path, 0).exists()
     said.clear()
     ranks_failed(Failure(1, "rank 1 was killed by SIGKILL", "killed", True), tmp_path, 2, said.append)

@@ -45,6 +45,7 @@ def test_torchrun_max_restarts_continues_from_the_latest_checkpoint(tmp_path):
     s = summary(restarted)
     assert (s["steps"], s["param_digests_agree"]) == (10, True)
     assert s["param_digest"] == summary(straight)["param_digest"], "the restarted job ended with other parameters"
+    assert not list((restarted / "logs").glob("*.failed")), "a mark of the first attempt speaks for the second"
     steps = [m["step"] for m in metrics(restarted) if "loss" in m]
     assert steps == sorted(set(steps)), f"metrics.jsonl holds a step twice: {steps}"
 

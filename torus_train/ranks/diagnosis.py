@@ -16,12 +16,12 @@ import json
 import signal
 import subprocess
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from torus_train.errors import RunFailed, comm_failure
-from torus_train.ranks.heartbeat import clear_beats, read_beats
+from torus_train.ranks.heartbeat import beat_path, read_beats
 
 TRACEBACK_LINES = 40
 """The last lines of a recorded traceback the launcher prints (the whole one is in the rank's .error.json)."""
@@ -93,12 +93,11 @@ def trace_path(out: Path, rank: int) -> Path:
     return out / "logs" / f"{TRACE_PREFIX}{rank}"
 
 
-def reset_rank_files(out: Path, ranks: int) -> None:
+def reset_rank_files(out: Path, ranks: Iterable[int]) -> None:
     """Before an attempt: no .done, .failed, .error.json, .beat or flight-recorder file of an earlier one may
-    speak for this one."""
-    clear_beats(out, ranks)
-    for rank in range(ranks):
-        for path in (done_path, failed_path, error_path, trace_path):
+    speak for this one (the launcher clears every rank's; under torchrun's restarts each rank its own)."""
+    for rank in ranks:
+        for path in (done_path, failed_path, error_path, trace_path, beat_path):
             path(out, rank).unlink(missing_ok=True)
 
 

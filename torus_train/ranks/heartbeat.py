@@ -123,11 +123,6 @@ def read_beats(out: Path, ranks: int) -> dict[int, Beat]:
     return beats
 
 
-def clear_beats(out: Path, ranks: int) -> None:
-    for rank in range(ranks):
-        beat_path(out, rank).unlink(missing_ok=True)
-
-
 def first_stopped(beats: dict[int, Beat]) -> list[int]:
     """The ranks that stopped progressing first: those at the lowest last step (all of them on a tie)."""
     if not beats:

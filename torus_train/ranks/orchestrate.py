@@ -201,7 +201,7 @@ def launch(spec: JobSpec, plan, out: Path) -> None:
         return
     say(f"$ {plan.command_text()}")
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    reset_rank_files(out, plan.world_size)
+    reset_rank_files(out, range(plan.world_size))
     try:
         run_command(plan.argv, plan.env, plan.launcher, out, plan.world_size, new_watch(*watchdog_limits(spec)))
     except RanksFailed:
@@ -284,4 +284,6 @@ def run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
     if info.rank == 0 and not restarted:  # the others wait for it in the rendezvous
         prepare_out(out, resume, overwrite)
         prepare_data(spec)
+    if restarted:  # its own marks of the earlier attempt (a .failed would call this one failed)
+        reset_rank_files(out, [info.rank])
     execute(spec, grid, resume or restarted)

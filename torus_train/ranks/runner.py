@@ -108,7 +108,7 @@ def run_local(
     startup_s: the limit until every rank has finished a step (at least watchdog_s)."""
     (out / "logs").mkdir(parents=True, exist_ok=True)
     n = len(plan.rank_env)
-    reset_rank_files(out, n)
+    reset_rank_files(out, range(n))
     procs: list[subprocess.Popen] = []
     failure = None
     with Signals() as sig, contextlib.ExitStack() as logs:  # the logs close after the ranks are stopped
