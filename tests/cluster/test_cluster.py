@@ -160,13 +160,33 @@ BY_HAND = {
     # mpirun rank 0 broadcasts it with MPI
     "srun": (["srun", "--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1"], "from slurm"),
     "mpirun": (["mpirun", "-np", "4", "--map-by", "ppr:2:node", "--hostfile", "HOSTS"], "from openmpi"),
+    # one torchrun agent per node (srun starts them), meeting at node1 by torchrun's c10d rendezvous: torchrun's
+    # variables win over Slurm's, and its local world size makes the nodes of the grid
+    "torchrun": (
+        [
+            "srun",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--cpus-per-task=2",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=node1:29411",
+            "--no-python",
+        ],
+        "from torchrun",
+    ),
 }
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("launcher", list(BY_HAND))
 def test_ranks_started_by_hand(cluster, tmp_path, launcher):
-    """`srun -n 4 torus-train run` and `mpirun -np 4 torus-train run` on the two nodes."""
+    """`srun -n 4 torus-train run`, `mpirun -np 4 torus-train run` and a torchrun agent per node on the two
+    nodes."""
     out = tmp_path / "run"
     prefix, source = BY_HAND[launcher]
     hf = str(cluster.hostfile(tmp_path / "hosts"))
