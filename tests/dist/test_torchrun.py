@@ -4,8 +4,13 @@ torchrun (torch.distributed.run of this Python), real gloo ranks, hard time guar
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +79,38 @@ def test_a_restarted_rank_meets_its_peers_in_a_key_space_of_its_attempt(monkeypa
     assert made[0][1]["is_master"] is False
     later["store"].set("k", "v")
     assert later["store"].underlying_store.get("torus-train/attempt2/k") == b"v"
+
+
+def test_sigterm_to_torchrun_stops_the_ranks_with_a_checkpoint(tmp_path):
+    """torchrun's agent passes a SIGTERM (a scheduler's, or Ctrl-C) to each rank's whole process group, the
+    torchvision loader's worker processes included: they leave the stop to the rank, which agrees it with the
+    others and checkpoints (a worker ended by the signal used to fail the rank first, with no checkpoint)."""
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from datahelp import make_index_set
+
+    data = make_index_set(tmp_path / "data", n_train=96, n_val=12, size=32)
+    out = tmp_path / "run"
+    args = [*COMMON[:-4], "--data", str(data), "--set", "model.num_classes=3", "--out", str(out)]
+    args += ["--set", "data.loader=torchvision", "--set", "data.num_threads=2", "--steps", "400"]
+    args += ["--set", "schedule.epochs=200", "--set", "schedule.stages=[{until_epoch=200,global_batch=16}]"]
+    p = subprocess.Popen(
+        [*torchrun(), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        deadline = time.time() + 120
+        while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 3):
+            assert time.time() < deadline and p.poll() is None, "the run did not start training"
+            time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    logs = "".join(path.read_text() for path in (out / "logs").glob("rank*.log"))
+    assert "DataLoader worker" not in logs, logs[-2000:]
+    assert "stopped by SIGTERM; checkpoint at step " in stdout, stdout[-2000:] + stderr[-2000:]
+    assert list((out / "checkpoints").glob("step-*.pt"))

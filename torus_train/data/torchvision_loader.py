@@ -18,7 +18,9 @@ from __future__ import annotations
 import functools
 import io
 import multiprocessing
+import os
 import queue
+import signal
 import sys
 import threading
 from typing import cast
@@ -157,12 +159,30 @@ class _ShardSampler(torch.utils.data.Sampler):
         return len(self.owner.shard.indices)
 
 
-def _seed_worker(seed: int, rank: int, worker_id: int) -> None:
+def _seed_worker(seed: int, rank: int, rank_pid: int, worker_id: int) -> None:
     torch.manual_seed(seed * 7919 + rank * 104729 + worker_id * 31 + torch.initial_seed() % 1000003)
+    _leave_stops_to_the_rank(rank_pid)
 
 
 def _worker_seed(seed: int, rank: int):
-    return functools.partial(_seed_worker, seed, rank)  # picklable, for the forkserver context
+    return functools.partial(_seed_worker, seed, rank, os.getpid())  # picklable, for the forkserver context
+
+
+def _leave_stops_to_the_rank(rank_pid: int) -> None:
+    """A worker ends on SIGTERM or SIGINT from its rank only (torch's and multiprocessing's ``terminate``).
+    slurmstepd, torchrun's agent and a terminal's Ctrl-C signal the rank's whole process group, and a worker
+    ended by that signal failed the rank ("DataLoader worker ... is killed by signal") before its agreed stop
+    could checkpoint. Ignoring the signals outright would not do: the rank's own ``terminate`` would then leave
+    a worker running and its exit waiting on it forever. So a thread reads each signal's sender (sigwaitinfo)."""
+    signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # in this thread; threads started from here inherit it
+
+    def wait() -> None:
+        while signal.sigwaitinfo(signals).si_pid != rank_pid:
+            pass  # another's: the rank stops, then ends its loader and this worker with it
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=wait, name="stops-from-the-rank", daemon=True).start()
 
 
 def _worker_context():
