@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torus_train.comm.groups import build_grid_groups
 from torus_train.errors import RunFailed
 from torus_train.job.launchers.local import torchrun_attempt
-from torus_train.job.rank import Bootstrap
+from torus_train.job.rank import Bootstrap, RankInfo
 from torus_train.job.topology import Grid
 from torus_train.ranks.bootstrap import gpu_arch_problem, rank_gpu, rank_info, rendezvous
 
@@ -67,7 +67,7 @@ def init_distributed(
     return Bootstrap(info, grid, device, backend, groups)
 
 
-def _meeting_point(info, environ: Mapping[str, str], timeout: timedelta) -> dict:
+def _meeting_point(info: RankInfo, environ: Mapping[str, str], timeout: timedelta) -> dict:
     """init_process_group's rendezvous: rank 0's address, or under a restart by torchrun the agent's store with
     a key space of this attempt's own. The agent keeps one store across its restarts and torch's keys do not
     change between attempts, so a rank could read the address of an earlier attempt's rank and fail to connect

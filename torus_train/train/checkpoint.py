@@ -234,7 +234,7 @@ def find_latest(folder: str | Path, warn: Callable[[str], None] = print) -> Chec
 def verdict(folder: str | Path, warn: Callable[[str], None] = print, keep: list | None = None) -> dict:
     """find_latest as a small picklable verdict to share with other ranks: {"step", "file", "manifest"} for the
     chosen checkpoint, {"step": None} when none was ever committed, {"error": why} when none is intact.
-    keep: a list that receives the chosen file's verified bytes (each candidate is then read once, whole)."""
+    keep: a list that receives the chosen file's verified bytes (read once, whole, by find_latest)."""
     try:
         ref = find_latest(folder, warn=warn)
     except RunFailed as e:
