@@ -67,7 +67,7 @@ def test_bench_input_bad_folder_is_one_line(tmp_path):
 
 def test_bench_input_measures_each_decoder_the_device_takes():
     """On a CUDA device: DALI, torchvision decoding in its workers, torchvision decoding with nvJPEG."""
-    from torus_train.commands.bench_input import variants
+    from torus_train.bench.input import variants
 
     assert variants(["dali", "torchvision"], "cuda:0") == (
         [("dali", "auto"), ("torchvision", "cpu"), ("torchvision", "gpu")],

@@ -1,6 +1,6 @@
 """The floors of the package (docs/extending.md): no import runs upward and no two files import each other in a
 circle, pure modules never import torch, an import sits inside a function only for a reason (an optional extra, or
-a pure module reaching torch), no module is over 500 lines and no function over 60, and every file a user names is
+a pure module reaching torch), no module is over 500 lines (a command over 250) and no function over 60, and every file a user names is
 opened through the door (torus_train/userfiles.py)."""
 
 from __future__ import annotations
@@ -144,3 +144,9 @@ def test_every_user_file_is_opened_through_the_door(measure):
 )
 def test_the_door_scan_knows_a_read(measure, code, reads):
     assert measure.reads_a_file(ast.parse(code).body[0].value) is reads
+
+
+def test_a_command_module_has_the_smaller_cap(measure):
+    """Commands are thin (parse, build, call, print): their modules are held to MAX_COMMAND_LINES, others to 500."""
+    assert measure._module_cap(measure.PKG / "commands" / "bench_input.py") == measure.MAX_COMMAND_LINES == 250
+    assert measure._module_cap(measure.PKG / "bench" / "input.py") == measure.MAX_MODULE_LINES

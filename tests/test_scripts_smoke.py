@@ -48,11 +48,12 @@ def env(tmp_path: Path | None = None, **extra: str) -> dict:
     if tmp_path is not None:
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir(exist_ok=True)
-        cli = bin_dir / "torus-train"
-        cli.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m torus_train "$@"\n')
-        cli.chmod(0o755)
-        if not (bin_dir / "python3").exists():
-            (bin_dir / "python3").symlink_to(sys.executable)
+        # Wrappers that exec this interpreter, not symlinks to it: a venv's python found through a link outside
+        # the venv's bin/ has no pyvenv.cfg beside it and starts the base interpreter without the venv's packages.
+        for name, args in (("torus-train", ' -m torus_train "$@"'), ("python3", ' "$@"')):
+            wrapper = bin_dir / name
+            wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}"{args}\n')
+            wrapper.chmod(0o755)
         e["PATH"] = f"{bin_dir}{os.pathsep}{e['PATH']}"
     return e
 

@@ -30,7 +30,9 @@ PKG = ROOT / "torus_train"
 
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
-"""The house's sizes: a module a reader takes in at one sitting, a function that fits a screen."""
+MAX_COMMAND_LINES = 250
+"""The house's sizes: a module a reader takes in at one sitting, a function that fits a screen, and a command
+module (torus_train/commands/) thin enough to read as parse, build, call, print."""
 
 # Lowest first. A module may import from its own package and from any package before it in this list.
 ORDER = (
@@ -402,10 +404,15 @@ def largest(trees: dict[Path, ast.AST], sources: dict[Path, str]) -> dict:
     }
 
 
+def _module_cap(path: Path) -> int:
+    """The most lines the module at ``path`` may have: a command's cap, or every other module's."""
+    return MAX_COMMAND_LINES if (PKG / "commands") in path.parents else MAX_MODULE_LINES
+
+
 def oversized(trees: dict[Path, ast.AST], sources: dict[Path, str]) -> dict:
     """The modules over MAX_MODULE_LINES and the functions over MAX_FUNCTION_LINES (a method by Class.name),
     as {"modules": {path: lines}, "functions": {path:qualified name: lines}}."""
-    mods = {str(p.relative_to(ROOT)): n for p, s in sources.items() if (n := len(s.splitlines())) > MAX_MODULE_LINES}
+    mods = {str(p.relative_to(ROOT)): n for p, s in sources.items() if (n := len(s.splitlines())) > _module_cap(p)}
     funcs = {}
     for path, tree in trees.items():
         for qual, node in _functions(tree, ""):
@@ -506,7 +513,7 @@ def main() -> int:
     print(f"largest module: {lg['module']} ({lg['module_lines']} lines)")
     print(f"largest function: {lg['function']} ({lg['function_lines']} lines)")
     big = m["oversized"]
-    print(f"modules over {MAX_MODULE_LINES} lines: {len(big['modules'])}")
+    print(f"modules over {MAX_MODULE_LINES} lines ({MAX_COMMAND_LINES} for a command): {len(big['modules'])}")
     for name, n in big["modules"].items():
         print(f"  {name} ({n})")
     print(f"functions over {MAX_FUNCTION_LINES} lines: {len(big['functions'])}")
