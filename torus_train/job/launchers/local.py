@@ -11,8 +11,9 @@ import shlex
 from collections.abc import Mapping
 
 from torus_train.job.hosts import Host
-from torus_train.job.launchers.base import Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars
+from torus_train.job.launchers.base import MAX_WORLD, Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars
 from torus_train.job.topology import Grid
+from torus_train.usernumbers import env_int
 
 MAX_LOCAL_CPU_RANKS = 8
 """CPU ranks (no GPU) one machine runs at least, whatever its core count: gloo ranks time-share cores."""
@@ -26,10 +27,7 @@ RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 def torchrun_attempt(environ: Mapping[str, str]) -> int:
     """This rank's attempt under torchrun's restarts (0: the first, or not started by torchrun)."""
-    try:
-        return max(int(environ.get(RESTART_COUNT, "") or 0), 0)
-    except ValueError:
-        return 0
+    return env_int(environ, RESTART_COUNT, 0, MAX_WORLD, default=0) or 0
 
 
 class Local(Launcher):
