@@ -25,7 +25,10 @@ SPEC = str(Path(__file__).resolve().parents[1] / "scripts/specs/cpu_smoke.toml")
         (["--set", "grid.gpus=3", "--set", "grid.grid=2x1"], "grid 2x1 = 2 ranks but grid.gpus is 3"),
         (["--set", "model.arch=vit_b_16"], "--image-size: vit_b_16 takes only 224 px images, not 32"),
         (["--set", "model.arch=alexnet"], "--image-size: alexnet needs images of at least 64 px, not 32"),
-        (["--set", "model.arch=inception_v3", "--image-size", "40"], "--image-size: inception_v3 needs images of at least"),
+        (
+            ["--set", "model.arch=inception_v3", "--image-size", "40"],
+            "--image-size: inception_v3 needs images of at least",
+        ),
         (["--json", "{keep}/x.json"], "--json {keep}/x.json: is inside --keep {keep}, which the rehearsal fills"),
     ],
 )
