@@ -91,7 +91,7 @@ def int_value(value: object, source: str, low: int | None = None, high: int | No
         raise NumberError(f"{source}: {shown(value)} is not an integer; give {allowed(low, high)}")
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
         raise NumberError(f"{source}: {value!r} is not a whole number; give {allowed(low, high)}")
-    return int(_in_range(int(value), source, low, high, "an integer"))
+    return int(_in_range(value, source, low, high, "an integer"))
 
 
 def float_value(
