@@ -55,7 +55,9 @@ def allowed(low: float | None, high: float | None, kind: str = "an integer", low
 
 
 def _number(n: float) -> str:
-    return f"a {len(str(abs(n)))}-digit number" if isinstance(n, int) and abs(n) >= 10**20 else f"{n:g}"
+    if isinstance(n, int) and abs(n) >= 10**20:  # str() of a number past 4,300 digits raises; log10 does not
+        return f"a {math.floor(math.log10(abs(n))) + 1}-digit number"
+    return f"{n:g}"
 
 
 def _in_range(n, source: str, low: float | None, high: float | None, kind: str, low_open: bool = False):
