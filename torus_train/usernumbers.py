@@ -9,7 +9,7 @@ bench JSON field. Each kind has one function, and each refusal is one line that 
     int_value   a value a parser already read (TOML, JSON) -> an int in range; text, a bool or 2.5 refused
     float_value the same for a finite float
     env_int, env_float
-                an environment variable through int_of / float_of; unset or empty gives the default
+                an environment variable through int_of / float_of; None when it is unset or empty
     node_list   a Slurm compressed node list expanded, refused before expanding past the allocation's nodes
 
 tests/test_floors.py fails when code under torus_train/ converts text to a number outside this module (an
@@ -111,12 +111,10 @@ def float_value(
     return _in_range(float(value), source, low, high, "a number", low_open)
 
 
-def env_int(
-    environ: Mapping[str, str], name: str, low: int | None = None, high: int | None = None, default=None
-) -> int | None:
-    """The environment variable ``name`` as an int in range; ``default`` when it is unset or empty."""
+def env_int(environ: Mapping[str, str], name: str, low: int | None = None, high: int | None = None) -> int | None:
+    """The environment variable ``name`` as an int in range; None when it is unset or empty."""
     text = environ.get(name, "")
-    return default if not text.strip() else int_of(text, name, low, high)
+    return int_of(text, name, low, high) if text.strip() else None
 
 
 def env_float(
@@ -124,12 +122,11 @@ def env_float(
     name: str,
     low: float | None = None,
     high: float | None = None,
-    default=None,
     low_open: bool = False,
 ) -> float | None:
-    """The environment variable ``name`` as a finite float in range; ``default`` when unset or empty."""
+    """The environment variable ``name`` as a finite float in range; None when it is unset or empty."""
     text = environ.get(name, "")
-    return default if not text.strip() else float_of(text, name, low, high, low_open)
+    return float_of(text, name, low, high, low_open) if text.strip() else None
 
 
 _RANGE = re.compile(r"([0-9]{1,18})(?:-([0-9]{1,18}))?", re.ASCII)
@@ -138,7 +135,9 @@ NODELIST_FORMAT = "e.g. node[001-004,010],gpu1"
 
 def _split_top(text: str, source: str) -> list[str]:
     """Split on the commas outside brackets; nested or unbalanced brackets are refused."""
-    parts, cur, depth = [], [], 0
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         depth += (ch == "[") - (ch == "]")
         if depth < 0 or depth > 1:
@@ -180,7 +179,7 @@ def _count(rngs: list[tuple[str, str]]) -> int:
 def _names(lit: str, rngs: list[tuple[str, str]]) -> list[str]:
     if not rngs:
         return [lit]
-    out = []
+    out: list[str] = []
     for lo, hi in rngs:
         width = len(lo) if lo.startswith("0") else 0
         out.extend(f"{lit}{i:0{width}d}" for i in range(int(lo), int(hi or lo) + 1))

@@ -23,14 +23,14 @@ from torus_train.plan.rehearse.summary import report_text
 from torus_train.usernumbers import float_value
 
 WRITER = Writer("plan rehearse")
-DEFAULT_RANKS = "0,31,32,1087,2175"
+DEFAULT_RANKS = (0, 31, 32, 1087, 2175)
 MAX_GPU_MEMORY_GIB = 1 << 16
 """The most GPU memory --gpu-memory-gib takes (no GPU has 64 TiB)."""
 
 
 def default_ranks(world: int) -> str:
     """DEFAULT_RANKS less those past the world."""
-    return ",".join(r for r in DEFAULT_RANKS.split(",") if int(r) < world)  # our own constant, not user text
+    return ",".join(str(r) for r in DEFAULT_RANKS if r < world)
 
 
 def check_keep(keep: str | None, json_path: str | None) -> None:
@@ -52,7 +52,7 @@ def check_keep(keep: str | None, json_path: str | None) -> None:
     "--ranks",
     default=None,
     metavar="R,R,...",
-    help=f"Ranks to rehearse (rank 0 is always one) [default: {DEFAULT_RANKS} where the world has them: the "
+    help=f"Ranks to rehearse (rank 0 is always one) [default: {','.join(map(str, DEFAULT_RANKS))} where the world has them: the "
     "first and last of a row, the next row's first, a middle and the last rank].",
 )
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="Set any spec field (repeatable).")

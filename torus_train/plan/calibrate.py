@@ -156,7 +156,7 @@ def calibrate(
     g = host_grid(grid)
     steps, coeff = local_coefficients(algo, g)
     t = np.array([r["time_us"] * 1e-6 for r in used])
-    n = np.array([float(r["size_bytes"]) for r in used])
+    n = np.array([r["size_bytes"] for r in used], dtype=np.float64)  # read_bench gave ints (BENCH_ROW_FIELDS)
     a = np.stack([np.array([float(steps), coeff * s]) for s in n])
     alpha, beta = fit_relative(a, t, f"{flag}: {algo} on {grid}")
     check_bandwidth(beta, n, t, f"{flag}: {algo} on {grid}")
@@ -167,7 +167,7 @@ def calibrate(
         ",".join(sorted({str(r.get("backend", "?")) for r in used})),
         float(alpha * 1e6),
         float(1.0 / beta / 1e9),
-        [(int(r["size_bytes"]), float(r["time_us"])) for r in used],
+        [(r["size_bytes"], r["time_us"]) for r in used],
         len(rows) - len(used),
         float(np.sqrt(np.mean(((fit - t) / t) ** 2))),
     )

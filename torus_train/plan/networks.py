@@ -127,7 +127,7 @@ class Network:
             for path, value, kind, low, high in self._figures():
                 source = f"{where} {path}"
                 if kind is int:
-                    int_value(value, source, low, high)
+                    int_value(value, source, int(low), int(high))
                 else:
                     float_value(value, source, low, high, low_open=low == 0 and "latency" not in path)
         except NumberError as e:

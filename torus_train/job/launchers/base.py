@@ -57,8 +57,9 @@ class RankVars:
             return None
         size = int_of(environ[self.size], self.size, 1, MAX_WORLD)
         rank = int_of(environ[self.rank], self.rank, 0, size - 1)
-        local = env_int(environ, self.local_rank, 0, size - 1, default=rank)
-        return RankInfo(rank, size, local, env_int(environ, self.local_size, 1, size, default=size), self.source)
+        local = env_int(environ, self.local_rank, 0, size - 1)
+        local_size = env_int(environ, self.local_size, 1, size)
+        return RankInfo(rank, size, rank if local is None else local, local_size or size, self.source)
 
 
 @dataclass

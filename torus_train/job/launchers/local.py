@@ -27,7 +27,7 @@ RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 def torchrun_attempt(environ: Mapping[str, str]) -> int:
     """This rank's attempt under torchrun's restarts (0: the first, or not started by torchrun)."""
-    return env_int(environ, RESTART_COUNT, 0, MAX_WORLD, default=0) or 0
+    return env_int(environ, RESTART_COUNT, 0, MAX_WORLD) or 0
 
 
 class Local(Launcher):
