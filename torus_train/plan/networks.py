@@ -52,12 +52,12 @@ class NcclHardware:
     def check(self, where: str = "nccl") -> NcclHardware:
         """Raise UserError naming the field when a value is unknown; return self."""
         if self.generation not in GENERATIONS:
-            raise UserError(f"{where}.generation: {self.generation!r}; use one of {', '.join(GENERATIONS)}")
+            raise UserError(f"{where} generation: {self.generation!r}; use one of {', '.join(GENERATIONS)}")
         if self.intra not in ("nvlink", "pci"):
-            raise UserError(f"{where}.intra: {self.intra!r}; use nvlink or pci")
+            raise UserError(f"{where} intra: {self.intra!r}; use nvlink or pci")
         for name in ("nvswitch", "sharp"):
             if not isinstance(getattr(self, name), bool):
-                raise UserError(f"{where}.{name}: {getattr(self, name)!r} must be true or false")
+                raise UserError(f"{where} {name}: {getattr(self, name)!r} must be true or false")
         return self
 
     @property
@@ -133,7 +133,7 @@ class Network:
         except NumberError as e:
             raise NetworkError(str(e)) from None
         if self.nccl is not None:
-            self.nccl.check(f"{where}.nccl")
+            self.nccl.check(f"{where} [nccl]")
         return self
 
     def _figures(self) -> list[tuple[str, Any, type, float, float]]:
@@ -307,10 +307,10 @@ def network_from_dict(data: dict, where: str = "network", default_name: str = "c
     intra, inter = (_link_from_dict(data.get(section), where, section) for section in ("intra", "inter"))
     for key in ("gpus_per_node", "nics_per_node"):
         if key not in data:
-            raise NetworkError(f"{where}.{key}: missing")
+            raise NetworkError(f"{where} {key}: missing")
     ips = data.get("images_per_second", {})
     if not isinstance(ips, dict):
-        raise NetworkError(f"{where}.images_per_second: {ips!r} must be a table of model = images per second")
+        raise NetworkError(f"{where} images_per_second: {str(ips)[:40]!r} must be a table of model = images per second")
     net = Network(
         name=str(data.get("name", default_name)),
         description=str(data.get("description", "")),
@@ -342,18 +342,18 @@ def _nccl_from_dict(sec: object, where: str) -> NcclHardware | None:
     known = {"generation", "nvswitch", "sharp", "intra"}
     if not isinstance(sec, dict) or set(sec) - known:
         bad = sorted(set(sec) - known)[0] if isinstance(sec, dict) else "nccl"
-        raise NetworkError(f"{where}.nccl.{bad}: unknown key; use {', '.join(sorted(known))}")
+        raise NetworkError(f"{where} [nccl] {bad}: unknown key; use {', '.join(sorted(known))}")
     return NcclHardware(**sec)
 
 
 def _link_from_dict(sec: object, where: str, section: str) -> Link:
     """Table [section] ("intra" or "inter") as a Link; its figures are checked with the rest by Network.check."""
     if not isinstance(sec, dict):
-        raise NetworkError(f"{where}.{section}: missing table [{section}] with bandwidth_gbytes_per_s and latency_us")
+        raise NetworkError(f"{where} [{section}]: missing table with bandwidth_gbytes_per_s and latency_us")
     bad = sorted(set(sec) - {"bandwidth_gbytes_per_s", "latency_us"})
     if bad:
-        raise NetworkError(f"{where}.{section}.{bad[0]}: unknown key; use bandwidth_gbytes_per_s and latency_us")
+        raise NetworkError(f"{where} [{section}] {bad[0]}: unknown key; use bandwidth_gbytes_per_s and latency_us")
     for key in ("bandwidth_gbytes_per_s", "latency_us"):
         if key not in sec:
-            raise NetworkError(f"{where}.{section}.{key}: missing")
+            raise NetworkError(f"{where} [{section}] {key}: missing")
     return Link(sec["bandwidth_gbytes_per_s"], sec["latency_us"])

@@ -210,12 +210,12 @@ class Launcher:
         if have < n:
             raise HostsError(
                 f"{where} offers {have} slots on {len(hosts)} hosts but the job needs {n} ranks "
-                f"(grid {grid}); add hosts or lower --gpus"
+                f"(grid {grid}); add hosts or lower --gpus/--grid"
             )
         small = [h for h in hosts[: grid.nodes] if h.slots < grid.gpus_per_node]
         if small:
             raise HostsError(
-                f"{where}: host {small[0].name} offers {small[0].slots} slots but gpus_per_node is "
+                f"{where}: host {small[0].name} offers {small[0].slots} slots but --gpus-per-node is "
                 f"{grid.gpus_per_node}; ranks are placed {grid.gpus_per_node} per node"
             )
 

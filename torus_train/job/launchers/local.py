@@ -60,12 +60,13 @@ class Local(Launcher):
         if n <= limit:  # the machine would hold them, but no machine is given more than the cap
             raise LaunchError(
                 f"{n} ranks: at most {MAX_LOCAL_RANKS} start on one machine; start more across nodes with "
-                "--hostfile FILE (mpirun) or from inside a Slurm or PBS job, or add --dry-run to only print the plan"
+                "--hostfile FILE (mpirun) or from inside a Slurm or PBS job, lower --gpus/--grid, or add --dry-run to "
+                "only print the plan"
             )
         elsewhere = (
             f"to launch grid {grid} pass --hostfile FILE ('host slots=K' per node, e.g. K=4 for "
             f"{math.ceil(n / 4)} nodes; mpirun), submit from inside a Slurm or PBS job (scripts/slurm/, "
-            "scripts/pbs/), or add --dry-run to only print the plan"
+            "scripts/pbs/), lower --gpus/--grid, or add --dry-run to only print the plan"
         )
         if local_gpus:  # NCCL runs one rank per GPU: two ranks on one device fail ("Duplicate GPU detected")
             raise LaunchError(
