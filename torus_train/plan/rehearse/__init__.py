@@ -168,8 +168,9 @@ def _run_leg(req: RehearsalRequest, grid: Grid, table: dict, leg: str, echo: Cal
 
 def _run_rank(req: RehearsalRequest, job: Path, leg: str, rank: int, oracle: Path, echo: Callable[[str], None]) -> dict:
     trace, log = req.folder / f"trace-{leg}-rank{rank}.json", req.folder / f"rank{rank}-{leg}.log"
-    cmd = [sys.executable, "-m", "torus_train.plan.rehearse.rank", "--job", str(job), "--rank", str(rank)]
-    cmd += ["--trace", str(trace), "--oracle", str(oracle)]
+    # NAME=VALUE: a --keep folder named "-1" must not read as an option to the rank's parser
+    cmd = [sys.executable, "-m", "torus_train.plan.rehearse.rank", f"--job={job}", f"--rank={rank}"]
+    cmd += [f"--trace={trace}", f"--oracle={oracle}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORUS_TRAIN_SLOW_TESTS": "", **req.extra_env}
     t0 = time.perf_counter()
     with log.open("w") as f:
