@@ -35,6 +35,7 @@ MAX_FUNCTION_LINES = 60
 # Lowest first. A module may import from its own package and from any package before it in this list.
 ORDER = (
     "errors",
+    "usernumbers",
     "verdict",
     "registry",
     "cache",
