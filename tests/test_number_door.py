@@ -196,3 +196,29 @@ def test_calibrate_refusals(tmp_path, args, message):
 def test_calibrate_fits_no_1x1_rows(tmp_path):
     code, _, err = invoke("plan", "calibrate", _bench(tmp_path / "one.json", "1x1"))
     assert_one_line_error(code, err, "BENCH.json: torus on 1x1: one rank exchanges nothing")
+
+
+@pytest.mark.timeout(120)
+def test_a_huge_cuda_visible_devices_entry_reads_as_cuda_reads_it(tmp_path):
+    """5,000 digits crashed `run --dry-run` (int() past 4,300 digits); CUDA's strtoul saturates, so the entry
+    names a GPU no driver lists and CUDA shows none from there on."""
+    r = _run(["run", "--data", "synthetic", "--dry-run"], {"CUDA_VISIBLE_DEVICES": BIG}, tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_master_port_is_read_through_the_door():
+    from torus_train.job.rank import RankInfo
+    from torus_train.ranks.bootstrap import rendezvous
+
+    info = RankInfo(0, 2, 0, 2, "torchrun")
+    assert rendezvous(info, {"MASTER_ADDR": "n1", "MASTER_PORT": "29500"}) == ("n1", 29500)
+    for port in ("\u00b2", "0", "65536", BIG):
+        with pytest.raises(NumberError, match=r"^MASTER_PORT: "):
+            rendezvous(info, {"MASTER_ADDR": "n1", "MASTER_PORT": port})
+
+
+def test_a_job_key_of_odd_digits_is_hashed_not_converted():
+    from torus_train.job.launchers.rendezvous import rendezvous_port
+
+    assert rendezvous_port("4242") == 20000 + 4242
+    assert 20000 <= rendezvous_port("\u00b2") <= 32767 and 20000 <= rendezvous_port(BIG) <= 32767
