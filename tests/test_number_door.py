@@ -222,3 +222,26 @@ def test_a_job_key_of_odd_digits_is_hashed_not_converted():
 
     assert rendezvous_port("4242") == 20000 + 4242
     assert 20000 <= rendezvous_port("\u00b2") <= 32767 and 20000 <= rendezvous_port(BIG) <= 32767
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("sources = 5", "net.toml sources: '5' must be a list of strings"),
+        (
+            "gpus_per_node = 1000000000000000000000000000000",
+            "net.toml gpus_per_node: a 31-digit number is out of range",
+        ),
+        ("nics_per_node = 1e308", "net.toml nics_per_node: 1e+308 is out of range; give an integer from 1 to 256"),
+    ],
+)
+def test_a_network_file_past_its_bounds_is_one_line(tmp_path, line, message):
+    """The issue's TypeError (sources = 5) and the cost model's OverflowErrors, through `plan --network`."""
+    key = line.split(" ")[0]
+    base = {"gpus_per_node": "4", "nics_per_node": "2", "sources": '["lab"]'}
+    top = "".join(f"{k} = {v}\n" for k, v in base.items() if k != key) + line + "\n"
+    links = "".join(f"[{s}]\nbandwidth_gbytes_per_s = 12.5\nlatency_us = 2\n" for s in ("intra", "inter"))
+    net = tmp_path / "net.toml"
+    net.write_text(top + links)
+    code, _, err = invoke("plan", "--gpus", "64", "--network", str(net))
+    assert_one_line_error(code, err, f"{tmp_path}/{message}")
