@@ -245,3 +245,13 @@ def test_a_network_file_past_its_bounds_is_one_line(tmp_path, line, message):
     net.write_text(top + links)
     code, _, err = invoke("plan", "--gpus", "64", "--network", str(net))
     assert_one_line_error(code, err, f"{tmp_path}/{message}")
+
+
+def test_refusals_of_plans_options_name_the_option(tmp_path):
+    """Two of the refusals that named no option: calibrate's --grid read by the grid parser, and a --network
+    name too long for the file system."""
+    code, _, err = invoke("plan", "calibrate", _bench(tmp_path / "b.json", "2x2"), "--grid", "x")
+    assert_one_line_error(code, err, "--grid: grid 'x' is not of the form XxY")
+    code, _, err = invoke("plan", "--gpus", "64", "--network", BIG)
+    assert_one_line_error(code, err, "--network 99999")
+    assert "File name too long" in err

@@ -67,7 +67,7 @@ def job_grid(spec: JobSpec) -> Grid:
         raise UserError(
             "plan rehearse: the spec has no grid.grid (e.g. grid = \"32x68\"); the rehearsal plays its ranks"
         )
-    g = parse_grid(spec.grid.grid)
+    g = parse_grid(spec.grid.grid)  # load_spec checked it, naming grid.grid
     if spec.grid.gpus:  # as `run` refuses it: the world is grid.gpus ranks, and the grid must hold them
         check_grid_size(g, spec.grid.gpus, "grid.gpus")
     return Grid(g.x, g.y, spec.grid.gpus_per_node or 1)
