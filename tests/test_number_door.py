@@ -125,7 +125,7 @@ def test_pbs_ncpus_is_refused_by_name(tmp_path):
     nodes.write_text("n1\nn1\n")
     env = {"PBS_JOBID": "1.pbs", "PBS_NODEFILE": str(nodes), "NCPUS": "\u00b2"}
     r = _run(["run", "--data", "synthetic", "--launcher", "mpirun", "--dry-run"], env, tmp_path)
-    assert_refused(r, "NCPUS: '\u00b2' is not a whole number; give an integer from 1 to 65536")
+    assert_refused(r, "NCPUS: '\u00b2' is not a whole number; give an integer from 0 to 65536")
 
 
 @pytest.mark.timeout(120)
