@@ -68,6 +68,8 @@ def test_values_in_range_pass():
     assert float_value(3, "k", 0, 8) == 3.0 and isinstance(float_value(3, "k"), float)
     with pytest.raises(NumberError, match=r"^k: 'x' is not a number"):
         float_value("x", "k")
+    with pytest.raises(NumberError, match=r"^k: a 401-digit number is out of range; give a number$"):
+        float_value(10**400, "k")
 
 
 def test_node_list_counts_before_it_expands():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping
 
 from torus_train.errors import UserError
@@ -105,6 +106,10 @@ def float_value(
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise NumberError(f"{source}: {shown(value)} is not a number; give {allowed(low, high, 'a number', low_open)}")
     if isinstance(value, int):
+        if abs(value) > sys.float_info.max:  # float() of it raises OverflowError
+            raise NumberError(
+                f"{source}: {_number(value)} is out of range; give {allowed(low, high, 'a number', low_open)}"
+            )
         return float(_in_range(value, source, low, high, "a number", low_open))
     if not math.isfinite(value):
         raise NumberError(
