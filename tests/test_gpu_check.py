@@ -228,3 +228,36 @@ def test_one_part_without_dali_passes_on_torchvision_and_says_dali_was_not_check
     assert doc["checks"]["data_wait"]["steps_batch_256"] == 21
     for name in ("machine", "host_syncs", "speed_vs_bare", "bf16_vs_fp16", "peak_memory", "digest"):
         assert doc["checks"][name]["ok"] is None and doc["checks"][name]["seconds"] is None, name
+
+
+@pytest.mark.parametrize(
+    ("natural", "poisoned", "unchanged", "skipped_ok"),
+    [
+        (0, 1, True, True),  # the NaN step alone skipped
+        (1, 2, True, True),  # fp16's scaler skipped a step of its own at 2^16 in both runs: no fault
+        (1, 1, True, False),  # the NaN step was not counted
+        (0, 2, True, False),  # one more skip than the NaN step explains
+        (0, 1, False, False),  # counted, but the parameters moved
+    ],
+)
+def test_the_nan_step_is_one_skip_more_than_the_unpoisoned_run(
+    monkeypatch, tmp_path, natural, poisoned, unchanged, skipped_ok
+):
+    """graphs.agree's nonfinite_step_skipped compares the poisoned run's skipped steps with the same graphed run's
+    unpoisoned count plus one (the runs themselves are the GPU's: stood in here by their results)."""
+    import torch
+
+    from torus_train.check import accept_graphs
+
+    params = torch.ones(8)
+
+    def trained(boot, s, batch, steps, graphs, poison_at=None):
+        if poison_at is None:
+            return {"params": params.clone(), "skipped": natural if graphs else 0}
+        return {"params": params.clone(), "skipped": poisoned, "unchanged": unchanged}
+
+    monkeypatch.setattr(accept_graphs, "trained", trained)
+    got = accept_graphs.agreement(None, Shrunk(tmp_path, rehearsal=True), 4)
+    assert got["nonfinite_step_skipped"] is skipped_ok and got["ok"] is skipped_ok
+    assert got["skipped"] == {"unpoisoned": natural, "poisoned": poisoned}
+    assert got["graphed_runs_equal"] and got["eager_vs_graphed_max_rel"] == 0.0
