@@ -29,6 +29,7 @@ from torus_train.job.models import HOUSE_ARCHS
 from torus_train.job.rank import Bootstrap
 from torus_train.job.sources import source_of
 from torus_train.job.spec import JobSpec
+from torus_train.train.determinism import DETERMINISTIC_ENV, missing_deterministic_env, with_deterministic_env
 from torus_train.train.models import build_house_model
 from torus_train.train.optim import DeviceLR
 from torus_train.train.optim import build_optimizer as optimizer_for
@@ -43,9 +44,10 @@ def seed_everything(seed: int, rank: int) -> None:
     np.random.seed((seed * 1000 + rank) % 2**32)
 
 
-DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-"""What cuBLAS needs for repeatable results (a fixed workspace per stream); read when its handle is made, so the
-worker sets it before torch touches the GPU (ranks/worker.py)."""
+def cuda_started() -> bool:
+    """Whether CUDA has started in this process: from then on a gemm may have run, and cuBLAS read its workspace
+    setting at the first (train/determinism.py). A rehearsal's part process plays a GPU's (check/__main__.py)."""
+    return torch.cuda.is_initialized()
 
 
 def set_determinism(deterministic: bool, device: torch.device, environ=None) -> None:
@@ -54,12 +56,19 @@ def set_determinism(deterministic: bool, device: torch.device, environ=None) -> 
     On: only deterministic kernels (an op that has none raises, naming itself), cuDNN's deterministic
     algorithms and no autotuning, cuBLAS's fixed workspace: two identical runs end with the same bits. Off:
     cuDNN autotunes on a GPU (fixed input shapes per stage: the fastest kernels, picked once), whose choice
-    and atomics may differ from run to run.
+    and atomics may differ from run to run. cuBLAS's workspace is read at the process's first CUDA gemm: set
+    here only while CUDA has not started, else refused in one line (UserError) when it is missing.
     """
     environ = os.environ if environ is None else environ
     if deterministic:
-        for name, value in DETERMINISTIC_ENV.items():
-            environ.setdefault(name, value)  # a value the user set (":16:8" is also deterministic) stands
+        missing = missing_deterministic_env(environ)
+        if missing and cuda_started():
+            name = missing[0]
+            raise UserError(
+                f"job.deterministic: CUDA started in this process without {name}, which cuBLAS reads once at its "
+                f"first matrix product; set {name}={DETERMINISTIC_ENV[name]} before the process starts"
+            )
+        with_deterministic_env(environ)
     torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = device.type == "cuda" and not deterministic
