@@ -126,18 +126,23 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> BucketedModel:
 
 def time_step(dp: BucketedModel, spec: JobSpec, device: torch.device, micro_batch: int, accumulation: int) -> float:
     """Seconds of a throw-away training step (forward, backward and exchange of ``accumulation`` passes of
-    ``micro_batch`` zero images; no data, no update; the second of two), for the ETA before the first step. Every rank calls
-    it (the backward exchanges). Parameters and BatchNorm statistics are left as they were, gradients zero."""
+    ``micro_batch`` zero images; no data, no update; the second of two), for the ETA before the first step. Every
+    rank calls it (the backward exchanges). It runs in the training precision, as the step does: the loader's
+    image dtype, autocast at model.precision on a GPU; so the kernels cuDNN autotunes here are the loop's, and the
+    ETA's prior is the loop's, not fp32's. Parameters and BatchNorm statistics are left as they were, gradients
+    zero."""
     saved = {k: v.clone() for k, v in dp.module.state_dict().items()}
-    size = spec.data.image_size
-    x = torch.zeros(micro_batch, 3, size, size, device=device)
+    size, amp = spec.data.image_size, autocast_dtype(spec, device)
+    x = torch.zeros(micro_batch, 3, size, size, device=device, dtype=getattr(torch, image_dtype(spec, device)))
     if spec.model.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     seconds = 0.0
     for _ in range(2):  # the second pass is timed: the first at a new shape pays one-time kernel set-up
         t0 = time.perf_counter()
         dp.zero_grad()
-        dp(x).float().sum().backward()
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None, cache_enabled=False):  # as step_body
+            out = dp(x)
+        out.float().sum().backward()
         dp.finish()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -229,10 +234,14 @@ def image_dtype(spec: JobSpec, device: torch.device) -> str:
     return {"fp16": "float16", "bf16": "bfloat16"}.get(spec.model.precision, "float32")
 
 
+def autocast_dtype(spec: JobSpec, device: torch.device) -> torch.dtype | None:
+    """The step's autocast dtype: model.precision's on a GPU; None for fp32 and on CPU ranks (which run fp32)."""
+    if device.type != "cuda":
+        return None
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(spec.model.precision)
+
+
 def amp_settings(spec: JobSpec, device: torch.device) -> tuple[torch.dtype | None, Any]:
     """(autocast dtype or None, GradScaler or None). CPU ranks run fp32 (said once by the caller)."""
-    if device.type != "cuda" or spec.model.precision == "fp32":
-        return None, None
-    if spec.model.precision == "bf16":
-        return torch.bfloat16, None
-    return torch.float16, torch.amp.GradScaler("cuda")
+    dtype = autocast_dtype(spec, device)
+    return dtype, torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
