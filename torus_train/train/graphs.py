@@ -203,10 +203,20 @@ class StepGraph:
                 ("shape", tuple(images.shape)),
                 f"CUDA graphs: a batch of shape {tuple(images.shape)} (the graph's is {tuple(x.shape)}) runs eagerly",
             )
-            return step_body(rs, images, labels, 1)
+            return self._eager_between_replays(rs, images, labels)
         x.copy_(images)
         y.copy_(labels)
         self.graph.replay()
+        return loss
+
+    def _eager_between_replays(self, rs, images, labels) -> torch.Tensor:
+        """An eager step while the graph is kept (a batch of another shape): the last replay's collectives may
+        still be in flight on the communicators this step's uncaptured ones use, and the next replay's follow
+        this step's; a device synchronisation on each side keeps them apart (NCCL_GRAPH_MIXING_SUPPORT=0,
+        ranks/worker.py; the rehearsal's replay and capture rules)."""
+        torch.cuda.synchronize()
+        loss = step_body(rs, images, labels, 1)
+        torch.cuda.synchronize()
         return loss
 
     def _on_side_stream(self, rs, images, labels) -> torch.Tensor:
