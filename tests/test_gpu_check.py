@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -319,3 +320,18 @@ def test_the_nan_step_is_one_skip_more_than_the_unpoisoned_run(
     assert got["nonfinite_step_skipped"] is skipped_ok and got["ok"] is skipped_ok
     assert got["skipped"] == {"unpoisoned": natural, "poisoned": poisoned}
     assert got["graphed_runs_equal"] and got["eager_vs_graphed_max_rel"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_part_that_turns_determinism_on_started_without_cublas_workspace_fails(tmp_path):
+    """The digest part's process started as a part that may not turn determinism on would be (no
+    CUBLAS_WORKSPACE_CONFIG): in a rehearsal, where CUDA counts as started, its deterministic loop is refused in
+    one line and the part fails, as it would on a GPU (where cuBLAS would have read the variable already)."""
+    (tmp_path / "parts").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    env |= {"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "torus_train.check", "digest", str(tmp_path), "--rehearse"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=840, env=env)
+    assert r.returncode == 1 and not (tmp_path / "parts" / "digest.json").exists()
+    assert "UserError: job.deterministic: CUDA started in this process without CUBLAS_WORKSPACE_CONFIG" in r.stderr
