@@ -66,7 +66,8 @@ def test_the_loaders_decode_calls_are_ordered_batched_and_one_by_one(monkeypatch
         return torch.zeros(3, 2, 2, dtype=torch.uint8)
 
     monkeypatch.setattr(batch_decode, "decode_jpeg", decode)
-    images, failed = batch_decode.decode_batch([torch.zeros(4, dtype=torch.uint8)] * 2, CUDA)
+    jpeg_like = torch.tensor([0xFF, 0xD8, 0, 0], dtype=torch.uint8)  # its first bytes a JPEG's: the device route
+    images, failed = batch_decode.decode_batch([jpeg_like] * 2, CUDA)
     assert failed == {} and len(images) == 2
     assert calls == [0, 0, 0]  # the batched call and both single ones found the prefetch stream drained
     assert [entry[0] for entry in stream.log] == ["synchronize"] * 3

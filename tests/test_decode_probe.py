@@ -121,3 +121,67 @@ def test_a_cuda_device_without_cuda_cannot_run_here():
     for check in (probe.probe_device_decoder, probe.probe_decoder_repeats):
         v = check(torch.device("cuda"))
         assert v.ok is None and "no CUDA device" in v.why
+
+
+def test_a_device_decoder_that_fails_fails_the_probe_though_the_cpu_route_would_answer(monkeypatch):
+    """The loader's decode answers a device decode that raises (nvJPEG's RuntimeError) with a CPU decode of the
+    same image, on the device: a probe that took that answer would pass with the device decoder broken. The
+    probe decodes the device route on the device only and fails, naming the first kind it refused."""
+    from torus_train.data import batch_decode
+    from torus_train.data.samples import samples
+
+    def broken(encoded, mode, device):
+        raise RuntimeError("nvjpegDecodeBatched failed: NVJPEG_STATUS_EXECUTION_FAILED\ndetail")
+
+    monkeypatch.setattr(batch_decode, "decode_jpeg", broken)
+    items = list(samples().values())
+    images, failed = decode_batch(probe.encoded(items), CPU)  # the loader's call: every image from the CPU route
+    assert failed == {} and all(im is not None and im.device == CPU for im in images)
+    v = probe.probe_device_decoder(CPU)
+    assert v.ok is False
+    assert v.why == (
+        "baseline: not decoded (RuntimeError: nvjpegDecodeBatched failed: NVJPEG_STATUS_EXECUTION_FAILED) (jpeg batch)"
+    )
+    r = probe.probe_decoder_repeats(CPU)
+    assert r.ok is False and r.why.startswith("baseline: not decoded (RuntimeError: nvjpegDecodeBatched")
+
+
+def test_four_component_jpegs_take_the_cpu_route_before_the_batched_call(monkeypatch):
+    """A CMYK JPEG (PIL's Adobe-inverted one) never reaches the device decoder, which need not follow the Adobe
+    inversion PIL does (torchvision's own CUDA tests skip CMYK): it is decoded on the CPU route and moved to the
+    device, so the probe's verdict does not hang on it; the device decoder gets the other JPEGs in one call."""
+    from torus_train.data import batch_decode
+    from torus_train.data.batch_decode import jpeg_components
+    from torus_train.data.samples import jpeg_samples
+
+    real, calls = batch_decode.decode_jpeg, []
+
+    def seen(encoded, mode, device):
+        calls.append([jpeg_components(e) for e in (encoded if isinstance(encoded, list) else [encoded])])
+        return real(encoded, mode=mode, device=device)
+
+    monkeypatch.setattr(batch_decode, "decode_jpeg", seen)
+    items = list(jpeg_samples().values())
+    assert [s.kind for s in items if jpeg_components(probe.encoded([s])[0]) == 4] == ["cmyk"]
+    images, failed = decode_batch(probe.encoded(items), CPU, fallback=False)
+    assert failed == {} and None not in images
+    assert calls == [[3, 3, 1, 3, 3]]  # one batched call, the CMYK image not in it
+    cmyk = next(k for k, s in enumerate(items) if s.kind == "cmyk")
+    assert torch.equal(images[cmyk], probe.reference(items[cmyk]))
+    v = probe.probe_device_decoder(CPU)
+    assert v.ok is True and "cmyk" in v.detail["cpu_route"] and "baseline" not in v.detail["cpu_route"]
+    assert set(v.detail["cpu_route"]) == {"cmyk", "png_named_jpeg", "png_rgba", "bmp", "tiff", "webp"}
+
+
+def test_a_jpeg_header_is_read_for_its_components():
+    from torus_train.data.batch_decode import jpeg_components, on_device
+
+    def t(raw: bytes) -> torch.Tensor:
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+    app0 = b"\xff\xe0\x00\x04ab"  # a segment of 4 bytes (its length counts itself)
+    sof = b"\xff\xc2\x00\x11\x08\x00\x10\x00\x10\x04"  # progressive frame, 16x16, 4 components
+    assert jpeg_components(t(b"\xff\xd8" + app0 + b"\xff" + sof)) == 4  # a fill byte before the marker
+    assert jpeg_components(t(b"\xff\xd8" + app0 + b"\xff\xda\x00\x02")) is None  # a scan before any frame
+    assert jpeg_components(t(b"\xff\xd8" + sof[:6])) is None  # cut short
+    assert on_device(t(b"\xff\xd8\x00\x00")) and not on_device(t(b"\x89PNG\r\n"))

@@ -10,27 +10,38 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from torus_train.check.acceptance import ACCEPTANCE, CHECKS, REHEARSAL_SLOWER, clear_part
+from torus_train.check.acceptance import (
+    ACCEPTANCE,
+    CHECKS,
+    LIMIT_MARGIN,
+    REHEARSAL_SLOWER,
+    UNIT_SECONDS,
+    clear_part,
+    part_env,
+)
 from torus_train.check.shrunk import SPEC, Shrunk
 from torus_train.registry import load
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "bench" / "gpu_check.sh"
+CHECK_MD = ROOT / "docs" / "check.md"
 ORDER = ["check", "syncs", "speed", "production", "digest", "graphs"]
 
 
-def run(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    """The thin caller, CUDA hidden (a CPU machine, whatever this one has)."""
+def run(*args: str, env: dict | None = None, timeout: int = 120, drop: str = "") -> subprocess.CompletedProcess:
+    """The thin caller, CUDA hidden (a CPU machine, whatever this one has); ``drop``: a variable taken out."""
+    environ = {k: v for k, v in os.environ.items() if k != drop}
     return subprocess.run(
         ["bash", str(SCRIPT), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+        env={**environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})},
     )
 
 
@@ -111,10 +122,49 @@ def test_every_check_has_one_part_and_the_limits_fit():
     assert sorted(filled) == sorted(CHECKS)
     for part in ACCEPTANCE:
         assert callable(load(part.ref)), part.ref
+    assert REHEARSAL_SLOWER == 5
+
+
+def test_each_limit_is_sized_from_what_its_part_does_and_documented():
+    """A part's limit is LIMIT_MARGIN x the expected seconds of its counted work (starts, builds, autotuning
+    rounds, captures, steps), rounded up to 10 s; syncs and graphs have room over the 40 s and 180 s first set
+    without a count; docs/check.md's table shows each part's limit and its counts as the registry has them."""
+    for name, part in ACCEPTANCE.items():
+        w = part.work
+        expected = sum(getattr(w, item) * unit for item, unit in UNIT_SECONDS.items())  # by name
+        assert w.seconds == pytest.approx(expected + w.other_s), name
+        assert part.limit % 10 == 0 and 0 <= part.limit - LIMIT_MARGIN * w.seconds < 10, name
     limits = {n: p.limit for n, p in ACCEPTANCE.items()}
-    # the acceptance parts in 8 minutes and graphs' 3; `torus-train check` (the machine's parts) in 2 more
-    assert sum(v for n, v in limits.items() if n not in ("check", "graphs")) < 8 * 60 and limits["graphs"] <= 180
-    assert limits["check"] == 120 and REHEARSAL_SLOWER == 5
+    assert limits["syncs"] >= 2 * 40 and limits["graphs"] >= 2 * 180
+    graphs = ACCEPTANCE.get("graphs").work  # per batch and round 4 models and 3 captures, then agree's 4 and 6
+    assert (graphs.builds, graphs.captures) == (3 * 2 * 4 + 4, 3 * 2 * 3 + 3 * 2)
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+), (\d+), (\d+), (\d+), (\d+), (\d+) \|", CHECK_MD.read_text(), re.M)
+    documented = {r[0]: tuple(map(int, r[1:])) for r in rows}
+    assert documented == {
+        n: (p.limit, p.work.starts, p.work.builds, p.work.autotunes, p.work.captures, p.work.steps, p.work.other_s)
+        for n, p in ACCEPTANCE.items()
+    }
+
+
+def test_the_parts_that_may_turn_determinism_on_start_with_cublas_workspace(monkeypatch, tmp_path):
+    """cuBLAS reads CUBLAS_WORKSPACE_CONFIG at a process's first gemm: every part whose code turns determinism on
+    gets it in the environment its process starts with, whatever the caller's (a user's value stands); the
+    others measure the default configuration without it. A rehearsal's part refuses determinism without it
+    (check/__main__.py: CUDA counted as started), so the rehearsal fails a part missing here."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "unset by the test")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    s = Shrunk(tmp_path, rehearsal=True)
+    given = {n: part_env(p, s).get("CUBLAS_WORKSPACE_CONFIG") for n, p in ACCEPTANCE.items()}
+    assert given == {
+        "check": ":4096:8",  # the check part's deterministic part, after its graphs part's gemms
+        "syncs": None,
+        "speed": None,
+        "production": None,  # `torus-train run` without --deterministic; a rank sets it itself when it is
+        "digest": ":4096:8",  # the loop at 256 autotuned, then deterministic, in one process
+        "graphs": ":4096:8",  # agree's deterministic runs after the timed ones
+    }
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    assert part_env(ACCEPTANCE.get("digest"), s)["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 
 def test_the_production_spec_shrunk_to_one_gpu_is_valid(tmp_path):
@@ -180,7 +230,16 @@ def test_the_rehearsal_runs_every_part_on_the_cpu(tmp_path):
     """--rehearse: every part end to end on the CPU (gloo, DALI's CPU decoder, 64 px), every documented field
     filled; the pass lines that hold on any device hold here."""
     out = tmp_path / "out"
-    r = run("--rehearse", "--out", str(out), "--json", str(tmp_path / "s.json"), timeout=1500)
+    # the caller's environment without cuBLAS's workspace: each part that turns determinism on must get it
+    r = run(
+        "--rehearse",
+        "--out",
+        str(out),
+        "--json",
+        str(tmp_path / "s.json"),
+        timeout=1500,
+        drop="CUBLAS_WORKSPACE_CONFIG",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["status"] == "rehearsal" and doc["gpu"] is None and doc["parts"] == ORDER
@@ -228,3 +287,51 @@ def test_one_part_without_dali_passes_on_torchvision_and_says_dali_was_not_check
     assert doc["checks"]["data_wait"]["steps_batch_256"] == 21
     for name in ("machine", "host_syncs", "speed_vs_bare", "bf16_vs_fp16", "peak_memory", "digest"):
         assert doc["checks"][name]["ok"] is None and doc["checks"][name]["seconds"] is None, name
+
+
+@pytest.mark.parametrize(
+    ("natural", "poisoned", "unchanged", "skipped_ok"),
+    [
+        (0, 1, True, True),  # the NaN step alone skipped
+        (1, 2, True, True),  # fp16's scaler skipped a step of its own at 2^16 in both runs: no fault
+        (1, 1, True, False),  # the NaN step was not counted
+        (0, 2, True, False),  # one more skip than the NaN step explains
+        (0, 1, False, False),  # counted, but the parameters moved
+    ],
+)
+def test_the_nan_step_is_one_skip_more_than_the_unpoisoned_run(
+    monkeypatch, tmp_path, natural, poisoned, unchanged, skipped_ok
+):
+    """graphs.agree's nonfinite_step_skipped compares the poisoned run's skipped steps with the same graphed run's
+    unpoisoned count plus one (the runs themselves are the GPU's: stood in here by their results)."""
+    import torch
+
+    from torus_train.check import accept_graphs
+
+    params = torch.ones(8)
+
+    def trained(boot, s, batch, steps, graphs, poison_at=None):
+        if poison_at is None:
+            return {"params": params.clone(), "skipped": natural if graphs else 0}
+        return {"params": params.clone(), "skipped": poisoned, "unchanged": unchanged}
+
+    monkeypatch.setattr(accept_graphs, "trained", trained)
+    got = accept_graphs.agreement(None, Shrunk(tmp_path, rehearsal=True), 4)
+    assert got["nonfinite_step_skipped"] is skipped_ok and got["ok"] is skipped_ok
+    assert got["skipped"] == {"unpoisoned": natural, "poisoned": poisoned}
+    assert got["graphed_runs_equal"] and got["eager_vs_graphed_max_rel"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_part_that_turns_determinism_on_started_without_cublas_workspace_fails(tmp_path):
+    """The digest part's process started as a part that may not turn determinism on would be (no
+    CUBLAS_WORKSPACE_CONFIG): in a rehearsal, where CUDA counts as started, its deterministic loop is refused in
+    one line and the part fails, as it would on a GPU (where cuBLAS would have read the variable already)."""
+    (tmp_path / "parts").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    env |= {"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "torus_train.check", "digest", str(tmp_path), "--rehearse"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=840, env=env)
+    assert r.returncode == 1 and not (tmp_path / "parts" / "digest.json").exists()
+    assert "UserError: job.deterministic: CUDA started in this process without CUBLAS_WORKSPACE_CONFIG" in r.stderr

@@ -4,6 +4,9 @@ is set per test."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from click.testing import CliRunner
 
@@ -89,7 +92,7 @@ class FakeNvml:
 
 def test_the_driver_is_asked_through_nvml_and_left_shut(monkeypatch):
     nvml = FakeNvml(["GPU-aaaa-0", "GPU-bbbb-1", "GPU-cccc-2"])
-    monkeypatch.setattr(gpus, "pynvml", nvml)
+    monkeypatch.setattr(gpus, "nvml", lambda: nvml)
     assert gpus.driver_gpus() == 3 and gpus.driver_uuids() == nvml.uuids and nvml.started == 0
     assert gpus.driver_version() == "580.95.05" and nvml.started == 0
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb,GPU-cccc")
@@ -98,7 +101,7 @@ def test_the_driver_is_asked_through_nvml_and_left_shut(monkeypatch):
     assert gpus.local_gpus() == gpus.GpuCount(
         1, "CUDA_VISIBLE_DEVICES=GPU-bbbb,GPU-dddd stops at GPU-dddd, which no GPU here has"
     )
-    monkeypatch.setattr(gpus, "pynvml", FakeNvml(None))
+    monkeypatch.setattr(gpus, "nvml", lambda: FakeNvml(None))
     assert gpus.driver_gpus() is None and gpus.driver_uuids() is None and gpus.driver_version() is None
     assert gpus.local_gpus() == gpus.GpuCount(0, gpus.NO_DRIVER)
 
@@ -109,7 +112,7 @@ def driver(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
     def fake_driver(n: int) -> None:
-        monkeypatch.setattr(gpus, "pynvml", FakeNvml([f"GPU-{i:04d}" for i in range(n)]))
+        monkeypatch.setattr(gpus, "nvml", lambda: FakeNvml([f"GPU-{i:04d}" for i in range(n)]))
         assert gpus.driver_gpus() == n
 
     return fake_driver
@@ -177,7 +180,7 @@ def test_an_index_past_the_drivers_gpus_leaves_fewer_gpus_than_ranks(
 
 
 def test_nccl_without_a_driver_is_refused_by_run_and_bench(no_rank_starts, capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(gpus, "pynvml", FakeNvml(None))
+    monkeypatch.setattr(gpus, "nvml", lambda: FakeNvml(None))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # entries, but nothing behind them
     line = refused(capsys, *RUN, "--backend", "nccl", "--gpus", "2", "--out", str(tmp_path / "run"))
     assert "comm.backend = nccl needs one GPU per rank and CUDA shows none here (no NVIDIA driver here: " in line
@@ -227,3 +230,20 @@ def test_the_gpu_decoder_on_cpu_ranks_is_refused_before_launch(no_rank_starts, c
     # synthetic data is not decoded: nothing to obey or refuse
     r = CliRunner().invoke(cli, [*RUN, "--backend", "gloo", "--set", "data.decoder=gpu", "--dry-run"])
     assert r.exit_code == 0 and "cannot start here" not in r.output, r.output
+
+
+def test_a_python_without_the_nvml_binding_runs_and_counts_no_gpu_saying_why():
+    """pynvml is imported where the driver is asked: with the module absent (sys.modules['pynvml'] = None, as
+    `import pynvml` then raises ImportError) the CLI still imports and answers, and the count is a machine's
+    without a driver, its why naming the missing binding."""
+    code = (
+        "import sys\nsys.modules['pynvml'] = None\n"
+        "import torus_train.cli\nfrom torus_train.job import gpus\n"
+        "got = gpus.local_gpus({})\nprint(got.count)\nprint(got.why)\n"
+        "print(gpus.driver_gpus(), gpus.driver_uuids(), gpus.driver_version())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    count, why, driver = r.stdout.splitlines()
+    assert (count, why, driver) == ("0", gpus.NO_NVML, "None None None")
+    assert "nvidia-ml-py" in gpus.NO_NVML

@@ -202,3 +202,82 @@ def test_a_rank_whose_row_or_column_group_is_not_the_grids_is_named():
     found = check_traces(traces_of(workload(True), world=grid.size, ranks=[33]))
     assert [(f["rule"], f["rank"]) for f in found] == [("grid-groups", 33), ("grid-groups", 33)]
     assert "its row group holds 1,33,...,2145 (68), not row 1 of the grid (32-63)" in found[0]["text"]
+
+
+def test_an_uncaptured_collective_with_a_replay_outstanding_is_named_once():
+    """A replay's collectives stay in flight until a synchronisation: an uncaptured one on the same communicator
+    before it is the replay rule's finding (named once, not also as mixing); on another communicator, or after
+    a synchronisation, it passes."""
+
+    def workload(sync, other_group=False):
+        def run(rank, rec):
+            rec.phase = "steps (stage 1)"
+            row = dist.new_group([0, 1])
+            rec.mode = "replay"
+            dist.all_reduce(torch.zeros(2), group=row)
+            rec.mode = "eager"
+            if sync:
+                rec.note("sync", "torch.cuda.synchronize")
+            dist.all_reduce(torch.zeros(2), group=None if other_group else row)
+
+        return run
+
+    found = check_traces(traces_of(workload(False), ranks=[0, 1]))
+    assert [f["rule"] for f in found] == ["replay", "replay"] and {f["rank"] for f in found} == {0, 1}
+    assert "while a replay's collectives may still be in flight on it" in found[0]["text"]
+    assert check_traces(traces_of(workload(True), ranks=[0, 1])) == []
+    assert check_traces(traces_of(workload(False, other_group=True), ranks=[0, 1])) == []
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("synchronised", [True, False])
+def test_the_eager_step_of_another_shape_between_replays_keeps_the_rules(tmp_path, monkeypatch, synchronised):
+    """The graphed step as a rehearsed rank runs it (the fake backend at 2x2, torch.cuda's graph calls played on
+    the CPU): warm-up, probe, replays, a batch of another shape (eager), a replay. With its synchronisations the
+    trace passes every rule; without them (the old path) the replay rule names the eager step's first
+    collective and the capture rule the next replay's."""
+    from torus_train.check.smallrun import small_spec
+    from torus_train.comm import consensus as consensus_module
+    from torus_train.job.topology import Grid
+    from torus_train.plan.rehearse.cuda import CudaStandIn
+    from torus_train.plan.rehearse.rank import bind_device, bootstrap, install_phases
+    from torus_train.train import graphs, loop
+    from torus_train.train.stop import StopRequest
+
+    if not synchronised:  # the old path: the eager step straight after a replay
+        monkeypatch.setattr(
+            graphs.StepGraph, "_eager_between_replays", lambda self, rs, x, y: graphs.step_body(rs, x, y, 1)
+        )
+    extra = ("grid.gpus=4", "grid.grid=2x2")
+    spec = small_spec(tmp_path, 16, 8, cuda_graphs="auto", extra=extra)
+    rec = Recorder(0, 4)
+    standin = CudaStandIn(rec)
+    rec.install()
+    standin.install()
+    try:
+        with install_phases(rec):
+            boot = bootstrap(spec, Grid(2, 2), 0)
+            with bind_device():
+                rs = loop.start(spec, boot, tmp_path, StopRequest())
+                g = graphs.StepGraph(agree=lambda why: consensus_module.consensus(why, boot.device), warmup=1)
+                rec.phase = "steps (stage 1)"
+                for n in (4, 4, 4, 4, 3, 4):  # warm-up, probe, two replays, another shape, a replay
+                    g.step(rs, torch.zeros(n, 3, 32, 32), torch.zeros(n, dtype=torch.long), 1)
+                rs.ddp.close()
+    finally:
+        standin.uninstall()
+        rec.uninstall()
+        dist.destroy_process_group()
+    events = rec.events
+    assert sum(1 for e in events if e.get("replay")) > 0 and any(e["kind"] == "probe" for e in events)
+    replayed = [i for i, e in enumerate(events) if e.get("replay")]
+    between = [e for e in events[replayed[0] :] if e["kind"] == "collective" and not e["captured"]]
+    assert between and events[replayed[-1]]["replay"]  # the other shape's eager exchange, after a replay
+    found = check_traces({0: {"rank": 0, "world": 4, "members": rec.members, "events": events}})
+    if synchronised:
+        assert found == []
+    else:
+        rules = [f["rule"] for f in found]
+        assert "replay" in rules and "capture" in rules and set(rules) == {"replay", "capture"}, rules
+        first = next(f for f in found if f["rule"] == "replay")
+        assert "uncaptured" in first["text"] and first["phase"] == "steps (stage 1)"

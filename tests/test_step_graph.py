@@ -186,3 +186,56 @@ def test_a_capture_with_the_exchange_that_fails_after_the_agreement_ends_the_run
     with pytest.raises(RunFailed, match=r"capture with the exchange failed .*model\.cuda_graphs = off"):
         g.step(rs, *batch(4), accumulation=1)
     rs.ddp.close()
+
+
+def out_of_capture(fake) -> bool:
+    """The process as before any capture: the default stream current, no pool allocated to, empty_cache fine."""
+    torch.cuda.empty_cache()
+    return fake.stream is fake.default and not fake.underway and not torch.cuda.is_current_stream_capturing()
+
+
+@pytest.mark.parametrize("where", ["capture_end", "step"])
+def test_a_failed_capture_puts_the_stream_and_the_pool_back_and_names_the_first_cause(fake_cuda, boot, tmp_path, where):
+    """torch.cuda.graph leaves the capture stream current and the pool allocated to when capture_end raises; the
+    probe puts both back (the pool ended and released once), shows the process out of capture, and names the
+    error the capture began with (the step's, not capture_end's that followed it), then runs eagerly."""
+    (fake_cuda.fail_capture if where == "capture_end" else fake_cuda.fail_in_body).add(1)
+    said: list[str] = []
+    g = graphs.StepGraph(said.append, warmup=1)
+    rs = start(boot, tmp_path, where)
+    for _ in range(3):
+        g.step(rs, *batch(4), accumulation=1)
+    assert g.eager and g.damaged is None and out_of_capture(fake_cuda)
+    assert fake_cuda.released == [(0, 1)]  # the failed capture's pool, once
+    assert len(said) == 1 and "at step 1 the capture failed (CUDA error: operation not permitted when stream" in said[0]
+    assert "previous error during capture" not in said[0]
+    assert fake_cuda.log[-1] == ("eager", 1, (4, 3, 32, 32))
+    g.new_stage()  # a stage switch's empty_cache: the allocator is out of capture mode
+    rs.ddp.close()
+
+
+def test_a_process_left_capturing_ends_the_run_on_every_rank(fake_cuda, boot, tmp_path):
+    """A failed capture whose stream cannot be shown out of capture: no eager step runs in that process; the
+    ranks agree on it and every rank ends the run, saying what to do."""
+    fake_cuda.fail_capture, fake_cuda.stuck = {1}, True
+    g = graphs.StepGraph(lambda text: None, warmup=1)
+    rs = start(boot, tmp_path, "stuck")
+    g.step(rs, *batch(4), accumulation=1)
+    with pytest.raises(
+        RunFailed, match=r"left the process in capture mode \(its capture stream is still capturing.*cuda_graphs = off"
+    ):
+        g.step(rs, *batch(4), accumulation=1)
+    rs.ddp.close()
+
+
+def test_the_capture_with_the_exchange_that_fails_is_put_back_before_the_run_ends(fake_cuda, boot, tmp_path):
+    fake_cuda.fail_capture = {2}
+    g = graphs.StepGraph(lambda text: None, warmup=1)
+    rs = start(boot, tmp_path, "late2")
+    g.step(rs, *batch(4), accumulation=1)
+    with pytest.raises(RunFailed, match="capture with the exchange failed"):
+        g.step(rs, *batch(4), accumulation=1)
+    assert out_of_capture(fake_cuda) and fake_cuda.released == [
+        (0, 2)
+    ]  # the failed capture's; the dry one ended, its graph releases its pool
+    rs.ddp.close()

@@ -106,7 +106,17 @@ TORCH_SIDE = (
 )
 # Optional dependencies (extras), version fallbacks and heavy libraries one feature needs (scipy: the ImageNet
 # devkit's meta.mat): imported where used, so that a missing one costs only the feature that needs it.
-OPTIONAL = ("matplotlib", "torch.utils.tensorboard", "nvidia.dali", "mpi4py", "tomli", "tomllib", "PIL", "scipy")
+OPTIONAL = (
+    "matplotlib",
+    "torch.utils.tensorboard",
+    "nvidia.dali",
+    "mpi4py",
+    "tomli",
+    "tomllib",
+    "PIL",
+    "scipy",
+    "pynvml",
+)
 
 # The names a registry owns; a module outside that registry that spells one as a whole string literal is a
 # branch the registry should have answered.

@@ -10,7 +10,9 @@ memory is its own). docs/check.md documents every check's fields and pass line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -30,6 +32,7 @@ from torus_train.check.shrunk import ROOT, Shrunk
 from torus_train.errors import UserError, shown_path
 from torus_train.outfiles import write_json
 from torus_train.registry import Registry
+from torus_train.train.determinism import with_deterministic_env
 from torus_train.userfiles import read_json
 
 SCHEMA = 3
@@ -39,49 +42,133 @@ REHEARSAL_SLOWER = 5
 
 
 @dataclass(frozen=True)
+class Work:
+    """What a part does on one GPU, counted: its time limit is sized from these (docs/check.md's table), since
+    no part has been timed on a GPU yet. The first GPU run's seconds replace UNIT_SECONDS' guesses."""
+
+    starts: int
+    """Processes that load Python, torch and CUDA (a `torus-train run` is two: its launcher and its rank)."""
+    builds: int
+    """Models built, placed on the device and wrapped (ResNet-50, or the check's small ResNet)."""
+    autotunes: int
+    """cuDNN autotuning rounds: the first forward and backward at a new batch shape or dtype."""
+    captures: int
+    """CUDA graph captures: two for each graphed loop run (its probe), one for the bare step graphed."""
+    steps: int
+    """Training steps at any batch, warm-up, probe and evaluation included."""
+    other_s: int = 0
+    """Seconds of anything else: generating the photo-like set, DALI's pipelines, the decoders' start."""
+
+    @property
+    def seconds(self) -> float:
+        """The expected seconds on one H100 or H200 (UNIT_SECONDS per item, plus other_s)."""
+        counted = (self.starts, self.builds, self.autotunes, self.captures, self.steps)
+        return sum(n * unit for n, unit in zip(counted, UNIT_SECONDS.values(), strict=True)) + self.other_s
+
+
+UNIT_SECONDS = {"starts": 10.0, "builds": 2.0, "autotunes": 10.0, "captures": 3.0, "steps": 0.05}
+"""Seconds each counted item is taken to cost on one H100 or H200 at 224 px (ResNet-50): a process start
+(imports, CUDA's context, NCCL's world of one), a model built, a cuDNN autotuning round, a capture with its
+probe's replay and state copies, a step (the measured 5,700 img/s at batch 256 is 0.045 s a step)."""
+LIMIT_MARGIN = 2
+"""A part's limit is this many times its expected seconds (rounded up to 10 s): room for a slower GPU and for
+guesses that were low, while a part that hangs still ends in minutes."""
+
+
+@dataclass(frozen=True)
 class AcceptancePart:
-    """One part: its function ("module:function"), its limit in seconds on a GPU, the checks it fills, what it
-    shows, and environment variables its process needs before torch loads."""
+    """One part: its function ("module:function"), what it does (its time limit is sized from it), the checks
+    it fills, what it shows, and whether it may turn determinism on (its process then starts with
+    train/determinism.py's variables: cuBLAS reads them at the process's first gemm, before any part code could
+    set them in time)."""
 
     ref: str
-    limit: int
+    work: Work
     checks: tuple[str, ...]
     shows: str
-    env: tuple[tuple[str, str], ...] = ()
+    deterministic: bool = False
+
+    @property
+    def limit(self) -> int:
+        """Seconds the part may run on a GPU: LIMIT_MARGIN x its work's expected seconds, rounded up to 10 s."""
+        return 10 * math.ceil(LIMIT_MARGIN * self.work.seconds / 10)
 
 
 ACCEPTANCE: Registry[AcceptancePart] = Registry("acceptance part")
-for _name, _ref, _limit, _checks, _shows, _env in (
-    ("check", "acceptance:machine", 120, ("machine",), "`torus-train check`'s parts but throughput", ()),
-    ("syncs", "accept_loop:syncs", 40, ("host_syncs",), "host reads per step of the loop in fp16", ()),
+for _name, _part in (
+    (
+        "check",
+        # `torus-train check` but throughput: NCCL's world of one, the graphs part's small ResNet (one autotuning
+        # round, its probe's two captures, 6 steps), two deterministic runs of 4 steps; environment (mpirun,
+        # DALI's import) and the decoders (nvJPEG's start, 17 images twice) are other_s
+        AcceptancePart(
+            "acceptance:machine",
+            Work(1, 3, 1, 2, 14, 20),
+            ("machine",),
+            "`torus-train check`'s parts but throughput",
+            deterministic=True,
+        ),
+    ),
+    (
+        "syncs",
+        # one loop run of 12 steps at batch 32 in fp16, its probe's two captures; autotuning counted for the
+        # ETA's timed step and for the warm-up (they share cuDNN's cache now that both run fp16: room); torch's
+        # sync debug mode watching every launch is other_s
+        AcceptancePart(
+            "accept_loop:syncs", Work(1, 1, 2, 2, 12, 10), ("host_syncs",), "host reads per step of the loop in fp16"
+        ),
+    ),
     (
         "speed",
-        "accept_loop:speed",
-        150,
-        ("speed_vs_bare", "bf16_vs_fp16", "peak_memory"),
-        "the loop against a bare PyTorch loop at the large batch, fp16 and bf16; peak memory",
-        (),
+        # 7 models: the loop twice at 256 in fp16, once in bf16, once at 32 (each graphed: two captures), the
+        # bare loop twice in fp16 and once in bf16; autotuning at (256, fp16), (256, bf16), (32, fp16);
+        # 30 steps each
+        AcceptancePart(
+            "accept_loop:speed",
+            Work(1, 7, 3, 8, 210),
+            ("speed_vs_bare", "bf16_vs_fp16", "peak_memory"),
+            "the loop against a bare PyTorch loop at the large batch, fp16 and bf16; peak memory",
+        ),
     ),
     (
         "production",
-        "accept_production:production",
-        180,
-        ("production", "data_wait"),
-        "`torus-train run` of the shrunk spec on photo-like JPEGs, two stages, evaluation",
-        (),
+        # the part, then `torus-train run` (launcher and rank); autotuning for training and evaluation at each
+        # stage's batch, each stage graphed (two captures); about 60 steps with evaluation; the photo-like set
+        # written first and DALI's pipelines per stage are other_s
+        AcceptancePart(
+            "accept_production:production",
+            Work(3, 1, 4, 4, 60, 30),
+            ("production", "data_wait"),
+            "`torus-train run` of the shrunk spec on photo-like JPEGs, two stages, evaluation",
+        ),
     ),
-    ("digest", "accept_loop:digest", 100, ("digest",), "two --deterministic runs: equal digests; the mode's cost", ()),
+    (
+        "digest",
+        # two `torus-train run --deterministic` of 8 steps (launcher and rank each, graphed), then the loop at
+        # 256 autotuned and deterministic (20 steps each, graphed): cuBLAS's workspace set before the first
+        AcceptancePart(
+            "accept_loop:digest",
+            Work(5, 4, 1, 8, 56),
+            ("digest",),
+            "two --deterministic runs: equal digests; the mode's cost",
+            deterministic=True,
+        ),
+    ),
     (
         "graphs",
-        "accept_graphs:graphs",
-        180,
-        ("graphs",),
-        "the loop graphed and eager against the bare step eager and graphed; graphed against eager",
-        # agree's runs are deterministic: cuBLAS reads its workspace setting once, before torch loads
-        (("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),),
+        # per batch (16, 32, 256) and round (2): the loop graphed (two captures) and eager, the bare step eager
+        # and graphed (one capture), 28 steps each; then agree's four deterministic runs of 12 steps at 32, three
+        # of them graphed: 28 models, 24 captures, an autotuning round per batch, 720 steps
+        AcceptancePart(
+            "accept_graphs:graphs",
+            Work(1, 28, 3, 24, 720),
+            ("graphs",),
+            "the loop graphed and eager against the bare step eager and graphed; graphed against eager",
+            deterministic=True,
+        ),
     ),
 ):
-    ACCEPTANCE.add(_name, AcceptancePart(f"torus_train.check.{_ref}", _limit, _checks, _shows, _env))
+    ACCEPTANCE.add(_name, dataclasses.replace(_part, ref=f"torus_train.check.{_part.ref}"))
 
 BOTH_STAGES = "both shares <= 0.10, each over >= 20 steps after the first 3 of its stage"
 CHECKS: dict[str, dict[str, Any]] = {
@@ -263,8 +350,11 @@ def wait_limited(proc: subprocess.Popen, limit: int) -> str:
 
 
 def part_env(part: AcceptancePart, s: Shrunk) -> dict[str, str]:
-    """The part's environment: this package first on the path, its own variables, no GPU in a rehearsal."""
-    env = {**os.environ, **dict(part.env)}
+    """The part's environment: this package first on the path, cuBLAS's deterministic workspace where the part
+    may turn determinism on (read at the process's first gemm), no GPU in a rehearsal."""
+    env = dict(os.environ)
+    if part.deterministic:
+        with_deterministic_env(env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     if s.rehearsal:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the rehearsal's ranks stay on the CPU, GPU or not

@@ -36,7 +36,8 @@ def environment(ctx: Any) -> Verdict:
     words.append(f"DALI {found['dali']}" if found["dali"] else "no DALI (torchvision decodes)")
     words.append(f"mpi4py {found['mpi4py']}" if found["mpi4py"] else "no mpi4py")
     words.append(found["mpirun"] or "no mpirun")
-    words.append(f"driver {found['driver']}" if found["driver"] else "no NVIDIA driver")
+    no_driver = "no NVIDIA driver" if job_gpus.nvml() is not None else "no NVML binding (pip install nvidia-ml-py)"
+    words.append(f"driver {found['driver']}" if found["driver"] else no_driver)
     return Verdict.passed(", ".join(words), **found)
 
 
@@ -103,7 +104,7 @@ def gpus(ctx: Any) -> Verdict:
     if planned.count != cuda:
         return Verdict.failed(
             f"job/gpus.py counts {planned.count} GPU(s) but CUDA shows {cuda}: `run` would plan ranks on GPUs that do "
-            "not exist (check CUDA_VISIBLE_DEVICES)",
+            f"not exist or leave them idle ({planned.why or 'check CUDA_VISIBLE_DEVICES'})",
             **detail,
         )
     if cuda == 0:

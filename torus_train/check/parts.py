@@ -8,6 +8,7 @@ Each part is a function ``part(ctx: Context) -> Verdict``; Verdict.ok is True (s
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 from torus_train.errors import UserError
 from torus_train.registry import Registry, load
+from torus_train.train.determinism import with_deterministic_env
 from torus_train.verdict import Verdict
 
 
@@ -27,20 +29,23 @@ class Part:
 
     ref: str
     shows: str
+    deterministic: bool = False
+    """It turns determinism on: the check's process sets cuBLAS's workspace before any part runs a gemm
+    (train/determinism.py)."""
 
 
 PARTS: Registry[Part] = Registry("check part")
-for _name, _ref, _shows in (
+for _name, _ref, _shows, *_deterministic in (
     ("environment", "environment:environment", "python, torch, CUDA, cuDNN, NCCL, DALI, MPI, the NVIDIA driver"),
     ("gpus", "environment:gpus", "the GPUs job/gpus.py counts against torch.cuda's count, names and memory"),
     ("nccl", "device:nccl", "an all-reduce on NCCL in a world of one (this process)"),
     ("graphs", "device:graphs", "the step captured as a CUDA graph, one replay against the eager step"),
     ("decoder_cpu", "device:decoder_cpu", "the CPU decoder on the embedded images of every kind, against PIL"),
     ("decoder_gpu", "device:decoder_gpu", "the device decoder (nvJPEG) on the same images, and its repeat"),
-    ("deterministic", "device:deterministic", "the step run twice with job.deterministic: equal bits"),
+    ("deterministic", "device:deterministic", "the step run twice with job.deterministic: equal bits", True),
     ("throughput", "throughput:throughput", "img/s of the loop against the bare step at per-GPU batch 16/32/256"),
 ):
-    PARTS.add(_name, Part(f"torus_train.check.{_ref}", _shows))
+    PARTS.add(_name, Part(f"torus_train.check.{_ref}", _shows, *_deterministic))
 
 
 @dataclass
@@ -73,6 +78,8 @@ def run_parts(names: list[str], say: Callable[[str], None], quick: bool = False)
     """{name: (verdict, seconds)} of each part named, in registry order; a part that raises is a failure whose
     why is the error's first line (the check goes on with the next part)."""
     found: dict[str, tuple[Verdict, float]] = {}
+    if any(PARTS.get(n).deterministic for n in names):  # before the graphs part's gemms: cuBLAS reads it once
+        with_deterministic_env(os.environ)
     t_all = time.perf_counter()
     # the loop's progress lines (stdout in a run) go to stderr here: stdout holds the table alone
     with tempfile.TemporaryDirectory(prefix="torus-train-check-") as scratch, contextlib.redirect_stdout(sys.stderr):

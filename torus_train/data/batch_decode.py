@@ -34,25 +34,75 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 from torus_train.data.base import MEAN, STD, TRAIN_AREA, TRAIN_RATIO, val_resize
 
 
-def decode_batch(encoded: list[torch.Tensor], device) -> tuple[list[torch.Tensor | None], dict[int, str]]:
+def decode_batch(
+    encoded: list[torch.Tensor], device, fallback: bool = True
+) -> tuple[list[torch.Tensor | None], dict[int, str]]:
     """([3, H, W] uint8 RGB on ``device`` per encoded image, {position: why} of those that did not decode).
 
-    One batched call first (nvJPEG on a GPU); when it fails, image by image, so that one bad file is named
-    instead of failing its batch: a JPEG the device decoder refuses (CMYK, a PNG named .JPEG) is decoded on
-    the CPU and moved to the device; one that no decoder reads is None, its reason in the dict."""
-    try:
-        return list(device_jpeg(encoded, device)), {}
-    except RuntimeError:
-        pass
-    images: list[torch.Tensor | None] = []
+    Each image takes its route before any decode (on_device): the JPEGs of one or three components go to the
+    device decoder in one batched call (nvJPEG on a GPU); the rest (four-component CMYK or YCCK JPEGs, whose
+    Adobe inversion PIL follows and nvJPEG need not, and every other format) go to the CPU route (torchvision's
+    CPU decoders, then PIL) and are moved to the device. When the batched call fails, its images are decoded
+    one by one, each by the device decoder and, where it refuses, the CPU route, so that one bad file is named
+    instead of failing its batch; one that no decoder reads is None, its reason in the dict. ``fallback=False``
+    (the decoder probe: data/decode_probe.py) decodes the device route's images on the device only: a device
+    decode that fails is their failure, never answered by the CPU."""
+    images: list[torch.Tensor | None] = [None] * len(encoded)
     failed: dict[int, str] = {}
+    ours = [k for k, data in enumerate(encoded) if on_device(data)]
+    try:
+        if ours:
+            for k, image in zip(ours, device_jpeg([encoded[k] for k in ours], device), strict=True):
+                images[k] = image
+    except RuntimeError:
+        pass  # one by one below: the image the device decoder refuses is named
+    one = decode_one if fallback else device_jpeg
     for k, data in enumerate(encoded):
+        if images[k] is not None:
+            continue
         try:
-            images.append(decode_one(data, device))
+            images[k] = one(data, device) if k in ours else cpu_decode(data).to(device)
         except RuntimeError as e:
-            images.append(None)
-            failed[k] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            failed[k] = _why(e)
     return images, failed
+
+
+def _why(e: RuntimeError) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def on_device(data: torch.Tensor) -> bool:
+    """Whether ``data`` takes the device decoder's route: a JPEG (its first bytes FF D8) that is not
+    four-component (jpeg_components; a header this cannot read still goes there, and a failure names it)."""
+    head = data[:2].tolist()
+    return head == [0xFF, 0xD8] and jpeg_components(data) != 4
+
+
+_NO_LENGTH = {0x01, *range(0xD0, 0xD8)}
+"""JPEG markers without a length field (TEM, RST0-7)."""
+_FRAMES = {m for m in range(0xC0, 0xD0) if m not in (0xC4, 0xC8, 0xCC)}
+"""Start-of-frame markers (SOF0-15 but DHT, JPG and DAC): their segment holds the component count."""
+
+
+def jpeg_components(data: torch.Tensor) -> int | None:
+    """The component count of a JPEG's frame header (1 grey, 3 YCbCr or RGB, 4 CMYK or YCCK), read from the
+    marker segments before the first scan; None where the header does not say (not a JPEG, cut short)."""
+    raw = data[: 1 << 16].numpy().tobytes()  # the headers before the frame: the frame comes in the first KiBs
+    at = 2
+    while at + 4 <= len(raw) and raw[at] == 0xFF:
+        marker = raw[at + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            at += 1
+            continue
+        if marker in _NO_LENGTH:
+            at += 2
+            continue
+        if marker in _FRAMES:
+            return raw[at + 9] if at + 9 < len(raw) else None
+        if marker == 0xDA:  # start of scan: no frame header before it
+            return None
+        at += 2 + int.from_bytes(raw[at + 2 : at + 4], "big")
+    return None
 
 
 def device_jpeg(
@@ -105,17 +155,23 @@ def no_prefill() -> Iterator[None]:
 
 
 def decode_one(data: torch.Tensor, device) -> torch.Tensor:
-    """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder, else torchvision's
-    CPU decoders (JPEG, PNG, WebP, GIF), else PIL (BMP, TIFF and every other format it reads); RuntimeError
-    when none reads it."""
+    """One encoded image -> [3, H, W] uint8 RGB on ``device``: the device's JPEG decoder for the device route's
+    (on_device), else the CPU route (cpu_decode) moved to the device; RuntimeError when none reads it."""
+    if on_device(data):
+        try:
+            return device_jpeg(data, device)
+        except RuntimeError:
+            pass
+    return cpu_decode(data).to(device)
+
+
+def cpu_decode(data: torch.Tensor) -> torch.Tensor:
+    """[3, H, W] uint8 RGB on the CPU: torchvision's CPU decoders (JPEG, CMYK included, PNG, WebP, GIF), else
+    PIL (BMP, TIFF and every other format it reads); RuntimeError when none reads it."""
     try:
-        return device_jpeg(data, device)
+        return decode_image(data, mode=ImageReadMode.RGB)
     except RuntimeError:
-        pass
-    try:
-        return decode_image(data, mode=ImageReadMode.RGB).to(device)
-    except RuntimeError:
-        return pil_decode(data).to(device)
+        return pil_decode(data)
 
 
 def pil_decode(data: torch.Tensor) -> torch.Tensor:

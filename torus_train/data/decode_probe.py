@@ -5,10 +5,15 @@ same bits twice.
     probe_device_decoder(device)     -> Verdict   every kind decoded on ``device`` agrees with PIL's decode
     probe_decoder_repeats(device)    -> Verdict   two decodes of the same batch on ``device`` are bit-identical
 
-Both take the decode function as a parameter (default: batch_decode.decode_batch, the loader's own call), so a
-test can hand them a decoder that returns another image or raises. On a CPU device they run the same comparison
-through the CPU branch of decode_batch (torchvision's decoders, then PIL's for the formats torchvision lacks);
-on a CUDA device that this machine does not have, the verdict is None (cannot run here).
+Both take the decode function as a parameter (default: device_only, the loader's own batch_decode.decode_batch
+without its CPU fallback), so a test can hand them a decoder that returns another image or raises. The loader's
+call answers a device decode that fails with a CPU decode of the same image, which would pass a probe that looks
+only at the result's device while every image of a run decodes serially on a CPU thread: so the probe's images
+that take the device route (batch_decode.on_device: the JPEGs of one or three components) are decoded on the
+device only, and one the device decoder refuses fails the probe. The kinds decode_batch sends to the CPU route
+by design (four-component CMYK/YCCK JPEGs, the other formats) are decoded there, as in a run, and compared too.
+On a CPU device the device decoder is torchvision's CPU one; on a CUDA device that this machine does not have,
+the verdict is None (cannot run here).
 
 The reference is PIL's ``Image.open(...).convert("RGB")``: what data.decoder = cpu feeds the model (the
 DataLoader workers' decode, torchvision_loader._decode).
@@ -22,7 +27,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from torus_train.data.batch_decode import decode_batch
+from torus_train.data.batch_decode import decode_batch, on_device
 from torus_train.data.samples import Sample, jpeg_samples, samples
 from torus_train.verdict import Verdict
 
@@ -46,6 +51,16 @@ FAR_SHARE = 0.01
 """Largest share of an image's values that may be far off: an edge's few pixels pass, a corrupted patch (a
 tile written by another batch, garbage in a block of rows) does not, even where it is too small to move the
 mean past MEAN_LEVELS."""
+
+
+def device_only(images: list[torch.Tensor], device: torch.device) -> tuple[list[torch.Tensor | None], dict[int, str]]:
+    """The loader's decode (batch_decode.decode_batch) without the CPU fallback of its device route."""
+    return decode_batch(images, device, fallback=False)
+
+
+def cpu_route() -> list[str]:
+    """The kinds decode_batch decodes on the CPU by design, whatever the device (not batch_decode.on_device)."""
+    return sorted(s.kind for s in samples().values() if not on_device(encoded([s])[0]))
 
 
 def encoded(items: Sequence[Sample]) -> list[torch.Tensor]:
@@ -114,11 +129,12 @@ def _first_line(e: BaseException) -> str:
 def probe_device_decoder(device: torch.device | str, decode: DecodeFn | None = None) -> Verdict:
     """Every sample kind decoded on ``device`` agrees with PIL within MEAN_LEVELS / FAR_SHARE. Two calls: the JPEG
     kinds in one batch (nvJPEG's batched path), then every kind in one batch (a set with a PNG or a BMP among
-    its JPEGs: the image-by-image path with the CPU fallback), as the loader meets them."""
+    its JPEGs), as the loader meets them; the device route never falls back to the CPU (module docstring).
+    The detail names the kinds of the CPU route (cpu_route)."""
     device = torch.device(device)
     if (skip := _unavailable(device)) is not None:
         return skip
-    decode = decode or decode_batch
+    decode = decode or device_only
     batches = {"jpeg batch": list(jpeg_samples().values()), "mixed batch": list(samples().values())}
     detail: dict[str, dict] = {}
     for name, items in batches.items():
@@ -149,6 +165,7 @@ def probe_device_decoder(device: torch.device | str, decode: DecodeFn | None = N
         f"{n} images of {len(samples())} kinds decoded on {device.type} agree with PIL "
         f"(worst mean difference {worst} levels, allowed {MEAN_LEVELS})",
         **detail,
+        cpu_route=cpu_route(),
     )
 
 
@@ -158,7 +175,7 @@ def probe_decoder_repeats(device: torch.device | str, decode: DecodeFn | None = 
     device = torch.device(device)
     if (skip := _unavailable(device)) is not None:
         return skip
-    decode = decode or decode_batch
+    decode = decode or device_only
     items = [s for s in jpeg_samples().values() for _ in range(copies)]
     runs = []
     for _ in range(2):

@@ -32,9 +32,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
-
-import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no py.typed marker
+from typing import Any, TypeVar
 
 from torus_train.usernumbers import int_of
 
@@ -45,6 +43,10 @@ BACKENDS = ("auto", "nccl", "gloo")
 """comm.backend's values (run --backend): auto = NCCL where there are GPUs, else gloo."""
 UUID_PREFIXES = ("GPU-", "MIG-")
 NO_DRIVER = "no NVIDIA driver here: NVML (libnvidia-ml.so.1, installed with the driver) does not start"
+NO_NVML = (
+    "no NVML binding in this Python: the pynvml module (pip install nvidia-ml-py) does not import, so the NVIDIA "
+    "driver cannot be asked"
+)
 T = TypeVar("T")
 
 
@@ -104,47 +106,68 @@ def read_visible(value: str) -> Visible:
     return Visible(tuple(taken))
 
 
-def nvml_query(query: Callable[[], T]) -> T | None:
-    """``query()`` between nvmlInit and nvmlShutdown; None when NVML does not start (no driver) or fails."""
+def nvml() -> Any | None:
+    """NVIDIA's NVML binding (nvidia-ml-py's pynvml), imported here, where the driver is asked, not at the top:
+    every command's path imports this module, and a Python without the binding must still run them (`check`
+    says what is missing). None when it does not import: then the driver cannot be asked, which is answered as
+    a machine without a driver is (no GPU counted), with NO_NVML as the why."""
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
+        import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no py.typed marker
+    except ImportError:
+        return None
+    return pynvml
+
+
+def nvml_query(query: Callable[[Any], T]) -> T | None:
+    """``query(pynvml)`` between nvmlInit and nvmlShutdown; None when the binding does not import, NVML does not
+    start (no driver) or it fails."""
+    lib = nvml()
+    if lib is None:
         return None
     try:
-        return query()
-    except pynvml.NVMLError:
+        lib.nvmlInit()
+    except lib.NVMLError:
+        return None
+    try:
+        return query(lib)
+    except lib.NVMLError:
         return None
     finally:
-        pynvml.nvmlShutdown()
+        lib.nvmlShutdown()
+
+
+def no_driver_why() -> str:
+    """Why the driver gave no answer: no binding to ask it with (NO_NVML), else no driver (NO_DRIVER)."""
+    return NO_DRIVER if nvml() is not None else NO_NVML
 
 
 def driver_version() -> str | None:
     """The NVIDIA driver's version (`torus-train check`'s environment part); None without a driver."""
-    version = nvml_query(pynvml.nvmlSystemGetDriverVersion)
+    version = nvml_query(lambda lib: lib.nvmlSystemGetDriverVersion())
     return None if version is None else str(version)
 
 
 def driver_gpus() -> int | None:
     """GPUs the NVIDIA driver lists, or None when there is no driver to ask."""
-    return nvml_query(pynvml.nvmlDeviceGetCount)
+    return nvml_query(lambda lib: lib.nvmlDeviceGetCount())
 
 
 def driver_uuids() -> list[str] | None:
     """The UUIDs of the driver's GPUs in its order (GPU-...), or None when there is no driver to ask."""
 
-    def uuids() -> list[str]:
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        return [str(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+    def uuids(lib: Any) -> list[str]:
+        handles = [lib.nvmlDeviceGetHandleByIndex(i) for i in range(lib.nvmlDeviceGetCount())]
+        return [str(lib.nvmlDeviceGetUUID(h)) for h in handles]
 
     return nvml_query(uuids)
 
 
-def gpu_count(environ: Mapping[str, str], driver: int | Sequence[str] | None) -> GpuCount:
+def gpu_count(environ: Mapping[str, str], driver: int | Sequence[str] | None, no_driver: str = NO_DRIVER) -> GpuCount:
     """The GPUs a process with ``environ`` sees when the driver lists ``driver``: its GPUs' UUIDs (UUID entries
-    are matched against them), or only their count; None: no driver."""
+    are matched against them), or only their count; None: no driver (``no_driver`` says why)."""
     value = environ.get("CUDA_VISIBLE_DEVICES")
     if driver is None:
-        return GpuCount(0, NO_DRIVER)
+        return GpuCount(0, no_driver)
     gpus = driver if isinstance(driver, int) else len(driver)
     if value is None:
         return GpuCount(gpus)
@@ -182,7 +205,8 @@ def local_gpus(environ: Mapping[str, str] | None = None) -> GpuCount:
     if env.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
         return GpuCount(0, f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} hides every GPU")  # no driver asked
     uuids = read_visible(env.get("CUDA_VISIBLE_DEVICES", "")).uuids
-    return gpu_count(env, driver_uuids() if uuids else driver_gpus())  # a GPU's UUID only where one is named
+    driver = driver_uuids() if uuids else driver_gpus()  # a GPU's UUID only where one is named
+    return gpu_count(env, driver, no_driver_why() if driver is None else NO_DRIVER)
 
 
 def local_gpu_count(environ: Mapping[str, str] | None = None) -> int:
@@ -204,6 +228,7 @@ __all__ = [
     "gpu_count",
     "local_gpu_count",
     "local_gpus",
+    "no_driver_why",
     "rank_gpus",
     "read_visible",
 ]

@@ -29,6 +29,7 @@ from torus_train.job.models import HOUSE_ARCHS
 from torus_train.job.rank import Bootstrap
 from torus_train.job.sources import source_of
 from torus_train.job.spec import JobSpec
+from torus_train.train.determinism import DETERMINISTIC_ENV, missing_deterministic_env, with_deterministic_env
 from torus_train.train.models import build_house_model
 from torus_train.train.optim import DeviceLR
 from torus_train.train.optim import build_optimizer as optimizer_for
@@ -43,9 +44,10 @@ def seed_everything(seed: int, rank: int) -> None:
     np.random.seed((seed * 1000 + rank) % 2**32)
 
 
-DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-"""What cuBLAS needs for repeatable results (a fixed workspace per stream); read when its handle is made, so the
-worker sets it before torch touches the GPU (ranks/worker.py)."""
+def cuda_started() -> bool:
+    """Whether CUDA has started in this process: from then on a gemm may have run, and cuBLAS read its workspace
+    setting at the first (train/determinism.py). A rehearsal's part process plays a GPU's (check/__main__.py)."""
+    return torch.cuda.is_initialized()
 
 
 def set_determinism(deterministic: bool, device: torch.device, environ=None) -> None:
@@ -54,12 +56,19 @@ def set_determinism(deterministic: bool, device: torch.device, environ=None) -> 
     On: only deterministic kernels (an op that has none raises, naming itself), cuDNN's deterministic
     algorithms and no autotuning, cuBLAS's fixed workspace: two identical runs end with the same bits. Off:
     cuDNN autotunes on a GPU (fixed input shapes per stage: the fastest kernels, picked once), whose choice
-    and atomics may differ from run to run.
+    and atomics may differ from run to run. cuBLAS's workspace is read at the process's first CUDA gemm: set
+    here only while CUDA has not started, else refused in one line (UserError) when it is missing.
     """
     environ = os.environ if environ is None else environ
     if deterministic:
-        for name, value in DETERMINISTIC_ENV.items():
-            environ.setdefault(name, value)  # a value the user set (":16:8" is also deterministic) stands
+        missing = missing_deterministic_env(environ)
+        if missing and cuda_started():
+            name = missing[0]
+            raise UserError(
+                f"job.deterministic: CUDA started in this process without {name}, which cuBLAS reads once at its "
+                f"first matrix product; set {name}={DETERMINISTIC_ENV[name]} before the process starts"
+            )
+        with_deterministic_env(environ)
     torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = device.type == "cuda" and not deterministic
@@ -117,18 +126,23 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> BucketedModel:
 
 def time_step(dp: BucketedModel, spec: JobSpec, device: torch.device, micro_batch: int, accumulation: int) -> float:
     """Seconds of a throw-away training step (forward, backward and exchange of ``accumulation`` passes of
-    ``micro_batch`` zero images; no data, no update; the second of two), for the ETA before the first step. Every rank calls
-    it (the backward exchanges). Parameters and BatchNorm statistics are left as they were, gradients zero."""
+    ``micro_batch`` zero images; no data, no update; the second of two), for the ETA before the first step. Every
+    rank calls it (the backward exchanges). It runs in the training precision, as the step does: the loader's
+    image dtype, autocast at model.precision on a GPU; so the kernels cuDNN autotunes here are the loop's, and the
+    ETA's prior is the loop's, not fp32's. Parameters and BatchNorm statistics are left as they were, gradients
+    zero."""
     saved = {k: v.clone() for k, v in dp.module.state_dict().items()}
-    size = spec.data.image_size
-    x = torch.zeros(micro_batch, 3, size, size, device=device)
+    size, amp = spec.data.image_size, autocast_dtype(spec, device)
+    x = torch.zeros(micro_batch, 3, size, size, device=device, dtype=getattr(torch, image_dtype(spec, device)))
     if spec.model.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     seconds = 0.0
     for _ in range(2):  # the second pass is timed: the first at a new shape pays one-time kernel set-up
         t0 = time.perf_counter()
         dp.zero_grad()
-        dp(x).float().sum().backward()
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None, cache_enabled=False):  # as step_body
+            out = dp(x)
+        out.float().sum().backward()
         dp.finish()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -220,10 +234,14 @@ def image_dtype(spec: JobSpec, device: torch.device) -> str:
     return {"fp16": "float16", "bf16": "bfloat16"}.get(spec.model.precision, "float32")
 
 
+def autocast_dtype(spec: JobSpec, device: torch.device) -> torch.dtype | None:
+    """The step's autocast dtype: model.precision's on a GPU; None for fp32 and on CPU ranks (which run fp32)."""
+    if device.type != "cuda":
+        return None
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(spec.model.precision)
+
+
 def amp_settings(spec: JobSpec, device: torch.device) -> tuple[torch.dtype | None, Any]:
     """(autocast dtype or None, GradScaler or None). CPU ranks run fp32 (said once by the caller)."""
-    if device.type != "cuda" or spec.model.precision == "fp32":
-        return None, None
-    if spec.model.precision == "bf16":
-        return torch.bfloat16, None
-    return torch.float16, torch.amp.GradScaler("cuda")
+    dtype = autocast_dtype(spec, device)
+    return dtype, torch.amp.GradScaler("cuda") if dtype == torch.float16 else None

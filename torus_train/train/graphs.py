@@ -167,6 +167,8 @@ class StepGraph:
         """A probe failed: every step from here on runs eagerly."""
         self.last_rel_diff: float | None = None
         """The last probe's max |replay - eager| / max |parameter| (None: no replay compared)."""
+        self.damaged: str | None = None
+        """Why the last failed capture left this process in capture mode (None: it was put back, put_back)."""
         self._said: set = set()
         self._side: torch.cuda.Stream | None = None
 
@@ -201,10 +203,20 @@ class StepGraph:
                 ("shape", tuple(images.shape)),
                 f"CUDA graphs: a batch of shape {tuple(images.shape)} (the graph's is {tuple(x.shape)}) runs eagerly",
             )
-            return step_body(rs, images, labels, 1)
+            return self._eager_between_replays(rs, images, labels)
         x.copy_(images)
         y.copy_(labels)
         self.graph.replay()
+        return loss
+
+    def _eager_between_replays(self, rs, images, labels) -> torch.Tensor:
+        """An eager step while the graph is kept (a batch of another shape): the last replay's collectives may
+        still be in flight on the communicators this step's uncaptured ones use, and the next replay's follow
+        this step's; a device synchronisation on each side keeps them apart (NCCL_GRAPH_MIXING_SUPPORT=0,
+        ranks/worker.py; the rehearsal's replay and capture rules)."""
+        torch.cuda.synchronize()
+        loss = step_body(rs, images, labels, 1)
+        torch.cuda.synchronize()
         return loss
 
     def _on_side_stream(self, rs, images, labels) -> torch.Tensor:
@@ -235,6 +247,7 @@ class StepGraph:
         x, y = images.clone(), labels.clone()  # clone keeps the memory format (channels_last)
         decided = self.agree(self._dry_capture(rs, x, y, saved))
         if not decided.ok:
+            self._end_if_damaged(at)
             self._fall_back(at, f"the capture failed {_on(decided)}({decided.why})")
             return self._on_side_stream(rs, images, labels)
         t0 = time.perf_counter()
@@ -293,19 +306,37 @@ class StepGraph:
         return eager_loss
 
     def _capture(self, rs, x, y):
-        """(graph, pool, static loss, None) or (None, None, None, the error's first line): a capture runs
-        nothing on the device, so a failed one leaves only host-side state to put back (the caller does)."""
+        """(graph, pool, static loss, None) or (None, None, None, the first cause's first line): a capture runs
+        nothing on the device, so a failed one leaves host-side state to put back (the caller does) and what
+        torch.cuda.graph leaves undone when it fails (put_back: the stream, the memory pool). A process that
+        cannot be shown out of capture after that is noted in self.damaged (the caller ends the run)."""
         torch.cuda.synchronize()  # nothing of the eager steps in flight (NCCL's watchdog included)
+        self.damaged = None
         graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
+        stream = torch.cuda.current_stream(x.device)
         try:
             # DEVICE_WORK.held(): the loader threads' GPU work (decode prefetch, pinning) waits out the capture
             with DEVICE_WORK.held(), torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 loss = step_body(rs, x, y, 1)
             torch.cuda.synchronize()
         except Exception as e:  # any error of the capture: nothing ran on the device, the eager step can
-            text = str(e).strip()
-            return None, None, None, text.splitlines()[0] if text else type(e).__name__
+            del graph  # its destructor releases the pool only where capture_end got that far
+            cause = first_cause(e)
+            if cause is not e:
+                log.info("CUDA graph: ending the failed capture raised too: %s", _line(e))
+            self.damaged = put_back(x.device, stream, pool)
+            return None, None, None, _line(cause)
         return graph, pool, loss, None
+
+    def _end_if_damaged(self, at: int) -> None:
+        """After a failed capture, every rank: the run ends on every rank when any rank's process could not be
+        shown out of capture (put_back); else the caller falls back to the eager step in an undamaged process."""
+        damage = self.agree(self.damaged)
+        if not damage.ok:
+            raise RunFailed(
+                f"CUDA graph: at step {at} a failed capture left the process in capture mode {_on(damage)}"
+                f"({damage.why}); the run ends on every rank: run again with model.cuda_graphs = off"
+            )
 
     def _fall_back(self, at: int, why: str) -> None:
         """Eager for the rest of the run (the state is already back as it was before the probe)."""
@@ -322,6 +353,51 @@ class StepGraph:
         if key not in self._said:
             self._said.add(key)
             self._tell(text)
+
+
+def first_cause(e: BaseException) -> BaseException:
+    """The error a failed capture began with: when the step raised inside torch.cuda.graph, its __exit__ still
+    ends the capture, and that raises again (cudaStreamEndCapture on an invalidated capture), with the step's
+    error as its __context__; torch's message then names only the second."""
+    context = e.__context__
+    return context if context is not None and not e.__suppress_context__ else e
+
+
+def put_back(device: torch.device, stream: Any, pool: Any) -> str | None:
+    """What torch.cuda.graph leaves undone when its capture fails, done here; None when the process is shown out
+    of capture afterwards, else why not.
+
+    When CUDAGraph.capture_end raises (from cudaStreamEndCapture, before the caching allocator's
+    endAllocateToPool), torch.cuda.graph.__exit__ skips restoring the current stream, the allocator goes on
+    routing the capture stream's allocations to the graph's pool, and the graph's destructor releases no pool
+    (only a capture that ended does). The allocator then defers every free of a block with stream uses for as
+    long as a capture is "underway" (the decoder's record_stream: out of memory after some 1,000 steps), and its
+    empty_cache raises. So: the stream before the capture is made current again; the pool's allocation is ended
+    and the pool released, where capture_end had not ended it (endAllocateToPool raises where it had: the graph
+    owns the pool then and its destructor releases it); then the proof: no capture on the stream the failure
+    left current, a device synchronisation (no sticky error), and empty_cache, which asserts that no capture is
+    underway."""
+    try:
+        capturing = torch.cuda.is_current_stream_capturing()  # the capture stream, where __exit__ left it current
+        torch.cuda.set_stream(stream)
+        if capturing:
+            return "its capture stream is still capturing after the capture failed"
+        try:
+            torch._C._cuda_endAllocateToPool(device.index, pool)
+        except RuntimeError:
+            pass  # capture_end ended it: the graph released the pool
+        else:
+            torch._C._cuda_releasePool(device.index, pool)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    except Exception as e:  # whatever fails here leaves the process in a state no eager step should run in
+        return f"putting it back failed: {_line(e)}"
+    return None
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _on(found: Consensus) -> str:

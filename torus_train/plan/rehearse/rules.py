@@ -18,7 +18,10 @@ The rules (nccl-at-scale.md, NCCL's user guide):
   store, never straight by a device collective whose timeout it would run into;
 - capture: no rank captures a collective before every rank agreed to capture (a consensus in the graph
   probe); and on each communicator captured and uncaptured collectives are separated by a synchronisation
-  (NCCL_GRAPH_MIXING_SUPPORT=0 then holds).
+  (NCCL_GRAPH_MIXING_SUPPORT=0 then holds);
+- replay: no uncaptured collective on a communicator while a replay may be outstanding on it (a graph launch
+  returns at once; its collectives are in flight until a synchronisation), e.g. an eager step of another batch
+  shape between replays.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ P2P_CHANNELS = 2
 
 def check_traces(traces: dict[int, dict], gpu_memory_gib: float = 16.0) -> list[dict]:
     found: list[dict] = []
-    for rule in (same_order, same_groups, grid_groups, no_fan_in, timeouts, capture):
+    for rule in (same_order, same_groups, grid_groups, no_fan_in, timeouts, capture, replays):
         found += rule(traces)
     found += memory(traces, gpu_memory_gib)
     return found
@@ -220,33 +223,64 @@ def timeouts(traces: dict[int, dict]) -> list[dict]:
 
 
 def capture(traces: dict[int, dict]) -> list[dict]:
-    """No captured collective before the probe's consensus; no mixing without a synchronisation between."""
+    """No captured collective before the probe's consensus; no mixing without a synchronisation between (an
+    uncaptured collective right after a replay's is the replay rule's finding, named once there)."""
     found = []
     for r, t in traces.items():
-        decided, last_mode = False, dict[str, bool]()
+        decided, last_mode, after_replay = False, dict[str, bool](), set[str]()
         for e in t["events"]:
             if e["kind"] == "decision" and "graph probe" in e["phase"]:
                 decided = decided or e.get("ok", False)
             elif e["kind"] == "sync":
-                last_mode = {}
+                last_mode, after_replay = {}, set()
             elif e["kind"] in DATA_KINDS:
                 if e.get("captured") and not e.get("replay") and not decided:
                     found.append(_finding("capture", r, e, "captured before every rank agreed to capture"))
                     decided = True  # one finding per probe is enough
-                mode = bool(e.get("captured"))
-                if last_mode.get(e["group"], mode) != mode:
+                mode, group = bool(e.get("captured")), e["group"]
+                if last_mode.get(group, mode) != mode and not (group in after_replay and not mode):
                     found.append(
                         _finding(
                             "capture",
                             r,
                             e,
-                            f"communicator {e['group']} switches between captured "
+                            f"communicator {group} switches between captured "
                             "and uncaptured collectives with no synchronisation between",
                         )
                     )
-                last_mode[e["group"]] = mode
+                last_mode[group] = mode
+                if e.get("replay"):
+                    after_replay.add(group)
+                else:
+                    after_replay.discard(group)
             if e["kind"] == "probe":
                 decided = False
+    return found
+
+
+def replays(traces: dict[int, dict]) -> list[dict]:
+    """No uncaptured collective on a communicator with a replay outstanding on it: a graph launch returns at
+    once and its collectives stay in flight until a device synchronisation, and with NCCL_GRAPH_MIXING_SUPPORT=0
+    (ranks/worker.py) NCCL does not order an uncaptured collective after them."""
+    found = []
+    for r, t in traces.items():
+        outstanding: set[str] = set()
+        for e in t["events"]:
+            if e["kind"] == "sync":
+                outstanding = set()
+            elif e["kind"] in DATA_KINDS and e.get("replay"):
+                outstanding.add(e["group"])
+            elif e["kind"] in DATA_KINDS and not e.get("captured") and e["group"] in outstanding:
+                found.append(
+                    _finding(
+                        "replay",
+                        r,
+                        e,
+                        f"an uncaptured {e['op']} on communicator {e['group']} while a replay's collectives may "
+                        "still be in flight on it (no synchronisation since the replay)",
+                    )
+                )
+                outstanding.discard(e["group"])  # one finding per replay and communicator
     return found
 
 
