@@ -10,6 +10,7 @@ import time
 
 import click
 
+from torus_train.commands.optionchecks import input_path
 from torus_train.commands.outputs import OutputFile
 from torus_train.data import make_loader
 from torus_train.data.checks import scan
@@ -105,7 +106,14 @@ def _measure(
 
 
 @click.command("input")
-@click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder (train/CLASS/*).")
+@click.option(
+    "--data",
+    "root",
+    required=True,
+    type=click.Path(),
+    callback=input_path,
+    help="ImageNet-layout folder (train/CLASS/*).",
+)
 @click.option(
     "--split",
     default="train",
