@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from torus_train.errors import RunFailed
+from torus_train.errors import RunFailed, UserError
 from torus_train.job.launch import rendezvous_port
 from torus_train.job.launchers.srun import slurm_rendezvous
 from torus_train.ranks.bootstrap import RankInfo, rank_info, rendezvous
@@ -50,8 +50,27 @@ def test_torchrun_variables_win_over_the_scheduler_ones():
 
 
 def test_rank_outside_the_world_is_refused():
-    with pytest.raises(RunFailed, match="rank 4 of 4"):
+    with pytest.raises(UserError, match=r"^RANK: 4 is out of range; give an integer from 0 to 3$"):
         rank_info({"RANK": "4", "WORLD_SIZE": "4"})
+
+
+@pytest.mark.parametrize(
+    "env, source",
+    [
+        ({"RANK": "\u00b2", "WORLD_SIZE": "4"}, "RANK"),
+        ({"RANK": "0", "WORLD_SIZE": "four"}, "WORLD_SIZE"),
+        ({"RANK": "0", "WORLD_SIZE": "9" * 5000}, "WORLD_SIZE"),
+        ({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "x"}, "LOCAL_RANK"),
+        ({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "\u00b2"}, "LOCAL_WORLD_SIZE"),
+        ({"OMPI_COMM_WORLD_RANK": "nan", "OMPI_COMM_WORLD_SIZE": "4"}, "OMPI_COMM_WORLD_RANK"),
+        ({"PMI_RANK": "0", "PMI_SIZE": "-1"}, "PMI_SIZE"),
+        ({"SLURM_PROCID": "1.5", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"}, "SLURM_PROCID"),
+    ],
+)
+def test_a_launchers_variable_that_is_no_rank_is_refused_by_name(env, source):
+    """The issue's ValueError at launchers/base.py: each of these is one line naming the variable."""
+    with pytest.raises(UserError, match=f"^{source}: .* give an integer"):
+        rank_info(env)
 
 
 def test_rendezvous_from_the_environment():

@@ -1,7 +1,8 @@
 """The floors of the package (docs/extending.md): no import runs upward and no two files import each other in a
 circle, pure modules never import torch, an import sits inside a function only for a reason (an optional extra, or
-a pure module reaching torch), no module is over 500 lines and no function over 60, and every file a user names is
-opened through the door (torus_train/userfiles.py)."""
+a pure module reaching torch), no module is over 500 lines and no function over 60, every file a user names is
+opened through the door (torus_train/userfiles.py), and every number a user supplies is read through its door
+(torus_train/usernumbers.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ CIRCLES_BEING_CUT: set[str] = set()
 # Being routed through the door in issue 45 (other branches): a file a user names, still read another way
 # ("module:function"). Emptied after the merge.
 USER_FILES_BEING_ROUTED: set[str] = set()
+# Being routed through the number door in issue 50 (other branches): text a user supplies, still turned into a
+# number another way ("module:function"). ranks/worker.py is the i50-runs branch's this round (its
+# OMP_NUM_THREADS); the lead empties this set after the merge.
+NUMBERS_BEING_ROUTED: set[str] = {"ranks.worker:rank_threads"}
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +114,44 @@ def test_every_user_file_is_opened_through_the_door(measure):
     unnamed = {k: v for k, v in door["unnamed"].items() if k not in USER_FILES_BEING_ROUTED}
     assert unnamed == {}, f"opened outside torus_train/userfiles.py: {unnamed}"
     assert door["stale"] == [], f"NOT_USER_FILES names code that opens no file: {door['stale']}"
+
+
+def test_every_user_number_goes_through_the_door(measure):
+    """Every int()/float() of text under torus_train/ (an environment variable, a field by its key, a regex
+    group, a split, a str parameter) and every str.isdigit() is in usernumbers.py, or NOT_USER_NUMBERS names why
+    the text is no user's (the kernel's, a tool's own output, a file this run wrote, one checked already)."""
+    door = measure.measure()["number_door"]
+    unnamed = {k: v for k, v in door["unnamed"].items() if k not in NUMBERS_BEING_ROUTED}
+    assert unnamed == {}, f"text turned into a number outside torus_train/usernumbers.py: {unnamed}"
+    assert door["stale"] == [], f"NOT_USER_NUMBERS names code that converts no text: {door['stale']}"
+    assert not NUMBERS_BEING_ROUTED - set(door["unnamed"]), "NUMBERS_BEING_ROUTED names code routed already"
+
+
+@pytest.mark.parametrize(
+    ("code", "converts"),
+    [
+        ("def f(environ):\n    return int(environ['RANK'])", True),
+        ("def f(env):\n    return int(os.environ.get('X', '1'))", True),
+        ("def f():\n    return float(os.getenv('X'))", True),
+        ("def f(d):\n    return int(d['step'])", True),
+        ("def f(m):\n    return int(m.group(1) or 0)", True),
+        ("def f(text: str):\n    lo, _, hi = text.partition('-')\n    return int(lo)", True),
+        ("def f(text):\n    return [int(p) for p in text.split(',')]", True),
+        ("def f(env):\n    v = env.get('X', '')\n    return v.isdigit()", True),
+        ("def f(raw):\n    for n, line in enumerate(raw.decode().splitlines()):\n        int(line)", True),
+        ("def f(value: str | None):\n    return float(value)", True),
+        ("def f(x):\n    return int(x * 2)", False),
+        ("def f(xs):\n    return int(len(xs))", False),
+        ("def f(a):\n    return float(np.sqrt(a).mean())", False),
+        ("def f(environ):\n    return int(env_int(environ, 'X', 1, 4) or 1)", False),
+        ("def f(t):\n    return int(t.item())", False),
+    ],
+)
+def test_the_number_scan_knows_a_conversion_of_text(measure, code, converts):
+    fn = ast.parse(code).body[0]
+    tainted = measure._text_names(fn.body, measure._text_params(fn))
+    found = [c for c in measure._calls(fn.body) if measure.converts_text(c, tainted)]
+    assert bool(found) is converts, (code, tainted)
 
 
 @pytest.mark.parametrize(

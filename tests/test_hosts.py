@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from torus_train.errors import UserError
 from torus_train.job.hosts import (
     Host,
     HostsError,
@@ -32,7 +35,11 @@ def test_pbs_nodefile_one_line_per_slot():
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("node01 slots=four\n", "hostfile:1: 'slots=four' needs a positive integer"),
+        ("node01 slots=four\n", "hostfile:1 slots: 'four' is not a whole number; give an integer from 1 to 4096"),
+        ("node01 slots=\u00b2\n", "hostfile:1 slots: '\u00b2' is not a whole number"),
+        ("node01 slots=4 max_slots=\u00b2\n", "hostfile:1 max_slots: '\u00b2' is not a whole number"),
+        ("node01 slots=" + "9" * 5000 + "\n", "hostfile:1 slots: '99999999999999999999'...(5000 characters)"),
+        ("node01 slots=0\n", "hostfile:1 slots: 0 is out of range; give an integer from 1 to 4096"),
         ("node01 cpus=4\n", "unknown option 'cpus=4'"),
         ("node01:4\n", "is not a host line"),
         ("\n# nothing\n", "lists no hosts"),
@@ -63,10 +70,44 @@ def test_slurm_nodelists(text, expected):
     assert expand_nodelist(text) == expected
 
 
-@pytest.mark.parametrize("text", ["node[1-", "node]1[", "node[a-b]", "node[5-3]"])
+@pytest.mark.parametrize("text", ["node[1-", "node]1[", "node[a-b]", "node[5-3]", "node[]", "n[\u00b2]", "n[1-2]]"])
 def test_bad_slurm_nodelists(text):
-    with pytest.raises(HostsError):
+    with pytest.raises(UserError, match=r"^SLURM_JOB_NODELIST "):
         expand_nodelist(text)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("node[0-99999999]", "names 100,000,000 nodes, more than the 1,048,576 allowed"),
+        ("a[1-9999]b[1-9999]c[1-9999]", "names 999,700,029,999 nodes"),
+        ("n" + "[1-2]" * 40, "names 1,099,511,627,776 nodes"),
+        ("a[" * 40 + "1" + "]" * 40, "nested brackets"),
+        ("n[1-" + "9" * 5000 + "]", "bad range"),
+    ],
+)
+def test_node_lists_are_counted_before_they_are_expanded(text, why):
+    """The issue's hang: a node list is refused in one line before anything is expanded, not after 40 s and
+    gigabytes (or never, for nested brackets)."""
+    with pytest.raises(UserError, match=f"^SLURM_JOB_NODELIST .*{re.escape(why)}"):
+        slurm_hosts({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": text})
+
+
+def test_node_list_is_bounded_by_the_allocation():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_NUM_NODES": "2"}
+    with pytest.raises(UserError, match=r"^SLURM_JOB_NODELIST 'n\[1-3\]': names 3 nodes, more than the 2 allowed$"):
+        slurm_hosts(env)
+    assert [h.name for h in slurm_hosts({**env, "SLURM_JOB_NUM_NODES": "3"})] == ["n1", "n2", "n3"]
+    with pytest.raises(UserError, match=r"^SLURM_TASKS_PER_NODE: 99999 is out of range"):
+        slurm_hosts({**env, "SLURM_JOB_NUM_NODES": "3", "SLURM_TASKS_PER_NODE": "4(x99999)"})
+
+
+@pytest.mark.parametrize("name", ["SLURM_NTASKS_PER_NODE", "SLURM_GPUS_ON_NODE", "SLURM_JOB_NUM_NODES"])
+@pytest.mark.parametrize("value", ["\u00b2", "9" * 5000, "0"])
+def test_slurm_counts_are_refused_by_name(name, value):
+    with pytest.raises(UserError, match=f"^{name}: "):
+        slurm_hosts({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", name: value})
 
 
 def test_slurm_tasks_per_node_and_allocation():

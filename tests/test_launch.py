@@ -275,7 +275,7 @@ def test_grid_from_hosts_and_flags():
 def test_capacity_errors():
     with pytest.raises(HostsError, match=re.escape("hosts.txt offers 8 slots on 2 hosts but the job needs 16 ranks")):
         check_capacity("mpirun", Grid(4, 4, 4), hosts(2), "hosts.txt", 0, 2)
-    with pytest.raises(HostsError, match="host node002 offers 2 slots but gpus_per_node is 4"):
+    with pytest.raises(HostsError, match="host node002 offers 2 slots but --gpus-per-node is 4"):
         check_capacity(
             "mpirun", Grid(4, 2, 4), [Host("node001", 4), Host("node002", 2), Host("n3", 4)], "hosts.txt", 0, 2
         )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torus_train.errors import RunFailed
+from torus_train.errors import RunFailed, UserError
 from torus_train.job.hosts import Host
 from torus_train.job.launch import LaunchError, build_plan, plan_launch
 from torus_train.job.launchers.srun import fewest_per_node, gpus_said
@@ -92,7 +92,13 @@ def test_srun_binding_follows_the_backend_and_what_slurm_says(environ, fields, g
 
 def test_slurm_variables_read():
     assert fewest_per_node("40(x544)") == 40 and fewest_per_node("72(x2),36") == 36 and fewest_per_node("8") == 8
-    assert fewest_per_node("") == 0 and fewest_per_node("forty") == 0 and fewest_per_node("4(x2),?") == 0
+    assert fewest_per_node("") == 0
+    for text in ("forty", "4(x2),?", "\u00b2", "9" * 5000, "0"):
+        with pytest.raises(UserError, match=r"^SLURM_JOB_CPUS_PER_NODE"):
+            fewest_per_node(text)
+    with pytest.raises(UserError, match=r"^SLURM_GPUS_ON_NODE: '99999999999999999999'...[(]5000 characters[)] is not"):
+        gpus_said("SLURM_GPUS_ON_NODE", "9" * 5000)
+    assert gpus_said("SLURM_GPUS_ON_NODE", "\u00b2") is None  # not a count: the next variable is asked
     assert gpus_said("SLURM_GPUS_ON_NODE", "4") == 4 and gpus_said("SLURM_GPUS_ON_NODE", "") is None
     assert gpus_said("SLURM_JOB_GPUS", "0,1") == 2 and gpus_said("SLURM_JOB_GPUS", "") is None
     assert gpus_said("SLURM_GPUS_PER_NODE", "gpu:v100:4") == 4 and gpus_said("SLURM_GPUS_PER_NODE", "a:2,b:2") == 4

@@ -122,7 +122,7 @@ def test_bad_network_file_names_the_field(tmp_path, section, key, value):
     f.write_text(text + "[images_per_second]\nresnet50 = 1000\n")
     r = run_cli("--gpus", "64", "--network", str(f))
     assert r.returncode == 2
-    assert f"{section}.{key}: {value}" in r.stderr and str(f) in r.stderr, r.stderr
+    assert f"[{section}] {key}: {value}" in r.stderr and str(f) in r.stderr, r.stderr
     f.write_text(text.replace(f"= {value}\n", "= 40\n") + "[images_per_second]\nresnet50 = 1000\n")
     ok = run_cli("--gpus", "64", "--network", str(f))
     assert ok.returncode == 0 and "network net" in ok.stdout, ok.stderr

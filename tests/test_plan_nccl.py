@@ -116,9 +116,9 @@ def test_unknown_or_absent_algorithm_is_a_user_error():
         "intra": {"bandwidth_gbytes_per_s": 50, "latency_us": 2},
         "inter": {"bandwidth_gbytes_per_s": 12.5, "latency_us": 2},
     }
-    with pytest.raises(UserError, match=re.escape("nccl.generation")):
+    with pytest.raises(UserError, match=re.escape("[nccl] generation")):
         network_from_dict({**base, "nccl": {"generation": "kepler"}})
-    with pytest.raises(UserError, match=re.escape("nccl.switches")):
+    with pytest.raises(UserError, match=re.escape("[nccl] switches")):
         network_from_dict({**base, "nccl": {"switches": 2}})
     assert network_from_dict({**base, "nccl": {"generation": "hopper", "nvswitch": True}}).nccl.nvswitch
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from torus_train.plan.networks import PRESETS, NetworkError, load_network, network_from_dict
@@ -26,7 +28,43 @@ def test_bad_network_figures_name_the_field(field, value):
     }
     sec, _, key = field.rpartition(".")
     (d[sec] if sec else d)[key] = value
-    with pytest.raises(NetworkError, match=f"mynet.{field.replace('.', '[.]')}: {value}"):
+    shown = f"[{sec}] {key}" if sec else key
+    with pytest.raises(NetworkError, match=f"^mynet {re.escape(shown)}: {value} is out of range; give "):
+        network_from_dict(d, where="mynet")
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        (
+            "gpus_per_node",
+            10**30,
+            "mynet gpus_per_node: a 31-digit number is out of range; give an integer from 1 to 1024",
+        ),
+        ("nics_per_node", 1e308, "mynet nics_per_node: 1e+308 is out of range; give an integer from 1 to 256"),
+        ("nics_per_node", 2.5, "mynet nics_per_node: 2.5 is not a whole number"),
+        ("gpus_per_node", "8", "mynet gpus_per_node: '8' is not an integer"),
+        ("gpus_per_node", True, "mynet gpus_per_node: 'True' is not an integer"),
+        ("inter.bandwidth_gbytes_per_s", float("nan"), "mynet [inter] bandwidth_gbytes_per_s: nan is not a finite"),
+        ("inter.bandwidth_gbytes_per_s", 1e300, "mynet [inter] bandwidth_gbytes_per_s: 1e+300 is out of range"),
+        ("intra.latency_us", float("inf"), "mynet [intra] latency_us: inf is not a finite number"),
+        ("reduce_gbytes_per_s", 0, "mynet reduce_gbytes_per_s: 0 is out of range; give a number > 0"),
+        ("sources", 5, "mynet sources: '5' must be a list of strings"),
+        ("sources", [1], "mynet sources: '[1]' must be a list of strings"),
+    ],
+)
+def test_network_fields_are_bounded_and_named(field, value, message):
+    """The issue's TypeError (sources = 5) and OverflowErrors in the cost model (gpus_per_node = 10**30,
+    nics_per_node = 1e308): each is one line naming the file and the field."""
+    d = {
+        "gpus_per_node": 4,
+        "nics_per_node": 2,
+        "intra": {"bandwidth_gbytes_per_s": 50, "latency_us": 2},
+        "inter": {"bandwidth_gbytes_per_s": 12.5, "latency_us": 2},
+    }
+    sec, _, key = field.rpartition(".")
+    (d[sec] if sec else d)[key] = value
+    with pytest.raises(NetworkError, match=f"^{re.escape(message)}"):
         network_from_dict(d, where="mynet")
 
 

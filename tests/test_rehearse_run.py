@@ -51,7 +51,7 @@ def test_a_spec_without_a_grid_and_a_rank_outside_the_world_are_refused(tmp_path
     code, _, err, _ = rehearse(tmp_path, "--spec", str(ROOT / "torus_train/specs/default.toml"), "--set", "grid.grid=")
     assert_one_line_error(code, err, "the spec has no grid.grid")
     code, _, err, _ = rehearse(tmp_path, "--spec", str(ROOT / "torus_train/specs/default.toml"), "--ranks", "0,2")
-    assert_one_line_error(code, err, "'2' is not a rank of this world (0..1)")
+    assert_one_line_error(code, err, "--ranks: 2 is out of range; give an integer from 0 to 1")
 
 
 @pytest.mark.slow

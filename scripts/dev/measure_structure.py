@@ -355,6 +355,169 @@ def door_bypasses(trees: dict[Path, ast.AST]) -> dict:
     }
 
 
+# The number door: the one module that turns the text of an option, a variable or a file's field into a number.
+NUMBER_DOOR = ("usernumbers",)
+TEXT_METHODS = {
+    "decode",
+    "get",
+    "getenv",
+    "group",
+    "partition",
+    "pop",
+    "read",
+    "read_text",
+    "readline",
+    "removeprefix",
+    "removesuffix",
+    "rpartition",
+    "rsplit",
+    "rstrip",
+    "split",
+    "splitlines",
+    "lstrip",
+    "strip",
+}
+"""Calls whose result is (or holds) text: a mapping's or the environment's value, a regex group, a split."""
+PASS_THROUGH = {"enumerate", "iter", "list", "reversed", "sorted", "str", "tuple", "zip"}
+"""Calls whose result holds their arguments' items: text in, text out."""
+DIGIT_TESTS = {"isdigit", "isdecimal", "isnumeric"}
+"""str.isdigit takes "²", which int() refuses: a test of this kind before int() is the door's job."""
+
+# Conversions of text to a number outside the door, by "module:function": each converts text no user wrote (the
+# reason beside it). Everything else goes through torus_train/usernumbers.py.
+NOT_USER_NUMBERS = {
+    "commands.bench_input:check_device": "--device's N after a regex of 1 to 4 ASCII digits",
+    "data.layouts.archives:_val_wnids": "an image name's number after a regex of 8 ASCII digits (VAL_NAME)",
+    "data.layouts.archives:ground_truth": "a line after a regex of 1 to 9 ASCII digits (GROUND_TRUTH_ID)",
+    "data.layouts.archives:parse_meta_mat": "numbers scipy read from meta.mat (MATLAB numbers, not text)",
+    "data.packed:Packed.bytes": "a packed index's field, checked as an int by userfiles.check (INDEX_FIELDS)",
+    "data.packed:Packed.shard_files": "a packed index's field, checked as an int by userfiles.check (SHARD_FIELDS)",
+    "data.packed:Packed.split": "a packed index's field, checked as an int by userfiles.check (SHARD_FIELDS)",
+    "job.launch:usable_cpus": "the cgroup's CPU quota files under /sys/fs/cgroup, the kernel's",
+    "job.launchers.mpirun:Mpirun.culprit": "mpirun's own stderr line (rank and signal numbers it printed)",
+    "job.launchers.rendezvous:ephemeral_range": "/proc/sys/net/ipv4/ip_local_port_range, the kernel's",
+    "job.launchers.srun:Srun.culprit": "srun's own stderr line (the task number it printed)",
+    "job.spec:_check_names": "whether a name starts with a digit (an identifier rule, no number read)",
+    "job.topology:parse_grid": "X and Y after _GRID_RE's 1 to 12 digits a side (int() takes any of them)",
+    "plan.grids:choose_grid_and_cap": "a candidate's grid text, written by this module from a Grid",
+    "plan.grids:why_chosen": "a candidate's grid text, written by this module from a Grid",
+    "plan.rehearse.rank:main": "OMP_NUM_THREADS, set to 1 by the rehearsal that started this rank",
+    "plan.rehearse.summary:nbytes": "a trace event a rehearsal rank of this command wrote",
+    "ranks.bootstrap:_arch": "CUDA architecture names torch reports (sm_90a)",
+    "ranks.heartbeat:die_with_parent": "TORUS_TRAIN_PARENT_PID, set by the local launcher that started this rank",
+    "ranks.heartbeat:read_beats": "a rank's heartbeat file of this run",
+    "ranks.rundir:resume_epoch": "the checkpoint manifest this run wrote",
+    "train.checkpoint:list_checkpoints": "a checkpoint's file name, written by this run (_NAME's digits)",
+    "train.checkpoint:ref_from_verdict": "a checkpoint manifest this run wrote, verified against its hash",
+    "train.optim:DeviceLR.load_state_dict": "the optimizer's own learning rate (a number in torch's param_groups)",
+    "train.optim:DeviceLR.state_dict": "the optimizer's own learning rate (a number in torch's param_groups)",
+    "train.optim:DeviceLR.use_device_lr": "the optimizer's own learning rate (a number in torch's param_groups)",
+    "train.state:hand_to_node": "a checkpoint manifest this run wrote",
+}
+
+
+def _is_text(node: ast.AST, tainted: set[str]) -> bool:
+    """Whether the expression ``node`` is text (or a value read from a file or the environment): a name that
+    holds text in its function, the environment, a field by its string key (``d["rank"]``), a TEXT_METHODS call
+    or any method of text (``s.strip()``), an item of text (``parts[0]``), ``a or b`` of text. Arithmetic and
+    other calls make numbers: a conversion of their result is not one of text."""
+    if isinstance(node, ast.Name):
+        return node.id in tainted or node.id == "environ"
+    if isinstance(node, ast.Attribute):
+        return node.attr == "environ" or _is_text(node.value, tainted)
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+        return (isinstance(key, ast.Constant) and isinstance(key.value, str)) or _is_text(node.value, tainted)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr in TEXT_METHODS or _is_text(node.func.value, tainted)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PASS_THROUGH:
+        return any(_is_text(a, tainted) for a in node.args)
+    if isinstance(node, ast.BoolOp):
+        return any(_is_text(v, tainted) for v in node.values)
+    if isinstance(node, ast.IfExp):
+        return _is_text(node.body, tainted) or _is_text(node.orelse, tainted)
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
+        inner = tainted | {t for g in node.generators if _is_text(g.iter, tainted) for t in _targets(g.target)}
+        return _is_text(node.elt, inner)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return any(_is_text(e, tainted) for e in node.elts)
+    return False
+
+
+def _targets(node: ast.AST) -> list[str]:
+    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]
+
+
+def _text_params(node: ast.AST) -> set[str]:
+    """A function's parameters annotated as text (``str``, ``str | None``)."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return set()
+    a = node.args
+    params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+    return {p.arg for p in params if p.annotation is not None and ast.unparse(p.annotation) in TEXT_ANNOTATIONS}
+
+
+TEXT_ANNOTATIONS = {"str", "str | None", "Optional[str]"}
+
+
+def _text_names(scope: list[ast.stmt], tainted: set[str]) -> set[str]:
+    """Names that hold text in a scope: parameters annotated as text (``tainted``), and names assigned (=, :=,
+    for, a comprehension) from text, to a fixed point."""
+    nodes = []
+    stack: list[ast.AST] = [n for n in scope if not isinstance(n, _SCOPES)]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, _SCOPES))
+    pairs = []
+    for n in nodes:
+        if isinstance(n, ast.Assign):
+            pairs += [(t, n.value) for t in n.targets]
+        elif isinstance(n, (ast.AnnAssign, ast.NamedExpr)) and n.value is not None:
+            pairs.append((n.target, n.value))
+        elif isinstance(n, (ast.For, ast.comprehension)):
+            pairs.append((n.target, n.iter))
+    while True:
+        new = {name for target, value in pairs if _is_text(value, tainted) for name in _targets(target)} - tainted
+        if not new:
+            return tainted
+        tainted |= new
+
+
+def converts_text(call: ast.Call, tainted: set[str]) -> bool:
+    """Whether ``call`` turns text into a number: int() or float() of text, or a str.isdigit-like test."""
+    f = call.func
+    if isinstance(f, ast.Attribute):
+        return f.attr in DIGIT_TESTS
+    return isinstance(f, ast.Name) and f.id in ("int", "float") and bool(call.args) and _is_text(call.args[0], tainted)
+
+
+def number_conversions(trees: dict[Path, ast.AST]) -> dict[str, list[str]]:
+    """ "module:function" -> the calls in it that turn text into a number (converts_text), outside the door."""
+    found: dict[str, list[str]] = {}
+    for path, tree in trees.items():
+        name = module_name(path)
+        if name in NUMBER_DOOR:
+            continue
+        for qual, node in [("<module>", tree), *_functions(tree, "")]:
+            tainted = _text_names(node.body, _text_params(node))
+            for call in _calls(node.body):
+                if converts_text(call, tainted):
+                    found.setdefault(f"{name}:{qual}", []).append(f"{call.lineno}: {ast.unparse(call)[:80]}")
+    return found
+
+
+def number_door_bypasses(trees: dict[Path, ast.AST]) -> dict:
+    """The conversions outside the number door that NOT_USER_NUMBERS does not name, and its stale entries."""
+    found = number_conversions(trees)
+    names = {module_name(p) for p in trees}
+    return {
+        "conversions": found,
+        "unnamed": {k: v for k, v in sorted(found.items()) if k not in NOT_USER_NUMBERS},
+        "stale": sorted(k for k in NOT_USER_NUMBERS if k.split(":")[0] in names and k not in found),
+    }
+
+
 def module_name(path: Path) -> str:
     return ".".join(path.relative_to(PKG).with_suffix("").parts).removesuffix(".__init__")
 
@@ -481,6 +644,7 @@ def measure() -> dict:
         "modules_spelling_names": sorted({m for ms in spell.values() for m in ms}),
         "files_touched": files_touched(),
         "door": door_bypasses(trees),
+        "number_door": number_door_bypasses(trees),
     }
 
 
@@ -524,6 +688,15 @@ def main() -> int:
         print(f"  {key}: {'; '.join(calls)}")
     for key in door["stale"]:
         print(f"  stale NOT_USER_FILES entry: {key}")
+    nd = m["number_door"]
+    print(
+        f"text turned into numbers outside the door (usernumbers.py): {sum(map(len, nd['conversions'].values()))} "
+        f"in {len(nd['conversions'])} functions, {len(nd['unnamed'])} of them not in NOT_USER_NUMBERS"
+    )
+    for key, calls in nd["unnamed"].items():
+        print(f"  {key}: {'; '.join(calls)}")
+    for key in nd["stale"]:
+        print(f"  stale NOT_USER_NUMBERS entry: {key}")
     for section, files in m["files_touched"].items():
         print(f"files touched, {section}: {len(files)} ({', '.join(files)})")
     if args.json:

@@ -22,6 +22,7 @@ from torus_train.job.algorithms import BASELINE, runnable
 from torus_train.job.launchers.local import MAX_LOCAL_RANKS as LOCAL_RANKS_CAP
 from torus_train.job.topology import Grid, check_grid_size, choose_grid
 from torus_train.outfiles import Writer
+from torus_train.usernumbers import float_of
 
 DTYPES = {
     "float": "float32",
@@ -49,7 +50,7 @@ def parse_size(text: str, flag: str) -> int:
     if not m:
         raise UserError(f"{flag} {text!r} is not a size; use bytes with an optional K, M or G suffix, e.g. 1K or 64M")
     mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
-    value = float(m.group(1)) * mult
+    value = float_of(m.group(1), flag) * mult
     if not value >= 1:
         raise UserError(f"{flag} {text!r} must be at least 1 byte")
     if value > MAX_BYTES:

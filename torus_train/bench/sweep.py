@@ -12,14 +12,16 @@ import torch
 from torus_train.bench.allreduce import EPS, ITEMSIZE, ROUNDS, BenchConfig, Row, make_row
 from torus_train.comm.algos import allreduce
 from torus_train.comm.mpi.transport import MpiGrid
+from torus_train.job.launchers.base import MAX_CPUS
 from torus_train.job.topology import Grid
 from torus_train.ranks.distributed import init_distributed, shutdown
+from torus_train.usernumbers import env_int
 
 
 def measure(cfg: BenchConfig, grid: Grid, backend: str, timeout: float, on_ready, progress) -> list[Row]:
     """This rank's part of a sweep: its transport on ``grid`` (the MPI world, or torch.distributed groups made
     as a training rank makes them), on_ready(transport notes) once it is up, the sweep, the transport closed."""
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    torch.set_num_threads(env_int(os.environ, "OMP_NUM_THREADS", 1, MAX_CPUS) or 1)
     if backend == "mpi":
         comm = MpiGrid(grid)  # a dead MPI rank ends the job through mpirun
         finish = lambda: None  # noqa: E731

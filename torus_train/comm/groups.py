@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from torus_train.comm import collectives
 from torus_train.comm.shm import DEFAULT_CAPACITY, SETS, ShmRow
+from torus_train.comm.shm_size import piece_bytes
 from torus_train.comm.transport import RowExchange
 from torus_train.errors import UserError
 from torus_train.job.topology import Grid
@@ -174,9 +175,9 @@ def _host_id() -> str:
 
 def shm_capacity(x: int) -> int:
     """Bytes per slot of a row segment: up to 8 MiB, at most about 256 MiB per row in all (SETS x X slots)."""
-    env = os.environ.get("TORUS_TRAIN_SHM_PIECE_MB")
-    if env:
-        return max(64, int(float(env) * (1 << 20)) // 64 * 64)
+    asked = piece_bytes(os.environ)  # refused by name at the preflight, before any rank started
+    if asked is not None:
+        return asked
     return max(1 << 20, min(DEFAULT_CAPACITY, (256 << 20) // (SETS * x)) // 64 * 64)
 
 

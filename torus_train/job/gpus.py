@@ -36,6 +36,11 @@ from typing import TypeVar
 
 import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no py.typed marker
 
+from torus_train.usernumbers import int_of
+
+ULONG_MAX = (1 << 64) - 1
+"""What C's strtoul gives for a number past its range (CUDA reads CUDA_VISIBLE_DEVICES's entries with it)."""
+
 BACKENDS = ("auto", "nccl", "gloo")
 """comm.backend's values (run --backend): auto = NCCL where there are GPUs, else gloo."""
 UUID_PREFIXES = ("GPU-", "MIG-")
@@ -73,7 +78,8 @@ def _strtoul(text: str) -> int:
     n = len(digits) - len(digits.lstrip("0123456789"))
     if n == 0:
         return -1
-    value = int(digits[:n])
+    # past 19 digits strtoul saturates at ULONG_MAX: a GPU no driver lists, as CUDA reads it
+    value = int_of(digits[:n], "CUDA_VISIBLE_DEVICES") if n <= 19 else ULONG_MAX
     return -value if text.startswith("-") else value
 
 

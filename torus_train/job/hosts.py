@@ -15,9 +15,13 @@ from pathlib import Path
 
 from torus_train.errors import UserError
 from torus_train.userfiles import read_bytes
+from torus_train.usernumbers import MAX_NODES, NumberError, env_int, int_of, node_list, shown
 
 MAX_HOSTFILE_BYTES = 16 << 20
 """The largest hostfile read: a node file of 2,176 slots is some 50 KB."""
+
+MAX_SLOTS = 4096
+"""The most ranks one host may offer (a hostfile's slots=, a scheduler's tasks per node)."""
 
 HOSTFILE_FORMAT = "one host per line as 'host slots=K' (OpenMPI) or one line per slot (PBS node file)"
 
@@ -55,10 +59,12 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
         for opt in (m.group("rest") or "").split():
             key, _, value = opt.partition("=")
             if key in ("slots", "max_slots", "max-slots"):
-                if not value.isdigit() or int(value) < 1:
-                    raise HostsError(f"{source}:{lineno}: {opt!r} needs a positive integer, e.g. '{host} slots=4'")
+                try:
+                    count = int_of(value, f"{source}:{lineno} {key}", 1, MAX_SLOTS)
+                except NumberError as e:
+                    raise HostsError(f"{e}, e.g. '{host} slots=4'") from None
                 if key == "slots":
-                    n = int(value)
+                    n = count
             else:
                 raise HostsError(f"{source}:{lineno}: unknown option {opt!r}; expected {HOSTFILE_FORMAT}")
         slots[host] = slots.get(host, 0) + n
@@ -82,69 +88,31 @@ def read_hostfile(path: str | Path, what: str = "hostfile") -> list[Host]:
     return parse_hostfile(text, str(path))
 
 
-def _split_top(text: str) -> list[str]:
-    """Split on commas that are not inside brackets."""
-    parts: list[str] = []
-    cur: list[str] = []
-    depth = 0
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise HostsError(f"node list {text!r}: unbalanced ']'")
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if depth:
-        raise HostsError(f"node list {text!r}: unbalanced '['")
-    parts.append("".join(cur))
-    return [p.strip() for p in parts if p.strip()]
+def allocation_nodes(environ: Mapping[str, str]) -> int:
+    """The nodes of the Slurm allocation (``SLURM_JOB_NUM_NODES``, else ``SLURM_NNODES``), the most its node
+    list may expand to; MAX_NODES when neither says."""
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        count = env_int(environ, name, 1, MAX_NODES)
+        if count is not None:
+            return count
+    return MAX_NODES
 
 
-def _expand_one(item: str, whole: str) -> list[str]:
-    start = item.find("[")
-    if start < 0:
-        return [item]
-    end = item.index("]", start)
-    prefix, body, rest = item[:start], item[start + 1 : end], item[end + 1 :]
-    names: list[str] = []
-    for rng in body.split(","):
-        lo, sep, hi = rng.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise HostsError(f"node list {whole!r}: bad range {rng!r}; expected e.g. node[001-004,010]")
-        if not sep:
-            names.append(prefix + lo)
-            continue
-        a, b = int(lo), int(hi)
-        if b < a:
-            raise HostsError(f"node list {whole!r}: range {rng!r} runs backwards")
-        width = len(lo) if lo.startswith("0") else 0
-        names.extend(f"{prefix}{i:0{width}d}" for i in range(a, b + 1))
-    return [n + tail for n in names for tail in _expand_one(rest, whole)]
+def expand_nodelist(text: str, max_nodes: int = MAX_NODES, source: str = "SLURM_JOB_NODELIST") -> list[str]:
+    """Slurm's compressed node list -> host names, in order (``node[001-003]`` -> node001 node002 node003),
+    counted before it is expanded: more than ``max_nodes`` (the allocation's) is refused, and nested brackets."""
+    return node_list(text, source, max_nodes)
 
 
-def expand_nodelist(text: str) -> list[str]:
-    """Slurm's compressed node list -> host names, in order (``node[001-003]`` -> node001 node002 node003)."""
-    out: list[str] = []
-    for item in _split_top(text.strip()):
-        out.extend(_expand_one(item, text))
-    if not out:
-        raise HostsError(f"node list {text!r} is empty")
-    return out
-
-
-def expand_tasks_per_node(text: str) -> list[int]:
+def expand_tasks_per_node(text: str, max_nodes: int = MAX_NODES) -> list[int]:
     """``$SLURM_TASKS_PER_NODE`` (``4(x2),3``) -> [4, 4, 3]."""
     out: list[int] = []
     for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        m = re.fullmatch(r"\s*([0-9]+)(?:\(x([0-9]+)\))?\s*", part, re.ASCII)
         if not m:
-            raise HostsError(f"SLURM_TASKS_PER_NODE {text!r}: cannot read {part!r}; expected e.g. 4(x2),3")
-        out.extend([int(m.group(1))] * int(m.group(2) or 1))
+            raise HostsError(f"SLURM_TASKS_PER_NODE {shown(text)}: cannot read {shown(part)}; expected e.g. 4(x2),3")
+        repeat = int_of(m.group(2) or "1", "SLURM_TASKS_PER_NODE", 1, max_nodes - len(out))
+        out.extend([int_of(m.group(1), "SLURM_TASKS_PER_NODE", 0, MAX_SLOTS)] * repeat)
     return out
 
 
@@ -156,14 +124,17 @@ def slurm_hosts(environ: Mapping[str, str]) -> list[Host]:
             "SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not; run inside an allocation "
             "(sbatch/salloc) or pass --launcher and --hostfile"
         )
-    names = expand_nodelist(nodelist)
+    nodes = allocation_nodes(environ)
+    names = expand_nodelist(
+        nodelist, nodes, "SLURM_JOB_NODELIST" if environ.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    )
     if environ.get("SLURM_TASKS_PER_NODE"):
-        counts = expand_tasks_per_node(environ["SLURM_TASKS_PER_NODE"])
+        counts = expand_tasks_per_node(environ["SLURM_TASKS_PER_NODE"], nodes)
         if len(counts) == len(names):
             return [Host(n, k) for n, k in zip(names, counts, strict=True)]
-    per = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_GPUS_ON_NODE") or "1"
-    k = int(per) if per.isdigit() else 1
-    return [Host(n, k) for n in names]
+    name = next((v for v in ("SLURM_NTASKS_PER_NODE", "SLURM_GPUS_ON_NODE") if environ.get(v, "").strip()), "")
+    k = env_int(environ, name, 1, MAX_SLOTS) if name else 1
+    return [Host(n, k or 1) for n in names]
 
 
 def total_slots(hosts: list[Host]) -> int:

@@ -219,11 +219,12 @@ MIN_INPUT = {
 8 px); tests/test_preflight.py checks the table against torchvision."""
 
 
-def input_size_problem(arch: str, size: int) -> str:
-    """Why ``arch`` cannot take ``size`` px images ('' when it can), naming data.image_size."""
+def input_size_problem(arch: str, size: int, source: str = "data.image_size") -> str:
+    """Why ``arch`` cannot take ``size`` px images ('' when it can), naming ``source`` (the spec's field, or the
+    option that sets the size: `plan rehearse --image-size`)."""
     fixed, low = FIXED_INPUT.get(arch), MIN_INPUT.get(arch, 8)
     if fixed and size != fixed:
-        return f"data.image_size: {arch} takes only {fixed} px images, not {size}; set --image-size {fixed}"
+        return f"{source}: {arch} takes only {fixed} px images, not {size}; set --image-size {fixed}"
     if size < low:
-        return f"data.image_size: {arch} needs images of at least {low} px, not {size}"
+        return f"{source}: {arch} needs images of at least {low} px, not {size}"
     return ""

@@ -136,7 +136,7 @@ def read_benches(paths: str, flag: str = "BENCH.json") -> list[dict]:
             groups.setdefault((r["algo"], r["grid"], r["size_bytes"]), []).append(r)
     out = []
     for rows in groups.values():
-        good = [r for r in rows if int(r.get("wrong", 0)) == 0]
+        good = [r for r in rows if r["wrong"] == 0]  # read_bench made it an int
         use = good or rows
         merged = dict(use[0])
         merged["time_us"] = statistics.median(r["time_us"] for r in use)
@@ -156,7 +156,7 @@ def calibrate(
     g = host_grid(grid)
     steps, coeff = local_coefficients(algo, g)
     t = np.array([r["time_us"] * 1e-6 for r in used])
-    n = np.array([float(r["size_bytes"]) for r in used])
+    n = np.array([r["size_bytes"] for r in used], dtype=np.float64)  # read_bench gave ints (BENCH_ROW_FIELDS)
     a = np.stack([np.array([float(steps), coeff * s]) for s in n])
     alpha, beta = fit_relative(a, t, f"{flag}: {algo} on {grid}")
     check_bandwidth(beta, n, t, f"{flag}: {algo} on {grid}")
@@ -167,7 +167,7 @@ def calibrate(
         ",".join(sorted({str(r.get("backend", "?")) for r in used})),
         float(alpha * 1e6),
         float(1.0 / beta / 1e9),
-        [(int(r["size_bytes"]), float(r["time_us"])) for r in used],
+        [(r["size_bytes"], r["time_us"]) for r in used],
         len(rows) - len(used),
         float(np.sqrt(np.mean(((fit - t) / t) ** 2))),
     )
@@ -202,15 +202,20 @@ def fit_relative(a: np.ndarray, t: np.ndarray, where: str) -> np.ndarray:
 def rows_to_fit(
     rows: Sequence[dict], algo: str | None, grid: str | None, flag: str = "BENCH.json"
 ) -> tuple[str, str, list[dict]]:
-    """(algo, grid, rows) that calibrate fits: torus (else the first algorithm) unless named, its first grid
-    unless named, the rows with wrong == 0; raise UserError unless they hold two sizes or more."""
+    """(algo, grid, rows) that calibrate fits: torus (else the first algorithm) unless named, its first grid of
+    two ranks or more unless named, the rows with wrong == 0; raise UserError unless they hold two sizes or more."""
     algos = [r["algo"] for r in rows]
-    algo = algo or (DEFAULT if DEFAULT in algos else algos[0])
+    if algo is None:
+        algo = DEFAULT if DEFAULT in algos else algos[0]
     grids = [r["grid"] for r in rows if r["algo"] == algo]
     if not grids:
         raise UserError(f"{flag}: no rows for algo {algo!r} (present: {', '.join(sorted(set(algos)))})")
-    grid = grid or grids[0]
-    used = [r for r in rows if r["algo"] == algo and r["grid"] == grid and int(r.get("wrong", 0)) == 0]
+    grid = grid or next((g for g in grids if host_grid(g).size > 1), grids[0])
+    if host_grid(grid).size < 2:
+        raise UserError(
+            f"{flag}: {algo} on {grid}: one rank exchanges nothing, there is no time to fit; use rows of 2 ranks or more"
+        )
+    used = [r for r in rows if r["algo"] == algo and r["grid"] == grid and r["wrong"] == 0]
     if len({r["size_bytes"] for r in used}) < 2:
         raise UserError(
             f"{flag}: need rows at two or more sizes for {algo} on {grid} with wrong == 0, found {len(used)}"
@@ -258,15 +263,17 @@ def compare(cal: Fitted, rows: Sequence[dict], min_bytes: int = 0) -> list[Compa
     sorted by grid and size."""
     out = []
     for r in rows:
-        if r["algo"] != cal.algo or r["size_bytes"] < max(min_bytes, 1) or int(r.get("wrong", 0)) != 0:
+        if r["algo"] != cal.algo or r["size_bytes"] < max(min_bytes, 1) or r["wrong"] != 0:
             continue
         g = host_grid(r["grid"])
+        if g.size < 2:  # one rank: no exchange, no bus bandwidth (nccl-tests prints 0) to compare
+            continue
         measured = busbw_gbytes_per_s(g.size, r["size_bytes"], r["time_us"] * 1e-6)
         out.append(
             Comparison(
                 cal.algo,
                 str(g),
-                int(r["size_bytes"]),
+                r["size_bytes"],
                 measured,
                 cal.predict_busbw(g, r["size_bytes"]),
             )

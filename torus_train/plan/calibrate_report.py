@@ -35,18 +35,41 @@ class CalibrateRequest:
 def calibrate_report(req: CalibrateRequest, echo: Callable[[str], None] = print) -> dict:
     """Fit, echo the fit and its rows measured against fitted, then the predictions (--grid, or 2x4 without
     --compare) and the comparison (--compare). Returns {calibration, predictions?, comparison?} for JSON."""
+    check_given(req)
     rows = read_benches(req.bench, BENCH_ARG)
-    other = read_benches(req.compare, "--compare") if req.compare else None
+    other = read_benches(req.compare, "--compare") if req.compare is not None else None
+    targets = [target_grid(req.grid)] if req.grid is not None else ([] if other else [host_grid(DEFAULT_TARGET)])
     cal = calibrate(rows, algo=req.algo, flag=BENCH_ARG)
     for line in fit_lines(cal, req.bench):
         echo(line)
     out: dict = {"calibration": cal.__dict__}
-    targets = [host_grid(req.grid)] if req.grid else ([] if other else [host_grid(DEFAULT_TARGET)])
     if targets:
         out["predictions"] = predictions(cal, targets, [s for s, _ in cal.rows_used], echo)
-    if other is not None and req.compare:
+    if other is not None and req.compare is not None:
         out["comparison"] = comparison(cal, other, req.compare, echo)
     return out
+
+
+def check_given(req: CalibrateRequest) -> None:
+    """An option given as '' is refused, not read as not given (--algo '' would fit the default algorithm,
+    --compare '' would compare nothing)."""
+    for flag, value, example in (
+        ("--algo", req.algo, "torus"),
+        ("--grid", req.grid, "2x4"),
+        ("--compare", req.compare, "other.json"),
+    ):
+        if value is not None and not value.strip():
+            raise UserError(f"{flag} {value!r}: empty; give a value (e.g. {flag} {example}) or leave {flag} out")
+
+
+def target_grid(text: str) -> Grid:
+    """--grid: a grid of two ranks or more (one rank exchanges nothing: there is no time to predict)."""
+    g = host_grid(text)
+    if g.size < 2:
+        raise UserError(
+            f"--grid {text}: one rank exchanges nothing, so there is no all-reduce time to predict; give a grid of 2 ranks or more"
+        )
+    return g
 
 
 def fit_lines(cal: Calibration, bench: str) -> list[str]:
@@ -85,7 +108,7 @@ def comparison(cal: Calibration, rows: list[dict], path: str, echo: Callable[[st
     sizes >= 1 MiB are within 30%; returns them as JSON rows."""
     comp = compare(cal, rows)
     if not comp:
-        raise UserError(f"--compare: {path} has no rows of {cal.algo} with wrong == 0")
+        raise UserError(f"--compare: {path} has no rows of {cal.algo} on 2 ranks or more with wrong == 0")
     echo(f"{'grid':>6} {'size (B)':>10} {'measured GB/s':>14} {'predicted GB/s':>15} {'pred/meas':>10}")
     for c in comp:
         echo(f"{c.grid:>6} {c.size_bytes:>10} {c.measured_busbw:>14.4f} {c.predicted_busbw:>15.4f} {c.ratio:>10.2f}")

@@ -9,7 +9,6 @@ paper, named in ``sources``.
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from torus_train.errors import UserError
 from torus_train.userfiles import read_text
+from torus_train.usernumbers import NumberError, float_value, int_value
 
 
 class NetworkError(UserError):
@@ -24,6 +24,15 @@ class NetworkError(UserError):
 
 
 GENERATIONS = ("pascal", "volta", "ampere", "hopper")
+LINK_KEYS = ("bandwidth_gbytes_per_s", "latency_us")
+# Upper bounds of a network's figures, far above any machine's, so that the cost model's products stay finite
+MAX_NODE_GPUS = 1024
+MAX_NICS = 256
+MAX_GBYTES_PER_S = 1e6
+"""A link or a reduction at 1 PB/s."""
+MAX_LATENCY_US = 1e9
+"""A latency of some 17 minutes."""
+MAX_IMAGES_PER_S = 1e9
 """GPU generations: they select NCCL's per-architecture constants (pascal shares Volta's, without LL128)."""
 
 
@@ -43,12 +52,12 @@ class NcclHardware:
     def check(self, where: str = "nccl") -> NcclHardware:
         """Raise UserError naming the field when a value is unknown; return self."""
         if self.generation not in GENERATIONS:
-            raise UserError(f"{where}.generation: {self.generation!r}; use one of {', '.join(GENERATIONS)}")
+            raise UserError(f"{where} generation: {self.generation!r}; use one of {', '.join(GENERATIONS)}")
         if self.intra not in ("nvlink", "pci"):
-            raise UserError(f"{where}.intra: {self.intra!r}; use nvlink or pci")
+            raise UserError(f"{where} intra: {self.intra!r}; use nvlink or pci")
         for name in ("nvswitch", "sharp"):
             if not isinstance(getattr(self, name), bool):
-                raise UserError(f"{where}.{name}: {getattr(self, name)!r} must be true or false")
+                raise UserError(f"{where} {name}: {getattr(self, name)!r} must be true or false")
         return self
 
     @property
@@ -114,27 +123,29 @@ class Network:
     def check(self, where: str = "network") -> Network:
         """Raise NetworkError naming the field when a figure is not usable; return self."""
 
-        def positive(path: str, value: Any, integer: bool = False) -> None:  # what the TOML held
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            if integer:
-                ok = ok and float(value).is_integer()
-            if not ok or value <= 0:
-                kind = "a positive integer" if integer else "a positive number"
-                raise NetworkError(f"{where}.{path}: {value!r} must be {kind}")
-
-        positive("gpus_per_node", self.gpus_per_node, integer=True)
-        positive("nics_per_node", self.nics_per_node, integer=True)
-        positive("intra.bandwidth_gbytes_per_s", self.intra.bandwidth_gbytes_per_s)
-        positive("inter.bandwidth_gbytes_per_s", self.inter.bandwidth_gbytes_per_s)
-        positive("reduce_gbytes_per_s", self.reduce_gbytes_per_s)
-        for path, value in (("intra.latency_us", self.intra.latency_us), ("inter.latency_us", self.inter.latency_us)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-                raise NetworkError(f"{where}.{path}: {value!r} must be a number >= 0")
-        for model, ips in self.images_per_second.items():
-            positive(f"images_per_second.{model}", ips)
+        try:  # what the TOML held, through the number door, with upper bounds (cost.py multiplies them)
+            for path, value, kind, low, high in self._figures():
+                source = f"{where} {path}"
+                if kind is int:
+                    int_value(value, source, int(low), int(high))
+                else:
+                    float_value(value, source, low, high, low_open=low == 0 and "latency" not in path)
+        except NumberError as e:
+            raise NetworkError(str(e)) from None
         if self.nccl is not None:
-            self.nccl.check(f"{where}.nccl")
+            self.nccl.check(f"{where} [nccl]")
         return self
+
+    def _figures(self) -> list[tuple[str, Any, type, float, float]]:
+        """(field as a message names it, value, int or float, low, high) of every figure check() bounds."""
+        links = [(f"[{s}] {k}", getattr(getattr(self, s), k), k) for s in ("intra", "inter") for k in LINK_KEYS]
+        return [
+            ("gpus_per_node", self.gpus_per_node, int, 1, MAX_NODE_GPUS),
+            ("nics_per_node", self.nics_per_node, int, 1, MAX_NICS),
+            *[(p, v, float, 0, MAX_LATENCY_US if k == "latency_us" else MAX_GBYTES_PER_S) for p, v, k in links],
+            ("reduce_gbytes_per_s", self.reduce_gbytes_per_s, float, 0, MAX_GBYTES_PER_S),
+            *[(f"[images_per_second] {m}", v, float, 0, MAX_IMAGES_PER_S) for m, v in self.images_per_second.items()],
+        ]
 
     def describe(self) -> list[str]:
         """Printable lines with every parameter the prediction uses."""
@@ -296,10 +307,10 @@ def network_from_dict(data: dict, where: str = "network", default_name: str = "c
     intra, inter = (_link_from_dict(data.get(section), where, section) for section in ("intra", "inter"))
     for key in ("gpus_per_node", "nics_per_node"):
         if key not in data:
-            raise NetworkError(f"{where}.{key}: missing")
+            raise NetworkError(f"{where} {key}: missing")
     ips = data.get("images_per_second", {})
     if not isinstance(ips, dict):
-        raise NetworkError(f"{where}.images_per_second: {ips!r} must be a table of model = images per second")
+        raise NetworkError(f"{where} images_per_second: {str(ips)[:40]!r} must be a table of model = images per second")
     net = Network(
         name=str(data.get("name", default_name)),
         description=str(data.get("description", "")),
@@ -310,11 +321,18 @@ def network_from_dict(data: dict, where: str = "network", default_name: str = "c
         inter=inter,
         reduce_gbytes_per_s=data.get("reduce_gbytes_per_s", 300.0),
         images_per_second=dict(ips),
-        sources=tuple(str(s) for s in data.get("sources", ())),
+        sources=_sources(data.get("sources", []), where),
         nccl=_nccl_from_dict(data.get("nccl"), where),
     )
     net.check(where)
     return replace(net, gpus_per_node=int(net.gpus_per_node), nics_per_node=int(net.nics_per_node))
+
+
+def _sources(value: object, where: str) -> tuple[str, ...]:
+    """``sources``: a list of strings (where each figure comes from)."""
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise NetworkError(f"{where} sources: {str(value)[:40]!r} must be a list of strings, e.g. [\"datasheet\"]")
+    return tuple(value)
 
 
 def _nccl_from_dict(sec: object, where: str) -> NcclHardware | None:
@@ -324,18 +342,18 @@ def _nccl_from_dict(sec: object, where: str) -> NcclHardware | None:
     known = {"generation", "nvswitch", "sharp", "intra"}
     if not isinstance(sec, dict) or set(sec) - known:
         bad = sorted(set(sec) - known)[0] if isinstance(sec, dict) else "nccl"
-        raise NetworkError(f"{where}.nccl.{bad}: unknown key; use {', '.join(sorted(known))}")
+        raise NetworkError(f"{where} [nccl] {bad}: unknown key; use {', '.join(sorted(known))}")
     return NcclHardware(**sec)
 
 
 def _link_from_dict(sec: object, where: str, section: str) -> Link:
     """Table [section] ("intra" or "inter") as a Link; its figures are checked with the rest by Network.check."""
     if not isinstance(sec, dict):
-        raise NetworkError(f"{where}.{section}: missing table [{section}] with bandwidth_gbytes_per_s and latency_us")
+        raise NetworkError(f"{where} [{section}]: missing table with bandwidth_gbytes_per_s and latency_us")
     bad = sorted(set(sec) - {"bandwidth_gbytes_per_s", "latency_us"})
     if bad:
-        raise NetworkError(f"{where}.{section}.{bad[0]}: unknown key; use bandwidth_gbytes_per_s and latency_us")
+        raise NetworkError(f"{where} [{section}] {bad[0]}: unknown key; use bandwidth_gbytes_per_s and latency_us")
     for key in ("bandwidth_gbytes_per_s", "latency_us"):
         if key not in sec:
-            raise NetworkError(f"{where}.{section}.{key}: missing")
+            raise NetworkError(f"{where} [{section}] {key}: missing")
     return Link(sec["bandwidth_gbytes_per_s"], sec["latency_us"])

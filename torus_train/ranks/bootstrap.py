@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from torus_train.errors import RunFailed
 from torus_train.job.launchers import read_rank, source_launcher
 from torus_train.job.rank import RankInfo
+from torus_train.usernumbers import env_int
 
 
 def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
@@ -44,8 +45,9 @@ def rendezvous(info: RankInfo, environ: Mapping[str, str] | None = None) -> tupl
     """(MASTER_ADDR, MASTER_PORT): from the environment; for ranks started by hand, from the launcher whose
     variables named the rank (srun: the Slurm variables; mpirun: rank 0's host and port over mpi4py)."""
     env = os.environ if environ is None else environ
-    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
-        return env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    port = env_int(env, "MASTER_PORT", 1, 65535)
+    if env.get("MASTER_ADDR") and port is not None:
+        return env["MASTER_ADDR"], port
     if info.world_size == 1:
         return "127.0.0.1", free_port()
     launcher = source_launcher(info.source)

@@ -12,13 +12,16 @@ adds one short line to the report that `--dry-run` prints. What it covers:
 * the data's classes against ``model.num_classes``, and ``val/``'s against ``train/``'s (from the index when
   one exists, else two directory reads: no per-file work).
 * ``data.stage = node``: a node-local folder named and writable (else the ranks fail after the launch).
+* our environment variables that the ranks read as numbers (TORUS_TRAIN_SHM_PIECE_MB).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from torus_train.comm.shm_size import PIECE_VARIABLE, piece_bytes
 from torus_train.errors import UserError
 from torus_train.job.legs import Leg, leg_spec
 from torus_train.job.models import input_size_problem
@@ -47,7 +50,15 @@ def preflight(
     lines.append(check_model_input(spec))
     lines.append(check_data_classes(spec, strict))
     lines.append(check_data_stage(spec, strict))
+    lines.append(check_environment(os.environ))
     return [line for line in lines if line]
+
+
+def check_environment(environ: Mapping[str, str]) -> str:
+    """Our variables that the ranks read as numbers, refused by name here rather than in every rank after the
+    launch (TORUS_TRAIN_SHM_PIECE_MB=abc crashed each rank as it made its shared-memory row)."""
+    piece = piece_bytes(environ)
+    return "" if piece is None else f"{PIECE_VARIABLE}: shared-memory row slots of {piece:,} bytes"
 
 
 def check_legs(spec: JobSpec, legs: list[Leg], first: int, first_plan, make_plan: Callable, strict: bool) -> list[str]:

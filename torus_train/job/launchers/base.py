@@ -18,12 +18,19 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from torus_train.errors import RunFailed, UserError
+from torus_train.errors import UserError
 from torus_train.job.hosts import Host, HostsError, total_slots
 from torus_train.job.rank import RankInfo
 from torus_train.job.topology import Grid
+from torus_train.usernumbers import env_int, int_of
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+MAX_WORLD = 1 << 20
+"""The most ranks a launcher's environment may say a world has (the largest jobs run some 10^5)."""
+MAX_CPUS = 1 << 16
+"""The most CPUs a scheduler's variable may say a node or a task has."""
+MAX_NODE_GPUS = 1024
+"""The most GPUs a scheduler's variable may say a node has."""
 DEFAULT_THREADS = 4
 """Threads per rank when neither the scheduler nor this machine says how many cores a rank's node has."""
 
@@ -48,12 +55,11 @@ class RankVars:
         or local size falls back to the global one (one node)."""
         if self.rank not in environ or self.size not in environ:
             return None
-        rank, size = int(environ[self.rank]), int(environ[self.size])
-        local = int(environ.get(self.local_rank, rank))
-        lsize = environ.get(self.local_size, "")
-        if not 0 <= rank < size:
-            raise RunFailed(f"{self.source} environment says rank {rank} of {size}")
-        return RankInfo(rank, size, local, int(lsize) if lsize.isdigit() else size, self.source)
+        size = int_of(environ[self.size], self.size, 1, MAX_WORLD)
+        rank = int_of(environ[self.rank], self.rank, 0, size - 1)
+        local = env_int(environ, self.local_rank, 0, size - 1)
+        local_size = env_int(environ, self.local_size, 1, size)
+        return RankInfo(rank, size, rank if local is None else local, local_size or size, self.source)
 
 
 @dataclass
@@ -204,12 +210,12 @@ class Launcher:
         if have < n:
             raise HostsError(
                 f"{where} offers {have} slots on {len(hosts)} hosts but the job needs {n} ranks "
-                f"(grid {grid}); add hosts or lower --gpus"
+                f"(grid {grid}); add hosts or lower --gpus/--grid"
             )
         small = [h for h in hosts[: grid.nodes] if h.slots < grid.gpus_per_node]
         if small:
             raise HostsError(
-                f"{where}: host {small[0].name} offers {small[0].slots} slots but gpus_per_node is "
+                f"{where}: host {small[0].name} offers {small[0].slots} slots but --gpus-per-node is "
                 f"{grid.gpus_per_node}; ranks are placed {grid.gpus_per_node} per node"
             )
 

@@ -11,8 +11,9 @@ import shlex
 from collections.abc import Mapping
 
 from torus_train.job.hosts import Host
-from torus_train.job.launchers.base import Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars
+from torus_train.job.launchers.base import MAX_WORLD, Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars
 from torus_train.job.topology import Grid
+from torus_train.usernumbers import env_int
 
 MAX_LOCAL_CPU_RANKS = 8
 """CPU ranks (no GPU) one machine runs at least, whatever its core count: gloo ranks time-share cores."""
@@ -26,10 +27,7 @@ RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 def torchrun_attempt(environ: Mapping[str, str]) -> int:
     """This rank's attempt under torchrun's restarts (0: the first, or not started by torchrun)."""
-    try:
-        return max(int(environ.get(RESTART_COUNT, "") or 0), 0)
-    except ValueError:
-        return 0
+    return env_int(environ, RESTART_COUNT, 0, MAX_WORLD) or 0
 
 
 class Local(Launcher):
@@ -62,12 +60,13 @@ class Local(Launcher):
         if n <= limit:  # the machine would hold them, but no machine is given more than the cap
             raise LaunchError(
                 f"{n} ranks: at most {MAX_LOCAL_RANKS} start on one machine; start more across nodes with "
-                "--hostfile FILE (mpirun) or from inside a Slurm or PBS job, or add --dry-run to only print the plan"
+                "--hostfile FILE (mpirun) or from inside a Slurm or PBS job, lower --gpus/--grid, or add --dry-run to "
+                "only print the plan"
             )
         elsewhere = (
             f"to launch grid {grid} pass --hostfile FILE ('host slots=K' per node, e.g. K=4 for "
             f"{math.ceil(n / 4)} nodes; mpirun), submit from inside a Slurm or PBS job (scripts/slurm/, "
-            "scripts/pbs/), or add --dry-run to only print the plan"
+            "scripts/pbs/), lower --gpus/--grid, or add --dry-run to only print the plan"
         )
         if local_gpus:  # NCCL runs one rank per GPU: two ranks on one device fail ("Duplicate GPU detected")
             raise LaunchError(

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 
 from torus_train.job.hosts import Host, read_hostfile
 from torus_train.job.launchers.base import (
+    MAX_CPUS,
     Launcher,
     LaunchError,
     LaunchPlan,
@@ -43,6 +44,7 @@ from torus_train.job.launchers.base import (
     threads_per_rank,
 )
 from torus_train.registry import load
+from torus_train.usernumbers import env_int
 
 OPENMPI = RankVars(
     "openmpi",
@@ -94,10 +96,10 @@ class Mpirun(Launcher):
 
     def scheduler_cpus(self, environ: Mapping[str, str], ranks_on_node: int) -> tuple[int, str] | None:
         """PBS: the cores of each node (``NCPUS``) shared among its ranks."""
-        ncpus = environ.get("NCPUS", "")
-        if environ.get("PBS_JOBID") and ncpus.isdigit() and int(ncpus) > 0:
-            return threads_per_rank(ranks_on_node, int(ncpus)), f"NCPUS={ncpus} over {ranks_on_node} ranks"
-        return None
+        ncpus = env_int(environ, "NCPUS", 1, MAX_CPUS) if environ.get("PBS_JOBID") else None
+        if ncpus is None:
+            return None
+        return threads_per_rank(ranks_on_node, ncpus), f"NCPUS={ncpus} over {ranks_on_node} ranks"
 
     @staticmethod
     def _where(req: PlanRequest) -> list[str]:

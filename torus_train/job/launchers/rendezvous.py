@@ -9,7 +9,10 @@ connection holds it.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
+
+from torus_train.usernumbers import int_of
 
 PORT_BAND = (20000, 32767)
 """Where rendezvous ports are drawn from: below Linux's default ephemeral range (32768-60999)."""
@@ -45,7 +48,8 @@ def rendezvous_port(key: str, ephemeral: tuple[int, int] = DEFAULT_EPHEMERAL) ->
     A key of digits (a Slurm job id) maps to lo + id mod width, so consecutive jobs get consecutive ports;
     any other key (the job file path) through sha256, which, unlike hash(), is the same in every process."""
     lo, hi = port_band(ephemeral)
-    n = int(key) if key.isdigit() else int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    digits = re.fullmatch("[0-9]{1,18}", key, re.ASCII)  # a job id; "²" or 5,000 digits are hashed as any key
+    n = int_of(key, "the job key") if digits else int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
     return lo + n % (hi - lo + 1)
 
 

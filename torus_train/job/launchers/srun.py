@@ -36,9 +36,21 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from torus_train.job.hosts import Host, expand_nodelist, read_hostfile, slurm_hosts
-from torus_train.job.launchers.base import Launcher, LaunchError, LaunchPlan, PlanRequest, RankVars
+from torus_train.job.hosts import Host, allocation_nodes, expand_nodelist, read_hostfile, slurm_hosts
+from torus_train.job.launchers.base import (
+    MAX_CPUS,
+    MAX_NODE_GPUS,
+    Launcher,
+    LaunchError,
+    LaunchPlan,
+    PlanRequest,
+    RankVars,
+)
 from torus_train.job.launchers.rendezvous import ephemeral_range, rendezvous_port
+from torus_train.usernumbers import NumberError, env_int, int_of, shown
+
+MAX_JOB_ID = 1 << 62
+"""The largest Slurm job or step id read (Slurm's own are 32-bit)."""
 
 # "srun: error: node2: task 3: Killed" (or "tasks 2-3")
 TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
@@ -58,9 +70,14 @@ def cpu_binding(cpus: int) -> list[str]:
 
 
 def fewest_per_node(text: str) -> int:
-    """The smallest count in ``$SLURM_JOB_CPUS_PER_NODE`` (``72(x2),36`` -> 36); 0 when it cannot be read."""
-    parts = [re.fullmatch(r"\s*(\d+)(?:\(x\d+\))?\s*", p) for p in text.split(",")]
-    return min(int(m.group(1)) for m in parts if m) if text.strip() and all(parts) else 0
+    """The smallest count in ``$SLURM_JOB_CPUS_PER_NODE`` (``72(x2),36`` -> 36); 0 when it is empty; NumberError
+    naming the variable when it is not in that form."""
+    if not text.strip():
+        return 0
+    parts = [re.fullmatch(r"\s*([^(]*?)\s*(?:\(x[0-9]+\))?\s*", p) for p in text.split(",")]
+    if not all(parts):
+        raise NumberError(f"SLURM_JOB_CPUS_PER_NODE {shown(text)}: expected counts like 72(x2),36")
+    return min(int_of(m.group(1), "SLURM_JOB_CPUS_PER_NODE", 1, MAX_CPUS) for m in parts if m)
 
 
 def gpus_said(name: str, value: str) -> int | None:
@@ -69,21 +86,25 @@ def gpus_said(name: str, value: str) -> int | None:
     if name == "SLURM_JOB_GPUS":
         return len([v for v in value.split(",") if v.strip()]) or None
     counts = [item.rsplit(":", 1)[-1].strip() for item in value.split(",")]
-    return sum(int(c) for c in counts) if all(c.isdigit() for c in counts) else None
+    if not all(re.fullmatch(r"[0-9]+", c, re.ASCII) for c in counts):  # a GPU type without a count (v100)
+        return None
+    return sum(int_of(c, name, 0, MAX_NODE_GPUS) for c in counts)
 
 
 def slurm_rendezvous(env: Mapping[str, str], ephemeral: tuple[int, int] | None = None) -> tuple[str, int] | None:
     """(first node of the step, port from job and step id) for ranks started by `srun` by hand; None outside
     a Slurm step. srun places rank 0 on the first node of the step's list (block and cyclic distributions)."""
     nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    job = env.get("SLURM_JOB_ID", "")
-    if not nodes or not job.isdigit():
+    job = env_int(env, "SLURM_JOB_ID", 0, MAX_JOB_ID)
+    if not nodes or job is None:
         return None
-    step = env.get("SLURM_STEP_ID", "0")
+    # SLURM_STEP_ID is not a number for the batch and extern steps ("batch", "extern"): 0 for them
+    step_text = env.get("SLURM_STEP_ID", "0")
+    step = int_of(step_text, "SLURM_STEP_ID", 0, MAX_JOB_ID) if re.match("[0-9]", step_text) else 0
     # job id x 16 + step: consecutive steps of one allocation get different ports; every node of a cluster
     # shares the ephemeral range, so every rank computes the same port
-    key = str(int(job) * 16 + (int(step) % 16 if step.isdigit() else 0))
-    return expand_nodelist(nodes)[0], rendezvous_port(key, ephemeral or ephemeral_range())
+    key = str(job * 16 + step % 16)
+    return expand_nodelist(nodes, allocation_nodes(env))[0], rendezvous_port(key, ephemeral or ephemeral_range())
 
 
 class Srun(Launcher):
@@ -125,9 +146,9 @@ class Srun(Launcher):
     def scheduler_cpus(self, environ: Mapping[str, str], ranks_on_node: int) -> tuple[int, str] | None:
         """The job's CPUs per task (``sbatch -c``), else the CPUs of the allocation's smallest node shared
         among its ranks."""
-        per_task = environ.get("SLURM_CPUS_PER_TASK", "")
-        if per_task.isdigit() and int(per_task) > 0:
-            return int(per_task), "SLURM_CPUS_PER_TASK"
+        per_task = env_int(environ, "SLURM_CPUS_PER_TASK", 1, MAX_CPUS)
+        if per_task is not None:
+            return per_task, "SLURM_CPUS_PER_TASK"
         per_node = environ.get("SLURM_JOB_CPUS_PER_NODE", "")
         share = fewest_per_node(per_node) // max(1, ranks_on_node)
         return (share, f"SLURM_JOB_CPUS_PER_NODE={per_node} over {ranks_on_node} ranks") if share else None

@@ -31,10 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torus_train.errors import RunFailed, UserError
+from torus_train.job.models import input_size_problem
 from torus_train.job.spec import JobSpec
-from torus_train.job.topology import Grid, parse_grid
+from torus_train.job.topology import Grid, check_grid_size, parse_grid
 from torus_train.plan.rehearse.rules import check_traces
 from torus_train.plan.rehearse.summary import communicator_counts, phase_table
+from torus_train.usernumbers import int_of
 
 IMAGE_SIZE = 32
 """Rehearsed images are this many pixels a side: the model and its parameters are the job's, the arithmetic small."""
@@ -66,17 +68,27 @@ def job_grid(spec: JobSpec) -> Grid:
             "plan rehearse: the spec has no grid.grid (e.g. grid = \"32x68\"); the rehearsal plays its ranks"
         )
     g = parse_grid(spec.grid.grid)
+    if spec.grid.gpus:  # as `run` refuses it: the world is grid.gpus ranks, and the grid must hold them
+        check_grid_size(g, spec.grid.gpus, "grid.gpus")
     return Grid(g.x, g.y, spec.grid.gpus_per_node or 1)
+
+
+def check_image_size(spec: JobSpec, image_size: int) -> None:
+    """Before any rank starts: the job's model takes the rehearsal's images (the run's preflight check,
+    naming --image-size); otherwise every rank would fail in its first forward pass."""
+    problem = input_size_problem(spec.model.arch, image_size, "--image-size")
+    if problem:
+        raise UserError(problem)
 
 
 def parse_ranks(text: str, world: int) -> list[int]:
     """'0,31,32' -> [0, 31, 32] (rank 0 always included: it runs first); UserError naming a bad entry."""
-    ranks = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        if not part.isdigit() or not 0 <= int(part) < world:
-            raise UserError(f"--ranks: {part!r} is not a rank of this world (0..{world - 1})")
-        ranks.add(int(part))
-    return sorted(ranks | {0})
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise UserError(
+            f"--ranks {text!r}: names no rank; give ranks of this world (0 to {world - 1}), e.g. 0,{world - 1}"
+        )
+    return sorted({int_of(part, "--ranks", 0, world - 1) for part in parts} | {0})
 
 
 def rehearsal_table(spec: JobSpec, world: int, image_size: int, out: Path) -> dict:
@@ -101,6 +113,7 @@ def rehearse(req: RehearsalRequest, echo: Callable[[str], None]) -> dict:
     """Both legs for every chosen rank, the rules over their traces, the table; RunFailed when a rank's
     rehearsal failed (its log named)."""
     grid = job_grid(req.spec)
+    check_image_size(req.spec, req.image_size)
     req.folder.mkdir(parents=True, exist_ok=True)
     table = rehearsal_table(req.spec, grid.size, req.image_size, req.folder / "run")
     (req.folder / "run" / "logs").mkdir(parents=True, exist_ok=True)  # as `run` makes it before the ranks start
