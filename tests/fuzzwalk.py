@@ -178,7 +178,8 @@ class _Constants:
 
 def _loop_bindings(func: ast.AST, resolve) -> dict[str, list[str]]:
     """Names bound by a for loop or comprehension over a literal or a constant (``for name in ENV_DIRS``,
-    ``for name, value in TABLE.items()``): the strings each may hold."""
+    ``for name, value in TABLE.items()``), or assigned an expression of string literals: the strings each may
+    hold."""
     bound: dict[str, list[str]] = {}
     for node in ast.walk(func):
         targets = []
@@ -192,24 +193,47 @@ def _loop_bindings(func: ast.AST, resolve) -> dict[str, list[str]]:
             values = resolve(it)
             if values and isinstance(target, ast.Name):
                 bound[target.id] = values
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            # name = next((v for v in ("A", "B") if ...), ""): the names the expression can give
+            held = [c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+            if [h for h in held if h]:
+                bound.setdefault(node.targets[0].id, [h for h in held if h])
     return bound
 
 
 def env_reads(root: Path) -> EnvScan:
     """Every environment variable the Python files under ``root`` read, by name; an f-string name with a fixed
-    start and a part worked out at run time is kept as a prefix."""
+    start and a part worked out at run time is kept as a prefix. A function that reads the variable its caller
+    names (``env_int(environ, "SLURM_GPUS_ON_NODE")``) is an accessor: its callers' arguments are the names."""
     trees = {p: ast.parse(p.read_text(), str(p)) for p in sorted(root.rglob("*.py"))}
     consts = _Constants(trees)
-    scan = EnvScan()
-    for path, tree in trees.items():
-        for func, reads in _reads_by_scope(tree):
-            scope = _Scope(consts, consts.by_module[path], func)
-            for node, key in reads:
-                scope.record(key, f"{path.relative_to(root.parent)}:{node.lineno}", scan)
-    return scan
+    accessors: dict[str, tuple[int, str]] = {}
+    while True:
+        scan, found = EnvScan(), dict(accessors)
+        for path, tree in trees.items():
+            for func, reads in _reads_by_scope(tree, accessors):
+                scope = _Scope(consts, consts.by_module[path], func)
+                for node, key in reads:
+                    where = f"{path.relative_to(root.parent)}:{node.lineno}"
+                    if not scope.record(key, where, scan) and _accessor(func, key):
+                        found.update(_accessor(func, key))
+                        scan.unresolved.pop()  # named at its call sites instead
+        if found == accessors:
+            return scan
+        accessors = found
 
 
-def _reads_by_scope(tree: ast.Module) -> Iterator[tuple[ast.AST, list[tuple[ast.AST, ast.AST]]]]:
+def _accessor(func: ast.AST, key: ast.AST) -> dict[str, tuple[int, str]]:
+    """{function name: (position, name) of the parameter it reads} when ``key`` is one of its parameters."""
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or not isinstance(key, ast.Name):
+        return {}
+    params = [a.arg for a in func.args.posonlyargs + func.args.args]
+    return {func.name: (params.index(key.id), key.id)} if key.id in params else {}
+
+
+def _reads_by_scope(
+    tree: ast.Module, accessors: dict[str, tuple[int, str]]
+) -> Iterator[tuple[ast.AST, list[tuple[ast.AST, ast.AST]]]]:
     """(scope, its environment reads): the module and each function, a read counted in its innermost one."""
     stack: list[tuple[ast.AST, list]] = [(tree, [])]
     found = []
@@ -218,7 +242,7 @@ def _reads_by_scope(tree: ast.Module) -> Iterator[tuple[ast.AST, list[tuple[ast.
         own = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
         if own:
             stack.append((node, []))
-        key = _key_of_read(node)
+        key = _key_of_read(node) or _accessor_key(node, accessors)
         if key is not None:
             stack[-1][1].append((node, key))
         for child in ast.iter_child_nodes(node):
@@ -230,6 +254,20 @@ def _reads_by_scope(tree: ast.Module) -> Iterator[tuple[ast.AST, list[tuple[ast.
         visit(child)
     found.append(stack.pop())
     return iter(found)
+
+
+def _accessor_key(node: ast.AST, accessors: dict[str, tuple[int, str]]) -> ast.AST | None:
+    """The name argument of a call to an accessor (by its position or keyword), else None."""
+    if not isinstance(node, ast.Call):
+        return None
+    f = node.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    if name not in accessors:
+        return None
+    index, param = accessors[name]
+    if index < len(node.args):
+        return node.args[index]
+    return next((k.value for k in node.keywords if k.arg == param), None)
 
 
 class _Scope:
@@ -253,17 +291,19 @@ class _Scope:
                 return ["".join(p) for p in itertools.product(*typing.cast(list, parts))]
         return None
 
-    def record(self, key: ast.AST, where: str, scan: EnvScan) -> None:
+    def record(self, key: ast.AST, where: str, scan: EnvScan) -> bool:
+        """Add the read to ``scan``; False when its name could not be worked out."""
         names = self.resolve(key)
         if names:
             for n in names:
                 scan.names.setdefault(n, []).append(where)
-            return
+            return True
         first = key.values[0] if isinstance(key, ast.JoinedStr) and key.values else None
         if isinstance(first, ast.Constant) and str(first.value):
             scan.prefixes.setdefault(str(first.value), []).append(where)
-            return
+            return True
         scan.unresolved.append(f"{where}: {ast.unparse(key)}")
+        return False
 
 
 # ------------------------------------------------------------------------------------------------------------

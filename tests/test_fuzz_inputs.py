@@ -47,7 +47,7 @@ NUMBERS = ["-0", "2147483648", "9223372036854775808", "1e-320", "0x10", "1_000"]
 PATHS = ["@fifo", "@empty", "@full", "@foreign.txt", "@foreign.bin", "@loop", "missing/x", "@foreign.txt/x"]
 PATHS += ["/dev/null"]
 ENV_VALUES = ["", "²", "nan", "-1", HUGE, "x", "1,2", "@fifo"]
-ENV_VALUES_EVERY_COMMAND = ["", "²", HUGE, "@fifo"]
+ENV_VALUES_EVERY_COMMAND = ["", "²", HUGE]
 """The values every variable takes under every command (the full ENV_VALUES under ENV_COMMANDS)."""
 
 BASES: dict[tuple[str, ...], list[str]] = {
@@ -124,7 +124,8 @@ def make_inputs(d: Path) -> None:
         for s in (1024, 65536, 1 << 20, 4 << 20)
     ]
     (d / "bench.json").write_text(json.dumps(rows))
-    (d / "spec.toml").write_text('[data]\nsource = "synthetic"\nimage_size = 32\n[model]\narch = "resnet18"\n')
+    spec = '[grid]\ngrid = "2x1"\n[data]\nsource = "synthetic"\nimage_size = 32\n[model]\narch = "resnet18"\n'
+    (d / "spec.toml").write_text(spec)
     os.mkfifo(d / "fifo")
     (d / "empty").mkdir()
     (d / "full").mkdir()
@@ -306,6 +307,7 @@ def field_cases(f, inputs: Path) -> list[Case]:
                     {},
                     names,
                     f"--set {f.path}={short(text)}",
+                    str(v),
                 )
             )
         cases.append(Case(("run",), spec, {"@toml": table}, names, f"{f.path} = {short(text)} (spec file)", str(v)))

@@ -74,21 +74,35 @@ def test_scan_finds_a_variable_read_in_a_new_module(tmp_path):
 
             VARS = Vars("PKG_RANK")
 
+            def env_number(environ, name, low=0):
+                return int(environ.get(name, "0"))
+
             def read(environ, prefix):
+                env_number(environ, "PKG_THROUGH_ACCESSOR")
+                env_number(environ, name="PKG_BY_KEYWORD")
                 a = os.environ.get("PKG_LITERAL")
                 b = os.getenv(KNOB)
                 c = [environ[n] for n in DIRS if n in environ]
                 d = environ.get(VARS.rank) or environ.get(SHARED)
                 e = os.environ.get(f"PKG_{prefix}_MB")
-                f = environ.get(prefix)
+                f = environ.get(prefix.upper())
                 return a, b, c, d, e, f
             """
         )
     )
     scan = env_reads(pkg)
-    assert {"PKG_LITERAL", "PKG_KNOB", "PKG_DIR_A", "PKG_DIR_B", "PKG_RANK", "PKG_SHARED"} <= set(scan.names)
+    assert {
+        "PKG_LITERAL",
+        "PKG_KNOB",
+        "PKG_DIR_A",
+        "PKG_DIR_B",
+        "PKG_RANK",
+        "PKG_SHARED",
+        "PKG_THROUGH_ACCESSOR",
+    } <= set(scan.names)
+    assert "PKG_BY_KEYWORD" in scan.names
     assert list(scan.prefixes) == ["PKG_"]
-    assert [u.split(": ")[1] for u in scan.unresolved] == ["prefix"]  # a name only known at run time is said
+    assert [u.split(": ")[1] for u in scan.unresolved] == ["prefix.upper()"]  # a name only known at run time is said
 
 
 def test_every_read_of_the_package_is_named():
