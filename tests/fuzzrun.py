@@ -12,7 +12,6 @@ Commands that would run long stop at their launch point: the function each calls
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shutil
 import signal
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+from click.testing import CliRunner
 
 from torus_train.cli import main
 
@@ -95,6 +95,17 @@ def install_launch_points(monkeypatch) -> None:
             raise WouldLaunch(_what)
 
         monkeypatch.setattr(importlib.import_module(module), name, stop)
+
+
+def _main(argv: list[str]) -> tuple[int, str]:
+    """(exit code, the launch point reached or '') of ``torus-train ARGV`` in this process."""
+    try:
+        main(list(argv))
+    except SystemExit as e:
+        return (e.code if isinstance(e.code, int) else (0 if e.code is None else 1)), ""
+    except WouldLaunch as e:
+        return 0, str(e)
+    return 0, ""
 
 
 def child_pids() -> set[int]:
@@ -170,7 +181,6 @@ class Harness:
         return result
 
     def _invoke(self, case: Case) -> Result:
-        out, err = io.StringIO(), io.StringIO()
         code, launched, crash, timed_out = 0, "", "", False
 
         def alarm(*_):
@@ -179,21 +189,19 @@ class Harness:
         old = signal.signal(signal.SIGALRM, alarm)
         signal.setitimer(signal.ITIMER_REAL, self.limit_s)
         t0 = time.perf_counter()
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                main(list(case.argv))
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except WouldLaunch as e:
-            launched = str(e)
-        except CaseTimeout:
-            timed_out, code = True, -1
-        except BaseException:
-            crash, code = traceback.format_exc(), -2
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-        return Result(code, out.getvalue(), err.getvalue(), time.perf_counter() - t0, launched, crash, timed_out)
+        runner = CliRunner()  # click's test isolation: stdin empty (no prompt waits), stdout/stderr captured
+        with runner.isolation() as (out, err, _):
+            try:
+                code, launched = _main(case.argv)
+            except CaseTimeout:
+                timed_out, code = True, -1
+            except BaseException:
+                crash, code = traceback.format_exc(), -2
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+            texts = out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
+        return Result(code, *texts, time.perf_counter() - t0, launched, crash, timed_out)
 
     def _compare(self, case: Case, before: dict, result: Result) -> None:
         """What the case changed below root: entries it made (removed again, so every case starts alike) and

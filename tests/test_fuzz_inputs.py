@@ -94,6 +94,7 @@ def fuzz(tmp_path_factory):
     inputs = root / "in"
     make_inputs(inputs)
     summary = {"commands": {}, "env": {}, "fields": {}, "combinations": {}, "findings": [], "known": {}}
+    summary["outside"] = outside()
     yield Harness(root, [*SCAN.names, "TORUS_TRAIN_CACHE"]), inputs, summary
     path = root / "fuzz-summary.json"
     path.write_text(json.dumps(summary, indent=1))
@@ -110,6 +111,15 @@ def fuzz(tmp_path_factory):
     echo_summary(
         ["", f"fuzz: {total} inputs; summary in {path}", *rows, f"  known (other branches): {summary['known']}"]
     )
+
+
+def outside() -> dict:
+    """What the cases must leave alone outside their temporary folder: the checkout's files (git status) and
+    the real HOME's and its cache's entries named after the project."""
+    home = Path(os.path.expanduser("~"))
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    named = sorted(str(p) for d in (home, home / ".cache") if d.is_dir() for p in d.iterdir() if "torus" in p.name)
+    return {"git status": status, "home": named}
 
 
 def make_inputs(d: Path) -> None:
@@ -423,3 +433,9 @@ def test_known_findings_still_occur(fuzz, request):
         pytest.skip("only after the whole file ran")
     gone = [k for k in KNOWN if k not in fuzz[2]["known"]]
     assert not gone, f"no longer found (remove from KNOWN): {gone}"
+
+
+def test_nothing_outside_the_temporary_folder_changed(fuzz):
+    """After the cases above: the checkout and the real HOME are as they were (every case ran with HOME, the
+    cwd, TORUS_TRAIN_CACHE and TMPDIR inside pytest's temporary folder)."""
+    assert outside() == fuzz[2]["outside"]
