@@ -104,10 +104,17 @@ def test_node_list_is_bounded_by_the_allocation():
 
 
 @pytest.mark.parametrize("name", ["SLURM_NTASKS_PER_NODE", "SLURM_GPUS_ON_NODE", "SLURM_JOB_NUM_NODES"])
-@pytest.mark.parametrize("value", ["\u00b2", "9" * 5000, "0"])
+@pytest.mark.parametrize("value", ["\u00b2", "9" * 5000, "-1"])
 def test_slurm_counts_are_refused_by_name(name, value):
     with pytest.raises(UserError, match=f"^{name}: "):
         slurm_hosts({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", name: value})
+
+
+def test_zero_gpus_on_a_node_offers_one_slot_as_when_nothing_is_said():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_GPUS_ON_NODE": "0"}
+    assert slurm_hosts(env) == [Host("n1", 1), Host("n2", 1)]
+    with pytest.raises(UserError, match=r"^SLURM_JOB_NUM_NODES: 0 is out of range"):
+        slurm_hosts({**env, "SLURM_JOB_NUM_NODES": "0"})
 
 
 def test_slurm_tasks_per_node_and_allocation():

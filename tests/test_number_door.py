@@ -68,6 +68,8 @@ def test_values_in_range_pass():
     assert float_value(3, "k", 0, 8) == 3.0 and isinstance(float_value(3, "k"), float)
     with pytest.raises(NumberError, match=r"^k: 'x' is not a number"):
         float_value("x", "k")
+    with pytest.raises(NumberError, match=r"^k: a 401-digit number is out of range; give a number$"):
+        float_value(10**400, "k")
 
 
 def test_node_list_counts_before_it_expands():
@@ -125,7 +127,7 @@ def test_pbs_ncpus_is_refused_by_name(tmp_path):
     nodes.write_text("n1\nn1\n")
     env = {"PBS_JOBID": "1.pbs", "PBS_NODEFILE": str(nodes), "NCPUS": "\u00b2"}
     r = _run(["run", "--data", "synthetic", "--launcher", "mpirun", "--dry-run"], env, tmp_path)
-    assert_refused(r, "NCPUS: '\u00b2' is not a whole number; give an integer from 1 to 65536")
+    assert_refused(r, "NCPUS: '\u00b2' is not a whole number; give an integer from 0 to 65536")
 
 
 @pytest.mark.timeout(120)
@@ -196,3 +198,62 @@ def test_calibrate_refusals(tmp_path, args, message):
 def test_calibrate_fits_no_1x1_rows(tmp_path):
     code, _, err = invoke("plan", "calibrate", _bench(tmp_path / "one.json", "1x1"))
     assert_one_line_error(code, err, "BENCH.json: torus on 1x1: one rank exchanges nothing")
+
+
+@pytest.mark.timeout(120)
+def test_a_huge_cuda_visible_devices_entry_reads_as_cuda_reads_it(tmp_path):
+    """5,000 digits crashed `run --dry-run` (int() past 4,300 digits); CUDA's strtoul saturates, so the entry
+    names a GPU no driver lists and CUDA shows none from there on."""
+    r = _run(["run", "--data", "synthetic", "--dry-run"], {"CUDA_VISIBLE_DEVICES": BIG}, tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_master_port_is_read_through_the_door():
+    from torus_train.job.rank import RankInfo
+    from torus_train.ranks.bootstrap import rendezvous
+
+    info = RankInfo(0, 2, 0, 2, "torchrun")
+    assert rendezvous(info, {"MASTER_ADDR": "n1", "MASTER_PORT": "29500"}) == ("n1", 29500)
+    for port in ("\u00b2", "0", "65536", BIG):
+        with pytest.raises(NumberError, match=r"^MASTER_PORT: "):
+            rendezvous(info, {"MASTER_ADDR": "n1", "MASTER_PORT": port})
+
+
+def test_a_job_key_of_odd_digits_is_hashed_not_converted():
+    from torus_train.job.launchers.rendezvous import rendezvous_port
+
+    assert rendezvous_port("4242") == 20000 + 4242
+    assert 20000 <= rendezvous_port("\u00b2") <= 32767 and 20000 <= rendezvous_port(BIG) <= 32767
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("sources = 5", "net.toml sources: '5' must be a list of strings"),
+        (
+            "gpus_per_node = 1000000000000000000000000000000",
+            "net.toml gpus_per_node: a 31-digit number is out of range",
+        ),
+        ("nics_per_node = 1e308", "net.toml nics_per_node: 1e+308 is out of range; give an integer from 1 to 256"),
+    ],
+)
+def test_a_network_file_past_its_bounds_is_one_line(tmp_path, line, message):
+    """The issue's TypeError (sources = 5) and the cost model's OverflowErrors, through `plan --network`."""
+    key = line.split(" ")[0]
+    base = {"gpus_per_node": "4", "nics_per_node": "2", "sources": '["lab"]'}
+    top = "".join(f"{k} = {v}\n" for k, v in base.items() if k != key) + line + "\n"
+    links = "".join(f"[{s}]\nbandwidth_gbytes_per_s = 12.5\nlatency_us = 2\n" for s in ("intra", "inter"))
+    net = tmp_path / "net.toml"
+    net.write_text(top + links)
+    code, _, err = invoke("plan", "--gpus", "64", "--network", str(net))
+    assert_one_line_error(code, err, f"{tmp_path}/{message}")
+
+
+def test_refusals_of_plans_options_name_the_option(tmp_path):
+    """Two of the refusals that named no option: calibrate's --grid read by the grid parser, and a --network
+    name too long for the file system."""
+    code, _, err = invoke("plan", "calibrate", _bench(tmp_path / "b.json", "2x2"), "--grid", "x")
+    assert_one_line_error(code, err, "--grid: grid 'x' is not of the form XxY")
+    code, _, err = invoke("plan", "--gpus", "64", "--network", BIG)
+    assert_one_line_error(code, err, "--network 99999")
+    assert "File name too long" in err

@@ -1,7 +1,9 @@
 """The one door for the numbers a user supplies, as userfiles.py is for the files: an option's text, an
-environment variable (ours, the launchers', Slurm's, PBS's, MPI's), a spec, hostfile or network TOML field, a
-bench JSON field. Each kind has one function, and each refusal is one line that names the source
-(``--ranks``, ``SLURM_GPUS_ON_NODE``, ``hosts.txt:3``, ``n.toml [inter] gpus_per_node``) and what is allowed.
+environment variable (ours, the launchers', Slurm's, PBS's, MPI's, torchrun's, CUDA's), a hostfile's field, a
+network TOML's figures. Each kind has one function, and each refusal is one line that names the source
+(``--ranks``, ``SLURM_GPUS_ON_NODE``, ``hosts.txt:3 slots``, ``n.toml [inter] bandwidth_gbytes_per_s``) and
+what is allowed. (A spec's fields are typed and bounded by job/spec.py, a JSON file's by userfiles.check's
+Fields: neither reads a number from text.)
 
     int_of      text -> an int in [low, high]: ASCII digits only (``str.isdigit`` takes "²", which ``int``
                 refuses; ``int`` also takes "٤", "1_000" and refuses more than 4,300 digits)
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping
 
 from torus_train.errors import UserError
@@ -103,6 +106,10 @@ def float_value(
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise NumberError(f"{source}: {shown(value)} is not a number; give {allowed(low, high, 'a number', low_open)}")
     if isinstance(value, int):
+        if abs(value) > sys.float_info.max:  # float() of it raises OverflowError
+            raise NumberError(
+                f"{source}: {_number(value)} is out of range; give {allowed(low, high, 'a number', low_open)}"
+            )
         return float(_in_range(value, source, low, high, "a number", low_open))
     if not math.isfinite(value):
         raise NumberError(

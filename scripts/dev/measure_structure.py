@@ -13,7 +13,12 @@ Prints, from the source alone (nothing is imported):
   literal (the registry's own module is where it belongs);
 - the files a contributor touches for each worked example of docs/extending.md ("Files touched:" lines);
 - every call that opens a file to read it outside the door (torus_train/userfiles.py), and which of them
-  NOT_USER_FILES does not name with its reason.
+  NOT_USER_FILES does not name with its reason;
+- every call that turns text into a number outside the number door (torus_train/usernumbers.py): int() or
+  float() of text (an environment variable, a field by its string key, a regex group, a split, a ``str``
+  parameter, a name assigned from one of these in the same function) and every str.isdigit(), and which of
+  them NOT_USER_NUMBERS does not name with its reason. A number cast through a callable passed in, or text
+  that reaches a function through an unannotated parameter, is not seen.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ MAX_FUNCTION_LINES = 60
 # Lowest first. A module may import from its own package and from any package before it in this list.
 ORDER = (
     "errors",
+    "usernumbers",
     "verdict",
     "registry",
     "cache",

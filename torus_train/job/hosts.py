@@ -133,7 +133,7 @@ def slurm_hosts(environ: Mapping[str, str]) -> list[Host]:
         if len(counts) == len(names):
             return [Host(n, k) for n, k in zip(names, counts, strict=True)]
     name = next((v for v in ("SLURM_NTASKS_PER_NODE", "SLURM_GPUS_ON_NODE") if environ.get(v, "").strip()), "")
-    k = env_int(environ, name, 1, MAX_SLOTS) if name else 1
+    k = env_int(environ, name, 0, MAX_SLOTS) if name else 1  # 0 GPUs on a node (a CPU allocation): 1 slot
     return [Host(n, k or 1) for n in names]
 
 

@@ -64,7 +64,10 @@ def check_given(req: CalibrateRequest) -> None:
 
 def target_grid(text: str) -> Grid:
     """--grid: a grid of two ranks or more (one rank exchanges nothing: there is no time to predict)."""
-    g = host_grid(text)
+    try:
+        g = host_grid(text)
+    except UserError as e:
+        raise UserError(f"--grid: {e}") from None
     if g.size < 2:
         raise UserError(
             f"--grid {text}: one rank exchanges nothing, so there is no all-reduce time to predict; give a grid of 2 ranks or more"

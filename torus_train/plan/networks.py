@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from torus_train.errors import UserError
+from torus_train.errors import UserError, shown_path
 from torus_train.userfiles import read_text
 from torus_train.usernumbers import NumberError, float_value, int_value
 
@@ -255,12 +255,17 @@ def load_network(name_or_path: str) -> Network:
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
     path = Path(name_or_path)
-    if not (name_or_path.endswith(".toml") or path.exists()):
+    try:
+        exists, link = path.exists(), path.is_symlink()
+    except OSError as e:  # a name too long for the file system, ...
+        raise NetworkError(f"--network {shown_path(name_or_path)}: {e.strerror or e}") from None
+    if not (name_or_path.endswith(".toml") or exists):
         raise NetworkError(
-            f"--network: unknown network {name_or_path!r}; presets: {', '.join(PRESETS)}, or a path to a .toml file"
+            f"--network: unknown network {shown_path(name_or_path)!r}; presets: {', '.join(PRESETS)}, or a path "
+            "to a .toml file"
         )
-    if not path.exists() and not path.is_symlink():
-        raise NetworkError(f"--network: file {name_or_path} does not exist")
+    if not exists and not link:
+        raise NetworkError(f"--network: file {shown_path(name_or_path)} does not exist")
     return network_from_dict(_read_toml(path), where=f"{path}", default_name=path.stem)
 
 

@@ -96,8 +96,8 @@ class Mpirun(Launcher):
 
     def scheduler_cpus(self, environ: Mapping[str, str], ranks_on_node: int) -> tuple[int, str] | None:
         """PBS: the cores of each node (``NCPUS``) shared among its ranks."""
-        ncpus = env_int(environ, "NCPUS", 1, MAX_CPUS) if environ.get("PBS_JOBID") else None
-        if ncpus is None:
+        ncpus = env_int(environ, "NCPUS", 0, MAX_CPUS) if environ.get("PBS_JOBID") else None
+        if not ncpus:  # unset or 0: nothing said
             return None
         return threads_per_rank(ranks_on_node, ncpus), f"NCPUS={ncpus} over {ranks_on_node} ranks"
 

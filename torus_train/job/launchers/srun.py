@@ -146,8 +146,8 @@ class Srun(Launcher):
     def scheduler_cpus(self, environ: Mapping[str, str], ranks_on_node: int) -> tuple[int, str] | None:
         """The job's CPUs per task (``sbatch -c``), else the CPUs of the allocation's smallest node shared
         among its ranks."""
-        per_task = env_int(environ, "SLURM_CPUS_PER_TASK", 1, MAX_CPUS)
-        if per_task is not None:
+        per_task = env_int(environ, "SLURM_CPUS_PER_TASK", 0, MAX_CPUS)
+        if per_task:  # 0, as unset: the node's CPUs below
             return per_task, "SLURM_CPUS_PER_TASK"
         per_node = environ.get("SLURM_JOB_CPUS_PER_NODE", "")
         share = fewest_per_node(per_node) // max(1, ranks_on_node)

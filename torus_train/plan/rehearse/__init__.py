@@ -67,7 +67,7 @@ def job_grid(spec: JobSpec) -> Grid:
         raise UserError(
             "plan rehearse: the spec has no grid.grid (e.g. grid = \"32x68\"); the rehearsal plays its ranks"
         )
-    g = parse_grid(spec.grid.grid)
+    g = parse_grid(spec.grid.grid)  # load_spec checked it, naming grid.grid
     if spec.grid.gpus:  # as `run` refuses it: the world is grid.gpus ranks, and the grid must hold them
         check_grid_size(g, spec.grid.gpus, "grid.gpus")
     return Grid(g.x, g.y, spec.grid.gpus_per_node or 1)
@@ -168,8 +168,9 @@ def _run_leg(req: RehearsalRequest, grid: Grid, table: dict, leg: str, echo: Cal
 
 def _run_rank(req: RehearsalRequest, job: Path, leg: str, rank: int, oracle: Path, echo: Callable[[str], None]) -> dict:
     trace, log = req.folder / f"trace-{leg}-rank{rank}.json", req.folder / f"rank{rank}-{leg}.log"
-    cmd = [sys.executable, "-m", "torus_train.plan.rehearse.rank", "--job", str(job), "--rank", str(rank)]
-    cmd += ["--trace", str(trace), "--oracle", str(oracle)]
+    # NAME=VALUE: a --keep folder named "-1" must not read as an option to the rank's parser
+    cmd = [sys.executable, "-m", "torus_train.plan.rehearse.rank", f"--job={job}", f"--rank={rank}"]
+    cmd += [f"--trace={trace}", f"--oracle={oracle}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORUS_TRAIN_SLOW_TESTS": "", **req.extra_env}
     t0 = time.perf_counter()
     with log.open("w") as f:
