@@ -27,12 +27,44 @@ def knob(new_knob: str, safe: int) -> None:
     int(new_knob)  # "²".isdigit() is True and int("²") raises ValueError: the fuzz must find the traceback
 
 
+@click.command("misbehave")
+@click.option("--how", default="ok")
+@click.option("--out", default=None)
+def misbehave(how: str, out: str | None) -> None:
+    """Each way a command can break the rules besides its message."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    if how == "write-elsewhere":
+        Path("elsewhere.txt").write_text("not asked for\n")
+    elif how == "write-then-refuse":
+        Path(out or "o").mkdir()
+        raise UserError("--out: refused after writing")
+    elif how == "hang":
+        time.sleep(30)
+    elif how == "hang-with-progress":
+        click.echo("step 1 of 1000", err=True)
+        time.sleep(30)
+    elif how == "child":
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    elif how == "two-lines":
+        click.echo("a line first", err=True)
+        raise UserError("--how: two-lines")
+    elif how == "touch-input":
+        Path(os.environ["HOME"], "input.txt").write_text("changed\n")
+
+
 @pytest.fixture
 def tree_with_knob(monkeypatch):
-    monkeypatch.setattr(cli_module.LazyGroup, "list_commands", lambda self, ctx: ["knob", "plan"])
+    monkeypatch.setattr(cli_module.LazyGroup, "list_commands", lambda self, ctx: ["knob", "misbehave", "plan"])
     real = cli_module.LazyGroup.get_command
     monkeypatch.setattr(
-        cli_module.LazyGroup, "get_command", lambda self, ctx, n: knob if n == "knob" else real(self, ctx, n)
+        cli_module.LazyGroup,
+        "get_command",
+        lambda self, ctx, n: {"knob": knob, "misbehave": misbehave}.get(n) or real(self, ctx, n),
     )
     return cli_module.cli
 
@@ -53,6 +85,27 @@ def test_the_fuzz_fails_on_the_new_options_defects(tree_with_knob, tmp_path):
     assert found["1"] == ""
     assert found["²"].startswith("traceback escaped main(): ValueError")
     assert found["x"].startswith("the refusal does not name --new-knob")
+
+
+@pytest.mark.parametrize(
+    "how, finding",
+    [
+        ("ok", ""),
+        ("write-elsewhere", "wrote outside the places it names"),
+        ("write-then-refuse", "exit 2 but wrote"),
+        ("hang", "no answer and no progress line within 2 s (hang)"),
+        ("hang-with-progress", ""),  # a long run that says where it is: not a hang
+        ("child", "left 1 process(es) running"),
+        ("two-lines", "exit 2 with 2 stderr lines"),
+        ("touch-input", "changed or removed an entry it did not make"),
+    ],
+)
+def test_the_verdict_sees_each_way_to_break_the_rules(tree_with_knob, tmp_path, how, finding):
+    harness = Harness(tmp_path, sorted(SCAN.names), limit_s=2)
+    (tmp_path / "home" / "input.txt").write_text("a user's file\n")
+    case = Case(("misbehave",), ["misbehave", "--how", how, "--out", "made"], given=("--how", "--out"), label=how)
+    found = verdict(case, harness.run(case), True, harness)
+    assert found.startswith(finding) if finding else found == ""
 
 
 def test_scan_finds_a_variable_read_in_a_new_module(tmp_path):
