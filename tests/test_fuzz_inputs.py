@@ -260,10 +260,12 @@ ENV_COMMANDS = [("run",), ("bench", "allreduce")]
 @pytest.mark.parametrize("context", [c for c, _ in rank_contexts()])
 def test_every_variable_with_its_special_values(fuzz, context):
     """Each variable the package reads (tests/fuzzwalk.env_reads), each special value, set alone on top of
-    the context; under run (dry and up to launch) and bench allreduce, and in the clean context every command."""
+    the context; under run --dry-run and bench allreduce, and in the clean context also run up to its launch
+    point and every other command."""
     env = dict(rank_contexts())[context]
-    commands = [(c, base_of(c), ENV_VALUES) for c in ENV_COMMANDS] + [(("run",), RUN_LAUNCH, ENV_VALUES)]
-    if context == "clean":
+    commands = [(c, base_of(c), ENV_VALUES) for c in ENV_COMMANDS]
+    if context == "clean":  # run up to its launch point, and every other command
+        commands += [(("run",), RUN_LAUNCH, ENV_VALUES)]
         commands += [(c, base_of(c), ENV_VALUES_EVERY_COMMAND) for c in COMMANDS if c not in ENV_COMMANDS]
     cases = []
     for command, base, values in commands:
