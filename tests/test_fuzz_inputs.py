@@ -109,7 +109,13 @@ def fuzz(tmp_path_factory):
         for v in summary.get(b, {}).values()
     )
     echo_summary(
-        ["", f"fuzz: {total} inputs; summary in {path}", *rows, f"  known (other branches): {summary['known']}"]
+        [
+            "",
+            f"fuzz: {total} inputs; summary in {path}",
+            *rows,
+            f"  outcomes: {summary.get('outcomes')}",
+            f"  known (other branches): {summary['known']}",
+        ]
     )
 
 
@@ -185,6 +191,9 @@ def check_all(fuzz, cases: list[Case], base_ok: bool, bucket: str, key: str) -> 
         case.env = {k: resolve(v, inputs) for k, v in case.env.items()}
         r = harness.run(case)
         why = verdict(case, r, base_ok, harness)
+        outcome = "launch" if r.launched else f"exit {r.code}"
+        tally = summary.setdefault("outcomes", {}).setdefault(bucket, {})
+        tally[outcome] = tally.get(outcome, 0) + 1
         if why:
             known = next((k for k in KNOWN if k in f"{case.label}: {why}"), None)
             if known is None:
