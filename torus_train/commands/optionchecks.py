@@ -23,9 +23,13 @@ def input_path(ctx: click.Context | None, param: click.Parameter | None, value: 
 def grid_text(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:
     """--grid XxY: a grid that does not parse (or is too large) is refused naming the flag; the text is kept
     for the command, which reads it as before."""
-    if value is not None:
-        try:
-            parse_grid(value)
-        except UserError as e:
-            raise UserError(f"{flag_of(param, '--grid')}: {e}") from None
+    if value is None:
+        return value
+    flag = flag_of(param, "--grid")
+    if not str(value).strip():  # '' is not "not given"
+        raise UserError(f"{flag} {value!r}: empty; give a grid (e.g. {flag} 2x4) or leave {flag} out")
+    try:
+        parse_grid(value)
+    except UserError as e:
+        raise UserError(f"{flag}: {e}") from None
     return value
