@@ -90,7 +90,7 @@ def nul_argument(argv: list[str]) -> str:
         if "\0" in arg:
             if arg.startswith("--") and "=" in arg:
                 return arg.split("=", 1)[0]
-            if i and argv[i - 1].startswith("-"):
+            if i and argv[i - 1].startswith("-") and argv[i - 1] != "--":  # after "--": an argument
                 return argv[i - 1]
             return f"argument {i + 1} ({arg.split(chr(0))[0][:20]!r}...)"
     return ""

@@ -62,6 +62,8 @@ def check_output_folder(path: object, flag: str) -> None:
         if any(len(os.fsencode(part)) > 255 for part in p.parts):
             raise UserError(f"{flag} {shown_path(text)}: a name in the path is longer than 255 bytes")
         for q in (p, *p.parents):
+            if q.is_symlink():
+                q.stat()  # a symlink loop (ELOOP) is named here, not taken for a missing folder
             if q.exists():
                 if not q.is_dir():
                     where = "" if q == p else f" ({shown_path(q)})"

@@ -10,6 +10,7 @@ import click
 
 from torus_train.bench import allreduce as B
 from torus_train.commands.bench_input import bench_input
+from torus_train.commands.optionchecks import grid_text as check_grid
 from torus_train.commands.outputs import OutputFile
 from torus_train.errors import UserError, check_number
 from torus_train.job import gpus
@@ -54,7 +55,13 @@ bench.add_command(bench_input, "input")
     show_default=True,
     help="Comma-separated algorithms, measured interleaved at every size.",
 )
-@click.option("--grid", "grid_text", default=None, help="XxY: X ranks per row, Y per column. Default: chosen.")
+@click.option(
+    "--grid",
+    "grid_text",
+    default=None,
+    callback=check_grid,
+    help="XxY: X ranks per row, Y per column. Default: chosen.",
+)
 @click.option(
     "--backend",
     type=click.Choice(["gloo", "mpi", "nccl"]),
@@ -120,7 +127,7 @@ def allreduce_cmd(
     launched = inside_launched_rank(os.environ)  # started by a launcher (ours below, or mpirun/srun by hand)
     ranks = B.bench_ranks(
         nprocs,
-        parse_grid(grid_text) if grid_text else None,
+        parse_grid(grid_text) if grid_text is not None else None,
         backend,
         gpus.local_gpu_count(),
         rank_info().world_size if launched else None,

@@ -8,6 +8,7 @@ import os
 import click
 
 from torus_train.bench.input import alternate, check_device, format_table, ratio_lines, summarize, variants
+from torus_train.commands.optionchecks import input_path
 from torus_train.commands.outputs import OutputFile
 from torus_train.data.checks import scan
 from torus_train.errors import UserError
@@ -17,7 +18,14 @@ WRITER = Writer("bench input")
 
 
 @click.command("input")
-@click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder (train/CLASS/*).")
+@click.option(
+    "--data",
+    "root",
+    required=True,
+    type=click.Path(),
+    callback=input_path,
+    help="ImageNet-layout folder (train/CLASS/*).",
+)
 @click.option(
     "--split",
     default="train",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from torus_train.commands.optionchecks import input_path
 from torus_train.commands.outputs import OutputFolder
 from torus_train.data.demo import generate, read_manifest
 from torus_train.data.index import INDEX_KIND, build_index, load_index, resolve_data
@@ -97,7 +98,7 @@ INDEX_HELP = "Index folder (default: DATA/.torus-train-index, or the cache where
 
 
 @data.command("index")
-@click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder.")
+@click.option("--data", "root", required=True, type=click.Path(), callback=input_path, help="ImageNet-layout folder.")
 @click.option("--index", "location", default=None, type=OutputFolder(INDEX_KIND), help=INDEX_HELP)
 def index(root: str, location: str | None) -> None:
     """Scan a data folder once and write its file index, which every rank of a run reads instead of the folder."""
@@ -109,7 +110,14 @@ def index(root: str, location: str | None) -> None:
 
 
 @data.command("check")
-@click.option("--data", "root", required=True, type=click.Path(), help="ImageNet-layout folder or packed set.")
+@click.option(
+    "--data",
+    "root",
+    required=True,
+    type=click.Path(),
+    callback=input_path,
+    help="ImageNet-layout folder or packed set.",
+)
 @click.option(
     "--split", "splits", multiple=True, default=("train", "val"), show_default=True, help="A split to check (repeat)."
 )
@@ -122,6 +130,9 @@ def check(root: str, splits: tuple[str, ...], location: str | None, decode: bool
     files of each are named; exit 0 when every file trains, 2 otherwise."""
     if workers is not None and not 1 <= workers <= 1024:
         raise UserError(f"--workers: {workers} must be between 1 and 1,024")
+    for split in splits:  # a split is one folder name of DATA: '' or '..' would check the wrong folder
+        if not split.strip() or split in (".", "..") or "/" in split or "\\" in split:
+            raise UserError(f"--split {split!r}: give a split's folder name, e.g. train or val")
     resolve_data(root)  # a symlink loop is named, not taken for a missing folder
     request = CheckRequest(
         root,
@@ -147,7 +158,7 @@ PACK_DATA_HELP = (
 
 
 @data.command("pack")
-@click.option("--data", "root", required=True, type=click.Path(), help=PACK_DATA_HELP)
+@click.option("--data", "root", required=True, type=click.Path(), callback=input_path, help=PACK_DATA_HELP)
 @click.option(
     "--out",
     "out",

@@ -11,6 +11,7 @@ import click
 from click.core import ParameterSource
 
 from torus_train.comm.bucketing import FIRST_BUCKET_BYTES
+from torus_train.commands.optionchecks import grid_text as check_grid
 from torus_train.commands.outputs import OutputFile
 from torus_train.commands.rehearse import rehearse_command
 from torus_train.errors import UserError
@@ -72,6 +73,7 @@ def _write_json(path: str | None, doc: dict, writer: Writer) -> None:
 @click.option(
     "--grid",
     default=None,
+    callback=check_grid,
     metavar="XxY",
     help="Grid to evaluate (X ranks per row); default: the fastest predicted grid for N.",
 )
@@ -190,6 +192,7 @@ def _no_plan_options(ctx: click.Context) -> None:
 @click.option(
     "--grid",
     default=None,
+    callback=check_grid,
     metavar="XxY",
     help="Grid to predict, all ranks on this machine [default: 2x4 unless --compare is given].",
 )

@@ -43,6 +43,9 @@ def report(outs, png, json_path, no_png) -> None:
     torus-train report runs/default
     torus-train report runs/a runs/b --png compare.png --json compare.json
     """
+    for out in outs:  # '' is not the current folder
+        if not out.strip():
+            raise UserError(f"OUT {out!r}: an empty folder name; give a run's output folder, e.g. runs/default")
     if no_png and png is not None:
         raise UserError("--png and --no-png exclude each other")
     if not no_png and png is None:  # the default place, checked as a given --png is when parsed

@@ -167,7 +167,7 @@ def sweep(
 ) -> SweepReport:
     """Check every chunk (FileChunk or PackedChunk) on ``workers`` processes (1: in this process), at most two
     chunks per worker in flight; ``progress(done, total)`` after each chunk."""
-    report = SweepReport(decode, max(1, workers))
+    report = SweepReport(decode, max(1, min(workers, total)))  # no worker without a file to check
     t0 = time.perf_counter()
 
     def take(result: tuple[int, list[Found]]) -> None:
