@@ -31,7 +31,7 @@ LAUNCH_POINTS = {
     "torus_train.ranks.orchestrate.run_as_rank": "run inside a launcher's rank: this process trains",
     "torus_train.commands.bench._spawn_local": "bench allreduce: its ranks start",
     "torus_train.bench.sweep.measure": "bench allreduce as a rank: the sweep",
-    "torus_train.commands.bench_input._rounds": "bench input: the timed rounds",
+    "torus_train.commands.bench_input.alternate": "bench input: the timed rounds",
     "torus_train.commands.check.run_parts": "check: the probes",
     "torus_train.check.acceptance.accept": "check --acceptance: the parts",
     "torus_train.commands.data.generate": "data demo: drawing the images",
