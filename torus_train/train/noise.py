@@ -70,10 +70,10 @@ class NoiseScale:
         (the exchanged stats slot, from which the buckets divided dp.stats_scale^2 out) and the exchanged
         gradient's, divided by scale^2 (the loss scale that made it, before the scaler updates it in place);
         a float32 tensor on the device."""
-        q = None
-        for g in dp.gradient_parts():
-            d = torch.dot(g, g).float()
-            q = d if q is None else q + d
+        parts = dp.gradient_parts()
+        q = torch.dot(parts[0], parts[0]).float()
+        for g in parts[1:]:
+            q = q + torch.dot(g, g).float()
         if scale is not None:
             q = q / scale.float().square().reshape(())
         return torch.stack([dp.stats.reshape(()).float(), q])
