@@ -73,7 +73,7 @@ def run_steps(groups, algo, rank, world, accumulation=1, scale=None, inf_step=Fa
     noise.set_epoch(100 * world * PER_RANK)
     seen = []
     update = noise.update
-    noise.update = lambda v, found, b: (seen.append(v.clone()), update(v, found, b))  # type: ignore[method-assign]
+    noise.update = lambda v, found, b, k: (seen.append(v.clone()), update(v, found, b, k))  # type: ignore[method-assign]
     rs = types.SimpleNamespace(
         ddp=BucketedModel(m, state, BUCKET_MB, stats=True),
         optimizer=opt,
