@@ -174,6 +174,22 @@ def test_bench_noise_runs_the_estimate_on_and_off(tmp_path):
     assert on["log_lines_with_noise_scale"] > 0 and doc["ratio_steps_per_s"] > 0
 
 
+def test_bench_noise_compares_two_rehearsals_traces(tmp_path):
+    def trace(folder, numel, op="all_reduce"):
+        c = {"kind": "collective", "op": op, "group": "0-31", "root": None, "dtype": "float16", "numel": numel}
+        c |= {"captured": False, "replay": False, "phase": "steps of stage 0"}
+        folder.mkdir(exist_ok=True)
+        (folder / "trace-straight-rank0.json").write_text(json.dumps({"events": [{"kind": "group"}, c]}))
+
+    trace(tmp_path / "on", 1025)
+    trace(tmp_path / "off", 1024)
+    args = ["--compare-traces", str(tmp_path / "on"), str(tmp_path / "off")]
+    assert "| trace-straight-rank0.json | 1 / 1 | yes | [1] |" in ok(run_py("bench/bench_noise.py", *args))
+    trace(tmp_path / "off", 1024, op="broadcast")
+    done = run_py("bench/bench_noise.py", *args)
+    assert done.returncode == 1 and "| 1 / 1 | NO |" in done.stdout
+
+
 @pytest.mark.slow
 def test_bench_rehearse_one_rank_against_two(tmp_path):
     out = tmp_path / "rehearse.json"

@@ -4,6 +4,12 @@ machine load; steps per second and the on/off ratio (target >= 0.98: the estimat
 
     python scripts/bench/bench_noise.py --rounds 3 --json F
     python scripts/bench/bench_noise.py --rounds 1 --run-args "--steps 40"    # shorter
+    python scripts/bench/bench_noise.py --compare-traces ON OFF   # two `plan rehearse --keep` folders
+
+--compare-traces reads the collective traces of two rehearsals (`torus-train plan rehearse --keep DIR`, with
+the estimate on and with `--set noise.enabled=false`) and prints, per trace file, whether both issue the same
+collectives in the same order (op, group, root, dtype, captured or replayed, phase) and where their element
+counts differ (the stats slot: one more element in the last bucket, fewer where padding absorbs it).
 
 Each run trains in a fresh folder with evaluation and checkpoints off (they cost the same either way and
 would blur the step rate). steps/s is the run's steps over its training seconds (summary.json's wall_seconds,
@@ -56,12 +62,36 @@ def one_run(on: bool, extra: list[str]) -> dict:
     }
 
 
+COLLECTIVE = ("op", "group", "root", "dtype", "captured", "replay", "phase")
+
+
+def compare_traces(on: Path, off: Path) -> int:
+    """Print, per trace file of both folders, the collectives compared; exit status 1 when any differ."""
+    bad = 0
+    names = sorted(p.name for p in on.glob("trace-*.json"))
+    if not names or names != sorted(p.name for p in off.glob("trace-*.json")):
+        sys.exit(f"bench_noise: {on} and {off} do not hold the same trace files")
+    print("| trace | collectives on / off | same sequence | element counts that differ (on - off) |\n|---|---|---|---|")
+    for name in names:
+        a, b = (
+            [e for e in json.loads((d / name).read_text())["events"] if e["kind"] == "collective"] for d in (on, off)
+        )
+        same = [tuple(e[k] for k in COLLECTIVE) for e in a] == [tuple(e[k] for k in COLLECTIVE) for e in b]
+        diff = sorted({e["numel"] - f["numel"] for e, f in zip(a, b, strict=False) if e["numel"] != f["numel"]})
+        bad += not same
+        print(f"| {name} | {len(a)} / {len(b)} | {'yes' if same else 'NO'} | {diff or 'none'} |")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="alternating on/off pairs")
     ap.add_argument("--run-args", default="", help="more `torus-train run` arguments, quoted (e.g. '--steps 40')")
     ap.add_argument("--json", help="write the runs and the ratios here")
+    ap.add_argument("--compare-traces", nargs=2, type=Path, metavar=("ON", "OFF"), help="two rehearsal folders")
     a = ap.parse_args(argv)
+    if a.compare_traces:
+        return compare_traces(*a.compare_traces)
     extra = shlex.split(a.run_args)
     runs = []
     for r in range(a.rounds):
