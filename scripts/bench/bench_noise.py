@@ -115,7 +115,9 @@ def interleaved_rank(rounds: int, steps: int, batches: list[int], out: str) -> N
     spec, cpu = load_spec(None), torch.device("cpu")
     torch.manual_seed(0)
     model = build_model(spec, cpu)
-    dp = BucketedModel(model, TorusHookState(build_grid_groups(parse_grid("2x1")), "torus"), spec.comm.bucket_mb, True)
+    dp = BucketedModel(
+        model, TorusHookState(build_grid_groups(parse_grid("2x1")), "torus"), spec.comm.bucket_mb, stats=True
+    )
     opt = build_optimizer(model, spec)
     opt.use_device_lr(cpu)
     noise, slot = NoiseScale(cpu, 2, spec.noise.average_epochs), dp.stats

@@ -99,8 +99,8 @@ class NoiseScale:
         a float32 tensor on the device."""
         q = sum_sq(dp.gradient_parts())
         s = dp.stats.reshape(()).float() if dp.stats is not None else self._micro_sq
-        if s is None:  # one rank without accumulation: update() measures nothing from it
-            s = q
+        if s is None:  # no small batch (one rank without accumulation, or no stats slot): the averages hold
+            s = torch.full_like(q, math.nan)
         elif dp.stats is None and scale is not None:  # the micro-batches' norms, taken here, still scaled
             s = s / scale.float().square().reshape(())
         if scale is not None:
