@@ -179,7 +179,8 @@ def test_bench_noise_interleaves_the_step_on_and_off(tmp_path):
     args = ["--interleaved", "--rounds", "1", "--steps", "1", "--batches", "4", "--json", str(out)]
     text = ok(run_py("bench/bench_noise.py", *args, timeout=300))
     doc = json.loads(out.read_text())
-    assert "| 4 |" in text and sorted(r["noise"] for r in doc["rows"]) == [False, True]
+    assert "| 4 |" in text and sorted(r["noise"] for r in doc["rows"] if "step_s" in r) == [False, True]
+    assert doc["by_batch"]["4"]["noise_work_s"] > 0
     assert doc["noise_state_at_end"]["noise_trace"] > 0  # the on turns did estimate
 
 

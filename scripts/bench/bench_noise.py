@@ -10,7 +10,9 @@ machine load; steps per second and the on/off ratio (target >= 0.98: the estimat
 --interleaved times the default job's step itself (train/step.py's step_body: its model, optimizer, buckets
 and torus exchange on its 2 gloo ranks, 2x1, random images at each stage's per-rank batch) with the estimate on
 and off in turns of --steps steps inside one pair of processes, so that a load change on a shared machine hits
-both alike; each turn's seconds per step, the median per side and the on/off ratio of steps per second.
+both alike; each turn's seconds per step, the median per side and the on/off ratio of steps per second (of
+the medians, and the median of each round's ratio); and the estimate's own work per step timed alone on the
+same buckets (the norms, the measure, the update), with the ratio it implies: off / (off + that work).
 
 --compare-traces reads the collective traces of two rehearsals (`torus-train plan rehearse --keep DIR`, with
 the estimate on and with `--set noise.enabled=false`) and prints, per trace file, whether both issue the same
@@ -152,9 +154,28 @@ def interleaved_rank(rounds: int, steps: int, batches: list[int], out: str) -> N
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slower rank's time is the step's
                 if r:
                     rows.append({"per_rank_batch": b, "round": r, "noise": on, "step_s": t.item() / steps})
+        rows.append({"per_rank_batch": b, "noise_work_s": noise_work(dp, noise, b)})
     if rank == 0:
         Path(out).write_text(json.dumps({"rows": rows, "noise_state": noise.read()}))
     dist.destroy_process_group()
+
+
+def noise_work(dp, noise, batch: int, reps: int = 20) -> float:
+    """Seconds of the estimate's own work in one step, timed alone on the step's buckets (median of reps): the
+    squared norm of every bucket as it is launched, the measure after the exchange, the update."""
+    import time
+
+    import torch
+
+    found, times = torch.zeros(()), []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        dp._reset()
+        for b in dp.buckets:
+            dp._add_norm(b)
+        noise.update(noise.measure(dp, None), found, batch)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
 
 
 def interleaved(rounds: int, steps: int, batches: list[int]) -> dict:
@@ -170,15 +191,26 @@ def interleaved(rounds: int, steps: int, batches: list[int]) -> dict:
         doc = json.loads(Path(out).read_text())
     table = {}
     print(
-        "| per-rank batch | on: s per step (median) | off: s per step (median) | on/off steps per second |\n|---|---|---|---|"
+        "| per-rank batch | on: s per step (median) | off: s per step (median) | on/off steps per second (ratio of "
+        "medians; median of the rounds' ratios) | the estimate's own work per step, timed alone | off / (off + it) |"
+        "\n|---|---|---|---|---|---|"
     )
     for b in batches:
-        med = {
-            on: statistics.median(r["step_s"] for r in doc["rows"] if r["per_rank_batch"] == b and r["noise"] is on)
-            for on in (True, False)
-        }
+        mine = [r for r in doc["rows"] if r["per_rank_batch"] == b and "step_s" in r]
+        med = {on: statistics.median(r["step_s"] for r in mine if r["noise"] is on) for on in (True, False)}
+        pairs = statistics.median(
+            next(o["step_s"] for o in mine if o["round"] == r["round"] and not o["noise"]) / r["step_s"]
+            for r in mine
+            if r["noise"]
+        )
+        work = next(r["noise_work_s"] for r in doc["rows"] if r["per_rank_batch"] == b and "noise_work_s" in r)
+        implied = med[False] / (med[False] + work)
         table[b] = {"on_step_s": med[True], "off_step_s": med[False], "ratio": med[False] / med[True]}
-        print(f"| {b} | {med[True]:.4f} | {med[False]:.4f} | {med[False] / med[True]:.3f} |")
+        table[b] |= {"ratio_of_rounds": pairs, "noise_work_s": work, "implied_ratio": implied}
+        print(
+            f"| {b} | {med[True]:.4f} | {med[False]:.4f} | {med[False] / med[True]:.3f}; {pairs:.3f} | "
+            f"{work * 1e3:.2f} ms | {implied:.4f} |"
+        )
     return {"rows": doc["rows"], "by_batch": table, "noise_state_at_end": doc["noise_state"]}
 
 
