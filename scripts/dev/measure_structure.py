@@ -98,6 +98,7 @@ TORCH_SIDE = (
     "train.graphs",
     "train.loop",
     "train.models",
+    "train.noise",
     "train.optim",
     "train.report",
     "train.state",
