@@ -14,7 +14,7 @@ same without a broadcast; the decided starts are kept in the checkpoint's positi
 regrid and the next grid's ranks continue the same schedule.
 
 The schedule module asks this one through ``CONTROLS`` with its own objects (duck-typed here, so that this
-module does not import it back): ``problem`` (world-independent checks), ``boundaries`` (each stage's
+module does not import it back): ``problem`` (world-independent checks), ``resolve`` (each stage's
 until_epoch given the starts decided so far; undecided ones at their latest), ``problem_at`` (checks at a
 world size) and ``cells``/``footer`` (the dry run's table).
 """
@@ -64,8 +64,9 @@ class FixedControl:
                     )
         return ""
 
-    def boundaries(self, schedule: Any, starts: Sequence[int]) -> list[int]:
-        return [st.until_epoch for st in schedule.stages]
+    def resolve(self, schedule: Any, starts: Sequence[int]) -> list[dict]:
+        """The table is the schedule: nothing changes."""
+        return [{} for _ in schedule.stages]
 
     def problem_at(self, schedule: Any, stages: Sequence[Any], world_size: int) -> str:
         return ""
@@ -81,7 +82,7 @@ def windows(schedule: Any) -> list[tuple[int, int]]:
     """(earliest, latest) start epoch of each stage; stage 0's is (0, 0). By default a stage may start one
     epoch after the previous one could (each stage runs at least an epoch) and at the table's epoch at the
     latest, so the table is the slowest the noise control grows the batch."""
-    out = [(0, 0)]
+    out: list[tuple[int, int]] = [(0, 0)]
     for i in range(1, len(schedule.stages)):
         st = schedule.stages[i]
         out.append((st.earliest_epoch or out[-1][0] + 1, st.latest_epoch or schedule.stages[i - 1].until_epoch))
@@ -148,17 +149,19 @@ class NoiseControl:
             prev = hi
         return ""
 
-    def boundaries(self, schedule: Any, starts: Sequence[int]) -> list[int]:
-        """Each stage's until_epoch: the decided start of the next stage, else its latest (kept increasing)."""
-        wins, ends = windows(schedule), []
+    def resolve(self, schedule: Any, starts: Sequence[int]) -> list[dict]:
+        """Each stage's until_epoch: the decided start of the next stage, else the next stage's latest (kept
+        increasing); the windows pinned, so that the resolved schedule keeps them."""
+        wins, out = windows(schedule), list[dict]()
         for k, st in enumerate(schedule.stages):
             if k == len(schedule.stages) - 1:
-                end = max(st.until_epoch, ends[-1] + 1 if ends else 1)
+                end = st.until_epoch
             else:
                 end = starts[k] if k < len(starts) else wins[k + 1][1]
-                end = max(end, ends[-1] + 1 if ends else 1)
-            ends.append(end)
-        return ends
+            end = max(end, out[-1]["until_epoch"] + 1 if out else 1)
+            pin = {"earliest_epoch": wins[k][0], "latest_epoch": wins[k][1]} if k else {}
+            out.append({"until_epoch": end, **pin})
+        return out
 
     def problem_at(self, schedule: Any, stages: Sequence[Any], world_size: int) -> str:
         """A stage the rule must end needs a small batch to measure against: more than one rank, or gradient

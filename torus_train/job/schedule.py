@@ -235,14 +235,21 @@ class Schedule:
         """Where the ranks stop: stop_epoch, else epochs."""
         return self.stop_epoch or self.epochs
 
+    def resolved(self, starts: Sequence[int] = ()) -> Schedule:
+        """This schedule with each stage's until_epoch where its control puts it, given the starts decided so
+        far: the table itself for the fixed control; for the noise control, the undecided stages at their
+        latest start."""
+        changes = CONTROLS[self.control].resolve(self, list(starts))
+        if not any(changes):
+            return self
+        moved = [dataclasses.replace(st, **c) for st, c in zip(self.stages, changes, strict=True)]
+        return dataclasses.replace(self, stages=moved)
+
     def at(self, world_size: int, starts: Sequence[int] = ()) -> BatchSchedule:
         """This schedule on ``world_size`` ranks, with the stage starts its control decided so far (``starts[k]``
         is the first epoch of stage k + 1); ScheduleError if a stage's batch does not fit."""
-        control = CONTROLS[self.control]
-        ends = control.boundaries(self, list(starts))
-        moved = [dataclasses.replace(st, until_epoch=end) for st, end in zip(self.stages, ends, strict=True)]
-        batch = BatchSchedule(dataclasses.replace(self, stages=moved) if moved != self.stages else self, world_size)
-        problem = control.problem_at(self, batch.stages, world_size)
+        batch = BatchSchedule(self.resolved(starts), world_size)
+        problem = CONTROLS[self.control].problem_at(self, batch.stages, world_size)
         if problem:
             raise ScheduleError(problem)
         return batch
