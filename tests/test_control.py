@@ -55,7 +55,11 @@ def test_the_multiple_scales_the_threshold():
     s = noise_schedule(noise_multiple=2.0)
     assert run_rule(s, {1: 300, 2: 600, 3: 1000, 4: 1100}) == [(2, "noise scale"), (4, "noise scale")]
     d = decide(s, s.global_batches(2), [], 2, 600.0)
-    assert d is not None and d.threshold == 512 and "B_simple 600 >= 512 (noise scale)" in d.text()
+    assert (
+        d is not None
+        and d.threshold == 512
+        and d.text() == "stage 1 starts at epoch 2: B_simple 600 >= 512 (noise scale)"
+    )
 
 
 def test_earliest_and_latest_bound_the_start():

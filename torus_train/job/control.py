@@ -43,9 +43,17 @@ class Decision:
     """"noise scale" (B_simple reached the threshold) or "latest epoch" (the window's end)."""
 
     def text(self) -> str:
-        b = "no estimate yet" if self.noise_scale is None else f"B_simple {self.noise_scale:,.0f}"
-        cmp = ">=" if self.why == "noise scale" else "<"
-        return f"stage {self.stage} starts at epoch {self.epoch}: {b} {cmp} {self.threshold:,.0f} ({self.why})"
+        if self.why == "noise scale":
+            return (
+                f"stage {self.stage} starts at epoch {self.epoch}: B_simple {self.noise_scale:,.0f} >= "
+                f"{self.threshold:,.0f} (noise scale)"
+            )
+        b = (
+            "no B_simple measured"
+            if self.noise_scale is None
+            else f"B_simple {self.noise_scale:,.0f} < {self.threshold:,.0f}"
+        )
+        return f"stage {self.stage} starts at epoch {self.epoch}, its latest epoch ({b})"
 
 
 class FixedControl:

@@ -23,7 +23,7 @@ from torus_train.job.elastic import shrink
 from torus_train.job.launch import fixed_grid, inside_launched_rank, plan_launch, usable_cpus
 from torus_train.job.launchers.local import torchrun_attempt
 from torus_train.job.legs import leg_at, leg_spec, legs_text, plan_legs
-from torus_train.job.noise import learnability_lines
+from torus_train.job.noise import NoisePoint, learnability_lines
 from torus_train.job.sources import source_of
 from torus_train.job.spec import JobSpec
 from torus_train.job.work import train_images
@@ -61,6 +61,9 @@ class RunOptions:
     """Restarts from the latest checkpoint after failures that a restart may cure, over the whole job."""
     elastic: bool = False
     """Drop a node whose ranks failed in two attempts in a row and continue on the others."""
+    noise: tuple[list[NoisePoint], str] | None = None
+    """A finished run's measured noise scale and its name (--noise-from): the dry run predicts each stage's
+    efficiency from it."""
 
 
 @dataclass
@@ -108,7 +111,7 @@ def run_job(spec: JobSpec, options: RunOptions) -> JobResult:
             return JobResult(out, dry_run=dry_run_report(first_spec, plan, legs, problem=e), problem=e)
         raise
     if dry_run:
-        return JobResult(out, dry_run=dry_run_report(first_spec, plan, legs, checked))
+        return JobResult(out, dry_run=dry_run_report(first_spec, plan, legs, checked, noise=options.noise))
     check_out(out, resume, overwrite)  # refused before the data is prepared; nothing removed yet
     prepare_data(spec, log=echo_err)  # a data fault found here leaves the output folder as it was
     prepare_out(out, resume, overwrite)
