@@ -91,6 +91,7 @@ TORCH_SIDE = (
     "train.graphs",
     "train.loop",
     "train.models",
+    "train.noise",
     "train.optim",
     "train.report",
     "train.state",

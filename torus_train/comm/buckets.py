@@ -51,6 +51,8 @@ class Bucket:
     pending: int = 0
     """Gradients of this step not in yet."""
     futures: list = field(default_factory=list)
+    tail: int = 0
+    """Elements after the gradients: the stats slot (BucketedModel's ``stats``), exchanged with them."""
 
 
 def plan_buckets(params: list, bucket_bytes: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[list]:
@@ -67,15 +69,28 @@ class BucketedModel:
     Called like the model; ``module`` is the model itself (its state_dict has no prefix)."""
 
     def __init__(
-        self, module: nn.Module, state: TorusHookState | None, bucket_mb: float, first_bytes: int = FIRST_BUCKET_BYTES
+        self,
+        module: nn.Module,
+        state: TorusHookState | None,
+        bucket_mb: float,
+        first_bytes: int = FIRST_BUCKET_BYTES,
+        stats: bool = False,
     ):
         self.module = module
         self.torus_hook_state = state
         """The exchange's settings (algorithm, groups, wire dtype, where it runs); None: a world of one."""
         params = [p for p in module.parameters() if p.requires_grad]
-        self.buckets = [
-            self._bucket(i, ps) for i, ps in enumerate(plan_buckets(params, int(bucket_mb * 2**20), first_bytes))
-        ]
+        cut = plan_buckets(params, int(bucket_mb * 2**20), first_bytes)
+        self.buckets = [self._bucket(i, ps, int(stats and i == len(cut) - 1)) for i, ps in enumerate(cut)]
+        self.stats: torch.Tensor | None = self.buckets[-1].flat[-1:] if stats and self.buckets else None
+        """The stats slot: one element after the last bucket's gradients (the last bucket launched), written
+        with this rank's squared gradient norm, summed over every bucket as each is launched (before its
+        exchange divides it); the exchange averages it with the gradients, so after finish() it holds the mean
+        over the ranks of their squared norms, with no collective of its own (train/noise.py reads it)."""
+        self.stats_scale: torch.Tensor | None = None
+        """The loss scale that made this step's gradients (a device tensor, the GradScaler's own), divided out
+        of the stats slot squared before it is exchanged: the slot then fits a half-precision wire."""
+        self._local_sq: torch.Tensor | None = None
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         self._syncing = True
@@ -90,14 +105,18 @@ class BucketedModel:
             broadcast_state(module)  # every rank starts from rank 0's parameters and buffers, as DDP does
 
     @staticmethod
-    def _bucket(index: int, params: list) -> Bucket:
-        flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    def _bucket(index: int, params: list, tail: int = 0) -> Bucket:
+        flat = torch.zeros(sum(p.numel() for p in params) + tail, dtype=params[0].dtype, device=params[0].device)
         views, offset = [], 0
         for p in params:  # the gradient keeps the parameter's strides (DDP's gradient_as_bucket_view)
             views.append(flat.as_strided(p.shape, p.stride(), offset))
             p.grad = views[-1]
             offset += p.numel()
-        return Bucket(index, params, flat, views, pending=len(params))
+        return Bucket(index, params, flat, views, pending=len(params), tail=tail)
+
+    def gradient_parts(self) -> list[torch.Tensor]:
+        """Each bucket's gradients as one flat tensor (the stats slot left out)."""
+        return [b.flat[: b.flat.numel() - b.tail] for b in self.buckets]
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -124,6 +143,7 @@ class BucketedModel:
             b.pending = len(b.params)
             b.futures = []
         self._launched = 0
+        self._local_sq = None
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -144,6 +164,8 @@ class BucketedModel:
             self._launched += 1
 
     def _launch(self, b: Bucket) -> None:
+        if self.stats is not None:
+            self._add_norm(b)
         state = self.torus_hook_state
         if state is None:
             return
@@ -169,6 +191,16 @@ class BucketedModel:
             reduce_bucket(state, b.flat)
             return
         b.futures.append(state.pool().submit(reduce_bucket, state, b.flat))
+
+    def _add_norm(self, b: Bucket) -> None:
+        """This rank's squared gradient norm, bucket by bucket before each is exchanged (on the stream that
+        wrote the gradients, before the exchange's stream waits for it); into the stats slot with the last."""
+        g = b.flat[: b.flat.numel() - b.tail]
+        sq = torch.dot(g, g)
+        self._local_sq = sq if self._local_sq is None else self._local_sq + sq
+        if b.tail:
+            scale = self.stats_scale
+            b.flat[-1:].copy_(self._local_sq if scale is None else self._local_sq / scale.float().square())
 
     def finish(self) -> None:
         """Join the exchange: every bucket launched (those with a parameter that got no gradient now, in

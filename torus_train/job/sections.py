@@ -183,6 +183,14 @@ class EvalSection:
 
 
 @dataclass
+class NoiseSection:
+    enabled: bool = True
+    """Estimate the gradient noise scale B_simple on every step from the gradient exchange (docs/noise.md)."""
+    average_epochs: float = 0.25
+    """Time constant of its moving averages, in epochs of examples (decay per example, so stages keep them)."""
+
+
+@dataclass
 class JobSpec:
     """The whole job, section by section (job/spec.py's load_spec builds and validates one)."""
 
@@ -206,6 +214,8 @@ class JobSpec:
     """Checkpointing."""
     eval: EvalSection = field(default_factory=EvalSection)
     """Evaluation."""
+    noise: NoiseSection = field(default_factory=NoiseSection)
+    """The gradient noise scale."""
 
     @property
     def out_dir(self) -> Path:

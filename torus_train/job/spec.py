@@ -120,6 +120,7 @@ def _check_ranges(spec: JobSpec) -> None:
         ("comm.bucket_mb", spec.comm.bucket_mb, MAX_BUCKET_MB),
         ("comm.timeout_s", spec.comm.timeout_s, MAX_TIMEOUT_S),
         ("data.stage_timeout_s", spec.data.stage_timeout_s, MAX_TIMEOUT_S),
+        ("noise.average_epochs", spec.noise.average_epochs, MAX_EPOCHS),
     ):
         if not value > 0:
             raise SpecError(f"{path}: {value!r} must be > 0")

@@ -20,6 +20,9 @@ INTERVAL_TAGS = {
     "data_time": "speed/data_wait_s",
     "step_time": "speed/step_s",
     "skipped_steps": "train/skipped_steps",
+    "noise_scale": "noise/b_simple",
+    "noise_g2": "noise/g2",
+    "noise_trace": "noise/trace",
 }
 """metrics.jsonl interval field -> TensorBoard tag."""
 EVAL_TAGS = {"top1": "val/top1", "top5": "val/top5", "val_loss": "val/loss"}
@@ -63,7 +66,7 @@ class Board:
             return
         w = self._open()
         for name, tag in tags.items():
-            if name in rec:
+            if rec.get(name) is not None:
                 w.add_scalar(tag, rec[name], rec["step"])
 
     def close(self) -> None:

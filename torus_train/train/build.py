@@ -112,7 +112,9 @@ def wrap_ddp(model: nn.Module, spec: JobSpec, boot: Bootstrap) -> BucketedModel:
     state = TorusHookState(
         boot.groups, algo=mode.same_as or mode.name, compression=compression, asynchronous=mode.asynchronous
     )
-    return BucketedModel(model, state, spec.comm.bucket_mb)
+    # the stats slot carries each rank's squared gradient norm to the noise scale (train/noise.py)
+    stats = spec.noise.enabled and boot.info.world_size > 1
+    return BucketedModel(model, state, spec.comm.bucket_mb, stats=stats)
 
 
 def time_step(dp: BucketedModel, spec: JobSpec, device: torch.device, micro_batch: int, accumulation: int) -> float:

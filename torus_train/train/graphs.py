@@ -135,6 +135,7 @@ def _step_tensors(rs) -> list[torch.Tensor]:
             t for t in (getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None)) if t is not None
         ]
     found += [t for t in (rs.skip_counts, getattr(rs, "step_now", None)) if t is not None]
+    found += [rs.noise.state] if getattr(rs, "noise", None) is not None else []
     return found
 
 

@@ -45,6 +45,7 @@ from torus_train.train.faults import Fault, install
 from torus_train.train.follow import follow_control
 from torus_train.train.graphs import StepGraph, choice_without
 from torus_train.train.graphs import wanted as graphs_wanted
+from torus_train.train.noise import build_noise, no_estimate
 from torus_train.train.report import (
     Progress,
     log_interval,
@@ -118,6 +119,8 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
         progress.prior = (prior, first.global_batch)
     if progress and boot.device.type != "cuda" and spec.model.precision != "fp32":
         progress.say(f"CPU ranks run fp32 (model.precision = {spec.model.precision} applies on GPUs)")
+    if progress and no_estimate(spec, boot.info.world_size):
+        progress.say(no_estimate(spec, boot.info.world_size))
     graphs = None
     if graphs_wanted(spec, boot):
         graphs = StepGraph(progress.say if progress else None, agree=lambda why: consensus(why, boot.device))
@@ -137,6 +140,7 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
         corrupt=CorruptLog(),
         step_now=torch.zeros((), dtype=torch.int64, device=boot.device),
         graphs=graphs,
+        noise=build_noise(spec, boot.device, boot.info.world_size),
     )
     if graphs is None:
         rs.choices["cuda_graphs"] = choice_without(spec, boot)
@@ -151,6 +155,8 @@ def switch_stage(rs: RunState, epoch: int) -> None:
             rs.loader.close()
         rs.loader = build_loader(rs.spec, rs.boot, "train", stage.per_rank_batch, rs.corrupt, rs.decoder)
         rs.loader_batch = stage.per_rank_batch
+        if rs.noise is not None:  # the averages' time constant: noise.average_epochs of the train split
+            rs.noise.set_epoch(rs.loader.num_samples)
         record_stage(rs, epoch, stage)
         if rs.graphs is not None:
             rs.graphs.new_stage()  # new shapes: captured again after the stage's warm-up

@@ -125,6 +125,8 @@ class Progress:
             f"{rec['images_per_second']:,.0f} img/s | loss {rec['loss']:.4f} | lr {rec['lr']:.4g} | "
             f"batch {rec['global_batch']} | ETA {self.eta_text(rec['step'])}"
         )
+        if rec.get("noise_scale") is not None:
+            line += f" | noise scale {rec['noise_scale']:,.0f}"
         if self.tty:
             print("\r" + line.ljust(110), end="", flush=True)
         else:
@@ -151,6 +153,8 @@ def record_stage(rs: RunState, epoch: int, stage) -> None:
     )
     if not rs.rank0:
         return
+    if rs.noise is not None:  # the averaged noise scale as the stage begins (summary.json)
+        rs.noise_marks.append({"epoch": epoch, "stage": stage.index, "step": rs.pos.global_step, **rs.noise.read()})
     write_jsonl(
         rs.metrics,
         {
@@ -196,6 +200,8 @@ def log_interval(rs: RunState, interval: dict, epoch: int, stage, lr: float) -> 
         "step_time": seconds / n,
         "wall_seconds": round(rs.wall(), 3),
     }
+    if rs.rank0 and rs.noise is not None:
+        rec.update(rs.noise.read())  # read here, once per interval: the step never reads it
     if not math.isfinite(rec["loss"]):
         log.warning("step %d: loss is %s", rs.pos.global_step, rec["loss"])
     log.info(
@@ -332,10 +338,18 @@ def summary(rs: RunState, wall: float, digest: str, agree: bool, ranks: dict | N
         "target_top1": spec.eval.target_top1 or None,
         "time_to_target_epoch": pos.target_epoch,
         "time_to_target_seconds": pos.target_seconds,
+        "noise_scale": noise_summary(rs),
         "param_digest": digest,
         "param_digests_agree": agree,
         **(ranks or {}),
     }
+
+
+def noise_summary(rs: RunState) -> dict | None:
+    """The averaged noise scale at each stage change (as the stage began) and at the end; None when off."""
+    if rs.noise is None:
+        return None
+    return {"stage_changes": list(rs.noise_marks), "end": rs.noise.read()}
 
 
 def data_classes(loader) -> dict:

@@ -89,6 +89,11 @@ class RunState:
     step_now: Any = None
     """The number of the step being taken, a 0-dim int64 device tensor the loop writes before each step
     (step.set_step), which a captured step reads."""
+    noise: Any = None
+    """noise.NoiseScale: the gradient noise scale's averages on the device (None: noise.enabled off, or one
+    rank); ``rs.noise.b_simple()`` is the averaged B_simple as a 0-dim device tensor, alike on every rank."""
+    noise_marks: list = field(default_factory=list)
+    """Rank 0: the noise scale read at each stage change, for summary.json."""
     graphs: Any = None
     """graphs.StepGraph when the step is replayed from CUDA graphs (model.cuda_graphs = auto on NCCL), else None."""
     decoder: str = "auto"
@@ -150,6 +155,7 @@ def checkpoint_state(rs: RunState) -> dict | None:
         "model": rs.model.state_dict(),
         "optimizer": rs.optimizer.state_dict(),
         "scaler": rs.scaler.state_dict() if rs.scaler else None,
+        "noise": rs.noise.state.cpu() if rs.noise is not None else None,
         "position": vars(rs.pos).copy(),
         "grid": str(rs.boot.grid),
         "world_size": rs.boot.info.world_size,
@@ -324,6 +330,8 @@ def resume(rs: RunState, regrid: bool = False) -> bool:
         rs.optimizer.load_state_dict(state["optimizer"])
         if rs.scaler is not None and state.get("scaler"):
             rs.scaler.load_state_dict(state["scaler"])
+        if rs.noise is not None and state.get("noise") is not None:  # the averages go on where they were
+            rs.noise.state.copy_(state["noise"])
         rs.pos = Position(**state["position"])
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__

@@ -75,7 +75,8 @@ def step_body(rs, images, labels, accumulation: int) -> torch.Tensor:
     last backward, comm/buckets.py); join the exchange; the update, which skips a step with non-finite
     gradients on the device (the GradScaler's found_inf with fp16, nonfinite_flag otherwise) and counts it on
     the device (count_skips); check_nonfinite reads the counts at each logging interval and before anything
-    is saved. The LR and the step number come from device tensors the loop writes before the step."""
+    is saved. The noise scale's averages (rs.noise, train/noise.py) take the step's two squared gradient norms
+    on the device: each rank's rides in the exchange (the buckets' stats slot). The LR and the step number come from device tensors the loop writes before the step."""
     dp = rs.ddp
     dp.zero_grad()
     total = torch.zeros((), dtype=torch.float64, device=images.device)
@@ -87,9 +88,13 @@ def step_body(rs, images, labels, accumulation: int) -> torch.Tensor:
                 x.device.type, dtype=rs.amp_dtype, enabled=rs.amp_dtype is not None, cache_enabled=False
             ):
                 loss = rs.loss_fn(dp(x), y) / accumulation
-            (rs.scaler.scale(loss) if rs.scaler else loss).backward()
+            scaled = rs.scaler.scale(loss) if rs.scaler else loss
+            dp.stats_scale = loss_scale(rs)  # made by the first scale() of a run; the same tensor after
+            scaled.backward()
         total += loss.detach().float()
     dp.finish()
+    noise = getattr(rs, "noise", None)
+    measured = noise.measure(dp, loss_scale(rs)) if noise is not None else None  # before the scaler updates
     if rs.scaler is not None:
         # LARS and SGD take found_inf and the scale themselves: GradScaler.step reads nothing back
         rs.scaler.step(rs.optimizer)
@@ -99,7 +104,14 @@ def step_body(rs, images, labels, accumulation: int) -> torch.Tensor:
         found = nonfinite_flag(dp.module)
         step_unless(rs.optimizer, found)
     count_skips(rs, found)
+    if noise is not None:
+        noise.update(measured, found, images.shape[0])  # a skipped step leaves the averages as they were
     return total
+
+
+def loss_scale(rs) -> torch.Tensor | None:
+    """The GradScaler's scale tensor (the factor in this step's gradients), None without loss scaling."""
+    return getattr(rs.scaler, "_scale", None) if rs.scaler is not None else None
 
 
 SKIP_COUNTS = ("in a row now", "total", "last skipped step", "step the limit was reached")

@@ -1,0 +1,52 @@
+"""The noise scale's two squared norms through the real exchange (train/noise.py, comm/buckets.py's stats
+slot): on 2x2 and 2x3 grids, shared-memory and gloo rows, every algorithm training runs (torus, torus-sync,
+flat, hierarchical, ddp), they equal the single-process values on the same shards (torch.func per-example
+gradients of the label-smoothed loss), with accumulation 1 and 2 and with the loss scaled by 2^16; every
+rank holds the same bits; an injected inf leaves the averages unchanged (tests/dist/noise_worker.py)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from torus_train.ranks.bootstrap import free_port
+from torus_train.ranks.localrun import run_local_ranks
+
+WORKER = str(Path(__file__).with_name("noise_worker.py"))
+ALGOS = "torus,torus-sync,flat,hierarchical,ddp"
+CHECKS = 6  # per algorithm: s, q and the averages; the same bits; accumulation 2; scale 2^16; the inf step
+
+
+def run(grid: str, shm: bool, out: Path) -> list[int]:
+    x, y = map(int, grid.split("x"))
+    world, port = x * y, str(free_port())
+    envs = [
+        {
+            "RANK": str(r),
+            "WORLD_SIZE": str(world),
+            "MASTER_PORT": port,
+            "GRID": grid,
+            "ALGOS": ALGOS,
+            "CHECK_OUT": str(out),
+            "OMP_NUM_THREADS": "1",
+            "TORUS_TRAIN_SHM": "1" if shm else "0",
+        }
+        for r in range(world)
+    ]
+    run_local_ranks([[sys.executable, WORKER]] * world, envs, what=f"noise exchange check on {grid}")
+    return [int(Path(f"{out}.{r}").read_text()) for r in range(world)]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "grid,shm",
+    [
+        ("2x3", True),
+        ("2x2", False),
+        pytest.param("2x2", True, marks=pytest.mark.slow),
+        pytest.param("2x3", False, marks=pytest.mark.slow),
+    ],
+)
+def test_the_exchanged_norms_equal_the_single_process_values(grid, shm, tmp_path):
+    world = int(grid[0]) * int(grid[2])
+    assert run(grid, shm, tmp_path / "c") == [CHECKS * len(ALGOS.split(","))] * world
