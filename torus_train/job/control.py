@@ -172,14 +172,16 @@ class NoiseControl:
         return out
 
     def problem_at(self, schedule: Any, stages: Sequence[Any], world_size: int) -> str:
-        """A stage the rule must end needs a small batch to measure against: more than one rank, or gradient
-        accumulation (micro-batches) on the one."""
+        """A stage the rule must end needs a small batch to measure against. The estimate (train/noise.py)
+        sets a rank's whole batch (micro-batch x accumulation) against the exchanged one, so one rank has
+        none, with or without accumulation (per-micro-batch norms would give it one; not measured)."""
         for st in stages:
-            if st.index < len(schedule.stages) - 1 and st.per_rank_batch == st.global_batch and st.accumulation == 1:
+            if st.index < len(schedule.stages) - 1 and st.per_rank_batch == st.global_batch:
+                acc = "without" if st.accumulation == 1 else "even with"
                 return (
-                    f'schedule.control = "noise": stage {st.index} runs on one rank without gradient accumulation, '
+                    f'schedule.control = "noise": stage {st.index} runs on one rank ({acc} gradient accumulation), '
                     "so the noise scale has no small batch to compare (B_small = B_big) and no estimate; run 2 or "
-                    'more ranks, set schedule.max_per_rank_batch below its per-rank batch, or use control = "fixed"'
+                    'more ranks, or use schedule.control = "fixed"'
                 )
         return ""
 

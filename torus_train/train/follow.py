@@ -25,10 +25,9 @@ log = logging.getLogger("torus_train.train")
 def noise_scale(rs: RunState) -> float | None:
     """The averaged B_simple now (one host read), None where the run has no estimate (one rank, or nothing
     measured yet)."""
-    source = getattr(rs, "noise", None)  # train/noise.py's NoiseScale (i52-estimate); None: no estimate
-    if source is None:
+    if rs.noise is None:  # train/noise.py: noise.enabled off, or one rank
         return None
-    value = float(source.b_simple().item())
+    value = float(rs.noise.b_simple().item())  # NaN until the |G|^2 average is positive
     return value if math.isfinite(value) and value > 0 else None
 
 
