@@ -141,9 +141,9 @@ def test_report_draws_the_noise_panel(tmp_path):
 
 def test_dry_run_noise_from_prints_each_stages_predicted_efficiency(tmp_path):
     ref = write_noise_run(tmp_path / "ref")
+    argv = [sys.executable, "-m", "torus_train", "run", "--dry-run", "--out", str(tmp_path / "o")]
     r = subprocess.run(
-        [sys.executable, "-m", "torus_train", "run", "--dry-run", "--out", str(tmp_path / "o")]
-        + ["--epochs", "4", "--noise-from", str(ref)],
+        [*argv, "--epochs", "4", "--noise-from", str(ref)],
         capture_output=True,
         text=True,
         timeout=120,
