@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 from torus_train.errors import UserError
+from torus_train.job.control import CONTROLS
 from torus_train.job.hosts import total_slots
 from torus_train.job.launchers.base import LaunchPlan
 from torus_train.job.legs import Leg, legs_text
@@ -37,6 +38,11 @@ def dry_run_report(
         lines += stage_lines(noise[0], schedule, noise[1])
     if len(legs) > 1:
         lines.append(f"grid stages: {legs_text(legs)}; the launcher checkpoints and moves the job at each change")
+        if CONTROLS[spec.schedule.control].rule:
+            lines.append(
+                f'(schedule.control = "{spec.schedule.control}": each grid ends where the rule starts the next '
+                "grid's first stage; the epochs above are the latest it may end)"
+            )
     if problem is None:
         lines.append("# preflight passed: " + "; ".join(checked or []))
     return "\n".join(lines)
