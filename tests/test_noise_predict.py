@@ -185,3 +185,32 @@ def test_the_missions_dry_run_warns_that_its_schedule_cannot_learn(tmp_path):
     assert [line for line in lars.stdout.splitlines() if line.startswith("warning:")] == warn[:1]
     small = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert small.returncode == 0 and "warning:" not in small.stdout
+
+
+def test_the_control_table_script_reads_run_folders(tmp_path):
+    """scripts/experiments/control_table.py on a recipe_seeds-style folder holding one toy run."""
+    run = write_noise_run(tmp_path / "noise" / "seed0-t1")
+    evals = [
+        {"event": "eval", "epoch": e, "step": 4 * (e + 1), "top1": 0.5 + 0.15 * e, "top5": 1.0, "wall_seconds": 4.0 * e}
+        for e in range(4)
+    ]
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in evals))
+    s = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**s, "target_top1": 0.9, "param_digest": "ab" * 32}))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "experiments" / "control_table.py"
+    r = subprocess.run(
+        [sys.executable, str(script), f"noise={tmp_path / 'noise'}", "--json", str(tmp_path / "rows.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads((tmp_path / "rows.json").read_text())
+    assert (row["stage_starts"], row["decided_by"], row["steps_to_target"], row["target_epoch"]) == (
+        [0, 2],
+        ["noise scale"],
+        16,
+        4,
+    )
+    assert "| noise | seed0-t1 | 0, 2 | noise scale | 16 (4) | 12.0 | 95.0% | 16 | 16.0 |" in r.stdout
