@@ -75,7 +75,7 @@ def rank_state(m, accumulation, per_rank_world=1):
     noise = NoiseScale(torch.device("cpu"), per_rank_world, 1.0)
     noise.set_epoch(1000)
     return types.SimpleNamespace(
-        ddp=BucketedModel(m, None, 0.0003, stats=True),
+        ddp=BucketedModel(m, None, 0.0003, stats=per_rank_world > 1),  # as train/build.py makes it
         optimizer=opt,
         loss_fn=nn.CrossEntropyLoss(label_smoothing=0.1),
         amp_dtype=None,
@@ -95,9 +95,9 @@ def test_the_rank_gradient_is_the_mean_over_its_whole_batch(accumulation):
     x, y = data(8)
     m = model()
     expected = per_example(m, x, y, 0.1).mean(0)
-    rs = rank_state(m, accumulation)
+    rs = rank_state(m, accumulation, per_rank_world=2)  # the stats slot holds this rank's |g|^2 (no exchange)
     seen = []
-    rs.noise.update = lambda v, found, b: seen.append((v.clone(), b))
+    rs.noise.update = lambda v, found, b, k: seen.append((v.clone(), b))
     step_body(rs, x, y, accumulation)
     flat = torch.cat(rs.ddp.gradient_parts()).double()
     order = [p for b in rs.ddp.buckets for p in b.params]
@@ -106,7 +106,7 @@ def test_the_rank_gradient_is_the_mean_over_its_whole_batch(accumulation):
     assert torch.allclose(torch.cat([p.grad.reshape(-1) for p in m.parameters()]).double(), expected, rtol=1e-5)
     ((v, b),) = seen
     assert b == 8
-    assert v[0].item() == pytest.approx(expected.square().sum().item(), rel=1e-5)  # one rank: s = q
+    assert v[0].item() == pytest.approx(expected.square().sum().item(), rel=1e-5)  # no exchange: s = q
     assert v[1].item() == pytest.approx(expected.square().sum().item(), rel=1e-5)
 
 
@@ -134,13 +134,34 @@ def test_the_averages_decay_per_example_and_hold_on_a_skipped_step():
         assert torch.equal(n.state, by_steps)
 
 
-def test_one_rank_has_no_estimate_and_the_spec_can_turn_it_off():
-    assert sizes(1, 64) is None and sizes(4, 64) == (64, 256)
-    spec = load_spec(None)
-    assert spec.noise.enabled and build_noise(spec, torch.device("cpu"), 1) is None
-    assert "one rank has no small batch" in no_estimate(spec, 1) and no_estimate(spec, 2) == ""
+def test_one_rank_without_accumulation_has_no_estimate_and_the_spec_can_turn_it_off():
+    assert sizes(1, 64) is None and sizes(4, 64) == (64, 256) and sizes(1, 64, 2) == (32, 64)
+    spec, cpu = load_spec(None), torch.device("cpu")
+    assert spec.noise.enabled and build_noise(spec, cpu, 1, [1, 1]) is None
+    assert "one rank without accumulation has no small batch" in no_estimate(spec, 1, [1])
+    assert no_estimate(spec, 2, [1]) == no_estimate(spec, 1, [1, 2]) == ""
+    assert build_noise(spec, cpu, 1, [1, 2]) is not None
     off = load_spec(None, [("noise.enabled", False)])
-    assert build_noise(off, torch.device("cpu"), 8) is None and no_estimate(off, 1) == ""
+    assert build_noise(off, cpu, 8, [1]) is None and no_estimate(off, 1, [1]) == ""
+
+
+@pytest.mark.parametrize("accumulation", [2, 4])
+def test_one_rank_with_accumulation_sets_the_micro_batch_against_its_batch(accumulation):
+    """s = the mean over micro-batches of |their gradient|^2, q = |the rank's gradient|^2, from brute force."""
+    x, y = data(8)
+    m = model()
+    per = per_example(m, x, y, 0.1)
+    rs = rank_state(m, accumulation)
+    seen = []
+    update = rs.noise.update
+    rs.noise.update = lambda v, found, b, k: (seen.append(v.clone()), update(v, found, b, k))
+    step_body(rs, x, y, accumulation)
+    s = per.reshape(accumulation, 8 // accumulation, -1).mean(1).square().sum(1).mean().item()
+    q = per.mean(0).square().sum().item()
+    assert seen[0][0].item() == pytest.approx(s, rel=1e-5) and seen[0][1].item() == pytest.approx(q, rel=1e-5)
+    g2, trace = estimates(s, q, 8 // accumulation, 8)
+    got = rs.noise.read()
+    assert got["noise_g2"] == pytest.approx(g2, rel=1e-4) and got["noise_trace"] == pytest.approx(trace, rel=1e-4)
 
 
 def test_no_host_read_in_a_step_with_the_estimate_on():

@@ -161,6 +161,35 @@ def test_before_after_compares_a_checkout_with_itself(tmp_path):
     assert "# bench allreduce torus busbw" in text
 
 
+def test_bench_noise_runs_the_estimate_on_and_off(tmp_path):
+    out = tmp_path / "noise.json"
+    toy = [*TOY_RUN, "--set", "schedule.max_per_rank_batch=4", "--steps", "6"]  # accumulation: one rank estimates
+    text = ok(
+        run_py("bench/bench_noise.py", "--rounds", "1", "--run-args", " ".join(toy), "--json", str(out), timeout=600)
+    )
+    doc = json.loads(out.read_text())
+    assert [r["noise"] for r in doc["runs"]] == [True, False] and "on/off steps per second:" in text
+    on, off = doc["runs"]
+    assert on["steps"] == off["steps"] == 6 and off["log_lines_with_noise_scale"] == 0
+    assert on["log_lines_with_noise_scale"] > 0 and doc["ratio_steps_per_s"] > 0
+
+
+def test_bench_noise_compares_two_rehearsals_traces(tmp_path):
+    def trace(folder, numel, op="all_reduce"):
+        c = {"kind": "collective", "op": op, "group": "0-31", "root": None, "dtype": "float16", "numel": numel}
+        c |= {"captured": False, "replay": False, "phase": "steps of stage 0"}
+        folder.mkdir(exist_ok=True)
+        (folder / "trace-straight-rank0.json").write_text(json.dumps({"events": [{"kind": "group"}, c]}))
+
+    trace(tmp_path / "on", 1025)
+    trace(tmp_path / "off", 1024)
+    args = ["--compare-traces", str(tmp_path / "on"), str(tmp_path / "off")]
+    assert "| trace-straight-rank0.json | 1 / 1 | yes | [1] |" in ok(run_py("bench/bench_noise.py", *args))
+    trace(tmp_path / "off", 1024, op="broadcast")
+    done = run_py("bench/bench_noise.py", *args)
+    assert done.returncode == 1 and "| 1 / 1 | NO |" in done.stdout
+
+
 @pytest.mark.slow
 def test_bench_rehearse_one_rank_against_two(tmp_path):
     out = tmp_path / "rehearse.json"

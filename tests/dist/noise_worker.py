@@ -6,7 +6,8 @@ step's two squared norms (the ranks' mean |g_r|^2, exchanged in the slot, and th
 equal the single-process values on the same shards, from torch.func per-example gradients of the smoothed
 loss; and equal again with accumulation 2 and with the loss scaled by 2^16 (a GradScaler); the averages hold
 the same bits on every rank; a step with an injected inf leaves them as they were. Writes how many
-(algo, case) checks passed.
+(algo, case) checks passed. TRANSPORT=mpi (under mpirun): the grid is MpiGrid (mpi4py, the transport of
+`bench allreduce --backend mpi`), the exchange synchronous.
 """
 
 import os
@@ -66,14 +67,15 @@ def run_steps(groups, algo, rank, world, accumulation=1, scale=None, inf_step=Fa
     and after the last."""
     m = model()
     mode = ALGORITHMS.get(algo)
-    state = TorusHookState(groups, algo=mode.same_as or mode.name, asynchronous=mode.asynchronous)
+    sync = mode.asynchronous and groups.backend != "mpi"  # MpiGrid's calls stay on the training thread
+    state = TorusHookState(groups, algo=mode.same_as or mode.name, asynchronous=sync)
     opt = build_optimizer(m, "sgd", 0.1, momentum=0.9)
     opt.use_device_lr("cpu")
     noise = NoiseScale(torch.device("cpu"), world, average_epochs=1.0)
     noise.set_epoch(100 * world * PER_RANK)
     seen = []
     update = noise.update
-    noise.update = lambda v, found, b: (seen.append(v.clone()), update(v, found, b))  # type: ignore[method-assign]
+    noise.update = lambda v, found, b, k: (seen.append(v.clone()), update(v, found, b, k))  # type: ignore[method-assign]
     rs = types.SimpleNamespace(
         ddp=BucketedModel(m, state, BUCKET_MB, stats=True),
         optimizer=opt,
@@ -108,7 +110,7 @@ def close(a, b, rtol=2e-5):
     return abs(a - b) <= rtol * max(abs(a), abs(b))
 
 
-def checks(groups, algo, rank, world) -> int:
+def checks(groups, algo, rank, world, gather) -> int:
     s_ref, q_ref = single_process(world)
     v, first, _, _ = run_steps(groups, algo, rank, world)
     s, q = v.tolist()
@@ -118,8 +120,7 @@ def checks(groups, algo, rank, world) -> int:
     w = first[2].item()
     if not (close(first[0].item() / w, g2, 1e-4) and close(first[1].item() / w, trace, 1e-4)):
         sys.exit(f"rank {rank}: {algo}: averages {first.tolist()} against |G|^2={g2!r} tr={trace!r}")
-    every = [torch.empty_like(first) for _ in range(world)]
-    dist.all_gather(every, first)
+    every = gather(first)
     if any(not torch.equal(e.view(torch.int32), first.view(torch.int32)) for e in every):
         sys.exit(f"rank {rank}: {algo}: the averages differ between ranks: {[e.tolist() for e in every]}")
     passed = 3
@@ -135,11 +136,29 @@ def checks(groups, algo, rank, world) -> int:
     return passed + 2
 
 
+def gloo_gather(t):
+    every = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, t)
+    return every
+
+
 def main():
-    rank, world = join_gloo()
-    groups = build_grid_groups(parse_grid(os.environ["GRID"]), timeout=60)
-    passed = sum(checks(groups, algo, rank, world) for algo in os.environ["ALGOS"].split(","))
-    dist.destroy_process_group()
+    grid = parse_grid(os.environ["GRID"])
+    if os.environ.get("TRANSPORT") == "mpi":
+        from mpi4py import MPI
+
+        from torus_train.comm.mpi.transport import MpiGrid
+
+        torch.set_num_threads(1)
+        comm = MPI.COMM_WORLD
+        rank, world, groups = comm.rank, comm.size, MpiGrid(grid)
+        gather = lambda t: [torch.from_numpy(a) for a in comm.allgather(t.numpy())]  # noqa: E731
+    else:
+        rank, world = join_gloo()
+        groups, gather = build_grid_groups(grid, timeout=60), gloo_gather
+    passed = sum(checks(groups, algo, rank, world, gather) for algo in os.environ["ALGOS"].split(","))
+    if dist.is_initialized():
+        dist.destroy_process_group()
     with open(os.environ["CHECK_OUT"] + f".{rank}", "w") as f:
         f.write(str(passed))
 

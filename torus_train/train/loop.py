@@ -119,8 +119,9 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
         progress.prior = (prior, first.global_batch)
     if progress and boot.device.type != "cuda" and spec.model.precision != "fp32":
         progress.say(f"CPU ranks run fp32 (model.precision = {spec.model.precision} applies on GPUs)")
-    if progress and no_estimate(spec, boot.info.world_size):
-        progress.say(no_estimate(spec, boot.info.world_size))
+    accumulations = [st.accumulation for st in schedule.stages]
+    if progress and no_estimate(spec, boot.info.world_size, accumulations):
+        progress.say(no_estimate(spec, boot.info.world_size, accumulations))
     graphs = None
     if graphs_wanted(spec, boot):
         graphs = StepGraph(progress.say if progress else None, agree=lambda why: consensus(why, boot.device))
@@ -140,7 +141,7 @@ def start(spec: JobSpec, boot: Bootstrap, out: Path, stop: StopRequest) -> RunSt
         corrupt=CorruptLog(),
         step_now=torch.zeros((), dtype=torch.int64, device=boot.device),
         graphs=graphs,
-        noise=build_noise(spec, boot.device, boot.info.world_size),
+        noise=build_noise(spec, boot.device, boot.info.world_size, accumulations),
     )
     if graphs is None:
         rs.choices["cuda_graphs"] = choice_without(spec, boot)

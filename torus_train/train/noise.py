@@ -21,7 +21,8 @@ them needs no broadcast. ``read`` is the one host read, at logging intervals and
 The gradient is the one the optimizer gets before weight decay: the mean over the batch of the per-example
 gradient of the training loss (cross-entropy with the spec's label smoothing, reduction mean, divided by the
 accumulation count per micro-batch). With BatchNorm in training mode a per-example gradient depends on its
-micro-batch, so Sigma is the covariance of those. One rank has no small batch: no estimate (``sizes``).
+micro-batch, so Sigma is the covariance of those. One rank with accumulation takes the micro-batch as the small
+batch (``micro``: one copy of the gradients kept); one rank without has no small batch, so no estimate.
 """
 
 from __future__ import annotations
@@ -42,11 +43,14 @@ def estimates(small_sq, big_sq, b_small: float, b_big: float):
     return g2, trace
 
 
-def sizes(world_size: int, per_rank_batch: int) -> tuple[int, int] | None:
-    """(B_small, B_big) of a step; None with one rank: its only gradient is the big batch's."""
-    if world_size < 2:
-        return None
-    return per_rank_batch, per_rank_batch * world_size
+def sizes(world_size: int, per_rank_batch: int, accumulation: int = 1) -> tuple[int, int] | None:
+    """(B_small, B_big) of a step: the rank's whole batch and the global one; on one rank with accumulation the
+    micro-batch and the rank's batch; None on one rank without: its only gradient is the big batch's."""
+    if world_size >= 2:
+        return per_rank_batch, per_rank_batch * world_size
+    if accumulation >= 2:
+        return per_rank_batch // accumulation, per_rank_batch
+    return None
 
 
 class NoiseScale:
@@ -60,28 +64,53 @@ class NoiseScale:
         self.state = torch.zeros(3, dtype=torch.float32, device=device)
         """[weighted sum of |G|^2, weighted sum of tr(Sigma), sum of weights]: the bias-corrected averages are
         the first two over the third (zero weight: nothing measured yet)."""
+        self._before: list[torch.Tensor] = []
+        self._micro_sq: torch.Tensor | None = None
+        """One rank with accumulation: the mean over the step's micro-batches of their gradients' |g_j|^2."""
 
     def set_epoch(self, examples: int) -> None:
         """The train split's size, from which the time constant follows."""
         self.tau = self.average_epochs * examples
+
+    def micro(self, dp, i: int, accumulation: int) -> None:
+        """After micro-batch i's backward, on one rank with accumulation only (the small batch is then the
+        micro-batch): |g_i|^2 from the buckets' difference to before it (each micro-batch adds g_i/accumulation;
+        one copy of the gradients is kept). Device work only."""
+        if self.world_size >= 2 or accumulation < 2:
+            return
+        parts = dp.gradient_parts()
+        if i == 0:
+            self._micro_sq = sum_sq(parts)
+        else:
+            assert self._micro_sq is not None
+            self._micro_sq = self._micro_sq + sum_sq([p - b for p, b in zip(parts, self._before, strict=True)])
+        if i == accumulation - 1:  # sum_j |g_j / k|^2 -> mean_j |g_j|^2
+            self._micro_sq = self._micro_sq * accumulation
+        elif len(self._before) != len(parts):
+            self._before = [p.clone() for p in parts]
+        else:
+            for b, p in zip(self._before, parts, strict=True):
+                b.copy_(p)
 
     def measure(self, dp, scale: torch.Tensor | None) -> torch.Tensor:
         """[s, q] of this step after dp.finish(): the mean over ranks of the ranks' squared gradient norms
         (the exchanged stats slot, from which the buckets divided dp.stats_scale^2 out) and the exchanged
         gradient's, divided by scale^2 (the loss scale that made it, before the scaler updates it in place);
         a float32 tensor on the device."""
-        parts = dp.gradient_parts()
-        q = torch.dot(parts[0], parts[0]).float()
-        for g in parts[1:]:
-            q = q + torch.dot(g, g).float()
+        q = sum_sq(dp.gradient_parts())
+        s = dp.stats.reshape(()).float() if dp.stats is not None else self._micro_sq
+        if s is None:  # one rank without accumulation: update() measures nothing from it
+            s = q
+        elif dp.stats is None and scale is not None:  # the micro-batches' norms, taken here, still scaled
+            s = s / scale.float().square().reshape(())
         if scale is not None:
             q = q / scale.float().square().reshape(())
-        return torch.stack([dp.stats.reshape(()).float(), q])
+        return torch.stack([s, q])
 
-    def update(self, v: torch.Tensor, found: torch.Tensor, per_rank_batch: int) -> None:
+    def update(self, v: torch.Tensor, found: torch.Tensor, per_rank_batch: int, accumulation: int = 1) -> None:
         """Fold this step's [s, q] into the averages unless found (non-finite gradients) or an estimate is not
         finite; per_rank_batch is the rank's whole batch (micro-batch x accumulation)."""
-        b = sizes(self.world_size, per_rank_batch)
+        b = sizes(self.world_size, per_rank_batch, accumulation)
         if b is None or not self.tau > 0:
             return
         g2, trace = estimates(v[0], v[1], *b)
@@ -106,15 +135,26 @@ class NoiseScale:
         return {"noise_scale": trace / g2 if g2 > 0 else None, "noise_g2": g2, "noise_trace": trace}
 
 
-def build_noise(spec, device: torch.device, world_size: int) -> NoiseScale | None:
-    """The estimator of a run, or None where noise.enabled is off or there is one rank."""
-    if not spec.noise.enabled or sizes(world_size, 1) is None:
+def sum_sq(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The squared norm of the tensors together, in float32, summed in their order (the same bits everywhere)."""
+    q = torch.dot(parts[0], parts[0]).float()
+    for g in parts[1:]:
+        q = q + torch.dot(g, g).float()
+    return q
+
+
+def build_noise(spec, device: torch.device, world_size: int, accumulations: list[int]) -> NoiseScale | None:
+    """The estimator of a run, or None where noise.enabled is off or no stage has a small batch (one rank
+    without accumulation in every stage); accumulations: each stage's."""
+    if no_estimate(spec, world_size, accumulations) or not spec.noise.enabled:
         return None
     return NoiseScale(device, world_size, spec.noise.average_epochs)
 
 
-def no_estimate(spec, world_size: int) -> str:
+def no_estimate(spec, world_size: int, accumulations: list[int]) -> str:
     """The line a run with the estimate on but nothing to estimate from says once; "" otherwise."""
-    if spec.noise.enabled and sizes(world_size, 1) is None:
-        return "noise scale: one rank has no small batch to set against the big one, so no estimate"
+    if spec.noise.enabled and not any(sizes(world_size, 2 * k, k) for k in accumulations):
+        return (
+            "noise scale: one rank without accumulation has no small batch to set against the big one, so no estimate"
+        )
     return ""

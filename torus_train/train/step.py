@@ -79,6 +79,7 @@ def step_body(rs, images, labels, accumulation: int) -> torch.Tensor:
     on the device: each rank's rides in the exchange (the buckets' stats slot). The LR and the step number come from device tensors the loop writes before the step."""
     dp = rs.ddp
     dp.zero_grad()
+    noise = getattr(rs, "noise", None)
     total = torch.zeros((), dtype=torch.float64, device=images.device)
     for i, (x, y) in enumerate(zip(images.chunk(accumulation), labels.chunk(accumulation), strict=True)):
         # the exchange runs on the last micro-batch only; the others accumulate locally
@@ -91,9 +92,10 @@ def step_body(rs, images, labels, accumulation: int) -> torch.Tensor:
             scaled = rs.scaler.scale(loss) if rs.scaler else loss
             dp.stats_scale = loss_scale(rs)  # made by the first scale() of a run; the same tensor after
             scaled.backward()
+        if noise is not None:  # one rank with accumulation: the micro-batch is the small batch
+            noise.micro(dp, i, accumulation)
         total += loss.detach().float()
     dp.finish()
-    noise = getattr(rs, "noise", None)
     measured = noise.measure(dp, loss_scale(rs)) if noise is not None else None  # before the scaler updates
     if rs.scaler is not None:
         # LARS and SGD take found_inf and the scale themselves: GradScaler.step reads nothing back
@@ -105,7 +107,7 @@ def step_body(rs, images, labels, accumulation: int) -> torch.Tensor:
         step_unless(rs.optimizer, found)
     count_skips(rs, found)
     if noise is not None:
-        noise.update(measured, found, images.shape[0])  # a skipped step leaves the averages as they were
+        noise.update(measured, found, images.shape[0], accumulation)  # a skipped step leaves the averages as they were
     return total
 
 
