@@ -71,6 +71,16 @@ def test_earliest_and_latest_bound_the_start():
     assert run_rule(s, {}) == [(4, "latest epoch"), (6, "latest epoch")]
 
 
+def test_stages_passed_undecided_are_recorded_at_their_latest_epoch():
+    """A checkpoint of the fixed table (no starts recorded) resumed under the noise control at epoch 6: the
+    schedule already ran stages 1 and 2 from their latest epochs, 2 and 5; the rule records them there."""
+    s = noise_schedule()
+    starts: list[int] = []
+    while (d := decide(s, s.global_batches(2), starts, 6, None)) is not None:
+        starts.append(d.epoch)
+    assert starts == [2, 5] and s.at(2, starts).stage_at(5.5).index == 2
+
+
 def test_the_global_batch_is_the_stages_world_and_a_stage_runs_at_least_an_epoch():
     s = noise_schedule()
     assert s.global_batches(4) == [256, 512, 1024]

@@ -103,15 +103,19 @@ def decide(
     """The noise rule at the boundary where ``epoch`` begins: the next stage's start, or None.
 
     starts: the epochs at which stages 1, 2, ... started so far; global_batches: each stage's global batch at
-    the run's world size. A stage runs at least one epoch, and none starts at the end of the run."""
-    nxt = len(starts) + 1
-    if nxt >= len(schedule.stages) or epoch >= schedule.epochs or epoch <= (starts[-1] if starts else 0):
+    the run's world size. A stage runs at least one epoch, and none starts at the end of the run. A stage
+    whose latest epoch passed undecided (a checkpoint of the fixed table resumed under this control) is
+    recorded where the schedule put it, its latest; call again until None to catch up."""
+    nxt, last = len(starts) + 1, starts[-1] if starts else 0
+    if nxt >= len(schedule.stages) or epoch >= schedule.epochs or epoch <= last:
         return None
     earliest, latest = windows(schedule)[nxt]
-    if epoch < earliest:
-        return None
     threshold = schedule.noise_multiple * global_batches[nxt]
     known = noise_scale if noise_scale is not None and math.isfinite(noise_scale) else None
+    if latest < epoch:  # passed undecided (resumed from a run under another control): it began at its latest
+        return Decision(nxt, max(latest, last + 1), known, threshold, "latest epoch")
+    if epoch < earliest:
+        return None
     if known is not None and known >= threshold:
         return Decision(nxt, epoch, known, threshold, "noise scale")
     if epoch >= latest:

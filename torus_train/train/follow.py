@@ -39,12 +39,13 @@ def follow_control(rs: RunState, epoch: int, epoch_done: bool) -> Decision | Non
     if not (epoch_done and CONTROLS[s.control].rule):
         return None
     world = rs.boot.info.world_size
-    d = decide(s, s.global_batches(world), rs.pos.stage_starts, epoch + 1, noise_scale(rs))
-    if d is None:
-        return None
-    rs.pos.stage_starts.append(d.epoch)
-    rs.schedule = s.at(world, rs.pos.stage_starts)
-    record_decision(rs, d)
+    b, batches, d = noise_scale(rs), s.global_batches(world), None
+    while (nxt := decide(s, batches, rs.pos.stage_starts, epoch + 1, b)) is not None:  # more than one: catch-up
+        d = nxt
+        rs.pos.stage_starts.append(d.epoch)
+        record_decision(rs, d)
+    if d is not None:
+        rs.schedule = s.at(world, rs.pos.stage_starts)
     return d
 
 
