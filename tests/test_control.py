@@ -197,3 +197,18 @@ def test_grid_legs_under_the_noise_control_stop_at_the_next_grids_first_stage():
     moved = plan_legs(spec, [1])
     assert [(leg.grid, leg.start_epoch, leg.until_epoch) for leg in moved] == [("2x1", 0, 1), ("2x2", 1, 4)]
     assert leg_spec(spec, moved[1]).schedule.stop_stage == 0
+
+
+def test_the_replica_check_compares_the_decided_starts():
+    """Every rank decides alone; the replica check's vector carries the starts, so a rank that decided another
+    epoch (or one start more) differs from the others in that slot and the check fails the run."""
+    import torch.nn as nn
+
+    from torus_train.train.state import Position
+    from torus_train.train.step import CHECKED, replica_vector
+
+    model = nn.Linear(3, 2)
+    slot = CHECKED.index("batch-size stage starts")
+    vectors = [replica_vector(model, Position(stage_starts=s), False) for s in ([], [2], [3], [2, 5], [2, 6])]
+    assert len({int(v[slot]) for v in vectors}) == 5
+    assert all(v[:slot].tolist() == vectors[0][:slot].tolist() for v in vectors)  # only that slot differs
