@@ -51,7 +51,7 @@ class Cost:
     def text(self) -> str:
         return (
             f"global batch {self.batch:,} against B_crit ~ {self.b_crit:,.0f}: {self.steps:.2f}x the fewest steps, "
-            f"{self.examples:.2f}x the fewest examples ({100 / self.examples:.0f}% of the examples do work)"
+            f"{self.examples:.2f}x the fewest examples ({100 / self.examples:.3g}% of the examples do work)"
         )
 
 
