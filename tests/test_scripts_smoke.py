@@ -174,6 +174,16 @@ def test_bench_noise_runs_the_estimate_on_and_off(tmp_path):
     assert on["log_lines_with_noise_scale"] > 0 and doc["ratio_steps_per_s"] > 0
 
 
+def test_bench_noise_interleaves_the_step_on_and_off(tmp_path):
+    out = tmp_path / "il.json"
+    args = ["--interleaved", "--rounds", "1", "--steps", "1", "--batches", "4", "--json", str(out)]
+    text = ok(run_py("bench/bench_noise.py", *args, timeout=300))
+    doc = json.loads(out.read_text())
+    assert "| 4 |" in text and sorted(r["noise"] for r in doc["rows"] if "step_s" in r) == [False, True]
+    assert doc["by_batch"]["4"]["noise_work_s"] > 0
+    assert doc["noise_state_at_end"]["noise_trace"] > 0  # the on turns did estimate
+
+
 def test_bench_noise_compares_two_rehearsals_traces(tmp_path):
     def trace(folder, numel, op="all_reduce"):
         c = {"kind": "collective", "op": op, "group": "0-31", "root": None, "dtype": "float16", "numel": numel}

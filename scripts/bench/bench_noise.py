@@ -4,7 +4,15 @@ machine load; steps per second and the on/off ratio (target >= 0.98: the estimat
 
     python scripts/bench/bench_noise.py --rounds 3 --json F
     python scripts/bench/bench_noise.py --rounds 1 --run-args "--steps 40"    # shorter
+    python scripts/bench/bench_noise.py --interleaved --rounds 20      # the step alone, on and off in turns
     python scripts/bench/bench_noise.py --compare-traces ON OFF   # two `plan rehearse --keep` folders
+
+--interleaved times the default job's step itself (train/step.py's step_body: its model, optimizer, buckets
+and torus exchange on its 2 gloo ranks, 2x1, random images at each stage's per-rank batch) with the estimate on
+and off in turns of --steps steps inside one pair of processes, so that a load change on a shared machine hits
+both alike; each turn's seconds per step, the median per side and the on/off ratio of steps per second (of
+the medians, and the median of each round's ratio); and the estimate's own work per step timed alone on the
+same buckets (the norms, the measure, the update), with the ratio it implies: off / (off + that work).
 
 --compare-traces reads the collective traces of two rehearsals (`torus-train plan rehearse --keep DIR`, with
 the estimate on and with `--set noise.enabled=false`) and prints, per trace file, whether both issue the same
@@ -83,15 +91,151 @@ def compare_traces(on: Path, off: Path) -> int:
     return 1 if bad else 0
 
 
+def interleaved_rank(rounds: int, steps: int, batches: list[int], out: str) -> None:
+    """One rank of --interleaved (started by interleaved() with RANK, WORLD_SIZE, MASTER_PORT set)."""
+    import time
+    import types
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    from torus_train.comm.buckets import BucketedModel
+    from torus_train.comm.groups import build_grid_groups
+    from torus_train.comm.hooks import TorusHookState
+    from torus_train.job.spec import load_spec
+    from torus_train.job.topology import parse_grid
+    from torus_train.train.build import build_model, build_optimizer
+    from torus_train.train.noise import NoiseScale
+    from torus_train.train.step import set_lr, set_step, step_body
+
+    rank = int(os.environ["RANK"])
+    torch.set_num_threads(1)
+    init = f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=300))
+    spec, cpu = load_spec(None), torch.device("cpu")
+    torch.manual_seed(0)
+    model = build_model(spec, cpu)
+    dp = BucketedModel(
+        model, TorusHookState(build_grid_groups(parse_grid("2x1")), "torus"), spec.comm.bucket_mb, stats=True
+    )
+    opt = build_optimizer(model, spec)
+    opt.use_device_lr(cpu)
+    noise, slot = NoiseScale(cpu, 2, spec.noise.average_epochs), dp.stats
+    noise.set_epoch(10_000)
+    rs = types.SimpleNamespace(
+        ddp=dp,
+        optimizer=opt,
+        loss_fn=nn.CrossEntropyLoss(label_smoothing=spec.schedule.label_smoothing),
+        amp_dtype=None,
+        scaler=None,
+        spec=spec,
+        pos=types.SimpleNamespace(global_step=0),
+        skip_counts=None,
+        step_now=torch.zeros((), dtype=torch.int64),
+        noise=None,
+    )
+    rows, n = [], 0
+    for b in batches:
+        g = torch.Generator().manual_seed(rank)  # each rank its own images: gradients that differ
+        x, y = torch.randn(b, 3, 32, 32, generator=g), torch.randint(0, 10, (b,), generator=g)
+        for r in range(rounds + 1):  # round 0 warms up
+            for on in (True, False) if r % 2 else (False, True):
+                rs.noise, dp.stats = (noise, slot) if on else (None, None)
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    n += 1
+                    set_lr(opt, 0.01)
+                    set_step(rs, n)
+                    step_body(rs, x, y, 1)
+                t = torch.tensor([time.perf_counter() - t0])
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slower rank's time is the step's
+                if r:
+                    rows.append({"per_rank_batch": b, "round": r, "noise": on, "step_s": t.item() / steps})
+        rows.append({"per_rank_batch": b, "noise_work_s": noise_work(dp, noise, b)})
+    if rank == 0:
+        Path(out).write_text(json.dumps({"rows": rows, "noise_state": noise.read()}))
+    dist.destroy_process_group()
+
+
+def noise_work(dp, noise, batch: int, reps: int = 20) -> float:
+    """Seconds of the estimate's own work in one step, timed alone on the step's buckets (median of reps): the
+    squared norm of every bucket as it is launched, the measure after the exchange, the update."""
+    import time
+
+    import torch
+
+    found, times = torch.zeros(()), []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        dp._reset()
+        for b in dp.buckets:
+            dp._add_norm(b)
+        noise.update(noise.measure(dp, None), found, batch)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def interleaved(rounds: int, steps: int, batches: list[int]) -> dict:
+    from torus_train.ranks.bootstrap import free_port
+    from torus_train.ranks.localrun import run_local_ranks
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out, port = f"{tmp}/rows.json", str(free_port())
+        argv = [sys.executable, __file__, "--interleaved-rank", out, "--rounds", str(rounds), "--steps", str(steps)]
+        argv += ["--batches", ",".join(map(str, batches))]
+        envs = [{"RANK": str(r), "WORLD_SIZE": "2", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"} for r in (0, 1)]
+        run_local_ranks([argv, argv], envs, what="bench_noise --interleaved")
+        doc = json.loads(Path(out).read_text())
+    table = {}
+    print(
+        "| per-rank batch | on: s per step (median) | off: s per step (median) | on/off steps per second (ratio of "
+        "medians; median of the rounds' ratios) | the estimate's own work per step, timed alone | off / (off + it) |"
+        "\n|---|---|---|---|---|---|"
+    )
+    for b in batches:
+        mine = [r for r in doc["rows"] if r["per_rank_batch"] == b and "step_s" in r]
+        med = {on: statistics.median(r["step_s"] for r in mine if r["noise"] is on) for on in (True, False)}
+        pairs = statistics.median(
+            next(o["step_s"] for o in mine if o["round"] == r["round"] and not o["noise"]) / r["step_s"]
+            for r in mine
+            if r["noise"]
+        )
+        work = next(r["noise_work_s"] for r in doc["rows"] if r["per_rank_batch"] == b and "noise_work_s" in r)
+        implied = med[False] / (med[False] + work)
+        table[b] = {"on_step_s": med[True], "off_step_s": med[False], "ratio": med[False] / med[True]}
+        table[b] |= {"ratio_of_rounds": pairs, "noise_work_s": work, "implied_ratio": implied}
+        print(
+            f"| {b} | {med[True]:.4f} | {med[False]:.4f} | {med[False] / med[True]:.3f}; {pairs:.3f} | "
+            f"{work * 1e3:.2f} ms | {implied:.4f} |"
+        )
+    return {"rows": doc["rows"], "by_batch": table, "noise_state_at_end": doc["noise_state"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="alternating on/off pairs")
     ap.add_argument("--run-args", default="", help="more `torus-train run` arguments, quoted (e.g. '--steps 40')")
     ap.add_argument("--json", help="write the runs and the ratios here")
     ap.add_argument("--compare-traces", nargs=2, type=Path, metavar=("ON", "OFF"), help="two rehearsal folders")
+    ap.add_argument("--interleaved", action="store_true", help="the step alone, on and off in turns (see above)")
+    ap.add_argument("--steps", type=int, default=5, help="--interleaved: steps per turn")
+    ap.add_argument("--batches", default="64,128,256", help="--interleaved: per-rank batches (the default's stages)")
+    ap.add_argument("--interleaved-rank", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.compare_traces:
         return compare_traces(*a.compare_traces)
+    batches = [int(b) for b in a.batches.split(",")]
+    if a.interleaved_rank:
+        interleaved_rank(a.rounds, a.steps, batches, a.interleaved_rank)
+        return 0
+    if a.interleaved:
+        doc = interleaved(a.rounds, a.steps, batches)
+        if a.json:
+            Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
+        return 0
     extra = shlex.split(a.run_args)
     runs = []
     for r in range(a.rounds):

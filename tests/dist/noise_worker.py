@@ -4,7 +4,8 @@ Every rank holds the same small data set (no BatchNorm, so each example's gradie
 its own shard with step.step_body over BucketedModel with the stats slot, for each algorithm of ALGOS. The
 step's two squared norms (the ranks' mean |g_r|^2, exchanged in the slot, and the exchanged gradient's) must
 equal the single-process values on the same shards, from torch.func per-example gradients of the smoothed
-loss; and equal again with accumulation 2 and with the loss scaled by 2^16 (a GradScaler); the averages hold
+loss; and equal again with accumulation 2 and with the loss scaled by 2^16 (a GradScaler), and within the
+wire's rounding on fp16 and bf16 wires (the loss scaled by 2^16 there too); the averages hold
 the same bits on every rank; a step with an injected inf leaves them as they were. Writes how many
 (algo, case) checks passed. TRANSPORT=mpi (under mpirun): the grid is MpiGrid (mpi4py, the transport of
 `bench allreduce --backend mpi`), the exchange synchronous.
@@ -62,13 +63,13 @@ def single_process(world) -> tuple[float, float]:
     return shards.square().sum(1).mean().item(), flat.mean(0).square().sum().item()
 
 
-def run_steps(groups, algo, rank, world, accumulation=1, scale=None, inf_step=False):
+def run_steps(groups, algo, rank, world, accumulation=1, scale=None, inf_step=False, wire=None):
     """Steps of step_body on this rank's shard: [s, q] as measured by the first, and the averages after it
     and after the last."""
     m = model()
     mode = ALGORITHMS.get(algo)
     sync = mode.asynchronous and groups.backend != "mpi"  # MpiGrid's calls stay on the training thread
-    state = TorusHookState(groups, algo=mode.same_as or mode.name, asynchronous=sync)
+    state = TorusHookState(groups, algo=mode.same_as or mode.name, compression=wire, asynchronous=sync)
     opt = build_optimizer(m, "sgd", 0.1, momentum=0.9)
     opt.use_device_lr("cpu")
     noise = NoiseScale(torch.device("cpu"), world, average_epochs=1.0)
@@ -133,7 +134,15 @@ def checks(groups, algo, rank, world, gather) -> int:
         sys.exit(f"rank {rank}: {algo}: with the loss scaled by 2^16 measured {v3.tolist()}, unscaled {[s, q]}")
     if counts.tolist()[1] != 1 or not torch.equal(after, first3):
         sys.exit(f"rank {rank}: {algo}: the inf step changed the averages {first3.tolist()} -> {after.tolist()}")
-    return passed + 2
+    passed += 2
+    for wire, rtol in (("fp16", 3e-3), ("bf16", 2e-2)):  # the slot in the wire's dtype, the loss scale out of it
+        vw = run_steps(groups, algo, rank, world, scale=2.0**16, wire=wire)[0]
+        if not all(close(a, b, rtol) for a, b in zip(vw.tolist(), (s, q), strict=True)):
+            sys.exit(
+                f"rank {rank}: {algo}: a {wire} wire with the loss scaled by 2^16 measured {vw.tolist()}, {[s, q]}"
+            )
+        passed += 1
+    return passed
 
 
 def gloo_gather(t):

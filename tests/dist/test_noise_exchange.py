@@ -1,7 +1,8 @@
 """The noise scale's two squared norms through the real exchange (train/noise.py, comm/buckets.py's stats
 slot): on 2x2 and 2x3 grids, shared-memory and gloo rows, every algorithm training runs (torus, torus-sync,
 flat, hierarchical, ddp), they equal the single-process values on the same shards (torch.func per-example
-gradients of the label-smoothed loss), with accumulation 1 and 2 and with the loss scaled by 2^16; every
+gradients of the label-smoothed loss), with accumulation 1 and 2 and with the loss scaled by 2^16, and within
+the wire's rounding on fp16 and bf16 wires; every
 rank holds the same bits; an injected inf leaves the averages unchanged (tests/dist/noise_worker.py)."""
 
 import os
@@ -17,7 +18,7 @@ from torus_train.ranks.localrun import run_local_ranks
 
 WORKER = str(Path(__file__).with_name("noise_worker.py"))
 ALGOS = "torus,torus-sync,flat,hierarchical,ddp"
-CHECKS = 6  # per algorithm: s, q and the averages; the same bits; accumulation 2; scale 2^16; the inf step
+CHECKS = 8  # per algorithm: s, q, the averages; the same bits; accumulation 2; scale 2^16; the inf step; 2 wires
 
 
 def run(grid: str, shm: bool, out: Path) -> list[int]:

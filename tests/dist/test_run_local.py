@@ -52,6 +52,13 @@ def test_stages_eval_and_outputs(tmp_path):
     for key in ("step", "epoch", "global_batch", "lr", "loss", "images_per_second", "data_time", "step_time"):
         assert all(key in m for m in steps), key
     assert steps[-1]["global_batch"] == 64
+    # the noise scale (on by default): on every step line, and in the summary at each stage change and the end
+    assert all(isinstance(m["noise_g2"], float) and isinstance(m["noise_trace"], float) for m in steps)
+    noise = s["noise_scale"]
+    assert [(m["stage"], m["epoch"]) for m in noise["stage_changes"]] == [(0, 0), (1, 1)]
+    at4 = next(m for m in steps if m["step"] == 4)  # the last step before stage 1 began
+    assert noise["stage_changes"][1]["step"] == 4 and noise["stage_changes"][1]["noise_trace"] == at4["noise_trace"]
+    assert noise["end"]["noise_trace"] == steps[-1]["noise_trace"] and noise["end"]["noise_trace"] > 0
     assert all((out / "logs" / f"rank{r:05d}.log").stat().st_size > 0 for r in range(4))
     assert "img/s" in r.stdout and "stage 1 from epoch 1: global batch 64" in r.stdout
     assert not leftover_workers(out)
@@ -83,6 +90,8 @@ def test_resume_continues_like_a_straight_run(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     last_loss = lambda out: [m["loss"] for m in metrics(out) if m.get("step") == 6 and "loss" in m]  # noqa: E731
     assert last_loss(split) == last_loss(straight)  # the interval of steps 5-6 is the same in both runs
+    # the noise scale's averages went into the checkpoint and on from there: the same bits at the end
+    assert summary(split)["noise_scale"]["end"] == summary(straight)["noise_scale"]["end"]
 
     # Resume by hand on another grid (2 ranks instead of 4): refused, the checkpoint untouched. The launcher's
     # own grid moves resume on purpose (run_training(regrid=True)): tests/dist/test_regrid.py.

@@ -52,7 +52,8 @@ class Bucket:
     """Gradients of this step not in yet."""
     futures: list = field(default_factory=list)
     tail: int = 0
-    """Elements after the gradients: the stats slot (BucketedModel's ``stats``), exchanged with them."""
+    """Elements after the gradients, exchanged with them: the stats slot (BucketedModel's ``stats``) first,
+    then zeros up to a multiple of the row's length."""
 
 
 def plan_buckets(params: list, bucket_bytes: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[list]:
@@ -81,8 +82,15 @@ class BucketedModel:
         """The exchange's settings (algorithm, groups, wire dtype, where it runs); None: a world of one."""
         params = [p for p in module.parameters() if p.requires_grad]
         cut = plan_buckets(params, int(bucket_mb * 2**20), first_bytes)
-        self.buckets = [self._bucket(i, ps, int(stats and i == len(cut) - 1)) for i, ps in enumerate(cut)]
-        self.stats: torch.Tensor | None = self.buckets[-1].flat[-1:] if stats and self.buckets else None
+        x = state.groups.grid.x if state is not None else 1
+        self.buckets = [
+            self._bucket(i, ps, stats_tail(ps, x) if stats and i == len(cut) - 1 else 0) for i, ps in enumerate(cut)
+        ]
+        last = self.buckets[-1] if self.buckets else None
+        self.stats: torch.Tensor | None = None
+        if stats and last is not None:
+            n = last.flat.numel() - last.tail
+            self.stats = last.flat[n : n + 1]
         """The stats slot: one element after the last bucket's gradients (the last bucket launched), written
         with this rank's squared gradient norm, summed over every bucket as each is launched (before its
         exchange divides it); the exchange averages it with the gradients, so after finish() it holds the mean
@@ -198,9 +206,9 @@ class BucketedModel:
         g = b.flat[: b.flat.numel() - b.tail]
         sq = torch.dot(g, g)
         self._local_sq = sq if self._local_sq is None else self._local_sq + sq
-        if b.tail:
+        if b.tail and self.stats is not None:
             scale = self.stats_scale
-            b.flat[-1:].copy_(self._local_sq if scale is None else self._local_sq / scale.float().square())
+            self.stats.copy_(self._local_sq if scale is None else self._local_sq / scale.float().square())
 
     def finish(self) -> None:
         """Join the exchange: every bucket launched (those with a parameter that got no gradient now, in
@@ -229,6 +237,12 @@ class BucketedModel:
             self._lanes.close()
         if self.torus_hook_state is not None:
             self.torus_hook_state.close()
+
+
+def stats_tail(params: list, x: int) -> int:
+    """Elements the stats slot adds to a bucket: the slot and zeros up to a multiple of the row's length x, so
+    that NCCL's torus lays the bucket out as X equal chunks without a padded copy (comm/hooks.py nccl_layout)."""
+    return (-(sum(p.numel() for p in params) + 1)) % x + 1
 
 
 def broadcast_state(module: nn.Module) -> None:

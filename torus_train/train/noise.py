@@ -2,8 +2,8 @@
 every step, from two squared gradient norms taken at the same parameters, at no extra collective:
 
   1. small batch: each rank's squared gradient norm |g_r|^2 before the exchange (B_small = the rank's whole
-     batch, micro-batch x accumulation). It rides in the gradient exchange itself, one fp32 element appended
-     to the last bucket (comm/buckets.py, ``stats``), so the all-reduce that averages the gradients hands every
+     batch, micro-batch x accumulation). It rides in the gradient exchange itself, one element appended to
+     the last bucket (comm/buckets.py, ``stats``), so the all-reduce that averages the gradients hands every
      rank the mean over ranks, s = mean_r |g_r|^2, on every algorithm (torus, flat, hierarchical, ddp, NCCL);
   2. big batch: the squared norm of the exchanged gradient, q = |g|^2 (B_big = the global batch), computed
      locally from the averaged buckets, which are the same bits on every rank;
@@ -99,8 +99,8 @@ class NoiseScale:
         a float32 tensor on the device."""
         q = sum_sq(dp.gradient_parts())
         s = dp.stats.reshape(()).float() if dp.stats is not None else self._micro_sq
-        if s is None:  # one rank without accumulation: update() measures nothing from it
-            s = q
+        if s is None:  # no small batch (one rank without accumulation, or no stats slot): the averages hold
+            s = torch.full_like(q, math.nan)
         elif dp.stats is None and scale is not None:  # the micro-batches' norms, taken here, still scaled
             s = s / scale.float().square().reshape(())
         if scale is not None:
