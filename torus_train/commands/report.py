@@ -1,5 +1,6 @@
-"""`torus-train report OUT [OUT2 ...]`: a run's summary, its curves by epoch and per-rank work as a PNG and JSON
-(every scalar against step and wall time is TensorBoard's: OUT/tensorboard/, train/board.py)."""
+"""`torus-train report OUT [OUT2 ...]`: a run's summary, its curves by epoch, per-rank work and noise scale as a PNG
+and JSON, and with --batch what its noise scale says of another global batch (every scalar against step and wall
+time is TensorBoard's: OUT/tensorboard/, train/board.py)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ from torus_train.train.noise_report import predictions
 )
 def report(outs, png, json_path, no_png, batches) -> None:
     """Summarise and plot a run from its metrics.jsonl and summary.json: loss and top-1 against epoch with the
-    batch-size stages and the target, and each rank's own work (the stragglers). Every scalar against step and
+    batch-size stages and the target, each rank's own work (the stragglers), and the measured noise scale
+    against the global batch with the stage starts. Every scalar against step and
     wall time: tensorboard --logdir OUT. Unusable lines of metrics.jsonl are skipped and counted. --png and
     --json replace only a file an earlier report wrote.
 
