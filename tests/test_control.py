@@ -212,3 +212,33 @@ def test_the_replica_check_compares_the_decided_starts():
     vectors = [replica_vector(model, Position(stage_starts=s), False) for s in ([], [2], [3], [2, 5], [2, 6])]
     assert len({int(v[slot]) for v in vectors}) == 5
     assert all(v[:slot].tolist() == vectors[0][:slot].tolist() for v in vectors)  # only that slot differs
+
+
+def test_an_elastic_shrink_keeps_the_windows_and_the_decided_starts():
+    """--elastic drops a node: every stage keeps its global batch and window, and the starts already decided
+    (the checkpoint's) resolve the shrunk schedule as they did the full one."""
+    from torus_train.job.elastic import shrink
+    from torus_train.job.topology import Grid
+
+    spec = load_spec(
+        None,
+        [
+            ("grid.gpus", 4),
+            ("grid.grid", "2x2"),
+            ("schedule.control", "noise"),
+            (
+                "schedule.stages",
+                [
+                    {"until_epoch": 2, "per_rank_batch": 64},
+                    {"until_epoch": 7, "per_rank_batch": 128, "latest_epoch": 4},
+                ],
+            ),
+        ],
+    )
+    small, _ = shrink(spec, Grid(2, 2, 2), lost_node=1)
+    assert [(st.global_batch, st.latest_epoch) for st in small.schedule.stages] == [(256, 0), (512, 4)]
+    full, after = spec.schedule.at(4, [3]), small.schedule.at(2, [3])
+    assert [(st.start_epoch, st.global_batch) for st in after.stages] == [
+        (st.start_epoch, st.global_batch) for st in full.stages
+    ]
+    assert after.lr_at(3.5) == full.lr_at(3.5)
