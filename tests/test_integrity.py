@@ -215,7 +215,7 @@ def scaler_run(monkeypatch, k=3):
     model = torch.nn.Linear(4, 2)
     spec = JobSpec()
     spec.job.max_nonfinite_steps = k
-    pos = types.SimpleNamespace(global_step=0, epoch=0, step_in_epoch=0, images=0)
+    pos = types.SimpleNamespace(global_step=0, epoch=0, step_in_epoch=0, images=0, stage_starts=[])
     rs = types.SimpleNamespace(
         ddp=BucketedModel(model, None, 25),
         model=model,

@@ -95,6 +95,7 @@ TORCH_SIDE = (
     "ranks.distributed",
     "train.build",
     "train.decoder",
+    "train.follow",
     "train.graphs",
     "train.loop",
     "train.models",

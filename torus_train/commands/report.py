@@ -1,5 +1,6 @@
-"""`torus-train report OUT [OUT2 ...]`: a run's summary, its curves by epoch and per-rank work as a PNG and JSON
-(every scalar against step and wall time is TensorBoard's: OUT/tensorboard/, train/board.py)."""
+"""`torus-train report OUT [OUT2 ...]`: a run's summary, its curves by epoch, per-rank work and noise scale as a PNG
+and JSON, and with --batch what its noise scale says of another global batch (every scalar against step and wall
+time is TensorBoard's: OUT/tensorboard/, train/board.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torus_train.commands.outputs import OutputFile
 from torus_train.errors import UserError
 from torus_train.outfiles import check_distinct, check_plot_output
 from torus_train.train import results
+from torus_train.train.noise_report import predictions
 
 
 @click.command("report")
@@ -31,9 +33,19 @@ from torus_train.train import results
     help="Also write every figure read (checked) as JSON.",
 )
 @click.option("--no-png", is_flag=True, help="Write no PNG (with --json: the figures only; no matplotlib needed).")
-def report(outs, png, json_path, no_png) -> None:
+@click.option(
+    "--batch",
+    "batches",
+    type=click.IntRange(1, 2**40),
+    multiple=True,
+    metavar="N",
+    help="Predict, from the run's measured noise scale, the steps and examples a global batch of N would take "
+    "against their minimum (McCandlish et al. 2018; repeatable).",
+)
+def report(outs, png, json_path, no_png, batches) -> None:
     """Summarise and plot a run from its metrics.jsonl and summary.json: loss and top-1 against epoch with the
-    batch-size stages and the target, and each rank's own work (the stragglers). Every scalar against step and
+    batch-size stages and the target, each rank's own work (the stragglers), and the measured noise scale
+    against the global batch with the stage starts. Every scalar against step and
     wall time: tensorboard --logdir OUT. Unusable lines of metrics.jsonl are skipped and counted. --png and
     --json replace only a file an earlier report wrote.
 
@@ -41,6 +53,7 @@ def report(outs, png, json_path, no_png) -> None:
 
     \b
     torus-train report runs/default
+    torus-train report runs/default --batch 69632     # what the run's noise scale says of that batch
     torus-train report runs/a runs/b --png compare.png --json compare.json
     """
     for out in outs:  # '' is not the current folder
@@ -60,6 +73,8 @@ def report(outs, png, json_path, no_png) -> None:
             click.echo(f"  {line}")
         if run.skipped_lines:
             click.echo(f"  {run.skipped_lines} line(s) of metrics.jsonl skipped (unusable; named below)")
+        for line in predictions(run, batches) if batches else ():
+            click.echo(f"  {line}")
     for line in notes + [f"{r.name}: {s}" for r in runs for s in r.skipped]:
         click.echo(f"left out: {line}")
     for path in (png, json_path):

@@ -16,6 +16,8 @@ from torus_train.job.sources import choices_text
 from torus_train.job.spec import JobSpec, load_spec, parse_override
 from torus_train.job.topology import parse_grid
 from torus_train.ranks.orchestrate import RunOptions, run_job
+from torus_train.train.noise_report import points
+from torus_train.train.results import read_run
 
 # CLI flag -> dotted spec field.
 FLAG_FIELDS = {
@@ -105,7 +107,14 @@ FLAG_FIELDS = {
     help="A node whose ranks fail in two attempts in a row is dropped and the job continues on the "
     "others (same global batch and LR schedule); uses the --max-restarts budget.",
 )
-def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **flags) -> None:
+@click.option(
+    "--noise-from",
+    default=None,
+    metavar="RUN",
+    help="With --dry-run: each stage's predicted efficiency from the noise scale a finished run measured "
+    "(its output folder), at the same fraction of training.",
+)
+def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, noise_from, **flags) -> None:
     """Train on N ranks laid out as an XxY grid, exchanging gradients with the 2D-torus all-reduce.
 
     \b
@@ -125,7 +134,10 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, **fl
     fit_grid_to_flags(spec, spec_path, given)
     if spec_path is None and not given & {"grid.gpus", "grid.grid"}:  # the default job takes this machine's GPUs
         fit_to_local_gpus(spec, os.environ, gpus.local_gpu_count())
-    result = run_job(spec, RunOptions(resume, overwrite, dry_run, max_restarts, elastic))
+    if noise_from is not None and not dry_run:
+        raise UserError("--noise-from goes with --dry-run (it predicts each stage's efficiency before a run)")
+    noise = (points(read_run(noise_from)), noise_from) if noise_from is not None else None
+    result = run_job(spec, RunOptions(resume, overwrite, dry_run, max_restarts, elastic, noise))
     if result.dry_run is not None:
         click.echo(result.dry_run)
         if result.problem is not None:  # the whole plan first, then what stops it

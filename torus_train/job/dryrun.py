@@ -6,28 +6,43 @@ from __future__ import annotations
 import itertools
 
 from torus_train.errors import UserError
+from torus_train.job.control import CONTROLS
 from torus_train.job.hosts import total_slots
 from torus_train.job.launchers.base import LaunchPlan
 from torus_train.job.legs import Leg, legs_text
+from torus_train.job.noise import NoisePoint, learnability_lines, stage_lines
 from torus_train.job.schedule import BatchSchedule
 from torus_train.job.spec import JobSpec
-from torus_train.job.work import work_text
+from torus_train.job.work import train_images, work_text
 
 
 def dry_run_report(
-    spec: JobSpec, plan: LaunchPlan, legs: list[Leg], checked: list[str] | None = None, problem: UserError | None = None
+    spec: JobSpec,
+    plan: LaunchPlan,
+    legs: list[Leg],
+    checked: list[str] | None = None,
+    problem: UserError | None = None,
+    noise: tuple[list[NoisePoint], str] | None = None,
 ) -> str:
     """The whole plan, even when the preflight fails (for example the batch schedule does not fit the world
     size); the caller then ends the output with the error (exit 2), as it would stop a real run before any
     rank starts. With grid stages: the first leg's plan, then the legs. Without a problem: what the preflight
-    checked."""
+    checked. noise: a reference run's measured B_simple and its name (`--noise-from`), for each stage's
+    predicted efficiency."""
     try:
         schedule, why = spec.schedule.at(plan.world_size), None
     except UserError as e:
         schedule, why = None, e
     lines = [dry_run_text(spec, plan, schedule, why)]
+    if schedule is not None and noise is not None:
+        lines += stage_lines(noise[0], schedule, noise[1])
     if len(legs) > 1:
         lines.append(f"grid stages: {legs_text(legs)}; the launcher checkpoints and moves the job at each change")
+        if CONTROLS[spec.schedule.control].rule:
+            lines.append(
+                f'(schedule.control = "{spec.schedule.control}": each grid ends where the rule starts the next '
+                "grid's first stage; the epochs above are the latest it may end)"
+            )
     if problem is None:
         lines.append("# preflight passed: " + "; ".join(checked or []))
     return "\n".join(lines)
@@ -110,6 +125,7 @@ def dry_run_text(
             else f"cannot be built for {plan.world_size} ranks: {problem}\n(set the stages with --spec or --set "
             f"schedule.stages=[...])",
             work_text(spec, schedule),
+            *(learnability_lines(spec, schedule, train_images(spec)[0]) if schedule is not None else []),
             f"(dry run: nothing started; output would go to {spec.out_dir.resolve()})",
         ]
     )

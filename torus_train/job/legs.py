@@ -7,14 +7,18 @@ from that checkpoint (resume with regrid), so that epochs, steps and the learnin
 stopped. The global batch of each stage is kept; its split over the ranks follows the stage's grid.
 
 A leg's spec (``leg_spec``) is the job's spec with the leg's grid and, except for the last leg, a stop at the
-leg's end with a checkpoint there.
+leg's end with a checkpoint there. Under ``schedule.control = "noise"`` a leg ends where the rule starts the
+next grid's first stage (``schedule.stop_stage``), at the latest at the end planned here; the launcher then
+plans the legs again from the starts the checkpoint holds and starts the next grid from it.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from torus_train.job.control import CONTROLS
 from torus_train.job.spec import JobSpec
 from torus_train.job.topology import parse_grid
 
@@ -28,32 +32,45 @@ class Leg:
     start_epoch: int
     until_epoch: int
     last: bool
+    next_grid_stage: int = 0
+    """The first stage after this leg's on another grid (0: none). Under a control that decides when stages
+    start (schedule.control = "noise") the leg's ranks stop when it starts (schedule.stop_stage)."""
 
 
-def plan_legs(spec: JobSpec) -> list[Leg]:
-    """The job's legs in order, cut at schedule.stop_epoch; a stage without a grid runs on the job's grid, so
-    it joins a neighbouring stage that names that same grid."""
+def plan_legs(spec: JobSpec, starts: Sequence[int] = ()) -> list[Leg]:
+    """The job's legs in order, cut at schedule.stop_epoch, with the stage starts the control decided so far
+    (the rest at their latest); a stage without a grid runs on the job's grid, so it joins a neighbouring
+    stage that names that same grid."""
     own = spec.grid.grid.replace(" ", "").lower()
-    spans: list[list] = []
-    for grid, start, end in spec.schedule.grid_spans():
-        g = grid.replace(" ", "").lower()
+    grids = [st.grid.replace(" ", "").lower() for st in spec.schedule.stages]
+    spans: list[list] = []  # [grid, first epoch, end epoch, last stage index]
+    for i, _, start, end in spec.schedule.resolved(starts).spans():
+        g = grids[i]
         if spans and (spans[-1][0] or own) == (g or own):
-            spans[-1][2] = end
+            spans[-1][2], spans[-1][3] = end, i
             spans[-1][0] = spans[-1][0] or g
         else:
-            spans.append([g, start, end])
+            spans.append([g, start, end, i])
     stop = spec.schedule.end_epoch
-    spans = [[g, a, min(b, stop)] for g, a, b in spans if a < stop]
-    return [Leg(g, a, b, i == len(spans) - 1) for i, (g, a, b) in enumerate(spans)]
+    spans = [[g, a, min(b, stop), k] for g, a, b, k in spans if a < stop]
+    return [Leg(g, a, b, i == len(spans) - 1, _next_grid_stage(grids, own, k)) for i, (g, a, b, k) in enumerate(spans)]
+
+
+def _next_grid_stage(grids: list[str], own: str, last: int) -> int:
+    here = grids[last] or own
+    return next((j for j in range(last + 1, len(grids)) if (grids[j] or own) != here), 0)
 
 
 def leg_spec(spec: JobSpec, leg: Leg) -> JobSpec:
-    """The spec the ranks of one leg run: its grid, and a stop with a checkpoint at its end (but the last)."""
+    """The spec the ranks of one leg run: its grid, and a stop with a checkpoint at its end (but the last);
+    under a control that decides the stages' starts, a stop when the next grid's first stage starts."""
     s = copy.deepcopy(spec)
     if leg.grid:
         s.grid.grid, s.grid.gpus = leg.grid, parse_grid(leg.grid).size
     if not leg.last:
         s.schedule.stop_epoch, s.checkpoint.at_end = leg.until_epoch, True
+    if CONTROLS[s.schedule.control].rule and leg.next_grid_stage:
+        s.schedule.stop_stage, s.checkpoint.at_end = leg.next_grid_stage, True
     return s
 
 

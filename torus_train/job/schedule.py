@@ -32,11 +32,16 @@ run; ``none``).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 from torus_train.errors import UserError
+from torus_train.job.control import CONTROLS
 from torus_train.job.topology import parse_grid
 
 LR_POLICIES = ("linear", "constant")
@@ -73,6 +78,11 @@ class Stage:
     grid: str = ""
     """XxY grid this stage runs on; empty = the job's grid. At a change of grid the launcher checkpoints and
     starts the next stage on the new grid from that checkpoint."""
+    earliest_epoch: int = 0
+    """schedule.control = "noise": the first epoch this stage may start at; 0 = the first epoch boundary."""
+    latest_epoch: int = 0
+    """schedule.control = "noise": the stage starts at this epoch at the latest; 0 = the table's epoch (the
+    previous stage's until_epoch)."""
 
 
 class StageInfo(NamedTuple):
@@ -121,6 +131,15 @@ class Schedule:
     stop_epoch: int = 0
     """Stop (with a checkpoint) when this epoch starts; 0 = at epochs. The learning rate still follows all
     epochs, so --resume continues the same schedule. The launcher sets it to end each grid's stages."""
+    control: str = "fixed"
+    """When each stage starts: fixed (the table's until_epoch) | noise (when the measured gradient noise
+    scale reaches noise_multiple x the stage's global batch, inside its earliest/latest epochs)."""
+    noise_multiple: float = 1.0
+    """control = "noise": a stage starts once the averaged B_simple reaches this multiple of its global batch
+    (1 = the batch where the paper's model spends as many extra steps as extra examples)."""
+    stop_stage: int = 0
+    """Stop (with a checkpoint) when this stage starts; 0 = never. The launcher sets it to end a grid's stages
+    where the control decides their end."""
 
     def check(self, p: str = "schedule") -> Schedule:
         """Every world-independent rule; raise ScheduleError naming the field path and the bad value."""
@@ -143,6 +162,11 @@ class Schedule:
         if not 0 <= self.stop_epoch <= self.epochs:
             raise ScheduleError(f"{p}.stop_epoch: {self.stop_epoch!r} must be in [0, {p}.epochs ({self.epochs})]")
         self._check_stages(f"{p}.stages")
+        if self.control not in CONTROLS:
+            raise ScheduleError(f"{p}.control: {self.control!r} is not one of {', '.join(CONTROLS)}")
+        problem = CONTROLS[self.control].problem(self, p)
+        if problem:
+            raise ScheduleError(problem)
         return self
 
     def _check_stages(self, p: str) -> None:
@@ -198,14 +222,37 @@ class Schedule:
                 out.append((st.grid, start, end))
         return out
 
+    def global_batches(self, world_size: int) -> list[int]:
+        """Each stage's global batch at ``world_size`` (a stage with its own grid: at that grid's size), cut
+        or not: what the noise control compares the measured noise scale with."""
+        return [
+            st.global_batch or st.per_rank_batch * (parse_grid(st.grid).size if st.grid else world_size)
+            for st in self.stages
+        ]
+
     @property
     def end_epoch(self) -> int:
         """Where the ranks stop: stop_epoch, else epochs."""
         return self.stop_epoch or self.epochs
 
-    def at(self, world_size: int) -> BatchSchedule:
-        """This schedule on ``world_size`` ranks; ScheduleError if a stage's batch does not fit."""
-        return BatchSchedule(self, world_size)
+    def resolved(self, starts: Sequence[int] = ()) -> Schedule:
+        """This schedule with each stage's until_epoch where its control puts it, given the starts decided so
+        far: the table itself for the fixed control; for the noise control, the undecided stages at their
+        latest start."""
+        changes = CONTROLS[self.control].resolve(self, list(starts))
+        if not any(changes):
+            return self
+        moved = [dataclasses.replace(st, **c) for st, c in zip(self.stages, changes, strict=True)]
+        return dataclasses.replace(self, stages=moved)
+
+    def at(self, world_size: int, starts: Sequence[int] = ()) -> BatchSchedule:
+        """This schedule on ``world_size`` ranks, with the stage starts its control decided so far (``starts[k]``
+        is the first epoch of stage k + 1); ScheduleError if a stage's batch does not fit."""
+        batch = BatchSchedule(self.resolved(starts), world_size)
+        problem = CONTROLS[self.control].problem_at(self, batch.stages, world_size)
+        if problem:
+            raise ScheduleError(problem)
+        return batch
 
 
 @dataclass(frozen=True)
@@ -301,17 +348,20 @@ class BatchSchedule:
             "peak LR",
             "LR at start",
         )
+        control = CONTROLS[self.schedule.control]
+        if control.rule:  # the epochs are decided while training: the table shows each stage's window
+            head = ("stage", "starts in", *head[2:])
         rows: list[tuple[str, ...]] = [
             (
                 str(st.index),
-                f"{st.start_epoch}-{st.until_epoch}",
+                cell,
                 str(st.global_batch),
                 str(st.per_rank_batch),
                 f"{st.micro_batch} x {st.accumulation}",
                 f"{self.peak_lr(k):.4g}",
-                f"{self.lr_at(st.start_epoch):.4g}",
+                f"{self.lr_at(st.start_epoch):.4g}" if not (control.rule and k) else "-",
             )
-            for k, st in enumerate(self.stages)
+            for k, (st, cell) in enumerate(zip(self.stages, control.cells(self), strict=True))
         ]
         if any(st.grid for st in self.stages):
             head += ("grid",)
@@ -331,6 +381,7 @@ class BatchSchedule:
                 f"world size {self.world_size}; LR {s.base_lr:g} per {s.lr_reference_batch} samples, policy "
                 f"{s.lr_policy}; warm-up {s.warmup_epochs:g} epoch(s); decay {decay}; {s.epochs} epochs"
             ]
+            + ([control.footer(self)] if control.rule else [])
         )
 
 

@@ -26,6 +26,7 @@ else:  # Python 3.10: the same parser from PyPI (a dependency there, see pyproje
 
 from torus_train.errors import UserError
 from torus_train.job import algorithms
+from torus_train.job.control import CONTROLS
 from torus_train.job.gpus import BACKENDS
 from torus_train.job.launchers import choices as launcher_choices
 from torus_train.job.models import CLASSIFICATION_ARCHS, HOUSE_ARCHS
@@ -64,7 +65,17 @@ def validate(spec: JobSpec) -> JobSpec:
     _check_ranges(spec)
     _check_optimizer(spec)
     _check_names(spec)
+    _check_control(spec)
     return spec
+
+
+def _check_control(spec: JobSpec) -> None:
+    """A control that follows the measured noise scale needs the measure (noise.enabled)."""
+    if CONTROLS[spec.schedule.control].rule and not spec.noise.enabled:
+        raise SpecError(
+            f'schedule.control = "{spec.schedule.control}" follows the measured noise scale, but noise.enabled = '
+            'false turns the measure off; set noise.enabled = true or schedule.control = "fixed"'
+        )
 
 
 def _check_choices(spec: JobSpec) -> None:

@@ -23,8 +23,10 @@ from torus_train.job.elastic import shrink
 from torus_train.job.launch import fixed_grid, inside_launched_rank, plan_launch, usable_cpus
 from torus_train.job.launchers.local import torchrun_attempt
 from torus_train.job.legs import leg_at, leg_spec, legs_text, plan_legs
+from torus_train.job.noise import NoisePoint, learnability_lines
 from torus_train.job.sources import source_of
 from torus_train.job.spec import JobSpec
+from torus_train.job.work import train_images
 from torus_train.ranks.bootstrap import free_port, rank_info
 from torus_train.ranks.diagnosis import RanksFailed, command_failed, reset_rank_files
 from torus_train.ranks.preflight import preflight
@@ -36,6 +38,7 @@ from torus_train.ranks.rundir import (
     prepare_out,
     read_summary,
     resume_epoch,
+    resume_starts,
     write_hosts,
     write_job,
 )
@@ -58,6 +61,9 @@ class RunOptions:
     """Restarts from the latest checkpoint after failures that a restart may cure, over the whole job."""
     elastic: bool = False
     """Drop a node whose ranks failed in two attempts in a row and continue on the others."""
+    noise: tuple[list[NoisePoint], str] | None = None
+    """A finished run's measured noise scale and its name (--noise-from): the dry run predicts each stage's
+    efficiency from it."""
 
 
 @dataclass
@@ -94,7 +100,7 @@ def run_job(spec: JobSpec, options: RunOptions) -> JobResult:
             "--resume to continue)"
         )
     spec.job.out = str(out)
-    legs = plan_legs(spec)
+    legs = plan_legs(spec, resume_starts(out) if resume else ())
     first = leg_at(legs, resume_epoch(out)) if resume else 0
     first_spec = leg_spec(spec, legs[first])
     plan = make_plan(first_spec, out / "job.json", strict=not dry_run)
@@ -105,7 +111,7 @@ def run_job(spec: JobSpec, options: RunOptions) -> JobResult:
             return JobResult(out, dry_run=dry_run_report(first_spec, plan, legs, problem=e), problem=e)
         raise
     if dry_run:
-        return JobResult(out, dry_run=dry_run_report(first_spec, plan, legs, checked))
+        return JobResult(out, dry_run=dry_run_report(first_spec, plan, legs, checked, noise=options.noise))
     check_out(out, resume, overwrite)  # refused before the data is prepared; nothing removed yet
     prepare_data(spec, log=echo_err)  # a data fault found here leaves the output folder as it was
     prepare_out(out, resume, overwrite)
@@ -158,13 +164,15 @@ def prepare_data(spec: JobSpec, log=None) -> None:
 
 def run_legs(spec: JobSpec, legs, first: int, plan, out: Path, resume: bool, restarts: Restarts) -> None:
     """Each leg (the stages on one grid) in turn: its ranks stop at its end with a checkpoint and the next
-    leg's ranks start on their grid from it (docs/faults.md, "Moving a job between grids")."""
-    for i in range(first, len(legs)):
+    leg's ranks start on their grid from it (docs/faults.md, "Moving a job between grids"). Where the
+    schedule's control decided a stage start, the legs left are planned again from the checkpoint's starts."""
+    i = first
+    while True:
         lspec = leg_spec(spec, legs[i])
         if i > first:
             plan = make_plan(lspec, out / "job.json", strict=True)
             say(
-                f"grid stage: epochs {legs[i].start_epoch}-{legs[i].until_epoch} on {plan.world_size} ranks, "
+                f"grid stage: epochs {resume_epoch(out)}-{legs[i].until_epoch} on {plan.world_size} ranks, "
                 f"grid {plan.grid}, from {latest_checkpoint_text(out)}"
             )
         schedule = lspec.schedule.at(plan.world_size)
@@ -174,8 +182,14 @@ def run_legs(spec: JobSpec, legs, first: int, plan, out: Path, resume: bool, res
             if len(legs) > 1:
                 say(f"grid stages: {legs_text(legs)}; the launcher checkpoints and moves the job at each change")
         launch_with_restarts(lspec, plan, out, restarts)
-        if not legs[i].last and leg_finished_run(spec, out):
+        if (legs[i].last and not lspec.schedule.stop_stage) or leg_finished_run(spec, out):
             break
+        done, legs = resume_epoch(out), plan_legs(spec, resume_starts(out))
+        if done >= spec.schedule.end_epoch:
+            break
+        if leg_at(legs, done) <= i:
+            raise RunFailed(f"grid stage {i + 1} ended at epoch {done} without moving the job to the next grid")
+        i = leg_at(legs, done)
 
 
 def leg_finished_run(spec: JobSpec, out: Path) -> bool:
@@ -193,6 +207,8 @@ def announce(spec: JobSpec, plan, schedule, out: Path) -> None:
     for note in plan.notes:
         say(note)
     say(schedule.table())
+    for line in learnability_lines(spec, schedule, train_images(spec)[0]):
+        say(line)
 
 
 def launch(spec: JobSpec, plan, out: Path) -> None:

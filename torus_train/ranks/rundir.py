@@ -17,7 +17,7 @@ from torus_train.errors import RunFailed, UserError, check_output_folder, shown_
 from torus_train.job.hosts import MAX_HOSTFILE_BYTES
 from torus_train.job.spec import JobSpec
 from torus_train.train.checkpoint import list_checkpoints
-from torus_train.userfiles import UserFileError, read_bytes
+from torus_train.userfiles import UserFileError, read_bytes, read_json
 
 RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "tensorboard")
 RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "report.png", "report.json"}
@@ -125,6 +125,18 @@ def resume_epoch(out: Path) -> int:
         return int(json.loads(found[0][1].read_text()).get("epoch", 0)) if found else 0
     except (OSError, ValueError, TypeError, AttributeError):
         return 0
+
+
+def resume_starts(out: Path) -> list[int]:
+    """The stage starts schedule.control decided, from the newest checkpoint's manifest ([] when there is
+    none, or it holds none): with them the launcher plans the legs that are left."""
+    found = list_checkpoints(out / "checkpoints")
+    try:
+        starts = read_json(found[0][1], "resume").get("stage_starts", []) if found else []
+    except (UserError, AttributeError):
+        return []
+    ok = isinstance(starts, list) and all(isinstance(e, int) and not isinstance(e, bool) for e in starts)
+    return starts if ok else []
 
 
 def latest_checkpoint_text(out: Path) -> str:

@@ -7,6 +7,7 @@ for each epoch:
     switch_stage(rs, epoch)             a new loader when the batch grows
     run_epoch(rs, epoch)                LR, forward/backward/exchange/update, metrics, replica checks,
                                         agreed stop
+    follow_control(rs, epoch, done)     schedule.control = noise: the next stage starts at epoch + 1?
     maybe_evaluate(rs, epoch)           top-1/top-5 all-reduced
     maybe_checkpoint(rs, epoch)         (every save checks the replicas first)
 finish(rs)                              replica check, final checkpoint, per-rank step times (stragglers),
@@ -41,6 +42,7 @@ from torus_train.train.checkpoint import write_atomic
 from torus_train.train.decoder import choose_decoder
 from torus_train.train.eta import Eta
 from torus_train.train.faults import Fault, install
+from torus_train.train.follow import follow_control
 from torus_train.train.graphs import StepGraph, choice_without
 from torus_train.train.graphs import wanted as graphs_wanted
 from torus_train.train.noise import build_noise, no_estimate
@@ -89,10 +91,11 @@ def run_training(
     rs.t0 = time.time()
     rs.stop.in_loop = True
     for epoch in range(rs.pos.epoch, spec.schedule.end_epoch):  # end_epoch: where this grid's stages end
-        if rs.steps_done:
+        if rs.steps_done or rs.grid_stages_done:
             break
         switch_stage(rs, epoch)
         epoch_done = run_epoch(rs, epoch)
+        follow_control(rs, epoch, epoch_done)  # schedule.control: the next stage may start at epoch + 1
         maybe_evaluate(rs, epoch, epoch_done)
         maybe_checkpoint(rs, epoch, epoch_done)
     rs.stop.in_loop = False  # from here a signal ends the rank at once
@@ -237,13 +240,13 @@ def maybe_evaluate(rs: RunState, epoch: int, epoch_done: bool) -> None:
 
 
 def maybe_checkpoint(rs: RunState, epoch: int, epoch_done: bool) -> None:
-    """At the end of every checkpoint.every_epochs epochs, except the last (finish saves that one)."""
+    """At the end of every checkpoint.every_epochs epochs, except the last of this grid (finish saves that)."""
     every = rs.spec.checkpoint.every_epochs
     if (
         epoch_done
         and every
         and (epoch + 1) % every == 0
-        and not (rs.steps_done or epoch + 1 == rs.spec.schedule.end_epoch)
+        and not (rs.steps_done or rs.grid_stages_done or epoch + 1 == rs.spec.schedule.end_epoch)
     ):
         save(rs, f"end of epoch {epoch}")
 

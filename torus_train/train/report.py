@@ -338,6 +338,8 @@ def summary(rs: RunState, wall: float, digest: str, agree: bool, ranks: dict | N
         "target_top1": spec.eval.target_top1 or None,
         "time_to_target_epoch": pos.target_epoch,
         "time_to_target_seconds": pos.target_seconds,
+        "schedule_control": spec.schedule.control,
+        "stage_starts": list(pos.stage_starts),
         "noise_scale": noise_summary(rs),
         "param_digest": digest,
         "param_digests_agree": agree,

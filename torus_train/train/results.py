@@ -15,6 +15,7 @@ from pathlib import Path
 
 from torus_train.errors import UserError
 from torus_train.outfiles import Writer, save_figure, write_json
+from torus_train.train.noise_report import has_noise, noise_panel
 from torus_train.userfiles import Field, check, check_regular, finite, read_bytes, read_json
 
 WRITER = Writer("report")
@@ -43,6 +44,7 @@ INTERVAL_FIELDS = (
     _figure("data_time"),
     _figure("step_time"),
     _figure("wall_seconds"),
+    _figure("noise_scale", None, optional=True),
 )
 """A logging interval's line in metrics.jsonl and each field's type and range (train/report.py log_interval)."""
 EVAL_FIELDS = (
@@ -60,11 +62,20 @@ STAGE_FIELDS = (
     _count("global_batch", 1),
     _count("per_rank_batch", 1),
 )
+DECISION_FIELDS = (
+    _count("step"),
+    _count("epoch"),
+    _count("stage"),
+    _figure("threshold"),
+    Field("why", "str"),
+    _figure("noise_scale", None, optional=True),
+)
+"""A stage start the schedule's control decided (train/follow.py)."""
 RANK_FIELDS = (_count("rank"), _figure("work_p50"), _figure("compute_p50"), _figure("data_p50"))
 """summary.json's per-rank rows (train/report.py gather_ranks): the rank's own work per step and its parts."""
-EVENTS = {None: INTERVAL_FIELDS, "eval": EVAL_FIELDS, "stage": STAGE_FIELDS}
+EVENTS = {None: INTERVAL_FIELDS, "eval": EVAL_FIELDS, "stage": STAGE_FIELDS, "stage_decision": DECISION_FIELDS}
 """metrics.jsonl's "event" field (None: a logging interval) -> the fields read from its lines."""
-EVENT_LISTS = {None: "intervals", "eval": "evals", "stage": "stages"}
+EVENT_LISTS = {None: "intervals", "eval": "evals", "stage": "stages", "stage_decision": "decisions"}
 SUMMARY_FIELDS = (
     _count("steps"),
     _figure("wall_seconds"),
@@ -86,6 +97,7 @@ class Run:
     intervals: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
     stages: list[dict] = field(default_factory=list)
+    decisions: list[dict] = field(default_factory=list)
     summary: dict | None = None
     ranks: list[dict] = field(default_factory=list)
     target: float | None = None
@@ -112,6 +124,7 @@ class Run:
             "intervals": self.intervals,
             "evals": self.evals,
             "stages": self.stages,
+            "stage_decisions": self.decisions,
             "ranks": self.ranks,
             "summary": self.summary,
             "skipped_lines": self.skipped_lines,
@@ -300,14 +313,17 @@ def _start_guess(last: dict[int, int], e: int) -> int:
 # the PNG: what TensorBoard does not show (OUT/tensorboard/ has every scalar against step and wall time)
 # --------------------------------------------------------------------------------------------------------
 def plot(runs: list[Run], path: str | Path) -> list[str]:
-    """Write the PNG of ``runs``: loss and top-1 against epoch with the batch-size stages and the target, and
-    each rank's own work per step (summary.json). Returns lines saying what could not be drawn."""
+    """Write the PNG of ``runs``: loss and top-1 against epoch with the batch-size stages and the target, each
+    rank's own work per step (summary.json), and where measured the noise scale against the global batch.
+    Returns lines saying what could not be drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (loss_ax, top1_ax, ranks_ax) = plt.subplots(1, 3, figsize=(18, 5.2))
+    noisy = any(has_noise(run) for run in runs)  # a panel for the noise scale where a run measured it
+    fig, axes = plt.subplots(1, 4 if noisy else 3, figsize=(24 if noisy else 18, 5.2))
+    loss_ax, top1_ax, ranks_ax = axes[:3]
     notes: list[str] = []
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, run in enumerate(runs):
@@ -318,13 +334,15 @@ def plot(runs: list[Run], path: str | Path) -> list[str]:
         _top1(top1_ax, run, pos, c, label)
         for ax in (loss_ax, top1_ax):
             _stages(ax, run, pos, c)
+        if noisy:
+            noise_panel(axes[3], run, pos, c, label)
         if not run.intervals:
             notes.append(f"{run.name}: no training intervals in metrics.jsonl: the training loss left out")
         if not run.evals:
             notes.append(f"{run.name}: no evaluation in metrics.jsonl: top-1 left out")
     _targets(top1_ax, runs)
     _ranks(ranks_ax, runs, colours, notes)
-    for ax in (loss_ax, top1_ax, ranks_ax):
+    for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     # the run's summary as the title: the picture says what it shows on its own

@@ -47,6 +47,10 @@ class Position:
     target_epoch: float | None = None
     target_seconds: float | None = None
     best_top1: float | None = None
+    stage_starts: list[int] = field(default_factory=list)
+    """The epochs at which stages 1, 2, ... started as schedule.control decided (job/control.py); the fixed
+    table decides nothing here. Saved so that a resume, a restart and the next grid's ranks continue the same
+    schedule (JobSpec.schedule.at(world, stage_starts))."""
 
 
 @dataclass
@@ -110,6 +114,12 @@ class RunState:
     @property
     def metrics(self) -> Path:
         return self.out / "metrics.jsonl"
+
+    @property
+    def grid_stages_done(self) -> bool:
+        """The control started schedule.stop_stage (a stage on the next grid): this grid's ranks stop."""
+        stop = self.spec.schedule.stop_stage
+        return bool(stop) and len(self.pos.stage_starts) >= stop
 
     @property
     def steps_done(self) -> bool:
@@ -189,6 +199,7 @@ def save(rs: RunState, why: str) -> bool:
                     "world_size": rs.boot.info.world_size,
                     "grid": str(rs.boot.grid),
                     "why": why,
+                    "stage_starts": list(rs.pos.stage_starts),  # the launcher's next grid (ranks/rundir.py)
                     "job": job_identity(rs.spec),
                 },
                 rs.spec.checkpoint.keep,
@@ -326,6 +337,7 @@ def resume(rs: RunState, regrid: bool = False) -> bool:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise RunFailed(f"checkpoint {ref.path} does not fit this job ({first})") from None
     reseed(rs.spec.job.seed, info.rank, rs.pos.global_step)  # as the straight run did after this checkpoint
+    rs.schedule = rs.spec.schedule.at(info.world_size, rs.pos.stage_starts)  # the stages the control started
     log.info(
         "resumed from %s: epoch %d, step %d; %d bytes read from checkpoint files by this rank, %.3f s in "
         "the checkpoint path",

@@ -210,6 +210,7 @@ CHECKED = (
     "epoch",
     "step in epoch",
     "images consumed",
+    "batch-size stage starts",
 )
 
 
@@ -240,20 +241,25 @@ def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def replica_vector(model: nn.Module, pos, buffers: bool) -> torch.Tensor:
-    """This rank's [digest (2), non-finite flag, global_step, epoch, step_in_epoch, images] as int64."""
+    """This rank's [digest (2), non-finite flag, global_step, epoch, step_in_epoch, images, stage starts] as
+    int64."""
     tensors: list[torch.Tensor] = [p for _, p in sorted(model.named_parameters())]
     if buffers:  # BatchNorm statistics are per rank while training; compared only after sync_buffers
         tensors += [b for _, b in sorted(model.named_buffers())]
     digest = bit_digest(tensors) & _MASK
     device = digest.device
     bad = (~all_finite(tensors)).to(torch.int64).reshape(1).to(device)
-    where = torch.tensor([pos.global_step, pos.epoch, pos.step_in_epoch, pos.images], dtype=torch.int64, device=device)
+    # the stages the control started, as one integer: every rank decided them alone, from the same bits
+    starts = sum((k + 1) * (e + 1) << (8 * (k % 7)) for k, e in enumerate(pos.stage_starts))
+    where = torch.tensor(
+        [pos.global_step, pos.epoch, pos.step_in_epoch, pos.images, starts & _MASK], dtype=torch.int64, device=device
+    )
     return torch.cat([digest, bad, where])
 
 
 def check_replicas(rs, when: str, buffers: bool = False) -> None:
     """Every rank holds the same parameters (and buffers), at the same step and data position, and they are
-    finite: one all-reduce (MIN over v and -v) of 14 integers; RunFailed on every rank alike otherwise, naming
+    finite: one all-reduce (MIN over v and -v) of 16 integers; RunFailed on every rank alike otherwise, naming
     the ranks that differ (a second, small all-gather only then). Call before anything is saved."""
     check_nonfinite(rs)
     v = replica_vector(rs.model, rs.pos, buffers)
