@@ -126,6 +126,7 @@ NOT_USER_FILES = {
     "data.index:load_arrays": "an index's arrays, memory-mapped by name (numpy cannot map an open file); "
     "refuse_special refuses a FIFO or a device first",
     "job.launch:usable_cpus": "the cgroup's CPU quota files under /sys/fs/cgroup, the kernel's",
+    "job.launchers.local:agent_started_at": "/proc/PID/stat and /proc/stat (a process's start time), the kernel's",
     "job.launchers.rendezvous:ephemeral_range": "/proc/sys/net/ipv4/ip_local_port_range, the kernel's",
     "job.spec:read_spec_table": "the embedded default spec, the package's own (a user's --spec goes through the door)",
     "plan.rehearse:_run_rank": "the log and trace of a rehearsal rank this command started",
@@ -138,6 +139,7 @@ NOT_USER_FILES = {
     "ranks.diagnosis:recorded_traceback": "the error file torch's record() wrote for a rank of this run",
     "ranks.diagnosis:tail": "a rank's log, written by the rank into the run's logs/",
     "ranks.heartbeat:read_beats": "a rank's heartbeat file of this run",
+    "ranks.rundir:continues_attempt": "logs/torchrun-attempt.json, written by rank 0 of a torchrun job",
     "ranks.rundir:read_summary": "summary.json the ranks of this run wrote",
     "ranks.rundir:resume_epoch": "the checkpoint manifest this run wrote",
     "ranks.worker:read_job": "job.json the launcher wrote for its ranks",

@@ -21,20 +21,22 @@ from torus_train.job import gpus
 from torus_train.job.dryrun import dry_run_report
 from torus_train.job.elastic import shrink
 from torus_train.job.launch import fixed_grid, inside_launched_rank, plan_launch, usable_cpus
-from torus_train.job.launchers.local import torchrun_attempt
 from torus_train.job.legs import leg_at, leg_spec, legs_text, plan_legs
 from torus_train.job.sources import source_of
 from torus_train.job.spec import JobSpec
 from torus_train.ranks.bootstrap import free_port, rank_info
+from torus_train.ranks.claim import claim_out, job_of
 from torus_train.ranks.diagnosis import RanksFailed, command_failed, reset_rank_files
 from torus_train.ranks.preflight import preflight
 from torus_train.ranks.rundir import (
     check_out,
     check_user_paths,
     choose_out,
+    continues_attempt,
     latest_checkpoint_text,
     prepare_out,
     read_summary,
+    record_attempt,
     resume_epoch,
     write_hosts,
     write_job,
@@ -106,11 +108,15 @@ def run_job(spec: JobSpec, options: RunOptions) -> JobResult:
         raise
     if dry_run:
         return JobResult(out, dry_run=dry_run_report(first_spec, plan, legs, checked))
-    check_out(out, resume, overwrite)  # refused before the data is prepared; nothing removed yet
-    prepare_data(spec, log=echo_err)  # a data fault found here leaves the output folder as it was
-    prepare_out(out, resume, overwrite)
-    run_legs(spec, legs, first, plan, out, resume, Restarts(options.max_restarts, options.elastic))
-    return JobResult(out, summary=read_summary(out))
+    claim = claim_out(out)  # one run per folder, held until this process ends (ranks/claim.py)
+    try:
+        check_out(out, resume, overwrite)  # refused before the data is prepared; nothing removed yet
+        prepare_data(spec, log=echo_err)  # a data fault found here leaves the output folder as it was
+        prepare_out(out, resume, overwrite)
+        run_legs(spec, legs, first, plan, out, resume, Restarts(options.max_restarts, options.elastic))
+        return JobResult(out, summary=read_summary(out))
+    finally:
+        claim.release()
 
 
 @dataclass
@@ -278,12 +284,17 @@ def run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
     spec.schedule.at(info.world_size)
     out = spec.out_dir.resolve()
     spec.job.out = str(out)
-    # `torchrun --max-restarts`: a later attempt continues the folder the first one prepared, from its latest
-    # checkpoint (or from the start when there is none yet), as `run --max-restarts` does
-    restarted = torchrun_attempt(os.environ) > 0
-    if info.rank == 0 and not restarted:  # the others wait for it in the rendezvous
+    if info.rank == 0:  # the job's claim on OUT, held by rank 0 until it exits (execute ends the process)
+        claim_out(out, job=job_of(os.environ))
+    # `torchrun --max-restarts`: a later attempt continues the folder an earlier attempt of its own job prepared,
+    # from its latest checkpoint (or from the start when there is none yet), as `run --max-restarts` does; one
+    # whose job never prepared it (the first attempt refused it, or failed before) makes the first attempt's checks
+    continues = continues_attempt(out, os.environ)
+    if info.rank == 0 and not continues:  # the others wait for it in the rendezvous
         prepare_out(out, resume, overwrite)
         prepare_data(spec)
-    if restarted:  # its own marks of the earlier attempt (a .failed would call this one failed)
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: what a restart may continue
+            record_attempt(out, os.environ)
+    if continues:  # its own marks of the earlier attempt (a .failed would call this one failed)
         reset_rank_files(out, [info.rank])
-    execute(spec, grid, resume or restarted)
+    execute(spec, grid, resume or continues)

@@ -7,6 +7,7 @@ torchrun sets, so a rank cannot tell the two apart and needs nothing else to fin
 from __future__ import annotations
 
 import math
+import os
 import shlex
 from collections.abc import Mapping
 
@@ -30,6 +31,19 @@ def torchrun_attempt(environ: Mapping[str, str]) -> int:
         return max(int(environ.get(RESTART_COUNT, "") or 0), 0)
     except ValueError:
         return 0
+
+
+def agent_started_at(pid: int) -> float | None:
+    """When process `pid` (a rank's torchrun agent: its parent) started, in seconds since the epoch, from
+    /proc (Linux); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 class Local(Launcher):
