@@ -22,11 +22,14 @@ from pathlib import Path
 
 from torus_train.errors import RunFailed, comm_failure
 from torus_train.ranks.heartbeat import beat_path, read_beats
+from torus_train.train.checkpoint import list_checkpoints
 
 TRACEBACK_LINES = 40
 """The last lines of a recorded traceback the launcher prints (the whole one is in the rank's .error.json)."""
 GRACE_S = 10.0
 """Seconds the ranks get to stop after SIGTERM before SIGKILL."""
+NO_SPACE_KIND = "no space"
+"""A rank's failure kind when its output's file system was full (never restarted: the next attempt fills it too)."""
 RESTARTABLE = ("crash",)
 """Kinds of a rank's own failure (its .failed marker) that a restart may cure; input errors, a stop asked for
 by a signal and the job's own verdicts (diverged replicas, non-finite loss, a bad checkpoint) would repeat."""
@@ -79,6 +82,11 @@ def failed_path(out: Path, rank: int) -> Path:
     return out / "logs" / f"rank{rank:05d}.failed"
 
 
+def reserve_path(out: Path, rank: int) -> Path:
+    """The room a rank takes for its .failed marker when it starts (a full disk cannot then keep it empty)."""
+    return out / "logs" / f"rank{rank:05d}.failed.room"
+
+
 def error_path(out: Path, rank: int) -> Path:
     """Where torch's ``record`` writes the rank's uncaught exception (TORCHELASTIC_ERROR_FILE, set by the worker)."""
     return out / "logs" / f"rank{rank:05d}.error.json"
@@ -97,7 +105,7 @@ def reset_rank_files(out: Path, ranks: Iterable[int]) -> None:
     """Before an attempt: no .done, .failed, .error.json, .beat or flight-recorder file of an earlier one may
     speak for this one (the launcher clears every rank's; under torchrun's restarts each rank its own)."""
     for rank in ranks:
-        for path in (done_path, failed_path, error_path, trace_path, beat_path):
+        for path in (done_path, failed_path, reserve_path, error_path, trace_path, beat_path):
             path(out, rank).unlink(missing_ok=True)
 
 
@@ -146,6 +154,15 @@ def mark_comm_failure(out: Path, rank: int, lines: int = 400) -> str:
     return said
 
 
+def out_of_space(out: Path, ranks: int) -> tuple[int, str] | None:
+    """(rank, its line) of the first rank whose output's file system was full, else None: that is the cause
+    whatever else failed with it (the others time out or get the same broadcast failure)."""
+    for rank in range(ranks):
+        if failed_path(out, rank).exists() and failure_kind(out, rank) == NO_SPACE_KIND:
+            return rank, failure_message(out, rank)
+    return None
+
+
 def rank_failure(e: BaseException, rank: int) -> RunFailed | None:
     """A rank's exception that is gloo's or NCCL's word for a failed collective (errors.COMM_FAILURES: a lost
     peer, a timeout, "Duplicate GPU detected", an unhandled system or CUDA error) as one line naming the rank;
@@ -155,12 +172,13 @@ def rank_failure(e: BaseException, rank: int) -> RunFailed | None:
 
 
 def failure_message(out: Path, rank: int) -> str:
-    """The one line a rank gave a failure it recognised (input, verdict, stopped); '' for a crash or none."""
+    """The one line a rank gave a failure it recognised (input, verdict, stopped, no space); '' for a crash or
+    none."""
     try:
         d = json.loads(failed_path(out, rank).read_text())
     except (OSError, ValueError):
         return ""
-    if not isinstance(d, dict) or d.get("kind") not in ("input", "verdict", "stopped"):
+    if not isinstance(d, dict) or d.get("kind") not in ("input", "verdict", "stopped", NO_SPACE_KIND):
         return ""
     return str(d.get("message", "")).splitlines()[0] if d.get("message") else ""
 
@@ -308,9 +326,22 @@ def ranks_failed(failure: Failure, out: Path, ranks: int, say: Callable[[str], N
             f"torchfrtrace {out / 'logs'} -p {TRACE_PREFIX}"
         )
     beats = read_beats(out, ranks)
-    step = beats[failure.rank].step if failure.rank in beats else -1
     progressed = any(b.step >= 0 for b in beats.values())
+    full = out_of_space(out, ranks)
+    if full:
+        return full_disk(full, out, beats, progressed)
+    step = beats[failure.rank].step if failure.rank in beats else -1
     return RanksFailed(failure.text, failure.rank, step, failure.restartable, progressed, failure.how)
+
+
+def full_disk(full: tuple[int, str], out: Path, beats: dict, progressed: bool) -> RanksFailed:
+    """The failure of a job whose output folder's file system filled up: the rank's own line, never restarted."""
+    rank, said = full
+    kept = list_checkpoints(out / "checkpoints")
+    if "checkpoint" not in said:  # a failed save says itself which one is kept
+        said += f"; the checkpoint at step {kept[0][0]} is kept" if kept else "; no checkpoint was written yet"
+    how = f"rank {rank} failed: {said}"
+    return RanksFailed(how, rank, beats[rank].step if rank in beats else -1, False, progressed, how)
 
 
 def show_traceback(out: Path, rank: int, say: Callable[[str], None], lines: int = TRACEBACK_LINES) -> None:
@@ -339,6 +370,9 @@ def command_failed(e: RunFailed, out: Path, ranks: int, launcher) -> RanksFailed
         return RanksFailed(text)
     beats = read_beats(out, ranks)
     progressed = any(b.step >= 0 for b in beats.values())
+    full = out_of_space(out, ranks)
+    if full:
+        return full_disk(full, out, beats, progressed)
     reported = [r for r in range(ranks) if failed_path(out, r).exists()]
     kinds = {failure_kind(out, r) for r in reported}
     # "stopped": mpirun/srun send SIGTERM to the other ranks once one failed, a symptom (a stop the user asked

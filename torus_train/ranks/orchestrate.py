@@ -259,7 +259,7 @@ def no_restart(e, attempt: int, max_restarts: int) -> str:
     if e.rank < 0:
         return "not restarted: the launcher was interrupted"
     if not e.restartable:
-        return "not restarted: this failure would repeat (bad input, a requested stop or a failed check)"
+        return "not restarted: this failure would repeat (bad input, a full disk, a requested stop or a failed check)"
     if not e.progressed:
         return "not restarted: no rank finished a step in this attempt (a start-up failure)"
     if attempt >= max_restarts:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -116,13 +116,12 @@ def write_job(path: Path, spec: JobSpec, grid, resume: bool, regrid: bool = Fals
         "regrid": regrid,
     }
     job["spec"]["job"]["out"] = str(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)  # a name of its own
+    tmp = path.with_name(f"{path.name}.{os.getpid()}_{secrets.token_hex(4)}.tmp")  # a name of its own
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(job, indent=1))
+        tmp.write_text(json.dumps(job, indent=1))
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -167,8 +167,12 @@ def _os_error(e: BaseException | None) -> OSError | None:
     return None
 
 
+NO_SPACE = "no space left"
+"""The words a failed save uses for a full file system (the rank's failure kind "no space" is read from them)."""
+
+
 def _save_failure(folder: Path, e: OSError) -> str:
-    why = "no space left" if e.errno == errno.ENOSPC else (e.strerror or str(e)).lower()
+    why = NO_SPACE if e.errno == errno.ENOSPC else (e.strerror or str(e)).lower()
     try:
         kept = list_checkpoints(folder)
     except OSError:
