@@ -13,6 +13,7 @@ likely started it, the step it had finished, whether a restart from the latest c
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 from collections import deque
@@ -360,11 +361,69 @@ def show_traceback(out: Path, rank: int, say: Callable[[str], None], lines: int 
 # --------------------------------------------------------------------------------------------------------
 # An mpirun or srun step: the command's last lines and OUT/logs
 # --------------------------------------------------------------------------------------------------------
-def command_failed(e: RunFailed, out: Path, ranks: int, launcher) -> RanksFailed:
+WAITED_FOR = re.compile(r"timed out after [^;]*? waiting for ((?:rank \d+(?:, )?)+)")
+"""A rank's own line for a peer that did not answer within comm.timeout_s (comm/shm.py's row exchange)."""
+SAW_EXIT = re.compile(r"((?:rank \d+ \(pid \d+\)(?:, )?)+) exited during")
+"""A rank's own line for a peer that exited inside a collective."""
+
+
+def accused(out: Path, ranks: int) -> tuple[int, list[int]] | None:
+    """The rank its peers' own lines (their .failed markers) name as the one they waited for, and the ranks
+    that name it; None when no line names one. A timeout is evidence of a hang; a peer "exited during" is
+    weaker: a stopped rank woken at the end finds its peers gone and names one of them, so it counts only when
+    no rank timed out waiting for anyone. Ties go to the rank named first in time (the earliest marker)."""
+    said: list[tuple[float, int, str]] = []
+    for rank in range(ranks):
+        path = failed_path(out, rank)
+        message = failure_text(path)
+        if message:
+            said.append((path.stat().st_mtime if path.exists() else 0.0, rank, message))
+    for pattern in (WAITED_FOR, SAW_EXIT):
+        named: dict[int, list[int]] = {}
+        for _, rank, message in sorted(said):
+            m = pattern.search(message)
+            for peer in map(int, re.findall(r"rank (\d+)", m.group(1)) if m else []):
+                if peer != rank:
+                    named.setdefault(peer, []).append(rank)
+        if named:
+            peer = max(named, key=lambda p: len(named[p]))  # first named among equals (dicts keep order)
+            return peer, named[peer]
+    return None
+
+
+def failure_text(path: Path) -> str:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""
+    return str(d.get("message", "")) if isinstance(d, dict) else ""
+
+
+def hung_peer(
+    out: Path, ranks: int, text: str, host_of: Callable[[int], str], beats: dict, ok: bool, progressed: bool
+) -> RanksFailed | None:
+    """The failure named from the ranks' own lines when the launcher's did not name a rank: under mpirun and
+    srun as under the local launcher, the rank the others waited for, and its host."""
+    found = accused(out, ranks)
+    if found is None:
+        return None
+    rank, by = found
+    host = host_of(rank)
+    how = f"rank {rank}{f' on {host}' if host else ''} stopped responding"
+    line = (
+        f"{how}: rank(s) {', '.join(map(str, by[:8]))} timed out or lost the connection waiting for it "
+        f"(log: {log_path(out, rank)}); {text}"
+    )
+    return RanksFailed(line, rank, beats[rank].step if rank in beats else -1, ok, progressed, how)
+
+
+def command_failed(
+    e: RunFailed, out: Path, ranks: int, launcher, host_of: Callable[[int], str] = lambda rank: ""
+) -> RanksFailed:
     """An mpirun/srun step that failed, judged from the command's own last lines (the launcher entry's
-    `culprit`: which rank, on which host)
-    and from what the ranks left in OUT/logs (a shared folder): whether a restart may help (no rank reported
-    bad input or a failed check) and whether any rank finished a step."""
+    `culprit`: which rank, on which host), else from the ranks' own lines (the rank they waited for, on the
+    host host_of gives), and from what the ranks left in OUT/logs (a shared folder): whether a restart may help
+    (no rank reported bad input or a failed check) and whether any rank finished a step."""
     text = str(e)
     if text.startswith("interrupted"):
         return RanksFailed(text)
@@ -386,6 +445,9 @@ def command_failed(e: RunFailed, out: Path, ranks: int, launcher) -> RanksFailed
         return RanksFailed(
             text, rank, beats[rank].step if rank in beats else -1, ok, progressed, f"rank {rank} on {host} {how}"
         )
+    waited = hung_peer(out, ranks, text, host_of, beats, ok, progressed)
+    if waited is not None:
+        return waited
     rank = min((r for r in reported if failure_kind(out, r) in RESTARTABLE), default=min(reported, default=0))
     step = beats[rank].step if rank in beats and reported else -1  # no rank said anything: no rank to name
     return RanksFailed(text, rank, step, ok, progressed, f"the {ranks}-rank step failed ({text.split(';')[0]})")

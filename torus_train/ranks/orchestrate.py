@@ -213,7 +213,13 @@ def launch(spec: JobSpec, plan, out: Path) -> None:
     except RanksFailed:
         raise
     except RunFailed as e:
-        raise command_failed(e, out, plan.world_size, plan.entry) from None
+        raise command_failed(e, out, plan.world_size, plan.entry, host_of(plan)) from None
+
+
+def host_of(plan):
+    """rank -> the host the plan put it on (ranks fill the hosts in order, grid.gpus_per_node each)."""
+    per, hosts = plan.grid.gpus_per_node, [h.name for h in plan.hosts]
+    return lambda rank: hosts[rank // per] if per and 0 <= rank // per < len(hosts) else ""
 
 
 def launch_with_restarts(spec: JobSpec, plan, out: Path, restarts: Restarts) -> None:

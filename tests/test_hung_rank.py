@@ -1,0 +1,58 @@
+"""A hung rank under mpirun or srun, named from the ranks' own lines (ranks/diagnosis.accused): the markers are
+the ones real ranks wrote in a run with rank 3 stopped (tests/dist/test_hung_rank_mpirun.py runs it whole);
+the launcher's own lines name no rank here, as mpirun's do not for ranks that exit with code 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from torus_train.errors import RunFailed
+from torus_train.job.launchers import LAUNCHERS
+from torus_train.ranks.diagnosis import accused, command_failed
+
+GLOO_TIMEOUT = (
+    "a collective waited comm.timeout_s for a peer (a lost, hung or cut-off rank): [gloo/transport/tcp/"
+    "unbound_buffer.cc:78] Timed out waiting 20000ms for recv operation to complete"
+)
+CLOSED = (
+    "a peer's connection closed in a collective (the peer died?): [gloo/transport/tcp/pair.cc:561] Connection closed"
+)
+
+
+def marker(out, rank: int, message: str, age: float) -> None:
+    path = out / "logs" / f"rank{rank:05d}.failed"
+    path.write_text(json.dumps({"rank": rank, "code": 1, "kind": "crash", "message": message}))
+    os.utime(path, (time.time() - age, time.time() - age))
+
+
+def test_the_rank_its_row_waited_for_is_named_with_its_host(tmp_path):
+    (tmp_path / "logs").mkdir()
+    marker(tmp_path, 0, CLOSED, 5)
+    marker(tmp_path, 1, GLOO_TIMEOUT, 6)
+    marker(tmp_path, 2, "rank 2: reduce-scatter of row [2, 3] timed out after 20 s waiting for rank 3", 6)
+    hosts = ["node1", "node1", "node2", "node2"]
+    for name in ("mpirun", "srun"):
+        e = command_failed(RunFailed(f"{name} exited with code 1"), tmp_path, 4, LAUNCHERS.get(name), hosts.__getitem__)
+        assert e.rank == 3 and e.restartable
+        assert str(e).startswith("rank 3 on node2 stopped responding: rank(s) 2 timed out") and name in str(e)
+
+
+def test_the_stopped_rank_woken_at_the_end_does_not_move_the_blame(tmp_path):
+    """Woken by the launcher's SIGCONT after its peers gave up, rank 3 finds rank 2 gone and says so, later
+    than rank 2's timeout; or it times out itself, waiting for rank 2, after rank 2 waited for it."""
+    (tmp_path / "logs").mkdir()
+    marker(tmp_path, 2, "rank 2: all-gather of row [2, 3] timed out after 20 s waiting for rank 3", 9)
+    marker(tmp_path, 3, "rank 3: rank 2 (pid 812) exited during the all-gather of row [2, 3]", 1)
+    assert accused(tmp_path, 4) == (3, [2])
+    marker(tmp_path, 3, "rank 3: all-gather of row [2, 3] timed out after 20 s waiting for rank 2", 1)
+    assert accused(tmp_path, 4) == (3, [2])  # named first in time
+
+
+def test_no_named_peer_keeps_the_launchers_account(tmp_path):
+    (tmp_path / "logs").mkdir()
+    marker(tmp_path, 1, GLOO_TIMEOUT, 2)
+    assert accused(tmp_path, 4) is None
+    e = command_failed(RunFailed("mpirun exited with code 1"), tmp_path, 4, LAUNCHERS.get("mpirun"))
+    assert str(e) == "mpirun exited with code 1" and "the 4-rank step failed" in e.how
