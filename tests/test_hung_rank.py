@@ -39,13 +39,31 @@ def test_the_rank_its_row_waited_for_is_named_with_its_host(tmp_path):
         assert str(e).startswith("rank 3 on node2 stopped responding: rank(s) 2 timed out") and name in str(e)
 
 
+def test_the_ranks_word_on_a_hang_comes_before_sruns_word_on_its_own_kill(tmp_path):
+    """srun names the task it killed at the end (the stopped one, as "Killed") or the first that exited 1."""
+    from torus_train.ranks.runner import CommandFailed
+
+    (tmp_path / "logs").mkdir()
+    marker(tmp_path, 2, "rank 2: reduce-scatter of row [2, 3] timed out after 20 s waiting for rank 3", 6)
+    srun = LAUNCHERS.get("srun")
+    for lines in (["srun: error: node2: task 3: Killed"], ["srun: error: node1: tasks 0-1: Exited with exit code 1"]):
+        e = command_failed(CommandFailed("srun exited with code 1", lines), tmp_path, 4, srun, lambda r: "node2")
+        assert e.how == "rank 3 on node2 stopped responding", lines
+    marker(tmp_path, 2, "rank 2: rank 3 (pid 77) exited during the reduce-scatter of row [2, 3]", 6)
+    e = command_failed(
+        CommandFailed("srun exited with code 1", ["srun: error: node2: task 3: Killed"]), tmp_path, 4, srun
+    )
+    assert e.how == "rank 3 on node2 was killed by SIGKILL"  # a crash: srun's own word stands
+
+
 def test_the_stopped_rank_woken_at_the_end_does_not_move_the_blame(tmp_path):
     """Woken by the launcher's SIGCONT after its peers gave up, rank 3 finds rank 2 gone and says so, later
     than rank 2's timeout; or it times out itself, waiting for rank 2, after rank 2 waited for it."""
     (tmp_path / "logs").mkdir()
     marker(tmp_path, 2, "rank 2: all-gather of row [2, 3] timed out after 20 s waiting for rank 3", 9)
     marker(tmp_path, 3, "rank 3: rank 2 (pid 812) exited during the all-gather of row [2, 3]", 1)
-    assert accused(tmp_path, 4) == (3, [2])
+    assert accused(tmp_path, 4) == (3, [2])  # rank 3 saw rank 2 exit, but rank 2 waited for rank 3 first
+    assert command_failed(RunFailed("mpirun exited with code 1"), tmp_path, 4, LAUNCHERS.get("mpirun")).rank == 3
     marker(tmp_path, 3, "rank 3: all-gather of row [2, 3] timed out after 20 s waiting for rank 2", 1)
     assert accused(tmp_path, 4) == (3, [2])  # named first in time
 

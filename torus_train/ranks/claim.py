@@ -68,13 +68,14 @@ class Claim:
                 pass
 
 
-JOB_IDS = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri", "PBS_JOBID")
-"""What names the job of ranks started by torchrun, srun, mpirun or PBS: a restarted attempt's rank 0 (on any
-node) takes over the note its own job's earlier attempt left, rather than waiting STALE_S for it."""
+JOB_IDS = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "PMIX_NAMESPACE", "PBS_JOBID")
+"""What names the job of ranks started by torchrun, srun, mpirun or PBS, all that are set (torchrun's run id
+is "none" unless --rdzv-id or --standalone sets one): a restarted attempt's rank 0, on any node, takes over the
+note its own job's earlier attempt left rather than waiting STALE_S for it."""
 
 
 def job_of(environ) -> str:
-    return next((f"{k}={environ[k]}" for k in JOB_IDS if environ.get(k)), "")
+    return " ".join(f"{k}={environ[k]}" for k in JOB_IDS if environ.get(k))
 
 
 def holder_note(job: str = "") -> dict:

@@ -365,30 +365,33 @@ WAITED_FOR = re.compile(r"timed out after [^;]*? waiting for ((?:rank \d+(?:, )?
 """A rank's own line for a peer that did not answer within comm.timeout_s (comm/shm.py's row exchange)."""
 SAW_EXIT = re.compile(r"((?:rank \d+ \(pid \d+\)(?:, )?)+) exited during")
 """A rank's own line for a peer that exited inside a collective."""
+EVIDENCE = {
+    "hung": (WAITED_FOR, "stopped responding", "timed out waiting for it"),
+    "exited": (SAW_EXIT, "exited in a collective", "saw it exit"),
+}
+"""What the ranks' own lines can say of a peer: (pattern, what the peer did, what its accusers saw)."""
 
 
-def accused(out: Path, ranks: int) -> tuple[int, list[int]] | None:
-    """The rank its peers' own lines (their .failed markers) name as the one they waited for, and the ranks
-    that name it; None when no line names one. A timeout is evidence of a hang; a peer "exited during" is
-    weaker: a stopped rank woken at the end finds its peers gone and names one of them, so it counts only when
-    no rank timed out waiting for anyone. Ties go to the rank named first in time (the earliest marker)."""
+def accused(out: Path, ranks: int, pattern: re.Pattern = WAITED_FOR) -> tuple[int, list[int]] | None:
+    """The rank its peers' own lines (their .failed markers) name, and the ranks that name it; None when no
+    line names one. A stopped rank woken at the end may time out waiting for a peer that waited for it first:
+    the rank named first in time (the earliest marker) wins a tie."""
     said: list[tuple[float, int, str]] = []
     for rank in range(ranks):
         path = failed_path(out, rank)
         message = failure_text(path)
         if message:
             said.append((path.stat().st_mtime if path.exists() else 0.0, rank, message))
-    for pattern in (WAITED_FOR, SAW_EXIT):
-        named: dict[int, list[int]] = {}
-        for _, rank, message in sorted(said):
-            m = pattern.search(message)
-            for peer in map(int, re.findall(r"rank (\d+)", m.group(1)) if m else []):
-                if peer != rank:
-                    named.setdefault(peer, []).append(rank)
-        if named:
-            peer = max(named, key=lambda p: len(named[p]))  # first named among equals (dicts keep order)
-            return peer, named[peer]
-    return None
+    named: dict[int, list[int]] = {}
+    for _, rank, message in sorted(said):
+        m = pattern.search(message)
+        for peer in map(int, re.findall(r"rank (\d+)", m.group(1)) if m else []):
+            if peer != rank:
+                named.setdefault(peer, []).append(rank)
+    if not named:
+        return None
+    peer = max(named, key=lambda p: len(named[p]))  # first named among equals (dicts keep order)
+    return peer, named[peer]
 
 
 def failure_text(path: Path) -> str:
@@ -399,21 +402,26 @@ def failure_text(path: Path) -> str:
     return str(d.get("message", "")) if isinstance(d, dict) else ""
 
 
-def hung_peer(
-    out: Path, ranks: int, text: str, host_of: Callable[[int], str], beats: dict, ok: bool, progressed: bool
+def named_by_peers(
+    evidence: str,
+    out: Path,
+    ranks: int,
+    text: str,
+    host_of: Callable[[int], str],
+    beats: dict,
+    ok: bool,
+    progressed: bool,
 ) -> RanksFailed | None:
-    """The failure named from the ranks' own lines when the launcher's did not name a rank: under mpirun and
-    srun as under the local launcher, the rank the others waited for, and its host."""
-    found = accused(out, ranks)
+    """The failure as the ranks' own lines tell it, under mpirun and srun as under the local launcher: the rank
+    the others waited for (or saw exit), and its host."""
+    pattern, did, saw = EVIDENCE[evidence]
+    found = accused(out, ranks, pattern)
     if found is None:
         return None
     rank, by = found
     host = host_of(rank)
-    how = f"rank {rank}{f' on {host}' if host else ''} stopped responding"
-    line = (
-        f"{how}: rank(s) {', '.join(map(str, by[:8]))} timed out or lost the connection waiting for it "
-        f"(log: {log_path(out, rank)}); {text}"
-    )
+    how = f"rank {rank}{f' on {host}' if host else ''} {did}"
+    line = f"{how}: rank(s) {', '.join(map(str, by[:8]))} {saw} (log: {log_path(out, rank)}); {text}"
     return RanksFailed(line, rank, beats[rank].step if rank in beats else -1, ok, progressed, how)
 
 
@@ -421,8 +429,9 @@ def command_failed(
     e: RunFailed, out: Path, ranks: int, launcher, host_of: Callable[[int], str] = lambda rank: ""
 ) -> RanksFailed:
     """An mpirun/srun step that failed, judged from the command's own last lines (the launcher entry's
-    `culprit`: which rank, on which host), else from the ranks' own lines (the rank they waited for, on the
-    host host_of gives), and from what the ranks left in OUT/logs (a shared folder): whether a restart may help
+    `culprit`: which rank, on which host) and the ranks' own lines (the rank they waited for or saw exit, on
+    the host host_of gives; a hang first: srun names the stopped rank it killed at the end as killed), and from
+    what the ranks left in OUT/logs (a shared folder): whether a restart may help
     (no rank reported bad input or a failed check) and whether any rank finished a step."""
     text = str(e)
     if text.startswith("interrupted"):
@@ -437,6 +446,10 @@ def command_failed(
     # "stopped": mpirun/srun send SIGTERM to the other ranks once one failed, a symptom (a stop the user asked
     # for reaches this launcher first and is never restarted)
     ok = (kinds - {"stopped"}) <= set(RESTARTABLE)
+    told = (out, ranks, text, host_of, beats, ok, progressed)
+    hung = named_by_peers("hung", *told)  # before the launcher's word: it names the rank it killed at the end
+    if hung is not None:
+        return hung
     named = launcher.culprit(getattr(e, "lines", []))
     if named is not None:
         rank, host, how = named
@@ -445,9 +458,9 @@ def command_failed(
         return RanksFailed(
             text, rank, beats[rank].step if rank in beats else -1, ok, progressed, f"rank {rank} on {host} {how}"
         )
-    waited = hung_peer(out, ranks, text, host_of, beats, ok, progressed)
-    if waited is not None:
-        return waited
+    exited = named_by_peers("exited", *told)
+    if exited is not None:
+        return exited
     rank = min((r for r in reported if failure_kind(out, r) in RESTARTABLE), default=min(reported, default=0))
     step = beats[rank].step if rank in beats and reported else -1  # no rank said anything: no rank to name
     return RanksFailed(text, rank, step, ok, progressed, f"the {ranks}-rank step failed ({text.split(';')[0]})")
