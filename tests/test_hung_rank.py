@@ -68,6 +68,29 @@ def test_the_stopped_rank_woken_at_the_end_does_not_move_the_blame(tmp_path):
     assert accused(tmp_path, 4) == (3, [2])  # named first in time
 
 
+def stalled(out, rank: int, message: str, age: float, seconds: float) -> None:
+    marker(out, rank, message, age)
+    path = out / "logs" / f"rank{rank:05d}.failed"
+    d = json.loads(path.read_text())
+    path.write_text(json.dumps({**d, "stalled_s": seconds}))
+    os.utime(path, (time.time() - age, time.time() - age))
+
+
+def test_the_hang_spreads_along_the_grid_and_the_stopped_rank_says_it_did_not_run(tmp_path):
+    """As seen under srun on the namespace cluster: rank 3 stopped; rank 1 (its column) timed out in gloo,
+    rank 0 (rank 1's row) then timed out waiting for rank 1, and rank 3, woken at the end, timed out last."""
+    (tmp_path / "logs").mkdir()
+    marker(tmp_path, 1, GLOO_TIMEOUT, 3.0)
+    marker(tmp_path, 2, GLOO_TIMEOUT, 3.0)
+    marker(tmp_path, 0, "rank 0: reduce-scatter of row [0, 1] timed out after 20 s waiting for rank 1", 2.9)
+    assert accused(tmp_path, 4) == (3, [1, 2, 0])  # the one silent rank: every other one timed out
+    stalled(tmp_path, 3, GLOO_TIMEOUT, 2.6, 41.0)
+    e = command_failed(RunFailed("srun exited with code 1"), tmp_path, 4, LAUNCHERS.get("srun"), lambda r: "node2")
+    assert str(e).startswith("rank 3 on node2 stopped responding (it did not run for 41 s): rank(s) 1, 2, 0 timed out")
+    marker(tmp_path, 3, GLOO_TIMEOUT, 2.6)  # without its own word, rank 0's names rank 1, who waited first
+    assert accused(tmp_path, 4) == (1, [0])
+
+
 def test_no_named_peer_keeps_the_launchers_account(tmp_path):
     (tmp_path / "logs").mkdir()
     marker(tmp_path, 1, GLOO_TIMEOUT, 2)

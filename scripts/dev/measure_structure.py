@@ -135,7 +135,7 @@ NOT_USER_FILES = {
     "plan.rehearse.rank:rehearse_rank": "the pickled oracle rank 0 of this rehearsal wrote",
     "ranks.diagnosis:failure_kind": "the failure record a rank of this run wrote",
     "ranks.diagnosis:failure_message": "the failure record a rank of this run wrote",
-    "ranks.diagnosis:failure_text": "the failure record a rank of this run wrote",
+    "ranks.diagnosis:markers": "the failure records the ranks of this run wrote",
     "ranks.diagnosis:process_state": "/proc/PID/stat of a rank this launcher started",
     "ranks.diagnosis:recorded_traceback": "the error file torch's record() wrote for a rank of this run",
     "ranks.diagnosis:tail": "a rank's log, written by the rank into the run's logs/",

@@ -13,7 +13,6 @@ likely started it, the step it had finished, whether a restart from the latest c
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 from collections import deque
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torus_train.errors import RunFailed, comm_failure
+from torus_train.ranks.evidence import SAW_EXIT, Said, hung_rank, named_in
 from torus_train.ranks.heartbeat import beat_path, read_beats
 from torus_train.train.checkpoint import list_checkpoints
 
@@ -361,45 +361,28 @@ def show_traceback(out: Path, rank: int, say: Callable[[str], None], lines: int 
 # --------------------------------------------------------------------------------------------------------
 # An mpirun or srun step: the command's last lines and OUT/logs
 # --------------------------------------------------------------------------------------------------------
-WAITED_FOR = re.compile(r"timed out after [^;]*? waiting for ((?:rank \d+(?:, )?)+)")
-"""A rank's own line for a peer that did not answer within comm.timeout_s (comm/shm.py's row exchange)."""
-SAW_EXIT = re.compile(r"((?:rank \d+ \(pid \d+\)(?:, )?)+) exited during")
-"""A rank's own line for a peer that exited inside a collective."""
-EVIDENCE = {
-    "hung": (WAITED_FOR, "stopped responding", "timed out waiting for it"),
-    "exited": (SAW_EXIT, "exited in a collective", "saw it exit"),
-}
-"""What the ranks' own lines can say of a peer: (pattern, what the peer did, what its accusers saw)."""
-
-
-def accused(out: Path, ranks: int, pattern: re.Pattern = WAITED_FOR) -> tuple[int, list[int]] | None:
-    """The rank its peers' own lines (their .failed markers) name, and the ranks that name it; None when no
-    line names one. A stopped rank woken at the end may time out waiting for a peer that waited for it first:
-    the rank named first in time (the earliest marker) wins a tie."""
-    said: list[tuple[float, int, str]] = []
+def markers(out: Path, ranks: int) -> list[Said]:
+    """Every rank's marker, oldest first (one launcher-side read per rank that wrote one)."""
+    said = []
     for rank in range(ranks):
         path = failed_path(out, rank)
-        message = failure_text(path)
-        if message:
-            said.append((path.stat().st_mtime if path.exists() else 0.0, rank, message))
-    named: dict[int, list[int]] = {}
-    for _, rank, message in sorted(said):
-        m = pattern.search(message)
-        for peer in map(int, re.findall(r"rank (\d+)", m.group(1)) if m else []):
-            if peer != rank:
-                named.setdefault(peer, []).append(rank)
-    if not named:
-        return None
-    peer = max(named, key=lambda p: len(named[p]))  # first named among equals (dicts keep order)
-    return peer, named[peer]
+        try:
+            d = json.loads(path.read_text())
+            at = path.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict):
+            stalled = d.get("stalled_s", 0)
+            said.append(
+                Said(rank, at, str(d.get("message", "")), float(stalled) if isinstance(stalled, (int, float)) else 0.0)
+            )
+    return sorted(said, key=lambda s: (s.at, s.rank))
 
 
-def failure_text(path: Path) -> str:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return ""
-    return str(d.get("message", "")) if isinstance(d, dict) else ""
+def accused(out: Path, ranks: int) -> tuple[int, list[int]] | None:
+    """The hung rank and its waiters, from the ranks' markers in OUT/logs (hung_rank)."""
+    found = hung_rank(markers(out, ranks), ranks)
+    return found[:2] if found else None
 
 
 def named_by_peers(
@@ -413,15 +396,22 @@ def named_by_peers(
     progressed: bool,
 ) -> RanksFailed | None:
     """The failure as the ranks' own lines tell it, under mpirun and srun as under the local launcher: the rank
-    the others waited for (or saw exit), and its host."""
-    pattern, did, saw = EVIDENCE[evidence]
-    found = accused(out, ranks, pattern)
+    the others waited for ("hung") or saw exit ("exited"), and its host."""
+    said = markers(out, ranks)
+    if evidence == "hung":
+        found = hung_rank(said, ranks)
+        did, saw = "stopped responding", "timed out waiting for it"
+    else:
+        exited = named_in(said, SAW_EXIT)
+        found = (*exited, "") if exited else None
+        did, saw = "exited in a collective", "saw it exit"
     if found is None:
         return None
-    rank, by = found
+    rank, by, itself = found
     host = host_of(rank)
     how = f"rank {rank}{f' on {host}' if host else ''} {did}"
-    line = f"{how}: rank(s) {', '.join(map(str, by[:8]))} {saw} (log: {log_path(out, rank)}); {text}"
+    waited = f"rank(s) {', '.join(map(str, by[:8]))} {saw}" if by else "no other rank said why"
+    line = f"{how}{itself}: {waited} (log: {log_path(out, rank)}); {text}"
     return RanksFailed(line, rank, beats[rank].step if rank in beats else -1, ok, progressed, how)
 
 

@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -54,6 +55,14 @@ ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 """Where torch's ``record`` writes a rank's uncaught exception (torchrun's agent sets it to a file of its own)."""
 RESERVE_BYTES = 4096
 """The marker's room, taken when the rank starts: a full disk cannot then keep its failure from the launcher."""
+STALLED_S = 10.0
+"""A rank whose own clock thread did not run for this long before its failure was stopped or frozen (SIGSTOP, a
+debugger, a frozen node): it says so in its marker, which is how the launcher tells the hung rank from those that
+timed out waiting for it, under any launcher (ranks/diagnosis.hung_rank)."""
+TICK = [time.monotonic()]
+"""When this rank's clock thread last ran."""
+STALL = [0.0, 0.0]
+"""The clock thread's last gap of STALLED_S or more: [its seconds, when it ended (monotonic)]."""
 FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 """NCCL's flight recorder: each rank keeps its last 2,000 collectives (a few steps of every bucket's row and
 column exchanges) and dumps them when one times out, rank 0's dump asking the others for theirs."""
@@ -115,6 +124,30 @@ def torch_diagnostics(spec: JobSpec, out: Path, rank: int, environ=os.environ) -
         for name, value in FLIGHT_RECORDER.items():
             environ.setdefault(name, value)
         environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(out / "logs" / TRACE_PREFIX))
+
+
+def start_clock() -> None:
+    """A daemon thread that notes the time twice a second: a gap means the whole process did not run."""
+
+    def tick() -> None:
+        while True:
+            now = time.monotonic()
+            if now - TICK[0] >= STALLED_S:  # woken first: the main thread may not have read the gap yet
+                STALL[:] = [now - TICK[0], now]
+            TICK[0] = now
+            time.sleep(0.5)
+
+    threading.Thread(target=tick, name="stall-clock", daemon=True).start()
+
+
+def stalled_for() -> float:
+    """Seconds the process did not run just before now (the clock thread's gap, still open or ended within
+    the last minute); 0 when it ran."""
+    now = time.monotonic()
+    gap = now - TICK[0]
+    if gap >= STALLED_S:
+        return gap
+    return STALL[0] if now - STALL[1] < 60.0 else 0.0
 
 
 def start_heartbeat(out: Path, rank: int, stop: StopRequest) -> None:
@@ -219,6 +252,7 @@ def execute(spec: JobSpec, grid: Grid, resume: bool, regrid: bool = False) -> No
         signal.signal(signal.SIGTERM, signal_handler(stop))
         signal.signal(signal.SIGINT, signal_handler(stop))
         die_with_parent()
+        start_clock()
         start_heartbeat(out, rank, stop)
         torch_diagnostics(spec, out, rank)
         # torch's record: faulthandler on fatal signals, and the uncaught exception with its traceback for the
@@ -304,7 +338,11 @@ def report_failure(out: Path, rank: int, code: int, kind: str, message: str, ori
         sys.stderr.flush()
     except OSError:
         pass
-    marker = json.dumps({"rank": rank, "code": code, "kind": kind, "message": message[:600]})  # fits the room
+    record = {"rank": rank, "code": code, "kind": kind, "message": message[:600]}  # fits the room
+    stalled = stalled_for()  # read before anything here may block
+    if stalled:
+        record["stalled_s"] = round(stalled, 1)
+    marker = json.dumps(record)
     reserve = reserve_path(out, rank)
     try:  # overwriting taken room needs no new blocks; the rename makes it the marker, never half written
         with open(reserve, "r+b") as f:
