@@ -10,6 +10,7 @@ from torus_train.errors import RunFailed, UserError
 from torus_train.job.launch import rendezvous_port
 from torus_train.job.launchers.srun import slurm_rendezvous
 from torus_train.ranks.bootstrap import RankInfo, rank_info, rendezvous
+from torus_train.usernumbers import NumberError
 
 
 @pytest.mark.parametrize(
@@ -133,5 +134,9 @@ def test_rank_threads_from_the_launcher_or_slurm():
 
     assert rank_threads({"OMP_NUM_THREADS": "4", "SLURM_CPUS_PER_TASK": "8"}) == 4
     assert rank_threads({"SLURM_CPUS_PER_TASK": "8"}) == 8  # srun by hand: Slurm sets no OMP_NUM_THREADS
-    assert rank_threads({"OMP_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": "x"}) is None
+    assert rank_threads({"OMP_NUM_THREADS": "8,2"}) == 8  # OpenMP's list per nesting level: the first is ours
+    assert rank_threads({"OMP_NUM_THREADS": "0", "SLURM_CPUS_PER_TASK": ""}) is None  # 0 or empty says nothing
     assert rank_threads({}) is None
+    for name, value in (("SLURM_CPUS_PER_TASK", "x"), ("OMP_NUM_THREADS", "²"), ("OMP_NUM_THREADS", "9" * 5000)):
+        with pytest.raises(NumberError, match=f"^{name}: .* give an integer from 0 to 65536$"):
+            rank_threads({name: value})

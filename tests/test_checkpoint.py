@@ -47,6 +47,26 @@ def test_keep_prunes_oldest(tmp_path):
     assert [s for s, _ in list_checkpoints(tmp_path)] == [4]
 
 
+def test_steps_past_eight_digits_are_listed_found_and_pruned(tmp_path):
+    """schedule.steps allows 2^31 - 1: a 9- and 10-digit step is named, listed, found and pruned like any other,
+    and sorts by its number, not its name; an orphan of such a step goes too."""
+    steps = (99_999_999, 100_000_000, 2_147_483_647)
+    for step in steps:
+        save_checkpoint(tmp_path, step, state(step), {}, keep=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2_147_483_647, 100_000_000]
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["step-100000000.pt", "step-2147483647.pt"]
+    ref = find_latest(tmp_path)
+    assert ref.step == 2_147_483_647 and ref.path.name == "step-2147483647.pt"
+    assert torch.equal(load_checkpoint(ref)["model"]["w"], state(2_147_483_647)["model"]["w"])
+    orphan = tmp_path / "step-300000000.pt"  # a save killed between the data and the manifest
+    orphan.write_bytes(b"partial")
+    # names no save writes (too short, an extra leading zero, too long for a step) are not checkpoints
+    for odd in ("step-0120.json", "step-000000120.json", "step-" + "9" * 30 + ".json"):
+        (tmp_path / odd).write_text("{}")
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2_147_483_647, 100_000_000]
+    assert orphan in prune(tmp_path, 2) and not orphan.exists()
+
+
 def test_uncommitted_checkpoint_is_ignored(tmp_path):
     """A kill during save leaves a .pt (or a temporary file) without manifest: never chosen."""
     save_checkpoint(tmp_path, 5, state(5), {}, keep=3)

@@ -25,10 +25,9 @@ CIRCLES_BEING_CUT: set[str] = set()
 # Being routed through the door in issue 45 (other branches): a file a user names, still read another way
 # ("module:function"). Emptied after the merge.
 USER_FILES_BEING_ROUTED: set[str] = set()
-# Being routed through the number door in issue 50 (other branches): text a user supplies, still turned into a
-# number another way ("module:function"). ranks/worker.py is the i50-runs branch's this round (its
-# OMP_NUM_THREADS); the lead empties this set after the merge.
-NUMBERS_BEING_ROUTED: set[str] = {"ranks.worker:rank_threads"}
+# Being routed through the number door (other branches): text a user supplies, still turned into a number another
+# way ("module:function"). Emptied after the merge (ranks.worker:rank_threads was; none is left).
+NUMBERS_BEING_ROUTED: set[str] = set()
 
 
 @pytest.fixture(scope="module")

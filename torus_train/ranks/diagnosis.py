@@ -21,12 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torus_train.errors import RunFailed, comm_failure
+from torus_train.ranks.evidence import SAW_EXIT, Said, hung_rank, named_in
 from torus_train.ranks.heartbeat import beat_path, read_beats
+from torus_train.train.checkpoint import list_checkpoints
 
 TRACEBACK_LINES = 40
 """The last lines of a recorded traceback the launcher prints (the whole one is in the rank's .error.json)."""
 GRACE_S = 10.0
 """Seconds the ranks get to stop after SIGTERM before SIGKILL."""
+NO_SPACE_KIND = "no space"
+"""A rank's failure kind when its output's file system was full (never restarted: the next attempt fills it too)."""
 RESTARTABLE = ("crash",)
 """Kinds of a rank's own failure (its .failed marker) that a restart may cure; input errors, a stop asked for
 by a signal and the job's own verdicts (diverged replicas, non-finite loss, a bad checkpoint) would repeat."""
@@ -79,6 +83,11 @@ def failed_path(out: Path, rank: int) -> Path:
     return out / "logs" / f"rank{rank:05d}.failed"
 
 
+def reserve_path(out: Path, rank: int) -> Path:
+    """The room a rank takes for its .failed marker when it starts (a full disk cannot then keep it empty)."""
+    return out / "logs" / f"rank{rank:05d}.failed.room"
+
+
 def error_path(out: Path, rank: int) -> Path:
     """Where torch's ``record`` writes the rank's uncaught exception (TORCHELASTIC_ERROR_FILE, set by the worker)."""
     return out / "logs" / f"rank{rank:05d}.error.json"
@@ -97,7 +106,7 @@ def reset_rank_files(out: Path, ranks: Iterable[int]) -> None:
     """Before an attempt: no .done, .failed, .error.json, .beat or flight-recorder file of an earlier one may
     speak for this one (the launcher clears every rank's; under torchrun's restarts each rank its own)."""
     for rank in ranks:
-        for path in (done_path, failed_path, error_path, trace_path, beat_path):
+        for path in (done_path, failed_path, reserve_path, error_path, trace_path, beat_path):
             path(out, rank).unlink(missing_ok=True)
 
 
@@ -146,6 +155,15 @@ def mark_comm_failure(out: Path, rank: int, lines: int = 400) -> str:
     return said
 
 
+def out_of_space(out: Path, ranks: int) -> tuple[int, str] | None:
+    """(rank, its line) of the first rank whose output's file system was full, else None: that is the cause
+    whatever else failed with it (the others time out or get the same broadcast failure)."""
+    for rank in range(ranks):
+        if failed_path(out, rank).exists() and failure_kind(out, rank) == NO_SPACE_KIND:
+            return rank, failure_message(out, rank)
+    return None
+
+
 def rank_failure(e: BaseException, rank: int) -> RunFailed | None:
     """A rank's exception that is gloo's or NCCL's word for a failed collective (errors.COMM_FAILURES: a lost
     peer, a timeout, "Duplicate GPU detected", an unhandled system or CUDA error) as one line naming the rank;
@@ -155,12 +173,13 @@ def rank_failure(e: BaseException, rank: int) -> RunFailed | None:
 
 
 def failure_message(out: Path, rank: int) -> str:
-    """The one line a rank gave a failure it recognised (input, verdict, stopped); '' for a crash or none."""
+    """The one line a rank gave a failure it recognised (input, verdict, stopped, no space); '' for a crash or
+    none."""
     try:
         d = json.loads(failed_path(out, rank).read_text())
     except (OSError, ValueError):
         return ""
-    if not isinstance(d, dict) or d.get("kind") not in ("input", "verdict", "stopped"):
+    if not isinstance(d, dict) or d.get("kind") not in ("input", "verdict", "stopped", NO_SPACE_KIND):
         return ""
     return str(d.get("message", "")).splitlines()[0] if d.get("message") else ""
 
@@ -308,9 +327,22 @@ def ranks_failed(failure: Failure, out: Path, ranks: int, say: Callable[[str], N
             f"torchfrtrace {out / 'logs'} -p {TRACE_PREFIX}"
         )
     beats = read_beats(out, ranks)
-    step = beats[failure.rank].step if failure.rank in beats else -1
     progressed = any(b.step >= 0 for b in beats.values())
+    full = out_of_space(out, ranks)
+    if full:
+        return full_disk(full, out, beats, progressed)
+    step = beats[failure.rank].step if failure.rank in beats else -1
     return RanksFailed(failure.text, failure.rank, step, failure.restartable, progressed, failure.how)
+
+
+def full_disk(full: tuple[int, str], out: Path, beats: dict, progressed: bool) -> RanksFailed:
+    """The failure of a job whose output folder's file system filled up: the rank's own line, never restarted."""
+    rank, said = full
+    kept = list_checkpoints(out / "checkpoints")
+    if "checkpoint" not in said:  # a failed save says itself which one is kept
+        said += f"; the checkpoint at step {kept[0][0]} is kept" if kept else "; no checkpoint was written yet"
+    how = f"rank {rank} failed: {said}"
+    return RanksFailed(how, rank, beats[rank].step if rank in beats else -1, False, progressed, how)
 
 
 def show_traceback(out: Path, rank: int, say: Callable[[str], None], lines: int = TRACEBACK_LINES) -> None:
@@ -329,21 +361,85 @@ def show_traceback(out: Path, rank: int, say: Callable[[str], None], lines: int 
 # --------------------------------------------------------------------------------------------------------
 # An mpirun or srun step: the command's last lines and OUT/logs
 # --------------------------------------------------------------------------------------------------------
-def command_failed(e: RunFailed, out: Path, ranks: int, launcher) -> RanksFailed:
+def markers(out: Path, ranks: int) -> list[Said]:
+    """Every rank's marker, oldest first (one launcher-side read per rank that wrote one)."""
+    said = []
+    for rank in range(ranks):
+        path = failed_path(out, rank)
+        try:
+            d = json.loads(path.read_text())
+            at = path.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict):
+            stalled = d.get("stalled_s", 0)
+            said.append(
+                Said(rank, at, str(d.get("message", "")), float(stalled) if isinstance(stalled, (int, float)) else 0.0)
+            )
+    return sorted(said, key=lambda s: (s.at, s.rank))
+
+
+def accused(out: Path, ranks: int) -> tuple[int, list[int]] | None:
+    """The hung rank and its waiters, from the ranks' markers in OUT/logs (hung_rank)."""
+    found = hung_rank(markers(out, ranks), ranks)
+    return found[:2] if found else None
+
+
+def named_by_peers(
+    evidence: str,
+    out: Path,
+    ranks: int,
+    text: str,
+    host_of: Callable[[int], str],
+    beats: dict,
+    ok: bool,
+    progressed: bool,
+) -> RanksFailed | None:
+    """The failure as the ranks' own lines tell it, under mpirun and srun as under the local launcher: the rank
+    the others waited for ("hung") or saw exit ("exited"), and its host."""
+    said = markers(out, ranks)
+    if evidence == "hung":
+        found = hung_rank(said, ranks)
+        did, saw = "stopped responding", "timed out waiting for it"
+    else:
+        exited = named_in(said, SAW_EXIT)
+        found = (*exited, "") if exited else None
+        did, saw = "exited in a collective", "saw it exit"
+    if found is None:
+        return None
+    rank, by, itself = found
+    host = host_of(rank)
+    how = f"rank {rank}{f' on {host}' if host else ''} {did}"
+    waited = f"rank(s) {', '.join(map(str, by[:8]))} {saw}" if by else "no other rank said why"
+    line = f"{how}{itself}: {waited} (log: {log_path(out, rank)}); {text}"
+    return RanksFailed(line, rank, beats[rank].step if rank in beats else -1, ok, progressed, how)
+
+
+def command_failed(
+    e: RunFailed, out: Path, ranks: int, launcher, host_of: Callable[[int], str] = lambda rank: ""
+) -> RanksFailed:
     """An mpirun/srun step that failed, judged from the command's own last lines (the launcher entry's
-    `culprit`: which rank, on which host)
-    and from what the ranks left in OUT/logs (a shared folder): whether a restart may help (no rank reported
-    bad input or a failed check) and whether any rank finished a step."""
+    `culprit`: which rank, on which host) and the ranks' own lines (the rank they waited for or saw exit, on
+    the host host_of gives; a hang first: srun names the stopped rank it killed at the end as killed), and from
+    what the ranks left in OUT/logs (a shared folder): whether a restart may help
+    (no rank reported bad input or a failed check) and whether any rank finished a step."""
     text = str(e)
     if text.startswith("interrupted"):
         return RanksFailed(text)
     beats = read_beats(out, ranks)
     progressed = any(b.step >= 0 for b in beats.values())
+    full = out_of_space(out, ranks)
+    if full:
+        return full_disk(full, out, beats, progressed)
     reported = [r for r in range(ranks) if failed_path(out, r).exists()]
     kinds = {failure_kind(out, r) for r in reported}
     # "stopped": mpirun/srun send SIGTERM to the other ranks once one failed, a symptom (a stop the user asked
     # for reaches this launcher first and is never restarted)
     ok = (kinds - {"stopped"}) <= set(RESTARTABLE)
+    told = (out, ranks, text, host_of, beats, ok, progressed)
+    hung = named_by_peers("hung", *told)  # before the launcher's word: it names the rank it killed at the end
+    if hung is not None:
+        return hung
     named = launcher.culprit(getattr(e, "lines", []))
     if named is not None:
         rank, host, how = named
@@ -352,6 +448,9 @@ def command_failed(e: RunFailed, out: Path, ranks: int, launcher) -> RanksFailed
         return RanksFailed(
             text, rank, beats[rank].step if rank in beats else -1, ok, progressed, f"rank {rank} on {host} {how}"
         )
+    exited = named_by_peers("exited", *told)
+    if exited is not None:
+        return exited
     rank = min((r for r in reported if failure_kind(out, r) in RESTARTABLE), default=min(reported, default=0))
     step = beats[rank].step if rank in beats and reported else -1  # no rank said anything: no rank to name
     return RanksFailed(text, rank, step, ok, progressed, f"the {ranks}-rank step failed ({text.split(';')[0]})")

@@ -21,22 +21,24 @@ from torus_train.job import gpus
 from torus_train.job.dryrun import dry_run_report
 from torus_train.job.elastic import shrink
 from torus_train.job.launch import fixed_grid, inside_launched_rank, plan_launch, usable_cpus
-from torus_train.job.launchers.local import torchrun_attempt
 from torus_train.job.legs import leg_at, leg_spec, legs_text, plan_legs
 from torus_train.job.noise import NoisePoint, learnability_lines
 from torus_train.job.sources import source_of
 from torus_train.job.spec import JobSpec
 from torus_train.job.work import train_images
 from torus_train.ranks.bootstrap import free_port, rank_info
+from torus_train.ranks.claim import claim_out, job_of
 from torus_train.ranks.diagnosis import RanksFailed, command_failed, reset_rank_files
 from torus_train.ranks.preflight import preflight
 from torus_train.ranks.rundir import (
     check_out,
     check_user_paths,
     choose_out,
+    continues_attempt,
     latest_checkpoint_text,
     prepare_out,
     read_summary,
+    record_attempt,
     resume_epoch,
     resume_starts,
     write_hosts,
@@ -112,11 +114,15 @@ def run_job(spec: JobSpec, options: RunOptions) -> JobResult:
         raise
     if dry_run:
         return JobResult(out, dry_run=dry_run_report(first_spec, plan, legs, checked, noise=options.noise))
-    check_out(out, resume, overwrite)  # refused before the data is prepared; nothing removed yet
-    prepare_data(spec, log=echo_err)  # a data fault found here leaves the output folder as it was
-    prepare_out(out, resume, overwrite)
-    run_legs(spec, legs, first, plan, out, resume, Restarts(options.max_restarts, options.elastic))
-    return JobResult(out, summary=read_summary(out))
+    claim = claim_out(out)  # one run per folder, held until this process ends (ranks/claim.py)
+    try:
+        check_out(out, resume, overwrite)  # refused before the data is prepared; nothing removed yet
+        prepare_data(spec, log=echo_err)  # a data fault found here leaves the output folder as it was
+        prepare_out(out, resume, overwrite)
+        run_legs(spec, legs, first, plan, out, resume, Restarts(options.max_restarts, options.elastic))
+        return JobResult(out, summary=read_summary(out))
+    finally:
+        claim.release()
 
 
 @dataclass
@@ -223,7 +229,13 @@ def launch(spec: JobSpec, plan, out: Path) -> None:
     except RanksFailed:
         raise
     except RunFailed as e:
-        raise command_failed(e, out, plan.world_size, plan.entry) from None
+        raise command_failed(e, out, plan.world_size, plan.entry, host_of(plan)) from None
+
+
+def host_of(plan):
+    """rank -> the host the plan put it on (ranks fill the hosts in order, grid.gpus_per_node each)."""
+    per, hosts = plan.grid.gpus_per_node, [h.name for h in plan.hosts]
+    return lambda rank: hosts[rank // per] if per and 0 <= rank // per < len(hosts) else ""
 
 
 def launch_with_restarts(spec: JobSpec, plan, out: Path, restarts: Restarts) -> None:
@@ -269,7 +281,7 @@ def no_restart(e, attempt: int, max_restarts: int) -> str:
     if e.rank < 0:
         return "not restarted: the launcher was interrupted"
     if not e.restartable:
-        return "not restarted: this failure would repeat (bad input, a requested stop or a failed check)"
+        return "not restarted: this failure would repeat (bad input, a full disk, a requested stop or a failed check)"
     if not e.progressed:
         return "not restarted: no rank finished a step in this attempt (a start-up failure)"
     if attempt >= max_restarts:
@@ -294,12 +306,17 @@ def run_as_rank(spec: JobSpec, resume: bool, overwrite: bool) -> None:
     spec.schedule.at(info.world_size)
     out = spec.out_dir.resolve()
     spec.job.out = str(out)
-    # `torchrun --max-restarts`: a later attempt continues the folder the first one prepared, from its latest
-    # checkpoint (or from the start when there is none yet), as `run --max-restarts` does
-    restarted = torchrun_attempt(os.environ) > 0
-    if info.rank == 0 and not restarted:  # the others wait for it in the rendezvous
+    if info.rank == 0:  # the job's claim on OUT, held by rank 0 until it exits (execute ends the process)
+        claim_out(out, job=job_of(os.environ))
+    # `torchrun --max-restarts`: a later attempt continues the folder an earlier attempt of its own job prepared,
+    # from its latest checkpoint (or from the start when there is none yet), as `run --max-restarts` does; one
+    # whose job never prepared it (the first attempt refused it, or failed before) makes the first attempt's checks
+    continues = continues_attempt(out, os.environ)
+    if info.rank == 0 and not continues:  # the others wait for it in the rendezvous
         prepare_out(out, resume, overwrite)
         prepare_data(spec)
-    if restarted:  # its own marks of the earlier attempt (a .failed would call this one failed)
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: what a restart may continue
+            record_attempt(out, os.environ)
+    if continues:  # its own marks of the earlier attempt (a .failed would call this one failed)
         reset_rank_files(out, [info.rank])
-    execute(spec, grid, resume or restarted)
+    execute(spec, grid, resume or continues)

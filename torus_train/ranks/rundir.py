@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -15,13 +17,21 @@ from typing import Any
 
 from torus_train.errors import RunFailed, UserError, check_output_folder, shown_path
 from torus_train.job.hosts import MAX_HOSTFILE_BYTES
+from torus_train.job.launchers.local import agent_started_at, torchrun_attempt
 from torus_train.job.spec import JobSpec
+from torus_train.ranks.claim import CLAIM_FILE, job_of
 from torus_train.train.checkpoint import list_checkpoints
 from torus_train.userfiles import UserFileError, read_bytes, read_json
 
 RESULT_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "tensorboard")
-RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "report.png", "report.json"}
+RUN_ENTRIES = {*RESULT_FILES, "logs", "job.json", "job.tmp", "hosts.elastic", "report.png", "report.json", CLAIM_FILE}
 """Everything a run writes at the top of its output folder: a folder holding anything else is not a run's."""
+JOB_TEMP = re.compile(r"^job\.json\.[A-Za-z0-9_]+\.tmp$")
+"""job.json's temporary (a name of its own per write; one a killed launcher left is still a run's entry)."""
+FIRST_ATTEMPT = "torchrun-attempt.json"
+"""OUT/logs/FILE: which torchrun job prepared the folder, and in which attempt (see continues_attempt)."""
+CLOCK_SKEW_S = 5.0
+"""How far apart the nodes' clocks may be when a restarted rank compares the record's time with its agent's."""
 
 
 def check_user_paths(spec: JobSpec) -> None:
@@ -49,7 +59,7 @@ def check_not_foreign(out: Path, flag: str) -> None:
         entries = sorted(os.listdir(out)) if out.is_dir() else []
     except OSError as e:
         raise UserError(f"{flag} {shown_path(out)}: {e.strerror or e}") from None
-    foreign = [e for e in entries if e not in RUN_ENTRIES]
+    foreign = [e for e in entries if e not in RUN_ENTRIES and not JOB_TEMP.match(e)]
     if foreign:
         raise UserError(
             f"{flag} {shown_path(out)}: the folder holds files that are not a torus-train run's "
@@ -106,9 +116,13 @@ def write_job(path: Path, spec: JobSpec, grid, resume: bool, regrid: bool = Fals
         "regrid": regrid,
     }
     job["spec"]["job"]["out"] = str(path.parent)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(job, indent=1))
-    os.replace(tmp, path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}_{secrets.token_hex(4)}.tmp")  # a name of its own
+    try:
+        tmp.write_text(json.dumps(job, indent=1))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_hosts(hosts, path: Path) -> Path:
@@ -169,3 +183,31 @@ def unfinished(out: Path) -> str:
             f"summary.json was written: a node or rank was lost; see {logs}/ (resume with --resume)"
         )
     return f"the ranks exited but {out / 'summary.json'} was not written or cannot be read"
+
+
+def record_attempt(out: Path, environ) -> None:
+    """Rank 0 of a torchrun job, once it prepared OUT: this job (its run id) prepared it in this attempt."""
+    rec = {"job": job_of(environ), "attempt": torchrun_attempt(environ), "time": time.time()}
+    path = out / "logs" / FIRST_ATTEMPT
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rec))
+    os.replace(tmp, path)
+
+
+def continues_attempt(out: Path, environ) -> bool:
+    """Whether this rank of a `torchrun --max-restarts` attempt continues what an earlier attempt of its own
+    job prepared in OUT: the record names this job, an earlier attempt, and a time after this node's agent
+    started (torchrun's run id is "none" unless --rdzv-id or --standalone makes it unique, so the agent's start
+    tells this job's record from an earlier job's). Otherwise the attempt is a first one: it makes the first
+    attempt's checks (a folder with results is refused without --resume, --resume needs checkpoints), so a
+    restart never continues a folder its first attempt refused or never prepared."""
+    attempt = torchrun_attempt(environ)
+    if attempt == 0:
+        return False
+    try:
+        rec = json.loads((out / "logs" / FIRST_ATTEMPT).read_text())
+        job, earlier, written = str(rec["job"]), int(rec["attempt"]), float(rec["time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    started = agent_started_at(os.getppid())
+    return job == job_of(environ) and earlier < attempt and started is not None and written >= started - CLOCK_SKEW_S

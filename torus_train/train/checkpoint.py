@@ -32,7 +32,8 @@ from typing import Any, BinaryIO
 
 from torus_train.errors import RunFailed
 
-_NAME = re.compile(r"^step-(\d{8})\.json$")
+_NAME = re.compile(r"^step-(\d{8,19})\.json$")
+"""A manifest's name: 8 digits, more past step 99,999,999 (schedule.steps allows 2^31 - 1; 19 bounds int())."""
 BYTES_READ = [0]
 """Checkpoint data bytes this process read from files (hashing and loading), for the resume's report."""
 
@@ -106,7 +107,7 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, info: dict, keep
     import torch
 
     folder = Path(folder)
-    pt, man = folder / f"step-{step:08d}.pt", folder / f"step-{step:08d}.json"
+    pt, man = folder / f"{step_name(step)}.pt", folder / f"{step_name(step)}.json"
     temps: list[Path] = []
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -142,6 +143,20 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, info: dict, keep
     return pt
 
 
+def step_name(step: int) -> str:
+    """'step-00000120': the stem of a checkpoint's two files, zero-padded to 8 digits and longer past them."""
+    return f"step-{step:08d}"
+
+
+def _named_step(pattern: re.Pattern, name: str) -> int | None:
+    """The step a checkpoint file's name holds, if it is one save_checkpoint writes (step-0120.json or
+    step-000000120.json, which no save writes, are not checkpoints)."""
+    m = pattern.match(name)
+    if m is None or step_name(int(m.group(1))) != name.split(".")[0]:
+        return None
+    return int(m.group(1))
+
+
 def _os_error(e: BaseException | None) -> OSError | None:
     """The OSError behind e: torch.save's zip writer turns a failed write into a RuntimeError of its own."""
     seen = 0
@@ -152,8 +167,12 @@ def _os_error(e: BaseException | None) -> OSError | None:
     return None
 
 
+NO_SPACE = "no space left"
+"""The words a failed save uses for a full file system (the rank's failure kind "no space" is read from them)."""
+
+
 def _save_failure(folder: Path, e: OSError) -> str:
-    why = "no space left" if e.errno == errno.ENOSPC else (e.strerror or str(e)).lower()
+    why = NO_SPACE if e.errno == errno.ENOSPC else (e.strerror or str(e)).lower()
     try:
         kept = list_checkpoints(folder)
     except OSError:
@@ -167,7 +186,7 @@ def list_checkpoints(folder: str | Path) -> list[tuple[int, Path]]:
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), folder / p.name) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    found = [(s, folder / p.name) for p in folder.iterdir() if (s := _named_step(_NAME, p.name)) is not None]
     return sorted(found, reverse=True)
 
 
@@ -301,7 +320,7 @@ def prune(folder: str | Path, keep: int) -> list[Path]:
     return gone + prune_orphans(folder)
 
 
-_DATA = re.compile(r"^step-(\d{8})\.pt$")
+_DATA = re.compile(r"^step-(\d{8,19})\.pt$")
 
 
 def prune_orphans(folder: str | Path) -> list[Path]:
@@ -312,7 +331,7 @@ def prune_orphans(folder: str | Path) -> list[Path]:
     gone = []
     for p in folder.iterdir():
         temp = ".tmp" in p.name and not p.name.endswith(f".tmp{os.getpid()}")
-        if temp or (_DATA.match(p.name) and not p.with_suffix(".json").exists()):
+        if temp or (_named_step(_DATA, p.name) is not None and not p.with_suffix(".json").exists()):
             p.unlink(missing_ok=True)
             gone.append(p)
     return gone

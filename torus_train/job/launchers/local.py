@@ -7,6 +7,7 @@ torchrun sets, so a rank cannot tell the two apart and needs nothing else to fin
 from __future__ import annotations
 
 import math
+import os
 import shlex
 from collections.abc import Mapping
 
@@ -28,6 +29,19 @@ RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 def torchrun_attempt(environ: Mapping[str, str]) -> int:
     """This rank's attempt under torchrun's restarts (0: the first, or not started by torchrun)."""
     return env_int(environ, RESTART_COUNT, 0, MAX_WORLD) or 0
+
+
+def agent_started_at(pid: int) -> float | None:
+    """When process `pid` (a rank's torchrun agent: its parent) started, in seconds since the epoch, from
+    /proc (Linux); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 class Local(Launcher):
