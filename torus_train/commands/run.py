@@ -6,6 +6,7 @@ import os
 
 import click
 
+from torus_train.commands.optionchecks import input_path
 from torus_train.commands.outputs import OutputFolder
 from torus_train.errors import UserError
 from torus_train.job import gpus
@@ -111,6 +112,7 @@ FLAG_FIELDS = {
     "--noise-from",
     default=None,
     metavar="RUN",
+    callback=input_path,
     help="With --dry-run: each stage's predicted efficiency from the noise scale a finished run measured "
     "(its output folder), at the same fraction of training.",
 )
@@ -136,7 +138,7 @@ def run(spec_path, sets, resume, overwrite, dry_run, max_restarts, elastic, nois
         fit_to_local_gpus(spec, os.environ, gpus.local_gpu_count())
     if noise_from is not None and not dry_run:
         raise UserError("--noise-from goes with --dry-run (it predicts each stage's efficiency before a run)")
-    noise = (points(read_run(noise_from)), noise_from) if noise_from is not None else None
+    noise = _noise_reference(noise_from) if noise_from is not None else None
     result = run_job(spec, RunOptions(resume, overwrite, dry_run, max_restarts, elastic, noise))
     if result.dry_run is not None:
         click.echo(result.dry_run)
@@ -174,3 +176,12 @@ def fit_grid_to_flags(spec: JobSpec, spec_path: str | None, given: set[str]) -> 
             f"{spec_path}: {dropped} does not fit the command line's "
             f"{'--gpus' if 'grid.gpus' in given else '--grid'}; ignored"
         )
+
+
+def _noise_reference(path: str) -> tuple:
+    """--noise-from's run: its measured noise scale and its name; a folder that is no run is refused naming the
+    option (the reader's own refusals name `report`)."""
+    try:
+        return points(read_run(path)), path
+    except UserError as e:
+        raise UserError(f"--noise-from: {str(e).removeprefix('report: ')}") from None
