@@ -62,6 +62,15 @@ def test_release_removes_a_folder_the_claim_made_and_left_empty(tmp_path):
     (tmp_path / "used" / "logs").mkdir()
     used.release()
     assert os.listdir(tmp_path / "used") == ["logs"]
+    # the parents it made go too (a run refused after the claim, `--resume` of nothing, leaves no `runs/`),
+    # up to the first folder that existed or that the run wrote into
+    deep = claim_out(tmp_path / "runs" / "a" / "b")
+    deep.release()
+    assert not (tmp_path / "runs").exists()
+    kept = claim_out(tmp_path / "runs" / "a" / "b")
+    (tmp_path / "runs" / "a" / "other").mkdir()
+    kept.release()
+    assert os.listdir(tmp_path / "runs" / "a") == ["other"]
 
 
 def note(out, host: str, age: float, job: str = "") -> None:

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datahelp import make_index_set
 
 from torus_train.data.checks import scan
+from torus_train.data.index import ensure_index
 
 WORKER = str(Path(__file__).with_name("sharding_worker.py"))
 WORLD = 4
@@ -23,7 +24,10 @@ WORLD = 4
 @pytest.fixture(scope="module")
 def index_set(tmp_path_factory):
     # 90 images, 4 ranks x batch 4 = 16 per step -> 6 steps, 96 slots, 6 padded
-    return make_index_set(tmp_path_factory.mktemp("shard"), n_train=90, n_val=10)
+    root = make_index_set(tmp_path_factory.mktemp("shard"), n_train=90, n_val=10)
+    # indexed once before the ranks start, as the launcher does (4 ranks indexing one folder at once race)
+    ensure_index(root)
+    return root
 
 
 @pytest.mark.timeout(240)

@@ -47,25 +47,26 @@ class Claim:
 
     out: Path
     fd: int
-    made_out: bool
-    """This claim made OUT (an empty OUT it made is removed again on release)."""
+    made: tuple[Path, ...]
+    """The folders this claim made, OUT first and then its parents that did not exist (those that stayed empty
+    are removed again on release: a refused run leaves no `runs/` behind)."""
     note: dict = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def release(self) -> None:
         """Remove the claim file while still holding the lock (a run waiting on the old file sees it gone and
-        tries again), then unlock; an OUT this claim made and that stayed empty goes too."""
+        tries again), then unlock; the folders this claim made and that stayed empty go too."""
         self.stop.set()
         try:
             os.unlink(self.out / CLAIM_FILE)
         except OSError:
             pass
         os.close(self.fd)
-        if self.made_out:
+        for folder in self.made:
             try:
-                self.out.rmdir()
-            except OSError:  # the run wrote into it
-                pass
+                folder.rmdir()
+            except OSError:  # the run wrote into it (and so into its parents)
+                break
 
 
 JOB_IDS = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "PMIX_NAMESPACE", "PBS_JOBID")
@@ -86,7 +87,7 @@ def holder_note(job: str = "") -> dict:
 def claim_out(out: Path, flag: str = "--out", job: str = "") -> Claim:
     """Claim OUT for this process's run, or refuse in one line naming the folder and the run that holds it.
     job: the launcher's job id when this process is rank 0 of a job started by hand (job_of)."""
-    made = not out.exists()
+    made = tuple(p for p in (out, *out.parents) if not p.exists())
     try:
         out.mkdir(parents=True, exist_ok=True)
         while True:  # until the locked file is the one at the path (a releasing holder unlinks it)
