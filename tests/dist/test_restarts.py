@@ -74,7 +74,9 @@ def test_a_restart_before_the_first_checkpoint_starts_again_and_writes_each_step
     r = run_cli(*args, "--out", str(straight), timeout=150)
     assert r.returncode == 0, r.stderr
     argv = [sys.executable, "-m", "torus_train", "run", *args, "--out", str(restarted), "--max-restarts", "1"]
-    code, stdout, stderr, _ = kill_rank_after(argv, restarted, 3)
+    # rank 1 slowed to 0.3 s a step: its heartbeat (at most once a second) must show a step before 8, where the
+    # first checkpoint is; on an idle machine the unslowed run passed step 8 before the first beat was read
+    code, stdout, stderr, _ = kill_rank_after(argv, restarted, 3, env={"TORUS_TRAIN_FAULT": "slow:1:0.3"})
     assert code == 0, stdout + stderr
     assert "restart 1 of 1 from the start (no checkpoint yet)" in stderr
     assert "no checkpoint yet: started again (" in stdout and "metrics lines of the earlier attempt dropped" in stdout
