@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -282,7 +283,7 @@ def diagnose(procs: list[subprocess.Popen], out: Path, failed: dict[int, int]) -
         how = f"rank {hung} stopped responding (process {state})"
         return Failure(
             hung,
-            f"{how}; rank(s) {', '.join(map(str, sorted(failed)))} timed out or lost the "
+            f"{how} on {socket.gethostname()}; rank(s) {', '.join(map(str, sorted(failed)))} timed out or lost the "
             f"connection waiting for it (log: {log_path(out, hung)}); stopped the other ranks",
             how,
             True,
