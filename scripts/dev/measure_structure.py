@@ -680,6 +680,18 @@ def measure() -> dict:
     }
 
 
+def _print_door(door: dict, found: str, title: str, allowed: str) -> None:
+    """One door's lines of the printout: what passes outside it, what the allow-list does not name, stale entries."""
+    print(
+        f"{title}: {sum(map(len, door[found].values()))} in {len(door[found])} functions, "
+        f"{len(door['unnamed'])} of them not in {allowed}"
+    )
+    for key, calls in door["unnamed"].items():
+        print(f"  {key}: {'; '.join(calls)}")
+    for key in door["stale"]:
+        print(f"  stale {allowed} entry: {key}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write the figures to this file")
@@ -711,24 +723,13 @@ def main() -> int:
     print(f"modules spelling a registry's name: {len(m['modules_spelling_names'])}")
     for key, where in m["name_spellings"].items():
         print(f"  {key:24} {len(where):2}  {', '.join(where)}")
-    door = m["door"]
-    print(
-        f"reads outside the door (userfiles.py): {sum(map(len, door['reads'].values()))} in "
-        f"{len(door['reads'])} functions, {len(door['unnamed'])} of them not in NOT_USER_FILES"
+    _print_door(m["door"], "reads", "reads outside the door (userfiles.py)", "NOT_USER_FILES")
+    _print_door(
+        m["number_door"],
+        "conversions",
+        "text turned into numbers outside the door (usernumbers.py)",
+        "NOT_USER_NUMBERS",
     )
-    for key, calls in door["unnamed"].items():
-        print(f"  {key}: {'; '.join(calls)}")
-    for key in door["stale"]:
-        print(f"  stale NOT_USER_FILES entry: {key}")
-    nd = m["number_door"]
-    print(
-        f"text turned into numbers outside the door (usernumbers.py): {sum(map(len, nd['conversions'].values()))} "
-        f"in {len(nd['conversions'])} functions, {len(nd['unnamed'])} of them not in NOT_USER_NUMBERS"
-    )
-    for key, calls in nd["unnamed"].items():
-        print(f"  {key}: {'; '.join(calls)}")
-    for key in nd["stale"]:
-        print(f"  stale NOT_USER_NUMBERS entry: {key}")
     for section, files in m["files_touched"].items():
         print(f"files touched, {section}: {len(files)} ({', '.join(files)})")
     if args.json:
